@@ -1,0 +1,307 @@
+"""``fuselab.build``: a student's CUDA text → a module of callable launchers.
+
+The student writes plain CUDA: kernels plus host launchers that take raw pointers, sizes and a ``cudaStream_t``,
+with no torch headers. fuselab compiles only that text, through ``torch.utils.cpp_extension.load_inline`` as a
+plain shared library (``is_python_module=False, no_implicit_headers=True``): about a second with nvcc, against
+50 s for a module that includes ``<torch/extension.h>`` (DESIGN.md §4). The tensor glue is Python generated from
+the launcher prototypes (``fuselab.module``), so it is never recompiled.
+
+Two backends share this path: ``cuda`` (nvcc) and ``emulate`` (the same text translated for g++ and run on the
+CPU, for correctness only).
+
+Caching: the module name and build folder are a hash of everything that reaches the compiler, so two different
+sources never share a build and an identical one is loaded without running the compiler at all. A per-build
+``flock`` serialises concurrent builders of the same source; the kernel drops it when its holder dies, so a
+build killed by SIGKILL never blocks the next one, and any lock file torch left behind is known to be stale
+once that lock is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from . import config, diagnostics, prototypes, toolchain
+from .errors import BuildError, BuildTimeout, NotWrittenError
+from .module import Module
+from .quiet import captured_output
+
+BUILD_FORMAT = "1"  # bump when the composed source or the flags change meaning
+
+# nbgrader replaces a solution region with a Python stub, even inside a CUDA string.
+_STUB = re.compile(r"^\s*(raise NotImplementedError\b.*|#\s*YOUR CODE HERE\s*)$", re.M)
+
+_EPILOGUE = r"""
+extern "C" int fuselab_last_error(char* msg, int cap) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess && msg && cap > 0)
+        snprintf(msg, cap, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+    return (int)e;
+}
+"""
+
+_HALF_TYPES = ("__half", "half", "__nv_bfloat16")
+
+
+def build(source: str, launchers, *, name: str = "kernel", backend: str | None = None,
+          extra_cflags=(), timeout: float | None = None, sanitize: str | None = None,
+          verbose: bool = False) -> Module:
+    """Compile ``source`` and return a module whose attributes are its launchers.
+
+    ``launchers`` are the C prototypes the lab fixes, e.g.
+    ``"void add(const float* a, const float* b, float* out, int n, cudaStream_t stream)"``; call them as
+    ``mod.add(a, b, out, n)``: fuselab passes the current stream. ``backend`` is ``"auto"`` (CUDA when a GPU
+    is visible, else the CPU emulation), ``"cuda"`` or ``"emulate"``; ``FUSELAB_BACKEND`` sets the default.
+    ``timeout`` (seconds; ``FUSELAB_BUILD_TIMEOUT``, default 300) stops a compiler that runs too long.
+    ``sanitize="address"`` builds an emulated kernel with AddressSanitizer (see the README's "No GPU?").
+
+    Raises ``NotWrittenError`` for a kernel that still holds nbgrader's stub, ``BuildError`` with the
+    compiler's messages (lines of the student's own text) when it does not compile.
+    """
+    protos = prototypes.parse_all(launchers)
+    filename = f"{name}.cu"
+    _refuse_stub(source, filename)
+    backend = resolve_backend(backend)
+    if sanitize and backend != "emulate":
+        raise ValueError("sanitize= is only available with the CPU emulation (backend='emulate')")
+    job = _emulate_job(source, protos, filename, extra_cflags, sanitize) if backend == "emulate" \
+        else _cuda_job(source, protos, filename, extra_cflags)
+    library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
+                                              verbose)
+    try:
+        return Module(library, protos, backend, source, log=log, build_seconds=seconds, cached=cached, name=name)
+    except (OSError, AttributeError) as exc:
+        raise _missing_launcher_error(exc, protos, filename) from None
+
+
+def resolve_backend(backend: str | None) -> str:
+    choice = (backend or config.backend_choice()).lower()
+    if choice in ("emulate", "emulation", "cpu"):
+        return "emulate"
+    if choice in ("cuda", "gpu"):
+        return "cuda"
+    if choice != "auto":
+        raise ValueError(f"backend must be 'auto', 'cuda' or 'emulate', got {backend!r}")
+    import torch
+    return "cuda" if torch.cuda.is_available() else "emulate"
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+class _Job:
+    """Everything that reaches the compiler for one build; its digest names the build."""
+
+    def __init__(self, backend, cpp_source, cuda_source, cflags, cuda_cflags, ldflags, include_paths,
+                 filename, extra_key=""):
+        self.backend, self.filename = backend, filename
+        self.cpp_source, self.cuda_source = cpp_source, cuda_source
+        self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
+        self.include_paths = list(include_paths)
+        import torch
+        key = "\0".join([BUILD_FORMAT, backend, torch.__version__, cpp_source, cuda_source or "",
+                         *self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, extra_key])
+        self.name = f"fuselab_{backend}_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+def _prologue(protos, backend_include):
+    decls = "\n".join(f"    {p.declaration}" for p in protos)
+    return f"{backend_include}\n#include <cstdint>\n#include <cstdio>\nextern \"C\" {{\n{decls}\n}}\n"
+
+
+def _cuda_job(source, protos, filename, extra_cflags):
+    home = toolchain.prepare_cuda_environment()
+    if home is None:
+        raise BuildError("no CUDA compiler (nvcc) found: install the CUDA toolkit, set CUDA_HOME, or build "
+                         "with backend='emulate' to run the kernel on the CPU")
+    include = "#include <cuda_runtime.h>"
+    if any(p.base_type in _HALF_TYPES for proto in protos for p in proto.params):
+        include += "\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>"
+    text = _prologue(protos, include) + f'#line 1 "{filename}"\n' + source + "\n#line 1 \"fuselab_epilogue\"\n" \
+        + _EPILOGUE
+    arch = toolchain.cuda_arch()
+    cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), "--std=c++17", *extra_cflags]
+    return _Job("cuda", "", text, ["-O2"], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
+                extra_key=f"arch={arch}")
+
+
+def _emulate_job(source, protos, filename, extra_cflags, sanitize):
+    from . import emulation
+    translated = emulation.translate(source, filename)
+    text = _prologue(protos, '#include "fuselab_emu.h"') + f'#line 1 "{filename}"\n' + translated + \
+        "\n#line 1 \"fuselab_epilogue\"\n" + _EPILOGUE
+    cflags = [*emulation.CXXFLAGS, "-fdiagnostics-color=never", *extra_cflags]
+    ldflags = list(emulation.LDFLAGS)
+    if sanitize:
+        san_c, san_l = emulation.sanitizer_flags(sanitize)
+        cflags += san_c
+        ldflags += san_l
+    header_key = "".join(p.read_text() for p in sorted(Path(emulation.INCLUDE_DIR).glob("*.h")))
+    return _Job("emulate", text, None, cflags, [], ldflags, [str(emulation.INCLUDE_DIR)], filename,
+                extra_key=header_key)
+
+
+# ------------------------------------------------------------------------------------------- compile
+
+def _compile(job: _Job, timeout: float, verbose: bool):
+    """Return ``(library path, log, seconds, cached)``, compiling only when no finished build exists."""
+    build_dir = config.builds_dir() / job.name
+    library = build_dir / f"{job.name}.so"
+    done_marker = build_dir / "fuselab-complete"
+    if done_marker.exists() and library.exists():
+        return library, "", 0.0, True
+    build_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with _exclusive(build_dir.with_suffix(".lock"), timeout):
+        if done_marker.exists() and library.exists():  # another process finished it while we waited
+            return library, "", time.perf_counter() - started, True
+        # We hold the only lock that matters: whatever lock file torch left here is from a killed build.
+        for stale in ("lock",):
+            with contextlib.suppress(FileNotFoundError):
+                (build_dir / stale).unlink()
+        log = _run_load_inline(job, build_dir, timeout, verbose)
+        if not library.exists():
+            raise BuildError(f"{job.filename}: the build finished but produced no library", log=log)
+        done_marker.write_text(log)
+    return library, log, time.perf_counter() - started, False
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, timeout: float):
+    with open(lock_path, "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BuildTimeout(f"another process kept building the same source for over {timeout:.0f} s "
+                                       f"(lock {lock_path})") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str:
+    outcome = {}
+
+    def work():
+        try:
+            from torch.utils import cpp_extension
+            # torch remembers, per process, the sources it last built under a name and skips the build when
+            # they repeat, even if that build failed or was stopped. Our names are content hashes and we only
+            # get here when no finished library exists, so that memory can only be wrong: forget it.
+            cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(job.name, None)
+            load_inline = cpp_extension.load_inline
+            outcome["path"] = load_inline(
+                name=job.name, cpp_sources=[job.cpp_source],
+                cuda_sources=[job.cuda_source] if job.cuda_source is not None else None,
+                functions=None, extra_cflags=job.cflags, extra_cuda_cflags=job.cuda_cflags,
+                extra_ldflags=job.ldflags, extra_include_paths=job.include_paths,
+                build_directory=str(build_dir), verbose=verbose, with_cuda=job.backend == "cuda",
+                is_python_module=False, no_implicit_headers=True)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            outcome["error"] = exc
+
+    env_arch = {"TORCH_CUDA_ARCH_LIST": toolchain.cuda_arch()} if job.backend == "cuda" else {}
+    with captured_output() as captured, _environment(env_arch):
+        worker = threading.Thread(target=work, name=f"fuselab-build-{job.name}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        timed_out = worker.is_alive()
+        if timed_out:
+            _kill_compilers(build_dir)
+            worker.join(30)
+    log = captured.text
+    if timed_out:
+        raise BuildTimeout(f"{job.filename}: the build took longer than {timeout:.0f} s and was stopped "
+                           f"(set timeout= or FUSELAB_BUILD_TIMEOUT to allow longer)", log=log)
+    error = outcome.get("error")
+    if error is not None:
+        full_log = log + "\n" + str(error)
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise error
+        diag = diagnostics.student_diagnostics(full_log, job.filename)
+        errors = diagnostics.count_errors(diag)
+        count = f" ({errors} error{'s' if errors != 1 else ''})" if errors else ""
+        raise BuildError(f"{job.filename} failed to compile{count}:\n\n{diag}", diagnostics=diag,
+                         log=full_log) from None
+    return log
+
+
+@contextlib.contextmanager
+def _environment(values):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _kill_compilers(build_dir: Path):
+    """Kill this process's descendants that run in ``build_dir`` (ninja), and theirs (nvcc, cc1plus)."""
+    import signal
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    roots = []
+    for pid in _descendants(os.getpid(), children):
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == build_dir.resolve():
+                roots.append(pid)
+    for root in roots:
+        for pid in [root, *_descendants(root, children)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid, children):
+    stack, seen = list(children.get(pid, [])), []
+    while stack:
+        child = stack.pop()
+        seen.append(child)
+        stack.extend(children.get(child, []))
+    return seen
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+def _refuse_stub(source: str, filename: str):
+    match = _STUB.search(source)
+    if match:
+        line = source.count("\n", 0, match.start()) + 1
+        raise NotWrittenError(
+            f"this kernel is not written yet: {filename} line {line} still holds the placeholder "
+            f"`{match.group(0).strip()}`. Replace it with your CUDA code, then run the cell again.")
+
+
+def _missing_launcher_error(exc, protos, filename):
+    text = str(exc)
+    missing = [p for p in protos if p.name in text] or list(protos)
+    wanted = "\n".join(f"    {p.declaration.rstrip(';')} {{ ... }}" for p in missing)
+    return BuildError(f"{filename} compiled, but does not define the launcher(s) this lab needs. "
+                      f"Write them with exactly these signatures:\n{wanted}\n(loader said: {text})",
+                      diagnostics=text)
+
+
+def clear_cache():
+    """Delete every cached build (``fuselab clean``)."""
+    shutil.rmtree(config.builds_dir(), ignore_errors=True)

@@ -1,0 +1,35 @@
+"""Where fuselab keeps its caches, and which environment variables steer it.
+
+Every setting has one environment variable, so that a notebook, the grader and CI can steer fuselab
+without code changes:
+
+- ``FUSELAB_CACHE_DIR``: root of all caches (builds, measured ceilings). Default ``~/.cache/fuselab``.
+- ``FUSELAB_BACKEND``: ``auto`` (default), ``cuda`` or ``emulate``.
+- ``FUSELAB_BUILD_TIMEOUT``: seconds a build may take before it is stopped. Default 300.
+"""
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FUSELAB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuselab"
+    )
+    path = Path(root).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def builds_dir() -> Path:
+    path = cache_dir() / "builds"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def backend_choice() -> str:
+    return os.environ.get("FUSELAB_BACKEND", "auto").strip().lower() or "auto"
+
+
+def build_timeout() -> float:
+    return float(os.environ.get("FUSELAB_BUILD_TIMEOUT", "300"))

@@ -1,0 +1,43 @@
+"""The exceptions fuselab raises. Each one carries a message written for a student."""
+
+
+class FuselabError(Exception):
+    """Base class of every error fuselab raises on purpose."""
+
+
+class BuildError(FuselabError):
+    """The student's source did not compile or link.
+
+    ``diagnostics`` holds the compiler's messages with line numbers of the student's own text;
+    ``log`` holds the full build log for whoever needs it.
+    """
+
+    def __init__(self, message, diagnostics="", log=""):
+        super().__init__(message)
+        self.diagnostics = diagnostics
+        self.log = log
+
+
+class UnsupportedConstruct(BuildError):
+    """The CPU emulation cannot run a construct the source uses (textures, inline PTX, ...)."""
+
+    def __init__(self, construct, line, filename="kernel.cu", hint=""):
+        message = f"{filename}:{line}: the CPU emulation does not support {construct}"
+        if hint:
+            message += f" ({hint})"
+        super().__init__(message, diagnostics=message)
+        self.construct = construct
+        self.line = line
+        self.filename = filename
+
+
+class BuildTimeout(BuildError):
+    """The compiler ran past the configured time limit and was stopped."""
+
+
+class NotWrittenError(FuselabError, NotImplementedError):
+    """The source still holds nbgrader's stub: the student has not written this kernel yet."""
+
+
+class LaunchError(FuselabError, RuntimeError):
+    """A launcher recorded a CUDA error (for example an invalid launch configuration)."""

@@ -1,0 +1,174 @@
+"""The tensor glue: a built library's launchers, called from Python with tensors.
+
+The glue is generated from the launcher prototypes alone and lives in Python (ctypes), so nothing of it is
+compiled per edit or per student: only the student's ``.cu`` is. Every call checks each argument against its
+prototype (dtype, device, contiguity, rank and named dimensions) and raises a ``TypeError``/``ValueError``
+that names the argument, fills the ``cudaStream_t`` with the current stream (a default-stream launch would
+escape CUDA-graph capture and the timing stream), and turns an error the launch recorded into a
+``fuselab.LaunchError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import numbers
+
+import torch
+
+from .errors import LaunchError
+from .prototypes import SCALAR_TYPES, Prototype
+
+THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
+
+
+class Launcher:
+    """One launcher of a built library, callable with tensors and numbers."""
+
+    def __init__(self, module: "Module", proto: Prototype, c_function):
+        self._module = module
+        self.prototype = proto
+        self._fn = c_function
+        self._fn.restype = ctypes.c_int if proto.return_type != "void" else None
+        self._fn.argtypes = [ctypes.c_void_p if (p.pointer or p.is_stream) else SCALAR_TYPES[p.base_type][0]
+                             for p in proto.params]
+        self.__name__ = proto.name
+        self.__doc__ = "\n".join([f"{proto.signature()}: calls `{proto.declaration}`"] +
+                                 ["  " + p.describe() for p in proto.call_params])
+
+    def __repr__(self):
+        return f"<launcher {self.prototype.signature()} ({self._module.backend})>"
+
+    def __call__(self, *args, **kwargs):
+        values = self._bind(args, kwargs)
+        c_args, dims = [], {}
+        for param in self.prototype.params:
+            if param.is_stream:
+                c_args.append(self._module._stream_handle())
+            elif param.is_tensor:
+                c_args.append(self._check_tensor(param, values[param.name], dims))
+            else:
+                c_args.append(self._check_number(param, values[param.name]))
+        returned = self._fn(*c_args)
+        self._module._raise_launch_error(self.prototype.name, returned)
+
+    def _bind(self, args, kwargs):
+        params = self.prototype.call_params
+        if len(args) > len(params):
+            raise TypeError(f"{self.prototype.signature()} takes {len(params)} arguments, got {len(args)}")
+        values = {p.name: a for p, a in zip(params, args)}
+        for key, value in kwargs.items():
+            if key not in {p.name for p in params}:
+                raise TypeError(f"{self.prototype.signature()} has no argument named {key!r}")
+            if key in values:
+                raise TypeError(f"{self.prototype.signature()} got argument {key!r} twice")
+            values[key] = value
+        missing = [p.name for p in params if p.name not in values]
+        if missing:
+            raise TypeError(f"{self.prototype.signature()} is missing argument(s): {', '.join(missing)}")
+        return values
+
+    def _check_tensor(self, param, tensor, dims):
+        where = f"argument {param.name!r} of {self.prototype.name}"
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{where} must be a torch.Tensor ({param.describe()}), got {type(tensor).__name__}")
+        if param.dtype is not None and tensor.dtype != param.dtype:
+            raise TypeError(f"{where} must have dtype {str(param.dtype).replace('torch.', '')} to match "
+                            f"`{param.c_type}`, got {str(tensor.dtype).replace('torch.', '')}; "
+                            f"convert it with .to({param.dtype})")
+        if tensor.device.type != self._module.device.type:
+            raise ValueError(f"{where} is on {tensor.device}, but this module was built with the "
+                             f"{self._module.backend} backend and needs tensors on {self._module.device.type}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{where} is not contiguous (shape {tuple(tensor.shape)}, strides "
+                             f"{tensor.stride()}); pass {param.name}.contiguous()")
+        if param.dims:
+            self._check_dims(where, param, tensor, dims)
+        return tensor.data_ptr() or None
+
+    @staticmethod
+    def _check_dims(where, param, tensor, dims):
+        if tensor.dim() != len(param.dims):
+            raise ValueError(f"{where} must have {len(param.dims)} dimensions "
+                             f"[{', '.join(map(str, param.dims))}], got shape {tuple(tensor.shape)}")
+        for axis, (dim, size) in enumerate(zip(param.dims, tensor.shape)):
+            if isinstance(dim, int):
+                if size != dim:
+                    raise ValueError(f"{where} must have size {dim} in dimension {axis}, got shape "
+                                     f"{tuple(tensor.shape)}")
+            elif dims.setdefault(dim, (size, param.name))[0] != size:
+                seen, other = dims[dim]
+                raise ValueError(f"{where} has {dim}={size} (shape {tuple(tensor.shape)}), but argument "
+                                 f"{other!r} has {dim}={seen}")
+
+    def _check_number(self, param, value):
+        where = f"argument {param.name!r} of {self.prototype.name}"
+        ctype, kind = SCALAR_TYPES[param.base_type]
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise TypeError(f"{where} must be an integer (C type `{param.base_type}`), got {value!r}")
+        if kind is float and not isinstance(value, numbers.Real):
+            raise TypeError(f"{where} must be a number (C type `{param.base_type}`), got {value!r}")
+        if kind is int:
+            limit = 1 << (8 * ctypes.sizeof(ctype) - (0 if param.base_type.startswith(("u", "size")) else 1))
+            low = 0 if param.base_type.startswith(("u", "size")) else -limit
+            if not low <= int(value) < limit:
+                raise ValueError(f"{where} = {value} does not fit in a C `{param.base_type}`")
+            return int(value)
+        return kind(value)
+
+
+class Module:
+    """A built library: its launchers are attributes, called like the prototypes minus the stream."""
+
+    def __init__(self, library_path, prototypes, backend, source, log="", build_seconds=0.0, cached=False,
+                 name="kernel"):
+        self.library_path = str(library_path)
+        self.backend = backend  # "cuda" or "emulate"
+        self.device = torch.device("cuda" if backend == "cuda" else "cpu")
+        self.source = source
+        self.log = log
+        self.build_seconds = build_seconds
+        self.cached = cached
+        self.name = name
+        self._lib = ctypes.CDLL(self.library_path)
+        self._error_fn = self._lib.fuselab_last_error
+        self._error_fn.restype = ctypes.c_int
+        self._error_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self.launchers = {}
+        for proto in prototypes:
+            launcher = Launcher(self, proto, getattr(self._lib, proto.name))
+            self.launchers[proto.name] = launcher
+            setattr(self, proto.name, launcher)
+
+    def __repr__(self):
+        how = "loaded from cache" if self.cached else f"built in {self.build_seconds:.2f} s"
+        names = ", ".join(l.prototype.signature() for l in self.launchers.values())
+        return f"<fuselab module {self.name!r} [{self.backend}] {how}: {names}>"
+
+    def _stream_handle(self):
+        if self.backend == "cuda":
+            return torch.cuda.current_stream().cuda_stream or None
+        return None
+
+    def _raise_launch_error(self, launcher_name, returned):
+        buffer = ctypes.create_string_buffer(256)
+        code = self._error_fn(buffer, len(buffer))
+        if code == 0 and returned not in (None, 0):
+            code, buffer.value = returned, f"launcher returned error code {returned}".encode()
+        if code != 0:
+            raise LaunchError(f"{launcher_name} failed to launch: {buffer.value.decode(errors='replace')}")
+
+    def set_thread_order(self, order: str = "forward", seed: int = 0):
+        """Emulation only: run the threads of each block forward, in reverse or in a seeded random order.
+
+        A kernel whose result depends on the order has a race (a missing ``__syncthreads``, say).
+        """
+        if self.backend != "emulate":
+            raise RuntimeError("thread order can only be chosen under the CPU emulation")
+        if order not in THREAD_ORDERS:
+            raise ValueError(f"thread order must be one of {sorted(THREAD_ORDERS)}, got {order!r}")
+        setter = self._lib.fuselab_emu_set_thread_order
+        setter.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
+        setter.restype = None
+        setter(THREAD_ORDERS[order], seed)

@@ -1,0 +1,209 @@
+"""Timing sources: each one times single calls of a callable, one way per mode.
+
+A sampler splits a timed call into ``enqueue`` (start it, without waiting) and ``collect`` (wait and read the
+times), so that many GPU calls can be queued before the host synchronizes once, as ``triton.testing.do_bench``
+does; a host synchronization between calls would leave the GPU idle and put launch latency in the numbers.
+"""
+
+import time
+
+import torch
+
+from ..errors import FuselabError
+from . import gpu
+from .l2 import L2Flush
+from .modes import Mode, parse_mode
+
+
+class GraphCaptureError(FuselabError, RuntimeError):
+    """The callable could not be captured in a CUDA graph (it synchronizes, allocates on the host, ...)."""
+
+
+class Sampler:
+    """Base class: ``enqueue()`` starts one timed call and returns a token; ``collect(tokens)`` returns seconds."""
+
+    clock = ""
+    on_gpu = False
+    flushed = False
+    wants_busy_gpu = False  # True where host launch latency must be hidden behind queued GPU work
+
+    def __init__(self):
+        self.notes = []
+        self.host_cost_s = 0.0  # running estimate of the host time one enqueue takes
+
+    def warmup(self) -> None:
+        raise NotImplementedError
+
+    def enqueue(self):
+        raise NotImplementedError
+
+    def collect(self, tokens) -> list:
+        raise NotImplementedError
+
+    def _track_host_cost(self, seconds: float) -> None:
+        self.host_cost_s = seconds if self.host_cost_s == 0.0 else 0.8 * self.host_cost_s + 0.2 * seconds
+
+
+class HostClockSampler(Sampler):
+    """Times plain calls with a host clock: the fallback without a GPU or for emulated code.
+
+    ``clock`` is any callable returning seconds; tests pass a fake one.
+    """
+
+    def __init__(self, fn, reason="no GPU", clock=time.perf_counter):
+        super().__init__()
+        self.fn = fn
+        self._clock = clock
+        self.clock = f"perf_counter ({reason})" if clock is time.perf_counter else f"host clock ({reason})"
+
+    def warmup(self) -> None:
+        self.fn()
+
+    def enqueue(self):
+        start = self._clock()
+        self.fn()
+        seconds = self._clock() - start
+        self._track_host_cost(seconds)
+        return seconds
+
+    def collect(self, tokens) -> list:
+        return [float(t) for t in tokens]
+
+
+class _EventSampler(Sampler):
+    """Shared machinery of the GPU modes: CUDA events on the current stream, optional L2 flush before each call."""
+
+    on_gpu = True
+
+    def __init__(self, fn, device=None, flush=True):
+        super().__init__()
+        self.fn = fn
+        self.device = gpu.resolve_device(device)
+        self.flush = L2Flush(self.device) if flush else None
+        self.flushed = bool(flush)
+
+    def _timed(self, body):
+        host_start = time.perf_counter()
+        if self.flush is not None:
+            self.flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        body()
+        end.record()
+        self._track_host_cost(time.perf_counter() - host_start)
+        return start, end
+
+    def collect(self, tokens) -> list:
+        if not tokens:
+            return []
+        torch.cuda.synchronize(self.device)
+        return [start.elapsed_time(end) / 1e3 for start, end in tokens]
+
+    def warmup(self) -> None:
+        with torch.cuda.device(self.device):
+            self.fn()
+        torch.cuda.synchronize(self.device)
+
+
+class DeviceTimeSampler(_EventSampler):
+    """Device time: events around one call, the GPU kept busy beforehand so host launch latency is hidden."""
+
+    clock = "CUDA events"
+    wants_busy_gpu = True
+
+    def enqueue(self):
+        return self._timed(self.fn)
+
+
+class LatencySampler(_EventSampler):
+    """Latency: synchronize so the GPU is idle, then events around one call; the launch cost is included."""
+
+    clock = "CUDA events from an idle GPU"
+
+    def enqueue(self):
+        if self.flush is not None:
+            self.flush()
+        torch.cuda.synchronize(self.device)  # idle GPU: the start event fires before the call is even launched
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host_start = time.perf_counter()
+        start.record()
+        self.fn()
+        end.record()
+        self._track_host_cost(time.perf_counter() - host_start)
+        return start, end
+
+
+class GraphReplaySampler(_EventSampler):
+    """CUDA-graph replay: the callable captured once, each ``replay()`` timed with events on a busy GPU."""
+
+    clock = "CUDA events around graph replay"
+    wants_busy_gpu = True
+
+    def __init__(self, fn, device=None, flush=True):
+        super().__init__(fn, device, flush)
+        self.graph = capture_graph(fn, self.device)
+
+    def enqueue(self):
+        return self._timed(self.graph.replay)
+
+    def warmup(self) -> None:
+        self.graph.replay()
+        torch.cuda.synchronize(self.device)
+
+
+def capture_graph(fn, device=None, warmup_calls=3):
+    """Capture ``fn`` in a ``torch.cuda.CUDAGraph``.
+
+    torch requires warm-up calls on a side stream before capture (lazy initialisation such as cuBLAS
+    workspaces must not happen inside the graph); ``torch.cuda.graph`` then captures on its own side stream.
+    """
+    device = gpu.resolve_device(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.device(device):
+            current = torch.cuda.current_stream(device)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(warmup_calls):
+                    fn()
+            current.wait_stream(side)
+            torch.cuda.synchronize(device)
+            with torch.cuda.graph(graph):
+                fn()
+            torch.cuda.synchronize(device)
+    except Exception as error:
+        raise GraphCaptureError(
+            "could not capture the callable in a CUDA graph; it must launch on the current stream and must not "
+            f"synchronize or copy to the host ({type(error).__name__}: {error})"
+        ) from error
+    return graph
+
+
+def make_sampler(fn, mode="device", flush=True, device=None, emulated=None, clock=time.perf_counter) -> Sampler:
+    """The sampler for ``mode`` on this machine: GPU events where a GPU runs ``fn``, a host clock otherwise."""
+    mode = parse_mode(mode)
+    if not callable(fn):
+        raise TypeError(f"expected a callable to time, got {type(fn).__name__}")
+    if emulated is None:
+        emulated = gpu.is_emulated(fn)
+    if emulated or not gpu.cuda_ready():
+        sampler = HostClockSampler(fn, reason="CPU emulation" if emulated else "no GPU", clock=clock)
+        if mode is not Mode.DEVICE:
+            sampler.notes.append(f"mode {mode.value!r} needs a GPU: plain calls were timed on the host clock")
+        if flush:
+            sampler.notes.append("no L2 flush without a GPU")
+        return sampler
+    if mode is Mode.DEVICE:
+        return DeviceTimeSampler(fn, device, flush)
+    if mode is Mode.LATENCY:
+        return LatencySampler(fn, device, flush)
+    return GraphReplaySampler(fn, device, flush)
+
+
+def keep_gpu_busy_for(batch, device=None) -> None:
+    """Before enqueuing ``batch`` (a list of (sampler, calls)), queue enough spinning on the GPU to cover the
+    host time those enqueues take, so the timed calls run back to back."""
+    seconds = sum(s.host_cost_s * calls for s, calls in batch if s.wants_busy_gpu)
+    if seconds > 0.0:
+        gpu.keep_busy(1.25 * seconds + 20e-6, device)

@@ -1,0 +1,176 @@
+"""fuselab.build: the real CUDA path (compiled and linked here without a GPU), caching, locks, errors, stubs.
+
+Running kernels is the emulation's job (tests/test_emulation.py); these tests exercise the build machinery on
+the CUDA backend because that is the path whose failure modes (nvcc output, long compiles) matter most.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import fuselab
+from fuselab import config
+
+from .conftest import requires_nvcc
+
+PROTO = "void scale(const float* x /*[n]*/, float* out /*[n]*/, float factor, int n, cudaStream_t stream)"
+
+
+def scale_source(tag=""):
+    # ``tag`` makes the text unique, so the test gets a build nobody cached before.
+    return textwrap.dedent(f"""\
+        // {tag}
+        __global__ void scale_kernel(const float* x, float* out, float factor, int n) {{
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) out[i] = x[i] * factor;
+        }}
+        void scale(const float* x, float* out, float factor, int n, cudaStream_t stream) {{
+            scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(x, out, factor, n);
+        }}
+        """)
+
+
+pytestmark = requires_nvcc
+
+
+def test_cuda_build_compiles_links_and_loads():
+    mod = fuselab.build(scale_source("loads"), [PROTO], backend="cuda")
+    assert mod.backend == "cuda" and mod.device.type == "cuda"
+    assert Path(mod.library_path).exists()
+    assert "x: input tensor of float32" in mod.scale.__doc__
+    assert "scale(x, out, factor, n)" in repr(mod)
+
+
+def test_identical_source_is_not_rebuilt_and_different_sources_never_share():
+    first = fuselab.build(scale_source("cache-a"), [PROTO], backend="cuda")
+    started = time.perf_counter()
+    again = fuselab.build(scale_source("cache-a"), [PROTO], backend="cuda")
+    assert again.cached and time.perf_counter() - started < 0.5
+    assert again.library_path == first.library_path
+    other = fuselab.build(scale_source("cache-b"), [PROTO], backend="cuda")
+    assert other.library_path != first.library_path
+
+
+def _build_in_subprocess(tag, extra_env=None, new_session=False):
+    code = (f"import fuselab, sys, time; t=time.perf_counter(); "
+            f"m = fuselab.build({scale_source(tag)!r}, [{PROTO!r}], backend='cuda'); "
+            f"print('cached' if m.cached else 'built', round(time.perf_counter()-t, 3))")
+    env = dict(os.environ, **(extra_env or {}))
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=new_session)
+
+
+def test_fresh_process_reloads_from_cache():
+    tag = f"reload-{uuid.uuid4().hex}"
+    fuselab.build(scale_source(tag), [PROTO], backend="cuda")
+    out, err = _build_in_subprocess(tag).communicate(timeout=120)
+    assert out.split()[0] == "cached", (out, err)
+    assert err == ""
+
+
+def test_two_processes_building_the_same_source_at_once():
+    tag = f"concurrent-{uuid.uuid4().hex}"
+    procs = [_build_in_subprocess(tag) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    kinds = sorted(out.split()[0] for out, _ in results)
+    assert kinds == ["built", "cached"], results  # exactly one of them ran the compiler
+
+
+def _wait_for_compiler(build_root: Path, timeout=60):
+    """Wait until some process is compiling inside ``build_root``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    cwd = os.readlink(entry / "cwd")
+                except OSError:
+                    continue
+                if cwd.startswith(str(build_root)) and cwd != str(build_root):
+                    return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_build_killed_midway_does_not_block_the_next():
+    tag = f"killed-{uuid.uuid4().hex}"
+    victim = _build_in_subprocess(tag, new_session=True)
+    assert _wait_for_compiler(config.builds_dir()), "the build never started compiling"
+    os.killpg(victim.pid, signal.SIGKILL)  # the whole process group: python, ninja, nvcc
+    victim.wait()
+    started = time.perf_counter()
+    mod = fuselab.build(scale_source(tag), [PROTO], backend="cuda", timeout=120)
+    assert not mod.cached
+    assert time.perf_counter() - started < 60
+
+
+def test_a_leftover_torch_lock_file_is_cleared():
+    tag = f"leftover-{uuid.uuid4().hex}"
+    job_dir_before = set(config.builds_dir().iterdir())
+    with pytest.raises(fuselab.BuildTimeout):  # creates the build folder, then stops
+        fuselab.build(scale_source(tag), [PROTO], backend="cuda", timeout=0.05)
+    (new_dir,) = [d for d in set(config.builds_dir().iterdir()) - job_dir_before if d.is_dir()]
+    (new_dir / "lock").write_text("left by a build that was killed")  # what torch's FileBaton leaves
+    mod = fuselab.build(scale_source(tag), [PROTO], backend="cuda", timeout=120)
+    assert Path(mod.library_path).parent == new_dir
+
+
+def test_time_limit_stops_the_compiler():
+    tag = f"timeout-{uuid.uuid4().hex}"
+    with pytest.raises(fuselab.BuildTimeout, match="longer than"):
+        fuselab.build(scale_source(tag), [PROTO], backend="cuda", timeout=0.3)
+    time.sleep(0.5)
+    assert not _wait_for_compiler(config.builds_dir(), timeout=0.5), "a compiler outlived its time limit"
+
+
+def test_compiler_error_names_the_students_line_without_noise():
+    source = scale_source("error").replace("x[i] * factor", "x[i] * factr")
+    with pytest.raises(fuselab.BuildError) as info:
+        fuselab.build(source, [PROTO], backend="cuda")
+    message = str(info.value)
+    assert "kernel.cu(4): error" in message and "factr" in message
+    assert "\x1b[" not in message and "ninja" not in message and "FAILED" not in message
+    assert "/builds/" not in message  # no build-folder paths, just the student's file
+    assert "(1 error)" in message
+
+
+def test_wrong_launcher_signature_is_reported_with_the_expected_one():
+    source = scale_source("signature").replace("float factor, int n, cudaStream_t", "double factor, int n, cudaStream_t")
+    with pytest.raises(fuselab.BuildError, match=r"exactly these signatures:\n\s+void scale\(const float\* x"):
+        fuselab.build(source, [PROTO], backend="cuda")
+
+
+@pytest.mark.parametrize("stub", ["    raise NotImplementedError()", "# YOUR CODE HERE\nraise NotImplementedError()"])
+def test_blank_lab_stub_builds_to_a_clear_message(stub):
+    source = f"__global__ void k() {{}}\n{stub}\n"
+    with pytest.raises(fuselab.NotWrittenError, match="not written yet") as info:
+        fuselab.build(source, [PROTO], backend="cuda")
+    assert isinstance(info.value, NotImplementedError)
+    assert "line 2" in str(info.value)
+
+
+def test_glue_names_the_bad_argument():
+    mod = fuselab.build(scale_source("glue"), [PROTO], backend="cuda")
+    x = torch.randn(8)
+    with pytest.raises(ValueError, match="'x' of scale is on cpu"):
+        mod.scale(x, torch.empty(8), 2.0, 8)
+    with pytest.raises(TypeError, match="'x' of scale must have dtype float32.*got float64"):
+        mod.scale(x.double(), torch.empty(8), 2.0, 8)
+    with pytest.raises(TypeError, match="missing argument"):
+        mod.scale(x, torch.empty(8))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        mod.scale([1.0], torch.empty(8), 2.0, 8)
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="backend must be"):
+        fuselab.build(scale_source(), [PROTO], backend="tpu")
