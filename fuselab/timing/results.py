@@ -6,6 +6,7 @@ import functools
 import math
 
 from . import stats
+from .modes import TimingModeError, parse_mode
 from .units import format_time, time_unit
 
 
@@ -17,6 +18,13 @@ def _require_pandas():
             "to_dataframe() needs pandas, which is not installed; use to_dict() or `pip install pandas`"
         ) from error
     return pandas
+
+
+def _mode_name(mode) -> str:
+    try:
+        return parse_mode(mode).description
+    except TimingModeError:
+        return str(mode)
 
 
 def _axes(ax):
@@ -116,7 +124,7 @@ class Measurement:
         flushed = "L2 flushed" if self.flushed else "L2 not flushed"
         state = "converged" if self.converged else f"not converged: {self.stop_reason}"
         lines = [
-            f"<Measurement {self.label!r}: {self.mode}>",
+            f"<Measurement {self.label!r}: {_mode_name(self.mode)}>",
             f"  median {format_time(self.median)}   IQR {format_time(self.iqr)} "
             f"({format_time(q1)} .. {format_time(q3)})   n={self.n}",
             f"  rse {self.rse:.2%} (target {self.target_rse:.2%}, {state})",
@@ -135,7 +143,7 @@ class Measurement:
         ax.bar([self.label], [self.median / scale], color=color,
                yerr=[[(self.median - q1) / scale], [(q3 - self.median) / scale]], capsize=6)
         ax.set_ylabel(f"median time ({unit}), IQR bars")
-        ax.set_title(f"{self.mode} on {self.device}" + ("" if self.on_gpu else " (host clock)"))
+        ax.set_title(f"{_mode_name(self.mode)} on {self.device}" + ("" if self.on_gpu else " (host clock)"))
         return ax
 
 
@@ -242,7 +250,7 @@ class Comparison:
 
     def __repr__(self):
         first = next(iter(self.measurements.values()))
-        lines = [f"<Comparison: {self.mode}, baseline {self.baseline!r}, {self.rounds} interleaved rounds>",
+        lines = [f"<Comparison: {_mode_name(self.mode)}, baseline {self.baseline!r}, {self.rounds} interleaved rounds>",
                  f"  {first.device} | {first.clock}"]
         width = max(len(n) for n in self.names)
         for name, m in self.measurements.items():
@@ -286,7 +294,7 @@ class Comparison:
         ax.set_xticks(positions)
         ax.set_xticklabels(names)
         first = next(iter(self.measurements.values()))
-        title = f"{self.mode} on {first.device}"
+        title = f"{_mode_name(self.mode)} on {first.device}"
         if not self.verdict_allowed:
             title += f"\n{self.verdict_reason}: host clock, not a GPU verdict"
         ax.set_title(title)

@@ -1,0 +1,228 @@
+"""A short hint when the wrong elements form a pattern a student can act on.
+
+Each rule looks at where the bad elements are and how they are wrong, and returns a sentence or "".
+The first rule that fires wins, so the rules run from the most specific to the most general.
+All tensors are float64 (``got`` and ``expected``), ``bad``/``not_written`` are bool masks of the same shape,
+and ``allowed`` is the per-element tolerance.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .formatting import format_index, format_value, plural
+
+
+@dataclass
+class Evidence:
+    got: torch.Tensor
+    expected: torch.Tensor
+    bad: torch.Tensor
+    not_written: torch.Tensor
+    allowed: torch.Tensor
+    name: str
+    dtype: torch.dtype
+
+    def close(self, got, expected, allowed) -> bool:
+        return bool(((got - expected).abs() <= allowed).all())
+
+
+def hint_for(evidence: Evidence) -> str:
+    if not bool(evidence.bad.any()):
+        return ""
+    for rule in _RULES:
+        hint = rule(evidence)
+        if hint:
+            return hint
+    return ""
+
+
+def _nothing_written(ev: Evidence) -> str:
+    if not bool(ev.not_written.all()):
+        return ""
+    return (
+        f"nothing was written to `{ev.name}`. Did the kernel launch (a grid of 0 blocks, a launch error)? "
+        f"Does it write through the output pointer? In Python, `{ev.name} = ...` only rebinds the name: "
+        f"write into the tensor with `{ev.name}.copy_(...)` or `{ev.name}[...] = ...`."
+    )
+
+
+def _what(ev: Evidence, mask: torch.Tensor) -> str:
+    return "never written" if bool((ev.not_written | ~mask).all()) else "wrong"
+
+
+def _tail_along_a_dimension(ev: Evidence) -> str:
+    bad = ev.bad
+    for dim in range(bad.dim()):
+        size = bad.shape[dim]
+        if size < 2:
+            continue
+        others = [d for d in range(bad.dim()) if d != dim]
+        any_bad = bad.any(dim=others) if others else bad
+        all_bad = bad.all(dim=others) if others else bad
+        start = int(any_bad.to(torch.uint8).argmax())
+        if start == 0 or not bool(all_bad[start:].all()) or bad.numel() // size * (size - start) < 2:
+            continue
+        where = f"index {start} on along dimension {dim} (size {size})" if bad.dim() > 1 else f"`{ev.name}[{start}]` on"
+        return (
+            f"everything from {where} is {_what(ev, bad)}: your grid or loop stops at {start}. "
+            f"If {size} is not a multiple of your block size, round the number of blocks up: (n + block - 1) / block."
+        )
+    return ""
+
+
+def _tail_in_memory_order(ev: Evidence) -> str:
+    flat = ev.bad.flatten()
+    start = int(flat.to(torch.uint8).argmax())
+    if start == 0 or not bool(flat[start:].all()):
+        return ""
+    first = format_index(ev.name, torch.unravel_index(torch.tensor(start), ev.bad.shape))
+    return (
+        f"the last {plural(flat.numel() - start, 'element')} in memory order (from {first} on) are {_what(ev, ev.bad)}: "
+        "the grid covers too few elements, or a loop bound stops early (`<` vs `<=`, or n rounded down)."
+    )
+
+
+def _some_not_written(ev: Evidence) -> str:
+    count = int(ev.not_written.sum())
+    if count == 0:
+        return ""
+    return (
+        f"{plural(count, 'element')} of `{ev.name}` still hold the poison fuselab put there: never written. "
+        "Does every element get a thread (enough blocks, in every dimension) and does every thread write its element? "
+        f"(A kernel that reads `{ev.name}` before writing it, like `out[i] += ...`, also leaves the poison.)"
+    )
+
+
+def _nan(ev: Evidence) -> str:
+    if not bool((torch.isnan(ev.got) & ev.bad).any()):
+        return ""
+    return (
+        "NaN (not-a-number) values: a 0/0, a sqrt or log of a negative number, or a read of memory nobody wrote "
+        "(shared memory read before `__syncthreads()`, an input read out of bounds)."
+    )
+
+
+def _inf(ev: Evidence) -> str:
+    if not bool((torch.isinf(ev.got) & ev.bad).any()):
+        return ""
+    limit = f" ({ev.dtype} overflows above {format_value(float(torch.finfo(ev.dtype).max))})" if ev.dtype.is_floating_point else ""
+    return f"infinite values: an overflow{limit} or a division by zero."
+
+
+def _all_zero(ev: Evidence) -> str:
+    if not bool((ev.got == 0).all()) or bool((ev.expected == 0).all()):
+        return ""
+    return (
+        f"every element of `{ev.name}` is 0: the kernel stores zeros. Is the result computed and stored? "
+        "(In C, 1/2 == 0: integer division.)"
+    )
+
+
+def _transposed(ev: Evidence) -> str:
+    if ev.got.dim() < 2 or ev.got.shape[-1] < 2 or ev.got.shape[-2] < 2:
+        return ""
+    rows, cols = ev.got.shape[-2], ev.got.shape[-1]
+    swapped = ev.got.reshape(*ev.got.shape[:-2], cols, rows).transpose(-1, -2)
+    if not ev.close(swapped, ev.expected, ev.allowed):
+        return ""
+    return (
+        "the right values are in the wrong places: it looks transposed. In row-major storage, "
+        f"element (row, col) of a {rows}×{cols} matrix lives at row * {cols} + col."
+    )
+
+
+def _shifted_by_one(ev: Evidence) -> str:
+    got, expected, allowed = ev.got, ev.expected, ev.allowed
+    for dim in range(got.dim()):
+        size = got.shape[dim]
+        if size < 3:
+            continue
+        for offset, direction in ((1, "up"), (-1, "down")):
+            g = got.narrow(dim, max(offset, 0), size - 1)
+            e = expected.narrow(dim, max(-offset, 0), size - 1)
+            a = allowed.narrow(dim, max(-offset, 0), size - 1)
+            if ev.close(g, e, a):
+                return (
+                    f"the values look shifted by one along dimension {dim} (index {direction} by one): "
+                    "an off-by-one in the index computation (a padding offset, a 1-based index)?"
+                )
+    return ""
+
+
+def _relu(ev: Evidence) -> str:
+    got, expected, bad = ev.got, ev.expected, ev.bad
+    if bool(((expected == 0) & (got < 0) | ~bad).all()):
+        return "negative values where 0 is expected: is the ReLU applied (and after the bias / BN, not before)?"
+    if bool(((got == 0) & (expected < 0) | ~bad).all()):
+        return "0 where negative values are expected: a ReLU where none belongs (or ReLU instead of LeakyReLU)?"
+    return ""
+
+
+def _border_only(ev: Evidence) -> str:
+    bad = ev.bad
+    if bad.dim() == 0 or min(bad.shape[-2:]) < 3:
+        return ""
+    border = torch.zeros_like(bad)
+    border.narrow(-1, 0, 1).fill_(True)
+    border.narrow(-1, bad.shape[-1] - 1, 1).fill_(True)
+    if bad.dim() >= 2:
+        border.narrow(-2, 0, 1).fill_(True)
+        border.narrow(-2, bad.shape[-2] - 1, 1).fill_(True)
+    if not bool((bad & ~border).any()):
+        what = "first/last row or column" if bad.dim() >= 2 else "first/last element"
+        return f"only elements on the border ({what}) are wrong: check the padding and the bounds conditions at the edges."
+    return ""
+
+
+def _constant_error(ev: Evidence) -> str:
+    got, expected = ev.got[ev.bad], ev.expected[ev.bad]
+    if got.numel() < 4 or not bool(torch.isfinite(got).all()):
+        return ""
+    offset = got - expected
+    if float(offset.max() - offset.min()) <= float(ev.allowed[ev.bad].min()):
+        return f"every wrong value is off by {format_value(float(offset.mean()))}: a bias or shift added twice, or missing?"
+    nonzero = expected != 0
+    if bool(nonzero.all()):
+        ratio = got / expected
+        spread = float(ratio.max() - ratio.min())
+        if spread <= 1e-3 * abs(float(ratio.mean())):
+            if bool((expected < 0).all()):
+                return f"only negative values are wrong, all by a factor {format_value(float(ratio.mean()))}: check the LeakyReLU slope."
+            return f"every wrong value is {format_value(float(ratio.mean()))} × the expected one: a scale factor missing or applied twice?"
+    return ""
+
+
+def _depends_on_one_dimension(ev: Evidence) -> str:
+    got, expected = ev.got, ev.expected
+    if sum(size >= 2 for size in got.shape) < 2 or not bool(torch.isfinite(got).all()):
+        return ""  # with one non-trivial dimension, any error "depends only on" it
+    error = got - expected
+    for dim in range(got.dim()):
+        if got.shape[dim] < 2:
+            continue
+        others = [d for d in range(got.dim()) if d != dim]
+        per_index = error.mean(dim=others, keepdim=True)
+        if ev.close(error, per_index.expand_as(error), ev.allowed):
+            return (
+                f"the error depends only on the index along dimension {dim}: a per-index term along that dimension "
+                "(a bias, a BN scale or shift) is wrong, or broadcast along the wrong dimension."
+            )
+    return ""
+
+
+_RULES = (
+    _nothing_written,
+    _tail_along_a_dimension,
+    _tail_in_memory_order,
+    _some_not_written,
+    _nan,
+    _inf,
+    _all_zero,
+    _transposed,
+    _border_only,
+    _shifted_by_one,
+    _relu,
+    _constant_error,
+    _depends_on_one_dimension,
+)

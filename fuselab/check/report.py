@@ -1,0 +1,121 @@
+"""Value objects for the outcome of a check: one ``CaseResult`` per (shape, seed), one ``CheckResult`` in all."""
+
+from dataclasses import dataclass, field
+
+from .compare import Comparison
+from .formatting import format_shape, plural
+
+# A failure message shows this many failing cases in full; the rest get one line each.
+_DETAILED_FAILURES = 3
+
+
+@dataclass
+class CaseResult:
+    """One run of the candidate on one shape and seed."""
+
+    name: str
+    shape: object
+    seed: int
+    comparisons: list = field(default_factory=list)  # one Comparison per output
+    problems: list = field(default_factory=list)  # out-of-bounds writes, changed inputs, wrong return values
+    error: str | None = None  # the exception the candidate raised, as "TypeError: ..."
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not self.problems and all(c.passed for c in self.comparisons)
+
+    @property
+    def label(self) -> str:
+        return f"shape={format_shape(self.shape)}, seed={self.seed}"
+
+    def line(self) -> str:
+        """One line: ✓/✗, the case, and its most important number or problem."""
+        mark = "✓" if self.passed else "✗"
+        if self.error:
+            what = f"raised {self.error}"
+        else:
+            failing = [c for c in self.comparisons if not c.passed]
+            what = "; ".join([c.summary() for c in failing] + self.problems) or "; ".join(c.summary() for c in self.comparisons)
+        return f"{mark} {self.label}  {_first_line(what)}"
+
+    def details(self) -> str:
+        lines = [f"{'✓' if self.passed else '✗'} {self.name}, {self.label}"]
+        if self.error:
+            lines.append(f"    the candidate raised {self.error}")
+        for problem in self.problems:
+            lines.append(f"    {problem}")
+        for comparison in self.comparisons:
+            if not comparison.passed:
+                lines.append(comparison.report(indent="    "))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "shape": self.shape if isinstance(self.shape, (dict, int, float, str)) else list(self.shape) if isinstance(self.shape, (tuple, list)) else repr(self.shape),
+            "seed": self.seed,
+            "passed": self.passed,
+            "error": self.error,
+            "problems": list(self.problems),
+            "outputs": [c.to_dict() for c in self.comparisons],
+        }
+
+
+@dataclass
+class CheckResult:
+    """Every case of one ``fuselab.check`` call. ``repr``: one line per case and a summary."""
+
+    name: str
+    cases: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(case.passed for case in self.cases)
+
+    @property
+    def failures(self) -> list:
+        return [case for case in self.cases if not case.passed]
+
+    def summary(self) -> str:
+        failed = len(self.failures)
+        if failed == 0:
+            return f"{self.name}: all {plural(len(self.cases), 'case')} passed"
+        return f"{self.name}: {failed} of {plural(len(self.cases), 'case')} failed"
+
+    def report(self) -> str:
+        """The student-readable failure report: the failing cases in detail, then what passed."""
+        failures = self.failures
+        parts = [self.summary() + "."]
+        parts += [case.details() for case in failures[:_DETAILED_FAILURES]]
+        if len(failures) > _DETAILED_FAILURES:
+            more = failures[_DETAILED_FAILURES:]
+            parts.append(f"{plural(len(more), 'more failing case')}:\n" + "\n".join("  " + case.line() for case in more))
+        passed = [case for case in self.cases if case.passed]
+        if passed:
+            parts.append("passed: " + "; ".join(case.label for case in passed))
+        return "\n\n".join(parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "n_cases": len(self.cases),
+            "n_failed": len(self.failures),
+            "cases": [case.to_dict() for case in self.cases],
+        }
+
+    def __repr__(self) -> str:
+        lines = [f"CheckResult({self.summary()})"]
+        lines += ["  " + case.line() for case in self.cases]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.__repr__() if self.passed else self.report()
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else text
+
+
+__all__ = ["CaseResult", "CheckResult", "Comparison"]

@@ -1,0 +1,34 @@
+"""The ``fuselab`` command: ``doctor``, ``demo`` and ``clean``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fuselab", description="GPU operator-fusion lab tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="check this machine for the course and say how to fix what is missing")
+    demo = sub.add_parser("demo", help="build, check and time a fused elementwise kernel")
+    demo.add_argument("--backend", choices=["auto", "cuda", "emulate"], default=None)
+    demo.add_argument("--size", type=int, default=None, help="elements (default: 64M on a GPU, 1M emulated)")
+    sub.add_parser("clean", help="delete every cached build")
+    args = parser.parse_args(argv)
+
+    if args.command == "doctor":
+        from .doctor import main as doctor
+        return doctor()
+    if args.command == "demo":
+        from .demo import main as demo_main
+        return demo_main(backend=args.backend, size=args.size)
+    if args.command == "clean":
+        from .build import clear_cache
+        clear_cache()
+        print("cached builds deleted")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
