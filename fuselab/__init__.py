@@ -3,18 +3,27 @@
     import fuselab
     mod = fuselab.build(CUDA_SOURCE, ["void add(const float* a, const float* b, float* out, int n, cudaStream_t s)"])
     mod.add(a, b, out, a.numel())
+    fuselab.check(lambda a, b, out: mod.add(a, b, out, a.numel()), torch.add, make_inputs, shapes)
+    fuselab.timing.compare({"unfused": unfused, "fused": fused})
 """
 
+from . import timing
 from .build import build, resolve_backend
+from .check import CheckFailed, CheckResult, assert_close, check, compare as compare_outputs
 from .errors import (BuildError, BuildTimeout, FuselabError, LaunchError, NotWrittenError,
                      UnsupportedConstruct)
 from .module import Module
 from .prototypes import PrototypeError
+from .timing import (Comparison, Measurement, Mode, NoGPUError, Speedup, achieved, ceilings, compare,
+                     launch_overhead, measure, speedup_points)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "build", "resolve_backend", "Module",
+    "check", "assert_close", "compare_outputs", "CheckFailed", "CheckResult",
+    "timing", "measure", "compare", "Mode", "Measurement", "Comparison", "Speedup", "launch_overhead",
+    "ceilings", "achieved", "speedup_points", "NoGPUError",
     "FuselabError", "BuildError", "BuildTimeout", "NotWrittenError", "LaunchError", "UnsupportedConstruct",
     "PrototypeError",
 ]

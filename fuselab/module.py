@@ -38,6 +38,11 @@ class Launcher:
     def __repr__(self):
         return f"<launcher {self.prototype.signature()} ({self._module.backend})>"
 
+    @property
+    def emulated(self) -> bool:
+        """True under the CPU emulation: fuselab.timing then never gives a speedup verdict."""
+        return self._module.emulated
+
     def __call__(self, *args, **kwargs):
         values = self._bind(args, kwargs)
         c_args, dims = [], {}
@@ -145,6 +150,10 @@ class Module:
         how = "loaded from cache" if self.cached else f"built in {self.build_seconds:.2f} s"
         names = ", ".join(l.prototype.signature() for l in self.launchers.values())
         return f"<fuselab module {self.name!r} [{self.backend}] {how}: {names}>"
+
+    @property
+    def emulated(self) -> bool:
+        return self.backend == "emulate"
 
     def _stream_handle(self):
         if self.backend == "cuda":

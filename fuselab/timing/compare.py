@@ -11,11 +11,11 @@ import time
 import numpy as np
 
 from . import gpu, stats
-from .measure import check_budget, warm_up
+from .measure import check_budget, on_device_of, warm_up
 from .modes import parse_mode
 from .progress import Progress
 from .results import Comparison, Measurement, Speedup
-from .samplers import keep_gpu_busy_for, make_sampler
+from .samplers import make_sampler
 
 _BLOCK_SECONDS = 0.002  # one candidate's share of a round
 _MAX_BLOCK = 100
@@ -67,35 +67,10 @@ def compare(candidates, baseline=None, *, mode="device", flush=True, target_rse=
     if missing:
         raise ValueError(f"no sampler for {', '.join(sorted(missing))}")
 
-    started = clock()
-    wall = warm_up(samplers, min(warmup_s, budget_s / 4), clock=clock)
-    blocks = {name: int(block) if block else int(min(_MAX_BLOCK, max(1, math.ceil(_BLOCK_SECONDS / wall[name]))))
-              for name in names}
-    if min(blocks.values()) < 1:
-        raise ValueError(f"block must be at least 1, got {block!r}")
-    rounds = {name: [] for name in names}
-    stop_reason = ""
-    busy_device = getattr(samplers[names[0]], "device", None)
-    with Progress(budget_s, f"comparing {len(names)}", enabled=progress, clock=clock) as bar:
-        round_index = 0
-        while True:
-            order = rotated(names, round_index)
-            keep_gpu_busy_for([(samplers[n], blocks[n]) for n in order], device=busy_device)
-            pending = {n: [samplers[n].enqueue() for _ in range(blocks[n])] for n in order}
-            for n in order:
-                rounds[n].append(samplers[n].collect(pending[n]))
-            round_index += 1
-            worst = max(stats.relative_standard_error(np.ravel(rounds[n])) for n in names)
-            elapsed = clock() - started
-            bar.update(elapsed, rounds=round_index, worst_rse=f"{worst:.2%}")
-            if round_index >= min_rounds and worst <= target_rse:
-                stop_reason = "converged"
-            elif round_index >= max_rounds:
-                stop_reason = "max_rounds reached"
-            elif elapsed >= budget_s:
-                stop_reason = "time budget spent"
-            if stop_reason:
-                break
+    with on_device_of(samplers[names[0]]):
+        rounds, stop_reason, blocks = _interleave(samplers, names, block, target_rse, min_rounds, max_rounds,
+                                                  budget_s, warmup_s, progress, clock)
+    round_index = len(rounds[names[0]])
 
     measurements = {}
     for name in names:
@@ -125,3 +100,36 @@ def compare(candidates, baseline=None, *, mode="device", flush=True, target_rse=
         notes.append(f"stopped before the target rse {target_rse:.2%}: {stop_reason}")
     return Comparison(measurements=measurements, baseline=baseline, speedups=speedups, mode=mode.value,
                       rounds=round_index, confidence=confidence, notes=tuple(notes))
+
+
+def _interleave(samplers, names, block, target_rse, min_rounds, max_rounds, budget_s, warmup_s, progress, clock):
+    """Rounds of timed calls in rotating order; returns ({name: [[seconds per call] per round]}, why it stopped,
+    {name: calls per round})."""
+    started = clock()
+    wall = warm_up(samplers, min(warmup_s, budget_s / 4), clock=clock)
+    blocks = {name: int(block) if block else int(min(_MAX_BLOCK, max(1, math.ceil(_BLOCK_SECONDS / wall[name]))))
+              for name in names}
+    if min(blocks.values()) < 1:
+        raise ValueError(f"block must be at least 1, got {block!r}")
+    rounds = {name: [] for name in names}
+    stop_reason = ""
+    with Progress(budget_s, f"comparing {len(names)}", enabled=progress, clock=clock) as bar:
+        round_index = 0
+        while True:
+            order = rotated(names, round_index)
+            pending = {n: [samplers[n].enqueue() for _ in range(blocks[n])] for n in order}
+            for n in order:
+                rounds[n].append(samplers[n].collect(pending[n]))
+            round_index += 1
+            worst = max(stats.relative_standard_error(np.ravel(rounds[n])) for n in names)
+            elapsed = clock() - started
+            bar.update(elapsed, rounds=round_index, worst_rse=f"{worst:.2%}")
+            if round_index >= min_rounds and worst <= target_rse:
+                stop_reason = "converged"
+            elif round_index >= max_rounds:
+                stop_reason = "max_rounds reached"
+            elif elapsed >= budget_s:
+                stop_reason = "time budget spent"
+            if stop_reason:
+                break
+    return rounds, stop_reason, blocks

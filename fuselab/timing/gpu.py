@@ -45,30 +45,59 @@ def device_name(device=None) -> str:
 def is_emulated(fn) -> bool:
     """True when ``fn`` runs under fuselab's CPU emulation, whose times say nothing about a GPU.
 
-    A built module (or a launcher, or a bound method of one) marks itself with ``emulated = True``;
-    ``FUSELAB_BACKEND=emulate`` marks everything.
+    A built module and its launchers say so with ``emulated = True``. A wrapper such as
+    ``lambda: mod.fused(x, y)`` is looked through one level: the objects it closes over or names as globals.
+    ``FUSELAB_BACKEND=emulate`` marks everything. Pass ``emulated=`` to measure/compare to decide explicitly.
     """
     if config.backend_choice() == "emulate":
         return True
-    for obj in (fn, getattr(fn, "__self__", None), getattr(fn, "func", None)):
-        if obj is not None and getattr(obj, "emulated", False) is True:
-            return True
-    return False
+    return any(_marked_emulated(obj) for obj in _reachable(fn))
+
+
+def _marked_emulated(obj) -> bool:
+    try:
+        return getattr(obj, "emulated", False) is True
+    except Exception:  # a property that raises is not a mark
+        return False
+
+
+def _reachable(fn):
+    yield fn
+    yield getattr(fn, "__self__", None)
+    yield getattr(fn, "func", None)  # functools.partial
+    code = getattr(fn, "__code__", None)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            yield cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    if code is not None:
+        namespace = getattr(fn, "__globals__", {})
+        for name in code.co_names:
+            if name in namespace:
+                yield namespace[name]
 
 
 @functools.lru_cache(maxsize=None)
 def _spin_cycles_per_second(device_index: int) -> float:
-    """Calibrate ``torch.cuda._sleep`` once per device: its argument is in clock cycles, not seconds."""
+    """``torch.cuda._sleep`` counts clock cycles, not seconds. Use the highest rate the SMs reach: an idle GPU
+    runs at a fraction of it, and a rate measured there would make every spin far too short once clocks rise."""
+    rated_khz = getattr(torch.cuda.get_device_properties(device_index), "clock_rate", 0) or 0
+    if rated_khz > 0:
+        return rated_khz * 1e3
     with torch.cuda.device(device_index):
-        cycles = 2_000_000
-        torch.cuda._sleep(cycles)  # first call loads the kernel
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1e3
-    return cycles / seconds if seconds > 0 else 1.5e9
+        best = 0.0
+        for _ in range(5):  # the first spins raise the clocks
+            cycles = 4_000_000
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+            if seconds > 0:
+                best = max(best, cycles / seconds)
+    return best or 2e9
 
 
 def keep_busy(seconds: float, device=None, cap: float = 0.05) -> None:

@@ -1,12 +1,15 @@
 """``measure``: time one callable until its median is known well enough, or the time budget is spent."""
 
+import contextlib
 import time
+
+import torch
 
 from . import gpu, stats
 from .modes import parse_mode
 from .progress import Progress
 from .results import Measurement
-from .samplers import keep_gpu_busy_for, make_sampler
+from .samplers import make_sampler
 
 # A batch of timed calls is queued, then collected with one synchronization: long enough that the sync is
 # cheap next to it, short enough that the stopping rule is checked often.
@@ -75,29 +78,9 @@ def measure(fn, *, mode="device", label=None, flush=True, target_rse=0.01, min_r
     label = label or getattr(fn, "__name__", None) or type(fn).__name__
 
     started = clock()
-    per_call = warm_up({label: sampler}, min(warmup_s, budget_s / 4), clock=clock)[label]
-    batch = int(min(_MAX_BATCH, max(1, _BATCH_SECONDS / per_call)))
-
-    times = []
-    stop_reason = ""
-    with Progress(budget_s, f"timing {label}", enabled=progress, clock=clock) as bar:
-        while True:
-            # The first batch takes min_reps at once: the stopping rule needs them anyway.
-            calls = min(max(batch, min_reps - len(times)), max_reps - len(times))
-            keep_gpu_busy_for([(sampler, calls)], device=getattr(sampler, "device", None))
-            times += sampler.collect([sampler.enqueue() for _ in range(calls)])
-            rse = stats.relative_standard_error(times)
-            elapsed = clock() - started
-            bar.update(elapsed, n=len(times), rse=f"{rse:.2%}")
-            if len(times) >= min_reps and rse <= target_rse:
-                stop_reason = "converged"
-            elif len(times) >= max_reps:
-                stop_reason = "max_reps reached"
-            elif elapsed >= budget_s:
-                stop_reason = "time budget spent"
-            if stop_reason:
-                break
-
+    with on_device_of(sampler):
+        times, stop_reason = _sample(sampler, label, started, target_rse, min_reps, max_reps, budget_s, warmup_s,
+                                     progress, clock)
     return Measurement(
         label=label,
         mode=mode.value,
@@ -111,3 +94,32 @@ def measure(fn, *, mode="device", label=None, flush=True, target_rse=0.01, min_r
         notes=tuple(sampler.notes),
     )
 
+
+def on_device_of(sampler):
+    """Make the sampler's GPU the current device, so events and launches land on the same stream."""
+    return torch.cuda.device(sampler.device) if sampler.on_gpu else contextlib.nullcontext()
+
+
+def _sample(sampler, label, started, target_rse, min_reps, max_reps, budget_s, warmup_s, progress, clock):
+    per_call = warm_up({label: sampler}, min(warmup_s, budget_s / 4), clock=clock)[label]
+    batch = int(min(_MAX_BATCH, max(1, _BATCH_SECONDS / per_call)))
+    times = []
+    stop_reason = ""
+    with Progress(budget_s, f"timing {label}", enabled=progress, clock=clock) as bar:
+        while True:
+            # The first batch takes min_reps at once: the stopping rule needs them anyway.
+            calls = min(max(batch, min_reps - len(times)), max_reps - len(times))
+            times += sampler.collect([sampler.enqueue() for _ in range(calls)])
+            rse = stats.relative_standard_error(times)
+            elapsed = clock() - started
+            bar.update(elapsed, n=len(times), rse=f"{rse:.2%}")
+            if len(times) >= min_reps and rse <= target_rse:
+                stop_reason = "converged"
+            elif len(times) >= max_reps:
+                stop_reason = "max_reps reached"
+            elif elapsed >= budget_s:
+                stop_reason = "time budget spent"
+            if stop_reason:
+                break
+
+    return times, stop_reason

@@ -42,15 +42,16 @@ def make_tqdm(**kwargs):
 class Progress:
     """Progress through a time budget, drawn lazily.
 
-    ``enabled``: True always draws (after ``delay``), False never, None draws only for runs whose budget is
-    long enough to be worth it (``delay`` or more). ``update(elapsed, **info)`` moves the bar to ``elapsed``
+    ``enabled``: True always draws, False never, None (auto) draws only for runs with a budget of
+    ``auto_budget`` seconds or more, once ``delay`` seconds have passed. ``update(elapsed, **info)`` moves the bar to ``elapsed``
     seconds and shows ``info`` (n, rse, ...) beside it.
     """
 
-    def __init__(self, budget_s, description, enabled=None, delay=1.0, clock=time.perf_counter):
+    def __init__(self, budget_s, description, enabled=None, delay=1.0, auto_budget=2.5, clock=time.perf_counter):
         self.budget_s = float(budget_s)
         self.description = description
-        self.enabled = (budget_s >= delay) if enabled is None else bool(enabled)
+        # A bar that appears only as a budget-capped run ends would flash: auto mode skips runs that short.
+        self.enabled = (budget_s >= auto_budget) if enabled is None else bool(enabled)
         self.delay = 0.0 if enabled is True else delay
         self._clock = clock
         self._started = clock()

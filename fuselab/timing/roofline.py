@@ -180,7 +180,8 @@ def achieved(measurement, bytes=None, flops=None, dtype="fp32", limits=None) -> 
     if isinstance(measurement, Measurement):
         seconds, on_gpu = measurement.median, measurement.on_gpu
     else:
-        seconds, on_gpu = float(measurement), gpu.cuda_ready()
+        # Plain seconds with explicit limits: the caller vouches that they are a GPU time.
+        seconds, on_gpu = float(measurement), limits is not None or gpu.cuda_ready()
     if not seconds > 0:
         raise ValueError(f"a time must be positive, got {seconds!r} s")
     note = ""

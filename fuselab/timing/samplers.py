@@ -3,8 +3,11 @@
 A sampler splits a timed call into ``enqueue`` (start it, without waiting) and ``collect`` (wait and read the
 times), so that many GPU calls can be queued before the host synchronizes once, as ``triton.testing.do_bench``
 does; a host synchronization between calls would leave the GPU idle and put launch latency in the numbers.
+In device and graph mode each call is preceded by a short spin kernel, so the GPU is busy while the host
+enqueues the call and never waits for it inside the timed region.
 """
 
+import collections
 import time
 
 import torch
@@ -25,11 +28,11 @@ class Sampler:
     clock = ""
     on_gpu = False
     flushed = False
-    wants_busy_gpu = False  # True where host launch latency must be hidden behind queued GPU work
+    wants_busy_gpu = False  # True where host launch latency must be hidden behind GPU work queued first
 
     def __init__(self):
         self.notes = []
-        self.host_cost_s = 0.0  # running estimate of the host time one enqueue takes
+        self._host_costs = collections.deque(maxlen=16)
 
     def warmup(self) -> None:
         raise NotImplementedError
@@ -40,8 +43,15 @@ class Sampler:
     def collect(self, tokens) -> list:
         raise NotImplementedError
 
+    @property
+    def host_cost_s(self) -> float:
+        """Host time one enqueue takes: the median of the recent ones, so a first call's compile is forgotten."""
+        if not self._host_costs:
+            return 0.0
+        return sorted(self._host_costs)[len(self._host_costs) // 2]
+
     def _track_host_cost(self, seconds: float) -> None:
-        self.host_cost_s = seconds if self.host_cost_s == 0.0 else 0.8 * self.host_cost_s + 0.2 * seconds
+        self._host_costs.append(seconds)
 
 
 class HostClockSampler(Sampler):
@@ -84,6 +94,11 @@ class _EventSampler(Sampler):
 
     def _timed(self, body):
         host_start = time.perf_counter()
+        if self.wants_busy_gpu:
+            # A head start for the GPU, per call: a spin a little longer than the host needs to enqueue the
+            # call. Spinning once per batch instead fails for host-bound callables: the launch queue holds
+            # only ~1000 entries, and once it is full the GPU runs at the host's pace.
+            gpu.keep_busy(1.25 * self.host_cost_s + 5e-6, self.device)
         if self.flush is not None:
             self.flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -200,10 +215,3 @@ def make_sampler(fn, mode="device", flush=True, device=None, emulated=None, cloc
         return LatencySampler(fn, device, flush)
     return GraphReplaySampler(fn, device, flush)
 
-
-def keep_gpu_busy_for(batch, device=None) -> None:
-    """Before enqueuing ``batch`` (a list of (sampler, calls)), queue enough spinning on the GPU to cover the
-    host time those enqueues take, so the timed calls run back to back."""
-    seconds = sum(s.host_cost_s * calls for s, calls in batch if s.wants_busy_gpu)
-    if seconds > 0.0:
-        gpu.keep_busy(1.25 * seconds + 20e-6, device)

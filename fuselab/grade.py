@@ -1,0 +1,153 @@
+"""Graded speedup tests, as nbgrader test cells call them.
+
+A graded speedup cell ends in a number of points (nbgrader reads a cell's last displayed number as its score;
+anything else would count as full marks). The test:
+
+1. looks the test up in the policy (``fuselab/policy.json``): mode, shape, dtype and the full-points threshold
+   for this GPU model, falling back to the H200's entry, and saying so;
+2. without a GPU, or for an emulated module, returns 0 marked "not measured (no GPU)": never full marks;
+3. checks with the profiler that one call launches exactly the expected number of kernels, all of them the
+   student's own (a library GEMM/conv or a PyTorch op inside the fused op is caught here);
+4. checks the result at the timed shape (poison, guard bands, unchanged inputs);
+5. times the student's op against the lab's fixed unfused reference, interleaved, with rotating input sets;
+6. refreshes every input set's contents in place and checks the outputs again, so a result cache keyed by
+   pointer returns stale results and fails;
+7. turns the speedup into points: 0 at 1.0x, linear to full points at the threshold.
+
+The numbers also go to ``FUSELAB_GRADE_LOG`` (JSON lines) when set, for the grader's report.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from . import timing
+from .check import assert_close, check
+
+POLICY_PATH = Path(__file__).with_name("policy.json")
+REFERENCE_GPU = "NVIDIA H200"
+_OWN_KERNEL = re.compile(r"__global__\s+[\w:<>,\s]*?\b(\w+)\s*\(")
+
+
+def load_policy(path=None) -> dict:
+    return json.loads(Path(path or os.environ.get("FUSELAB_POLICY") or POLICY_PATH).read_text())
+
+
+def policy_entry(test_id, gpu_name=None, policy=None):
+    """``(test settings, GPU entry, note)`` for ``test_id`` on ``gpu_name`` (H200's entry if it has none)."""
+    policy = policy or load_policy()
+    if test_id not in policy["tests"]:
+        raise KeyError(f"no graded speedup test {test_id!r} in the policy file")
+    test = policy["tests"][test_id]
+    gpus = test.get("gpus", {})
+    note = ""
+    if gpu_name not in gpus:
+        note = (f"no policy entry for {gpu_name or 'this machine'}: using the {REFERENCE_GPU}'s threshold "
+                f"(run `fuselab calibrate` on this GPU to make one)")
+        gpu_name = REFERENCE_GPU
+    return test, gpus[gpu_name], note
+
+
+def own_kernel_names(source: str) -> set:
+    """The ``__global__`` function names defined in a CUDA source."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+    code = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", code)
+    return set(_OWN_KERNEL.findall(code))
+
+
+def launched_kernels(fn) -> list:
+    """Names of the GPU kernels one call of ``fn`` launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, module, max_points,
+                 expected_kernels=1, input_sets=3, policy=None, budget_s=3.0, verbose=True) -> float:
+    """Run a graded speedup test and return the points earned (a float between 0 and ``max_points``).
+
+    candidate, reference_op: ``op(*inputs, out)`` callables, the student's fused op and the lab's fixed unfused
+    reference. make_inputs(shape, seed) → inputs on the GPU; reference(*inputs) → the expected output (float64).
+    module: the student's built module (its source names the kernels allowed to run).
+    """
+    say = print if verbose else (lambda *a, **k: None)
+    gpu_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    record = {"test": test_id, "max_points": max_points, "points": 0.0, "speedup": None}
+    if gpu_name is None or getattr(module, "emulated", False):
+        record["status"] = "not measured (no GPU)"
+        say(f"{test_id}: speedup not measured (no GPU): 0 of {max_points} points. "
+            "Speed points are only given on a GPU.")
+        return _finish(record)
+    test, entry, note = policy_entry(test_id, gpu_name, policy)
+    if note:
+        say(note)
+    shape, threshold, mode = tuple(test["shape"]), float(entry["threshold"]), test["mode"]
+
+    sets = [make_inputs(shape, seed=1000 + k) for k in range(input_sets)]
+    expected_shape = reference(*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
+    outs = {name: [torch.empty(expected_shape, device="cuda", dtype=sets[0][0].dtype) for _ in sets]
+            for name in ("student", "reference")}
+
+    # 3. exactly the expected kernels, all the student's own
+    own = own_kernel_names(module.source)
+    kernels = launched_kernels(lambda: candidate(*sets[0], outs["student"][0]))
+    foreign = [k for k in kernels if not any(name in k for name in own)]
+    if len(kernels) != expected_kernels or foreign:
+        record["status"] = f"launched {len(kernels)} kernel(s) {kernels}, expected {expected_kernels} of its own"
+        say(f"{test_id}: 0 of {max_points} points: one call launched {len(kernels)} kernel(s) "
+            f"({', '.join(kernels) or 'none'}); a fused op must launch exactly {expected_kernels} kernel(s) "
+            f"of its own ({', '.join(sorted(own)) or 'none found in the source'}).")
+        return _finish(record)
+
+    # 4. right at the timed shape
+    check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id)
+
+    # 5. interleaved timing over rotating input sets
+    def rotating(op, name):
+        counter = itertools.count()
+
+        def call():
+            k = next(counter) % len(sets)
+            op(*sets[k], outs[name][k])
+        return call
+
+    result = timing.compare({"reference": rotating(reference_op, "reference"),
+                             "student": rotating(candidate, "student")},
+                            baseline="reference", mode=mode, budget_s=budget_s)
+    speedup = result.graded_speedup("student")
+
+    # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
+    for k, inputs in enumerate(sets):
+        fresh = make_inputs(shape, seed=2000 + k)
+        for old, new in zip(inputs, fresh):
+            if torch.is_tensor(old):
+                old.copy_(new)
+        candidate(*inputs, outs["student"][k])
+        assert_close(outs["student"][k], reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
+
+    points = timing.speedup_points(speedup, threshold, max_points)
+    s = result.speedup("student")
+    record.update(points=points, speedup=speedup, ci=[s.low, s.high], threshold=threshold, mode=mode,
+                  gpu=gpu_name, shape=list(shape), status="measured")
+    say(f"{test_id}: {speedup:.2f}x faster than the lab's unfused reference (95% CI {s.low:.2f}-{s.high:.2f}, "
+        f"{mode} time at shape {list(shape)}); full points from {threshold:.2f}x → "
+        f"{points:.2f} of {max_points} points")
+    return _finish(record)
+
+
+def _finish(record):
+    path = os.environ.get("FUSELAB_GRADE_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(json.dumps(record) + "\n")
+    return float(record["points"])

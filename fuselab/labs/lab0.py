@@ -1,0 +1,82 @@
+"""Lab 0: why fusion pays, on F = relu(A + B) * E.
+
+Unfused, the chain is three kernels and two intermediates that go through device memory: add writes T1, relu
+reads T1 and writes T2, mul reads T2 and E. Fused, one kernel reads A, B and E once and writes F once.
+"""
+
+import torch
+
+N = "n"
+ADD = "void add(const float* a /*[n]*/, const float* b /*[n]*/, float* out /*[n]*/, int64_t n, cudaStream_t stream)"
+RELU = "void relu(const float* x /*[n]*/, float* out /*[n]*/, int64_t n, cudaStream_t stream)"
+MUL = "void mul(const float* x /*[n]*/, const float* y /*[n]*/, float* out /*[n]*/, int64_t n, cudaStream_t stream)"
+FUSED = ("void add_relu_mul(const float* a /*[n]*/, const float* b /*[n]*/, const float* e /*[n]*/, "
+         "float* out /*[n]*/, int64_t n, cudaStream_t stream)")
+UNFUSED_LAUNCHERS = [ADD, RELU, MUL]
+LAUNCHERS = [ADD, RELU, MUL, FUSED]
+
+# The lab's fixed unfused reference: graded speedups are measured against this, never against the student's own
+# unfused kernels (which could be slowed on purpose). Plain one-element-per-thread kernels, as a student writes.
+REFERENCE_UNFUSED_SOURCE = r"""
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+__global__ void relu_kernel(const float* x, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = fmaxf(x[i], 0.0f);
+}
+__global__ void mul_kernel(const float* x, const float* y, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * y[i];
+}
+static unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+    if (n > 0) add_kernel<<<blocks_for(n), 256, 0, stream>>>(a, b, out, n);
+}
+void relu(const float* x, float* out, int64_t n, cudaStream_t stream) {
+    if (n > 0) relu_kernel<<<blocks_for(n), 256, 0, stream>>>(x, out, n);
+}
+void mul(const float* x, const float* y, float* out, int64_t n, cudaStream_t stream) {
+    if (n > 0) mul_kernel<<<blocks_for(n), 256, 0, stream>>>(x, y, out, n);
+}
+"""
+
+# Small sizes run under the CPU emulation and in the visible tests; awkward on purpose: 1, primes, one past a
+# block, not a multiple of 256. GPU sizes are for the hidden tests and timing.
+SMALL_SHAPES = [(1,), (7,), (255,), (256,), (257,), (1000,), (4099,)]
+GPU_SHAPES = [(1,), (31,), (257,), (65_537,), (1_000_003,), (16_777_216 + 3,)]
+TIMED_SHAPE = (64 * 2**20,)  # 64M fp32: each tensor 256 MB, far beyond the H200's 60 MB L2
+
+
+def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
+    """A, B, E: random normal (never zeros), so about half of A + B is negative and relu has work to do."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    tensors = [torch.randn(shape, generator=gen, dtype=torch.float32) for _ in range(3)]
+    return tuple(t.to(device=device, dtype=dtype) for t in tensors)
+
+
+def reference(a, b, e):
+    return torch.relu(a + b) * e
+
+
+def unfused(module):
+    """The three-kernel pipeline on a module that has add, relu and mul: allocates T1 and T2 like eager does."""
+    def run(a, b, e, out):
+        t1 = torch.empty_like(a)
+        t2 = torch.empty_like(a)
+        module.add(a, b, t1, a.numel())
+        module.relu(t1, t2, a.numel())
+        module.mul(t2, e, out, a.numel())
+    return run
+
+
+def fused(module):
+    def run(a, b, e, out):
+        module.add_relu_mul(a, b, e, out, a.numel())
+    return run
+
+
+def bytes_moved(n, dtype_size=4):
+    """Minimum DRAM traffic: unfused reads 2+1+2 and writes 1+1+1 tensors; fused reads 3 and writes 1."""
+    return {"unfused": 8 * n * dtype_size, "fused": 4 * n * dtype_size}
