@@ -7,7 +7,7 @@
     fuselab.timing.compare({"unfused": unfused, "fused": fused})
 """
 
-from . import timing
+from . import grade, timing
 from .build import build, resolve_backend
 from .check import CheckFailed, CheckResult, assert_close, check, compare as compare_outputs
 from .errors import (BuildError, BuildTimeout, FuselabError, LaunchError, NotWrittenError,

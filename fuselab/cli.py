@@ -14,6 +14,8 @@ def main(argv=None) -> int:
     demo.add_argument("--backend", choices=["auto", "cuda", "emulate"], default=None)
     demo.add_argument("--size", type=int, default=None, help="elements (default: 64M on a GPU, 1M emulated)")
     sub.add_parser("clean", help="delete every cached build")
+    rel = sub.add_parser("release", help="regenerate labs/ from solutions/ with nbgrader")
+    rel.add_argument("--check", action="store_true", help="only report whether labs/ is up to date")
     args = parser.parse_args(argv)
 
     if args.command == "doctor":
@@ -22,6 +24,9 @@ def main(argv=None) -> int:
     if args.command == "demo":
         from .demo import main as demo_main
         return demo_main(backend=args.backend, size=args.size)
+    if args.command == "release":
+        from .course import main_release
+        return main_release(check=args.check)
     if args.command == "clean":
         from .build import clear_cache
         clear_cache()

@@ -25,12 +25,13 @@ def _arrow(ax, start, end, color="black"):
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10, color=color, lw=1.2))
 
 
-def plot_dataflow(stages, inputs_per_stage, title, ax=None):
+def plot_dataflow(stages, inputs_per_stage, title, outputs=None, ax=None):
     """Kernels as a row of boxes under a DRAM bar; arrows for every tensor read from or written to DRAM.
 
     stages: kernel names, e.g. ["add", "relu", "mul"]; inputs_per_stage: for each kernel, the tensors it
-    reads from DRAM; each kernel writes one tensor back.
+    reads from DRAM; each kernel writes one tensor back (named by ``outputs``).
     """
+    outputs = outputs or ["out"] * len(stages)
     ax = _axes(ax, size=(2.2 * len(stages) + 1, 3))
     ax.add_patch(FancyBboxPatch((-0.9, 1.6), 2.2 * len(stages) - 0.4, 0.5, boxstyle="round,pad=0.02",
                                 fc="#f4d6a0", ec="black"))
@@ -46,7 +47,7 @@ def plot_dataflow(stages, inputs_per_stage, title, ax=None):
             reads += 1
         _arrow(ax, (x + 0.45, 0.3), (x + 0.45, 1.55), "#d62728")
         writes += 1
-        ax.text(x + 0.5, 0.95, "out", fontsize=8, color="#d62728")
+        ax.text(x + 0.5, 0.95, outputs[i], fontsize=8, color="#d62728")
     ax.set_xlim(-1.2, 2.2 * len(stages) - 0.8)
     ax.set_ylim(-0.5, 2.3)
     ax.axis("off")

@@ -72,11 +72,11 @@ class Comparison:
                 lines.append(f"  first bad element   {self.first_bad.describe(self.name)}")
             if self.worst and self.worst.index != (self.first_bad.index if self.first_bad else None):
                 lines.append(f"  largest error       {self.worst.describe(self.name)}")
-            if self.max_abs_error is not None:
-                lines.append(
-                    f"  max abs error {format_error(self.max_abs_error)}, max rel error {format_error(self.max_rel_error)}"
-                    f"; allowed: {self.tolerance}"
-                )
+            if self.worst is not None:
+                lines.append(f"  max abs error {format_error(self.max_abs_error)}, max rel error {format_error(self.max_rel_error)}")
+                lines.append(f"  allowed             {self.tolerance}")
+            elif self.max_abs_error is not None:
+                lines.append(f"  the other elements are within tolerance (max abs error {format_error(self.max_abs_error)})")
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         return "\n".join(indent + line for line in lines)

@@ -47,8 +47,9 @@ def _nothing_written(ev: Evidence) -> str:
     )
 
 
-def _what(ev: Evidence, mask: torch.Tensor) -> str:
-    return "never written" if bool((ev.not_written | ~mask).all()) else "wrong"
+def _what(ev: Evidence) -> str:
+    """"never written" when every bad element still holds the poison, else "wrong"."""
+    return "never written" if bool((ev.not_written | ~ev.bad).all()) else "wrong"
 
 
 def _tail_along_a_dimension(ev: Evidence) -> str:
@@ -65,7 +66,7 @@ def _tail_along_a_dimension(ev: Evidence) -> str:
             continue
         where = f"index {start} on along dimension {dim} (size {size})" if bad.dim() > 1 else f"`{ev.name}[{start}]` on"
         return (
-            f"everything from {where} is {_what(ev, bad)}: your grid or loop stops at {start}. "
+            f"everything from {where} is {_what(ev)}: your grid or loop stops at {start}. "
             f"If {size} is not a multiple of your block size, round the number of blocks up: (n + block - 1) / block."
         )
     return ""
@@ -77,8 +78,10 @@ def _tail_in_memory_order(ev: Evidence) -> str:
     if start == 0 or not bool(flat[start:].all()):
         return ""
     first = format_index(ev.name, torch.unravel_index(torch.tensor(start), ev.bad.shape))
+    count = flat.numel() - start
+    which = f"the last element ({first}) is" if count == 1 else f"the last {count} elements in memory order (from {first} on) are"
     return (
-        f"the last {plural(flat.numel() - start, 'element')} in memory order (from {first} on) are {_what(ev, ev.bad)}: "
+        f"{which} {_what(ev)}: "
         "the grid covers too few elements, or a loop bound stops early (`<` vs `<=`, or n rounded down)."
     )
 
@@ -88,7 +91,7 @@ def _some_not_written(ev: Evidence) -> str:
     if count == 0:
         return ""
     return (
-        f"{plural(count, 'element')} of `{ev.name}` still hold the poison fuselab put there: never written. "
+        f"{plural(count, 'element')} of `{ev.name}` still {'holds' if count == 1 else 'hold'} the poison fuselab put there: never written. "
         "Does every element get a thread (enough blocks, in every dimension) and does every thread write its element? "
         f"(A kernel that reads `{ev.name}` before writing it, like `out[i] += ...`, also leaves the poison.)"
     )
@@ -176,20 +179,20 @@ def _border_only(ev: Evidence) -> str:
 
 
 def _constant_error(ev: Evidence) -> str:
-    got, expected = ev.got[ev.bad], ev.expected[ev.bad]
+    bad = ev.bad
+    got, expected, allowed = ev.got[bad], ev.expected[bad], ev.allowed[bad]
     if got.numel() < 4 or not bool(torch.isfinite(got).all()):
+        return ""  # with fewer wrong values, any "pattern" is a coincidence
+    offset = float((got - expected).median())
+    if ev.close(got, expected + offset, allowed):
+        return f"every wrong value is off by {format_value(offset)}: a bias or shift added twice, or missing?"
+    if not bool((expected != 0).all()):
         return ""
-    offset = got - expected
-    if float(offset.max() - offset.min()) <= float(ev.allowed[ev.bad].min()):
-        return f"every wrong value is off by {format_value(float(offset.mean()))}: a bias or shift added twice, or missing?"
-    nonzero = expected != 0
-    if bool(nonzero.all()):
-        ratio = got / expected
-        spread = float(ratio.max() - ratio.min())
-        if spread <= 1e-3 * abs(float(ratio.mean())):
-            if bool((expected < 0).all()):
-                return f"only negative values are wrong, all by a factor {format_value(float(ratio.mean()))}: check the LeakyReLU slope."
-            return f"every wrong value is {format_value(float(ratio.mean()))} × the expected one: a scale factor missing or applied twice?"
+    ratio = float((got / expected).median())
+    if ratio != 0 and ev.close(got, expected * ratio, allowed * max(1.0, abs(ratio))):
+        if bool((expected < 0).all()):
+            return f"only negative values are wrong, all by a factor {format_value(ratio)}: check the LeakyReLU slope."
+        return f"every wrong value is {format_value(ratio)} × the expected one: a scale factor missing or applied twice?"
     return ""
 
 

@@ -4,6 +4,7 @@ import warnings
 from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -29,39 +30,47 @@ def float64_copies(inputs: tuple, device: torch.device) -> tuple:
     return tuple(copies)
 
 
+class _LowPrecisionForbidden(TorchFunctionMode):
+    """Raises as soon as an op inside the reference produces a float16/bfloat16/float32 tensor.
+
+    This is how "no fp32 matmul sneaks in" is guaranteed: float64 math never uses TF32, so proving that every
+    intermediate is float64 is enough. The TF32 switches themselves are left alone on purpose: reading or setting
+    them mixes torch's legacy and new precision APIs, and torch then raises in the student's own later code.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor) and item.dtype in _LOW_PRECISION:
+                raise TypeError(
+                    f"the reference computed in {item.dtype} (in {getattr(func, '__name__', func)}): it must compute "
+                    "in float64 (it gets float64 inputs; look for a .float(), .half() or an explicit dtype= inside it)"
+                )
+        return result
+
+
 @contextmanager
 def full_precision():
-    """float64 by default (so `torch.zeros(n)` inside a reference is float64) and TF32 off, restored afterwards.
+    """float64 by default (so `torch.zeros(n)` inside a reference is float64), and no lower-precision op allowed.
 
-    float64 math never uses TF32, but a reference that slips into float32 (an explicit `.float()`) would, on a GPU
-    whose cuBLAS/cuDNN default to TF32: an fp32 check once failed at 2.7e-4 because of exactly that.
     Warnings are silenced because nbgrader scores a test cell that writes to stderr 0.
     """
     old_default = torch.get_default_dtype()
-    old_matmul = torch.get_float32_matmul_precision()
-    old_cudnn = torch.backends.cudnn.allow_tf32
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        torch.set_default_dtype(torch.float64)
         try:
-            torch.set_default_dtype(torch.float64)
-            if old_matmul != "highest":
-                torch.set_float32_matmul_precision("highest")
-            if old_cudnn:
-                torch.backends.cudnn.allow_tf32 = False
-            with torch.no_grad():
+            with torch.no_grad(), _LowPrecisionForbidden():
                 yield
         finally:
             torch.set_default_dtype(old_default)
-            if old_matmul != "highest":
-                torch.set_float32_matmul_precision(old_matmul)
-            if old_cudnn:
-                torch.backends.cudnn.allow_tf32 = old_cudnn
 
 
 def run_reference(reference, inputs: tuple, device: torch.device) -> tuple:
     """The reference's outputs, as a tuple of tensors computed in float64 (integer outputs stay integer)."""
+    copies = float64_copies(inputs, reference_device(device))
     with full_precision():
-        result = reference(*float64_copies(inputs, reference_device(device)))
+        result = reference(*copies)
     outputs = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     for position, output in enumerate(outputs):
         if not isinstance(output, torch.Tensor):

@@ -68,6 +68,7 @@ class CheckResult:
 
     name: str
     cases: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # e.g. why the remaining cases were not run
 
     @property
     def passed(self) -> bool:
@@ -94,6 +95,7 @@ class CheckResult:
         passed = [case for case in self.cases if case.passed]
         if passed:
             parts.append("passed: " + "; ".join(case.label for case in passed))
+        parts += self.notes
         return "\n\n".join(parts)
 
     def to_dict(self) -> dict:
@@ -102,12 +104,14 @@ class CheckResult:
             "passed": self.passed,
             "n_cases": len(self.cases),
             "n_failed": len(self.failures),
+            "notes": list(self.notes),
             "cases": [case.to_dict() for case in self.cases],
         }
 
     def __repr__(self) -> str:
         lines = [f"CheckResult({self.summary()})"]
         lines += ["  " + case.line() for case in self.cases]
+        lines += ["  " + note for note in self.notes]
         return "\n".join(lines)
 
     def __str__(self) -> str:

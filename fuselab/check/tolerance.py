@@ -57,9 +57,10 @@ class Tolerance:
         atol = self.absolute_for(expected_scale)
         if self.rtol == 0 and atol == 0:
             return "exact match"
-        if self.atol is None:
-            return f"{atol:.2g} + {self.rtol:.2g}·|expected|  ({self.atol_scale:.2g} × max|expected|, + relative)"
-        return f"{atol:.2g} + {self.rtol:.2g}·|expected|"
+        rule = f"|got - expected| <= {atol:.2g} + {self.rtol:.2g}·|expected|"
+        if self.atol is None and atol > self.atol_floor:
+            rule += f"  (where {atol:.2g} = {self.atol_scale:.2g} × max|expected|, and max|expected| = {expected_scale:.4g})"
+        return rule
 
 
 def default_tolerance(dtype: torch.dtype) -> Tolerance:

@@ -80,3 +80,51 @@ def fused(module):
 def bytes_moved(n, dtype_size=4):
     """Minimum DRAM traffic: unfused reads 2+1+2 and writes 1+1+1 tensors; fused reads 3 and writes 1."""
     return {"unfused": 8 * n * dtype_size, "fused": 4 * n * dtype_size}
+
+
+# Part 1: launch overhead. k launches of a one-thread kernel against one launch of k threads doing the same work.
+TINY_SOURCE = r"""
+__global__ void bump_one(float* x) { x[0] += 1.0f; }
+__global__ void bump_all(float* x, int k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < k) x[i] += 1.0f;
+}
+void many_launches(float* x, int k, cudaStream_t stream) {
+    for (int i = 0; i < k; ++i) bump_one<<<1, 1, 0, stream>>>(x + i);
+}
+void one_launch(float* x, int k, cudaStream_t stream) {
+    bump_all<<<(k + 255) / 256, 256, 0, stream>>>(x, k);
+}
+"""
+TINY_LAUNCHERS = ["void many_launches(float* x, int k, cudaStream_t stream)",
+                  "void one_launch(float* x, int k, cudaStream_t stream)"]
+
+SWEEP_SIZES = [2**k for k in range(14, 29, 2)]  # 16K … 256M elements
+SWEEP_RESULTS = "lab0_sweep.json"
+
+
+def sweep(unfused_op, fused_op, sizes=SWEEP_SIZES, budget_s=1.0, device="cuda", progress=None):
+    """Fused over unfused across sizes: speedup (with its interval) and achieved bandwidth of each."""
+    from .. import timing
+    rows = []
+    for n in sizes:
+        a, b, e = make_inputs((n,), seed=n % 1000, device=device)
+        out = torch.empty_like(a)
+        result = timing.compare({"unfused": lambda: unfused_op(a, b, e, out), "fused": lambda: fused_op(a, b, e, out)},
+                                baseline="unfused", mode="device", budget_s=budget_s, progress=progress)
+        moved = bytes_moved(n)
+        s = result.speedup("fused")
+        rows.append({"n": n, "speedup": s.value, "low": s.low, "high": s.high,
+                     "unfused_s": result["unfused"].median, "fused_s": result["fused"].median,
+                     "unfused_GBps": moved["unfused"] / result["unfused"].median / 1e9,
+                     "fused_GBps": moved["fused"] / result["fused"].median / 1e9})
+        del a, b, e, out
+    return rows
+
+
+def saved_results(name):
+    """Results the GPU self-check committed to docs/results/, for students without a GPU; None if absent."""
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / name
+    return json.loads(path.read_text()) if path.exists() else None

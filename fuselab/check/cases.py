@@ -1,0 +1,215 @@
+"""``check``: run a candidate over shapes × seeds and judge every output against a float64 reference."""
+
+import inspect
+
+import torch
+
+from .compare import compare
+from .errors import CheckFailed
+from .formatting import format_index, format_value, plural
+from .poison import GuardedOutput, bits_differ
+from .reference import run_reference
+from .report import CaseResult, CheckResult
+
+
+def check(
+    candidate,
+    reference,
+    make_inputs,
+    shapes,
+    seeds=(0, 1, 2),
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    name: str | None = None,
+    outputs: str = "write",
+    out_dtype=None,
+    raise_on_fail: bool = True,
+) -> CheckResult:
+    """Check ``candidate`` against ``reference`` on every shape in ``shapes`` and every seed in ``seeds``.
+
+    candidate    ``candidate(*inputs, *outs)`` writes its results into the output tensors it is given
+                 (``outputs="write"``, the default), or ``candidate(*inputs)`` returns them (``outputs="return"``).
+    reference    ``reference(*inputs)`` returns a tensor or a tuple of tensors. It is called on float64 copies of the
+                 inputs, with float64 as torch's default dtype and TF32 off.
+    make_inputs  ``make_inputs(shape, seed)`` returns a tuple of inputs (tensors on the device to test, in the dtype to
+                 test; other values such as ``eps`` pass through). torch's global RNG is seeded with ``seed`` around the
+                 call (and restored after), so ``torch.randn`` inside it is reproducible.
+    shapes       a list of anything ``make_inputs`` understands: tuples, dicts.
+
+    Outputs take their shapes from the reference's results and their dtype from the first floating input (integer
+    results keep theirs); ``out_dtype`` (one dtype, or one per output) overrides it. With ``outputs="write"`` each
+    output is poisoned (so unwritten elements show) and surrounded by poisoned guard bands (so out-of-bounds writes
+    show); returned outputs get neither. Inputs must come back bitwise unchanged.
+
+    Returns a ``CheckResult``. If a case fails and ``raise_on_fail`` (the default), raises ``CheckFailed`` (an
+    ``AssertionError``) whose message is the report. Nothing is printed. An exception raised by the candidate fails
+    its case (and is chained to ``CheckFailed``); on a GPU the remaining cases are skipped, since a CUDA fault is
+    sticky. Exceptions from ``make_inputs`` or ``reference`` propagate unchanged: they are the lab author's bugs.
+    """
+    if outputs not in ("write", "return"):
+        raise ValueError(f'outputs must be "write" (the candidate writes into outputs it is given) or "return", not {outputs!r}')
+    shapes, seeds = list(shapes), list(seeds)
+    if not shapes or not seeds:
+        raise ValueError("check needs at least one shape and one seed")
+    if name is None:
+        name = getattr(candidate, "__name__", "candidate")
+        name = "candidate" if name == "<lambda>" else name
+
+    result = CheckResult(name)
+    for shape in shapes:
+        for seed in seeds:
+            case, device = _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype)
+            result.cases.append(case)
+            if case.error and device.type != "cpu":
+                # An illegal address on a GPU is sticky: every later call in this process would fail the same way.
+                result.notes.append(f"stopped after {case.label}: the candidate raised an error on {device.type}")
+                break
+        else:
+            continue
+        break
+
+    if raise_on_fail and not result.passed:
+        first_exception = next((case.exception for case in result.cases if case.exception is not None), None)
+        raise CheckFailed(result.report(), result) from first_exception
+    return result
+
+
+def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype):
+    inputs = _make_inputs(make_inputs, shape, seed)
+    device = _device_of(inputs)
+    expected = run_reference(reference, inputs, device)
+    specs = _output_specs(expected, inputs, out_dtype)
+    input_names, output_names = _argument_names(candidate, len(inputs), len(expected), outputs)
+    case = CaseResult(name=name, shape=shape, seed=seed)
+
+    originals = {i: item.clone() for i, item in enumerate(inputs) if isinstance(item, torch.Tensor)}
+    guarded = [GuardedOutput(out_shape, dtype, device) for out_shape, dtype in specs] if outputs == "write" else []
+    try:
+        with torch.no_grad():
+            returned = candidate(*inputs, *(g.view for g in guarded))
+        _synchronize(device)
+    except Exception as exc:  # the student's bug, reported as this case's failure (and chained by check)
+        case.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        case.exception = exc
+        return case, device
+
+    case.problems += _changed_inputs(originals, inputs, input_names)
+    if outputs == "write":
+        got = [g.view for g in guarded]
+        for output, out_name in zip(guarded, output_names):
+            damage = output.damage()
+            if damage.any:
+                case.problems.append(damage.describe(out_name))
+    else:
+        got, problems = _returned_outputs(returned, specs, device)
+        case.problems += problems
+    for got_tensor, expected_tensor, out_name in zip(got, expected, output_names):
+        if got_tensor is not None:
+            case.comparisons.append(compare(got_tensor, expected_tensor, atol, rtol, name=out_name))
+    return case, device
+
+
+def _make_inputs(make_inputs, shape, seed) -> tuple:
+    cuda_devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(seed)
+        made = make_inputs(shape, seed)
+    return tuple(made) if isinstance(made, (tuple, list)) else (made,)
+
+
+def _device_of(inputs) -> torch.device:
+    for item in inputs:
+        if isinstance(item, torch.Tensor):
+            return item.device
+    return torch.device("cpu")
+
+
+def _output_specs(expected, inputs, out_dtype) -> list:
+    """(shape, dtype) of each output: the reference's shape; floats in the inputs' dtype unless out_dtype says."""
+    if out_dtype is None or isinstance(out_dtype, torch.dtype):
+        dtypes = [out_dtype] * len(expected)
+    else:
+        dtypes = list(out_dtype)
+        if len(dtypes) != len(expected):
+            raise ValueError(f"out_dtype names {len(dtypes)} dtypes but the reference returns {len(expected)} outputs")
+    input_dtype = next(
+        (item.dtype for item in inputs if isinstance(item, torch.Tensor) and item.is_floating_point()), torch.float32
+    )
+    specs = []
+    for output, dtype in zip(expected, dtypes):
+        if dtype is None:
+            dtype = input_dtype if output.is_floating_point() else output.dtype
+        specs.append((tuple(output.shape), dtype))
+    return specs
+
+
+def _argument_names(candidate, n_inputs, n_outputs, outputs):
+    """The candidate's own parameter names when it has them, so reports say `y` where the student wrote `y`."""
+    input_names = [f"input {i}" for i in range(n_inputs)]
+    output_names = ["out"] if n_outputs == 1 else [f"out{i}" for i in range(n_outputs)]
+    try:
+        parameters = list(inspect.signature(candidate).parameters.values())
+    except (TypeError, ValueError):
+        return input_names, output_names
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return input_names, output_names  # `def f(*args)`: its names say nothing about the arguments
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= n_inputs:
+        input_names = positional[:n_inputs]
+    if outputs == "write" and len(positional) >= n_inputs + n_outputs:
+        output_names = positional[n_inputs : n_inputs + n_outputs]
+    return input_names, output_names
+
+
+def _changed_inputs(originals: dict, inputs: tuple, names: list) -> list:
+    problems = []
+    for position, before in originals.items():
+        after, name = inputs[position], names[position]
+        named = not name.startswith("input ")
+        label = f"input `{name}`" if named else name
+        if tuple(after.shape) != tuple(before.shape) or after.dtype != before.dtype:
+            problems.append(f"{label} was changed in place: now {after.dtype} of shape {tuple(after.shape)}")
+            continue
+        changed = bits_differ(before, after)
+        count = int(changed.sum())
+        if count == 0:
+            continue
+        flat = int(changed.reshape(-1).to(torch.uint8).argmax())
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), after.shape)) if after.dim() else ()
+        where = format_index(name, index) if named else f"index {index}"
+        was, now = before.reshape(-1)[flat].item(), after.reshape(-1)[flat].item()
+        problems.append(
+            f"{label} was modified: {count} of {plural(after.numel(), 'element')} changed "
+            f"(first {where}: was {format_value(was)}, now {format_value(now)}). "
+            "A kernel must leave its inputs alone (an in-place ReLU on an input that is still needed?)."
+        )
+    return problems
+
+
+def _returned_outputs(returned, specs, device):
+    """Match what an ``outputs="return"`` candidate returned with the expected outputs; list what is off."""
+    values = list(returned) if isinstance(returned, (tuple, list)) else [returned]
+    if len(values) != len(specs):
+        return [None] * len(specs), [f"returned {plural(len(values), 'value')}, expected {len(specs)}"]
+    got, problems = [], []
+    for position, (value, (shape, dtype)) in enumerate(zip(values, specs)):
+        what = "the result" if len(specs) == 1 else f"result {position}"
+        if not isinstance(value, torch.Tensor):
+            problems.append(f"{what} is a {type(value).__name__}, expected a tensor")
+            got.append(None)
+            continue
+        if value.dtype != dtype:
+            problems.append(f"{what} is {value.dtype}, expected {dtype}")
+        if value.device != device:
+            problems.append(f"{what} is on {value.device}, expected {device}")
+        got.append(value.detach())
+    return got, problems
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the candidate's kernels, so that an asynchronous error belongs to this case."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu" and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)

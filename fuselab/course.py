@@ -1,0 +1,80 @@
+"""The course's nbgrader wiring: regenerate ``labs/`` from ``solutions/``, and tell whether it is up to date.
+
+``solutions/`` is the source of truth; ``labs/`` is what nbgrader's ``generate_assignment`` makes of it (solutions
+replaced by stubs, hidden tests removed). Both live in the repository so students can clone and start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GRADER = REPO / "grader"
+SOLUTIONS = REPO / "solutions"
+LABS = REPO / "labs"
+
+
+def lab_names() -> list:
+    return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def nbgrader(*args, cwd=GRADER, check=True, env=None) -> subprocess.CompletedProcess:
+    """Run ``nbgrader`` with the course config (found in ``grader/``), the venv's tools on the PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    full_env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), **(env or {}))
+    # nbgrader itself may be importable only through PYTHONPATH (the GPU machine's wheelhouse)
+    command = [sys.executable, "-m", "nbgrader", *args]
+    result = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def release(labs=None, into: Path | None = None):
+    """Regenerate the student versions of ``labs`` (default: all) into ``into`` (default: ``labs/``)."""
+    extra = []
+    if into is not None:
+        extra = [f"--CourseDirectory.release_directory={into}"]
+        gradebook = Path(tempfile.mkdtemp(prefix="fuselab-gradebook-")) / "gradebook.db"
+        extra.append(f"--CourseDirectory.db_url=sqlite:///{gradebook}")
+    for lab in labs or lab_names():
+        nbgrader("generate_assignment", lab, "--force", *extra)
+
+
+def _normalised(path: Path):
+    nb = json.loads(path.read_text())
+    return [(c["cell_type"], c["source"] if isinstance(c["source"], str) else "".join(c["source"]),
+             c.get("metadata", {}).get("nbgrader")) for c in nb["cells"]]
+
+
+def stale_labs() -> list:
+    """Student notebooks that differ from what ``solutions/`` generates now (missing ones included)."""
+    with tempfile.TemporaryDirectory(prefix="fuselab-release-") as tmp:
+        release(into=Path(tmp))
+        stale = []
+        for fresh in sorted(Path(tmp).rglob("*.ipynb")):
+            relative = fresh.relative_to(tmp)
+            committed = LABS / relative
+            if not committed.exists() or _normalised(committed) != _normalised(fresh):
+                stale.append(str(Path("labs") / relative))
+        return stale
+
+
+def main_release(check: bool) -> int:
+    if check:
+        stale = stale_labs()
+        if stale:
+            print("labs/ is out of date with solutions/: " + ", ".join(stale))
+            print("regenerate with: fuselab release")
+            return 1
+        print("labs/ matches solutions/")
+        return 0
+    release()
+    print("regenerated labs/ from solutions/: " + ", ".join(lab_names()))
+    return 0
+

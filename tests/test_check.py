@@ -1,0 +1,403 @@
+"""fuselab.check: each test runs a small pure-torch candidate with one known bug and asserts the report names it."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fuselab.check import CheckFailed, CheckResult, Comparison, assert_close, check, compare, default_tolerance
+from fuselab.check.poison import GuardedOutput, poison_mask
+from fuselab.errors import FuselabError
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]),
+]
+SHAPES = [(1, 1, 1, 1), (1, 3, 5, 5), (2, 5, 7, 9), (3, 2, 1, 13)]  # size 1, odd sizes, 1-row images
+
+
+# --- a conv + bias + ReLU lab in miniature --------------------------------------------------------------------
+
+
+def conv_inputs(device="cpu", dtype=torch.float32):
+    def make_inputs(shape, seed):
+        n, c, h, w = shape
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, c, h, w, generator=g)
+        weight = torch.randn(c, c, 3, 3, generator=g)
+        bias = torch.randn(c, generator=g)
+        return tuple(t.to(device=device, dtype=dtype) for t in (x, weight, bias))
+
+    return make_inputs
+
+
+def conv_relu(x, weight, bias):
+    return F.relu(F.conv2d(x, weight, bias, padding=1))
+
+
+def good_conv_relu(x, weight, bias, y):
+    y.copy_(F.relu(F.conv2d(x.float(), weight.float(), bias.float(), padding=1)))
+
+
+def failure_of(candidate, make_inputs, shapes=SHAPES, reference=conv_relu, **kwargs) -> CheckFailed:
+    with pytest.raises(CheckFailed) as caught:
+        check(candidate, reference, make_inputs, shapes, **kwargs)
+    return caught.value
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_correct_candidate_passes_every_shape_and_seed(device):
+    seen = []
+
+    def candidate(x, weight, bias, y):
+        seen.append((tuple(x.shape), y.device.type, y.is_contiguous()))
+        good_conv_relu(x, weight, bias, y)
+
+    result = check(candidate, conv_relu, conv_inputs(device), SHAPES, seeds=(0, 1, 2))
+    assert result.passed and not result.failures
+    assert len(result.cases) == len(SHAPES) * 3
+    assert {shape for shape, _, _ in seen} == set(SHAPES)
+    assert all(kind == torch.device(device).type and contiguous for _, kind, contiguous in seen)
+    text = repr(result)
+    assert text.count("✓") == 12 and "✗" not in text and "all 12 cases passed" in text
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_unwritten_element_is_reported_as_not_written(device):
+    def skips_one(x, weight, bias, y):
+        full = conv_relu(x, weight, bias)
+        mask = torch.ones_like(full, dtype=torch.bool)
+        mask[0, 1, 2, 3] = False
+        y[mask] = full[mask]
+
+    error = failure_of(skips_one, conv_inputs(device), shapes=[(1, 3, 5, 5)], seeds=(0,))
+    comparison = error.result.cases[0].comparisons[0]
+    assert comparison.n_not_written == 1 and comparison.n_bad == 1
+    assert comparison.first_bad.index == (0, 1, 2, 3) and comparison.first_bad.kind == "not written"
+    message = str(error)
+    assert "1 never written" in message and "y[0, 1, 2, 3]: got nothing (still fuselab's poison NaN)" in message
+
+
+def test_a_grid_that_stops_early_gets_the_round_up_hint():
+    def short_grid(x, weight, bias, y):  # covers 256 elements, like one block of 256 threads
+        flat = conv_relu(x, weight, bias).reshape(-1)
+        y.view(-1)[:256] = flat[:256]
+
+    error = failure_of(short_grid, conv_inputs(), shapes=[(2, 5, 7, 9)], seeds=(0,))
+    comparison = error.result.cases[0].comparisons[0]
+    assert comparison.n_not_written == 2 * 5 * 7 * 9 - 256
+    assert "from y[0, 4, 0, 4] on" in comparison.hint and "never written" in comparison.hint
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_write_past_the_end_is_caught_by_the_guard_band(device):
+    def overruns(x, weight, bias, y):
+        good_conv_relu(x, weight, bias, y)
+        # What a kernel without `if (i < n)` does: the last block writes on through the buffer.
+        torch.as_strided(y, (y.numel() + 3,), (1,))[y.numel() :] = 0.0
+
+    error = failure_of(overruns, conv_inputs(device), shapes=[(1, 3, 5, 5)], seeds=(0,))
+    case = error.result.cases[0]
+    assert case.comparisons[0].passed  # the values themselves are right
+    assert case.problems == ["wrote 3 elements past the end of `y`: out-of-bounds writes (a missing `if (i < n)` bounds check?)"]
+
+
+def test_a_write_before_the_start_is_caught_too():
+    def underruns(x, weight, bias, y):
+        good_conv_relu(x, weight, bias, y)
+        torch.as_strided(y, (1,), (1,), y.storage_offset() - 7).fill_(1.0)
+
+    error = failure_of(underruns, conv_inputs(), shapes=[(1, 3, 5, 5)], seeds=(0,))
+    assert "wrote 1 element before the start of `y` (the farthest 7 elements before it)" in str(error)
+
+
+def test_guarded_outputs_are_poisoned_contiguous_and_aligned():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.uint8):
+        output = GuardedOutput((3, 5, 7), dtype, "cpu")
+        assert output.view.is_contiguous() and output.view.shape == (3, 5, 7)
+        assert (output.view.data_ptr() - output.buffer.data_ptr()) % 256 == 0  # float4 / half2 stores stay legal
+        assert bool(poison_mask(output.buffer).all()) and not output.damage().any
+        if dtype.is_floating_point:
+            assert bool(torch.isnan(output.view).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_input_modified_in_place_is_reported(device):
+    def relu_in_place(x, weight, bias, y):
+        good_conv_relu(x, weight, bias, y)
+        x.relu_()  # the course's pitfall: an in-place ReLU on a tensor still needed
+
+    error = failure_of(relu_in_place, conv_inputs(device), shapes=[(1, 3, 5, 5)], seeds=(0,))
+    (problem,) = error.result.cases[0].problems
+    assert problem.startswith("input `x` was modified:") and "first x[" in problem and "now 0" in problem
+    assert error.result.cases[0].comparisons[0].passed
+
+
+def test_input_check_is_bitwise_and_nan_safe():
+    def make_inputs(shape, seed):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        x[0] = float("nan")  # NaN != NaN must not count as a change
+        return (x,)
+
+    def reference(x):
+        return torch.nan_to_num(x, nan=0.0)
+
+    assert check(lambda x, y: y.copy_(reference(x)), reference, make_inputs, [(5,)]).passed
+
+    def writes_zero_sign(x, y):
+        y.copy_(reference(x))
+        x[1] = 0.0
+        x[1] = -x[1]  # -0.0 == 0.0 numerically, but the bits changed
+
+    assert "input `x` was modified: 1 of 5 elements changed" in str(failure_of(writes_zero_sign, make_inputs, [(5,)], reference))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_in_the_output_never_passes(device):
+    def divides_zero_by_zero(x, weight, bias, y):
+        good_conv_relu(x, weight, bias, y)
+        y[0, 0, 0, 0] = torch.tensor(0.0) / torch.tensor(0.0)
+
+    error = failure_of(divides_zero_by_zero, conv_inputs(device), shapes=[(1, 3, 5, 5)], seeds=(0,), atol=1e9)
+    comparison = error.result.cases[0].comparisons[0]
+    assert comparison.n_nan == 1 and comparison.n_not_written == 0  # a computed NaN is not the poison
+    assert "y[0, 0, 0, 0]: got NaN" in str(error) and "NaN (not-a-number)" in comparison.hint
+
+
+def test_nan_and_inf_pass_only_where_the_reference_has_them():
+    got = torch.tensor([float("nan"), 1.0, float("inf")], dtype=torch.float16)
+    assert compare(got, torch.tensor([float("nan"), 1.0, 70000.0], dtype=torch.float64)).passed  # 70000 overflows fp16
+    assert not compare(got, torch.tensor([0.5, 1.0, 70000.0], dtype=torch.float64)).passed
+    assert not compare(got, torch.tensor([float("nan"), 1.0, 60000.0], dtype=torch.float64)).passed
+    poisoned = GuardedOutput((3,), torch.float16, "cpu").view
+    verdict = compare(poisoned, torch.tensor([float("nan")] * 3, dtype=torch.float64))
+    assert not verdict.passed and verdict.n_not_written == 3  # the poison never passes, even for a NaN reference
+
+
+def test_one_wrong_element_is_named_with_its_values():
+    def off_at_one_index(x, weight, bias, y):
+        good_conv_relu(x, weight, bias, y)
+        y[1, 2, 3, 4] += 0.01
+
+    error = failure_of(off_at_one_index, conv_inputs(), shapes=[(2, 5, 7, 9)], seeds=(0,))
+    comparison = error.result.cases[0].comparisons[0]
+    expected = float(conv_relu(*(t.double() for t in conv_inputs()((2, 5, 7, 9), 0)))[1, 2, 3, 4])
+    assert comparison.n_bad == 1 and comparison.first_bad.index == (1, 2, 3, 4)
+    assert comparison.first_bad.expected == pytest.approx(expected)
+    assert comparison.max_abs_error == pytest.approx(0.01, rel=1e-3)
+    message = str(error)
+    assert f"y[1, 2, 3, 4]: got {comparison.first_bad.got:.7g}, expected {expected:.7g}" in message
+    assert "1 of 630 elements bad (0.16%)" in message
+
+
+# --- tolerances ------------------------------------------------------------------------------------------------
+
+
+def gemm_inputs(m, k, n, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype)
+
+
+def accumulate_in(a, b, dtype):
+    """a @ b summed term by term in ``dtype``: what a kernel with a ``dtype`` accumulator computes."""
+    total = torch.zeros(a.shape[0], b.shape[1], dtype=dtype)
+    for k in range(a.shape[1]):
+        total = total + a[:, k : k + 1].to(dtype) * b[k : k + 1, :].to(dtype)
+    return total
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_tolerances_separate_fp32_accumulation_from_half_accumulation(dtype):
+    a, b = gemm_inputs(16, 1024, 16, dtype=dtype)
+    expected = a.double() @ b.double()
+    assert compare(expected.to(dtype), expected).passed  # correctly rounded
+    assert compare(accumulate_in(a, b, torch.float32).to(dtype), expected).passed  # fp32 accumulator
+    half_accumulated = compare(accumulate_in(a, b, dtype), expected)
+    assert not half_accumulated.passed and half_accumulated.n_bad > 10
+    # ... and a correctly rounded half result would fail an fp32 tolerance: the tolerance follows the dtype.
+    assert not compare(expected.to(dtype), expected, rtol=default_tolerance(torch.float32).rtol, atol=0).passed
+
+
+def test_fp32_tolerance_passes_long_sums_and_fails_tf32_or_a_missing_term():
+    a, b = gemm_inputs(16, 4096, 16)
+    expected = a.double() @ b.double()
+    sequential = accumulate_in(a, b, torch.float32)
+    assert compare(sequential, expected).passed
+    assert not compare(sequential, expected, atol=0.0).passed  # a purely relative test fails a correct sum
+    missing_term = sequential - a[:, :1] * b[:1, :]
+    assert not compare(missing_term, expected).passed
+
+    def tf32(t):  # keep 10 mantissa bits, as tensor cores do for fp32 inputs
+        return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+    assert not compare(tf32(a) @ tf32(b), expected).passed
+
+
+def test_atol_and_rtol_can_be_overridden():
+    expected = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    got = torch.tensor([1.05, 2.0])
+    assert not compare(got, expected).passed
+    assert compare(got, expected, atol=0.1).passed
+    assert compare(got, expected, rtol=0.06).passed
+    assert "1 of 2 elements bad" in repr(compare(got, expected))
+
+
+# --- the report, the exception, the API --------------------------------------------------------------------------
+
+
+def test_check_failed_is_an_assertion_error_with_a_student_readable_message():
+    def off_in_one_channel(x, weight, bias, y):
+        good_conv_relu(x, weight, bias, y)
+        if x.shape[1] > 3:
+            y[:, 3] += 1.0
+
+    error = failure_of(off_in_one_channel, conv_inputs(), name="conv_relu")
+    assert isinstance(error, AssertionError) and isinstance(error, FuselabError)
+    assert isinstance(error.result, CheckResult)
+    message = str(error)
+    assert message.startswith("conv_relu: 3 of 12 cases failed.")
+    assert "✗ conv_relu, shape=(2, 5, 7, 9), seed=0" in message
+    assert "y (float32, shape (2, 5, 7, 9)): 126 of 630 elements bad (20.00%)" in message
+    assert "first bad element   y[0, 3, 0, 0]" in message and "max abs error 1" in message
+    assert "allowed             |got - expected| <= " in message
+    assert "passed: shape=(1, 1, 1, 1), seed=0" in message
+    json.dumps(error.result.to_dict())  # the grader stores it
+
+
+def test_raise_on_fail_false_returns_the_result():
+    result = check(lambda x, weight, bias, y: None, conv_relu, conv_inputs(), [(1, 2, 3, 3)], seeds=(0, 1), raise_on_fail=False)
+    assert not result.passed and len(result.failures) == 2
+    assert "✗ shape=(1, 2, 3, 3), seed=0" in repr(result)
+    assert "nothing was written to `y`" in result.failures[0].comparisons[0].hint
+
+
+def test_an_exception_in_the_candidate_fails_its_case_and_is_chained():
+    def blank(x, weight, bias, y):
+        raise NotImplementedError()
+
+    error = failure_of(blank, conv_inputs(), shapes=[(1, 2, 3, 3)], seeds=(0,))
+    assert "the candidate raised NotImplementedError" in str(error)
+    assert isinstance(error.__cause__, NotImplementedError)
+
+
+def test_candidates_that_return_their_output():
+    result = check(lambda x, w, b: conv_relu(x, w, b), conv_relu, conv_inputs(), SHAPES[:2], outputs="return")
+    assert result.passed
+    error = failure_of(lambda x, w, b: conv_relu(x, w, b).double(), conv_inputs(), SHAPES[:1], outputs="return", seeds=(0,))
+    assert "the result is torch.float64, expected torch.float32" in str(error)
+
+
+def test_several_outputs_integer_outputs_and_out_dtype():
+    def reference(x):
+        return x.amax(dim=1), x.argmax(dim=1)
+
+    def make_inputs(shape, seed):
+        return (torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float16),)
+
+    def good(x, values, indices):
+        values.copy_(x.amax(dim=1))
+        indices.copy_(x.argmax(dim=1))
+
+    assert check(good, reference, make_inputs, [(3, 5), (1, 1)]).passed
+
+    def forgets_indices(x, values, indices):
+        values.copy_(x.amax(dim=1))
+
+    error = failure_of(forgets_indices, make_inputs, [(3, 5)], reference, seeds=(0,))
+    assert "indices (int64, shape (3,)): 3 of 3 elements bad (100.00%): 3 never written" in str(error)
+
+    seen = []
+    check(lambda x, v, i: (seen.append(v.dtype), good(x, v, i)), reference, make_inputs, [(2, 2)], seeds=(0,), out_dtype=[torch.float32, None])
+    assert seen == [torch.float32]
+
+
+def test_the_reference_runs_in_float64_and_must_stay_there():
+    seen = {}
+
+    def reference(x):
+        seen["input"] = x.dtype
+        seen["default"] = torch.zeros(1).dtype  # a reference that builds a tensor without a dtype
+        return x * 2
+
+    check(lambda x, y: y.copy_(x * 2), reference, lambda shape, seed: (torch.randn(shape, dtype=torch.float16),), [(4,)], seeds=(0,))
+    assert seen == {"input": torch.float64, "default": torch.float64}
+    assert torch.get_default_dtype() == torch.float32  # restored
+    with pytest.raises(TypeError, match="must compute in float64"):
+        check(lambda x, y: None, lambda x: x.float(), lambda shape, seed: (torch.randn(shape),), [(4,)], seeds=(0,))
+    # caught at the cast, before a float32 (TF32 on a GPU) matmul runs, even though the result is float64 again
+    with pytest.raises(TypeError, match=r"computed in torch.float32 \(in float\)"):
+        check(lambda a, y: None, lambda a: (a.float() @ a.float()).double(), lambda shape, seed: (torch.randn(shape),),
+              [(4, 4)], seeds=(0,))
+
+
+def test_seeds_give_different_reproducible_inputs_and_leave_the_global_rng_alone():
+    inputs = []
+
+    def make_inputs(shape, seed):
+        x = torch.randn(shape)  # no generator: check seeds the global RNG for it
+        inputs.append(x.clone())
+        return (x,)
+
+    state = torch.get_rng_state()
+    check(lambda x, y: y.copy_(x), lambda x: x, make_inputs, [(8,)], seeds=(0, 1, 0))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(inputs[0], inputs[2]) and not torch.equal(inputs[0], inputs[1])
+
+
+@pytest.mark.parametrize(
+    "candidate, hint",
+    [
+        (lambda a, b, y: y.copy_((a @ b).T.reshape(y.shape)), "looks transposed"),
+        (lambda a, b, y: y.zero_(), "every element of `y` is 0"),
+        (lambda a, b, y: y.copy_(a @ b * 2), "2 × the expected one"),
+        (lambda a, b, y: y.copy_(a @ b + 0.5), "off by 0.5"),
+        (lambda a, b, y: y.copy_(torch.roll(a @ b, 1, dims=1)), "shifted by one along dimension 1"),
+    ],
+)
+def test_recognizable_patterns_get_a_hint(candidate, hint):
+    def make_inputs(shape, seed):
+        return gemm_inputs(*shape, seed=seed)
+
+    error = failure_of(candidate, make_inputs, [(6, 5, 7)], reference=lambda a, b: a @ b, seeds=(0,))
+    assert hint in str(error)
+
+
+def test_a_wrong_leaky_relu_slope_in_bfloat16_gets_a_hint():
+    def make_inputs(shape, seed):
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16), 0.1
+
+    def leaky(x, slope):
+        return torch.where(x > 0, x, x * slope)
+
+    assert check(lambda x, slope, y: y.copy_(leaky(x, slope)), leaky, make_inputs, [(4, 9), (1, 1)]).passed
+    error = failure_of(lambda x, slope, y: y.copy_(leaky(x, 0.2)), make_inputs, [(4, 9)], reference=leaky, seeds=(0,))
+    assert "only negative values are wrong, all by a factor 2" in str(error) and "LeakyReLU slope" in str(error)
+
+
+def test_a_missing_per_channel_bias_and_wrong_padding_get_hints():
+    no_bias = failure_of(lambda x, w, b, y: y.copy_(F.relu(F.conv2d(x, w, padding=1) + 100)), conv_inputs(), [(2, 5, 7, 9)],
+                         reference=lambda x, w, b: F.conv2d(x, w, b, padding=1) + 100, seeds=(0,))
+    assert "depends only on the index along dimension 1" in str(no_bias)
+
+    def replicate_padding(x, w, b, y):  # edge pixels repeated instead of zeros outside the image
+        y.copy_(F.relu(F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), w, b)))
+
+    border = failure_of(replicate_padding, conv_inputs(), [(2, 5, 7, 9)], seeds=(0,))
+    assert "only elements on the border" in str(border)
+
+
+def test_compare_and_assert_close():
+    expected = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    assert isinstance(compare(expected.float(), expected), Comparison)
+    assert assert_close(expected.float(), expected).passed
+    with pytest.raises(CheckFailed, match=r"out\[1, 2\]: got 0, expected 5"):
+        assert_close(torch.tensor([[0.0, 1, 2], [3, 4, 0]]), expected)
+    assert "has shape (3, 2), expected shape (2, 3)" in compare(expected.T.float(), expected).report()
+
+
+def test_nothing_reaches_stderr(capfd):
+    result = check(lambda x, weight, bias, y: x.relu_(), conv_relu, conv_inputs(), SHAPES, raise_on_fail=False)
+    assert not result.passed
+    str(result), repr(result), result.report()
+    assert capfd.readouterr().err == ""
