@@ -126,7 +126,10 @@ def _cuda_job(source, protos, filename, extra_cflags):
     text = _prologue(protos, include) + f'#line 1 "{filename}"\n' + source + "\n#line 1 \"fuselab_epilogue\"\n" \
         + _EPILOGUE
     arch = toolchain.cuda_arch()
-    cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), "--std=c++17", *extra_cflags]
+    # torch adds -D__CUDA_NO_HALF_OPERATORS__ and friends for its own headers; plain CUDA wants __half's operators.
+    half_ops = [f"-U__CUDA_NO_{what}__" for what in ("HALF_OPERATORS", "HALF_CONVERSIONS", "HALF2_OPERATORS",
+                                                        "BFLOAT16_CONVERSIONS", "BFLOAT16_OPERATORS")]
+    cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), *half_ops, *extra_cflags]
     return _Job("cuda", "", text, ["-O2"], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
                 extra_key=f"arch={arch}")
 

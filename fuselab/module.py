@@ -161,7 +161,7 @@ class Module:
         return None
 
     def _raise_launch_error(self, launcher_name, returned):
-        buffer = ctypes.create_string_buffer(256)
+        buffer = ctypes.create_string_buffer(1024)
         code = self._error_fn(buffer, len(buffer))
         if code == 0 and returned not in (None, 0):
             code, buffer.value = returned, f"launcher returned error code {returned}".encode()

@@ -1,0 +1,83 @@
+// fuselab CPU emulation of CUDA: the header every emulated kernel file is compiled with.
+//
+// fuselab.emulation.translate() rewrites the few constructs a header cannot (kernel launches,
+// __shared__ declarations, #pragma unroll, assert); this header supplies the rest of CUDA's device and
+// runtime vocabulary. One translation unit per library, so the extern "C" controls below are defined
+// here.
+#pragma once
+
+#define FUSELAB_EMULATION 1
+#ifndef __CUDACC__
+#define __CUDACC__ 1
+#endif
+#ifndef CUDART_VERSION
+#define CUDART_VERSION 13000
+#endif
+
+// CUDA's function and variable qualifiers. Everything is host code here.
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __managed__
+#define __forceinline__ inline
+// __noinline__ is rewritten by the translator: libstdc++ spells __attribute__((__noinline__)) itself.
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __cudart_builtin__
+// The translator rewrites every __shared__ it sees; one that survives came from a macro it cannot follow.
+#define __shared__ FUSELAB_EMULATION_ERROR_shared_declared_through_a_macro_is_not_supported
+
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cfloat>
+#include <climits>
+
+#include "fuselab_emu_types.h"
+#include "fuselab_emu_half.h"
+#include "fuselab_emu_math.h"
+#include "fuselab_emu_errors.h"
+#include "fuselab_emu_api.h"
+#include "fuselab_emu_sched.h"
+#include "fuselab_emu_sync.h"
+
+#ifndef CUDART_INF_F
+#define CUDART_INF_F HUGE_VALF
+#define CUDART_NAN_F __int_as_float(0x7fffffff)
+#define CUDART_INF HUGE_VAL
+#define CUDART_PI_F 3.141592654f
+#define CUDART_PI 3.1415926535897931e+0
+#endif
+
+// ---- controls for fuselab's Python side, called through ctypes ----
+
+// 0 forward, 1 reverse, 2 random (a shuffle seeded by seed, the launch and the block).
+extern "C" void fuselab_emu_set_thread_order(int order, unsigned long long seed) {
+  fuselab_emu::Settings& s = fuselab_emu::settings();
+  s.order = (order == 1 || order == 2) ? order : 0;
+  s.seed = seed;
+  s.launches_since_order = 0;
+}
+
+extern "C" int fuselab_emu_get_thread_order() { return fuselab_emu::thread_order(); }
+
+// How many OS threads run blocks (0: OpenMP's default, usually one per core).
+extern "C" void fuselab_emu_set_num_threads(int n) { fuselab_emu::settings().os_threads = n < 0 ? 0 : n; }
+
+// Counters: 0 launches, 1 blocks run as plain loops, 2 blocks run on fibers, 3 context switches,
+// 4 fibers created.
+extern "C" unsigned long long fuselab_emu_stat(int which) {
+  fuselab_emu::Settings& s = fuselab_emu::settings();
+  switch (which) {
+    case 0: return s.launches.load();
+    case 1: return s.loop_blocks.load();
+    case 2: return s.fiber_blocks.load();
+    case 3: return s.switches.load();
+    case 4: return s.fibers.load();
+    default: return 0;
+  }
+}

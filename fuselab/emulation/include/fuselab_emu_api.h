@@ -1,0 +1,230 @@
+// fuselab CPU emulation: the host-side CUDA runtime calls a launcher may make.
+//
+// "Device" memory is host memory: the tensors fuselab passes are CPU tensors. Streams do not exist
+// (every launch is synchronous), so stream and synchronize calls only report errors.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+#include "fuselab_emu_errors.h"
+
+typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9
+};
+
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrMaxBlockDimX = 2,
+  cudaDevAttrMaxBlockDimY = 3,
+  cudaDevAttrMaxBlockDimZ = 4,
+  cudaDevAttrMaxGridDimX = 5,
+  cudaDevAttrMaxGridDimY = 6,
+  cudaDevAttrMaxGridDimZ = 7,
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrWarpSize = 10,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
+
+#define cudaStreamNonBlocking 0x01
+#define cudaStreamDefault 0x00
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+namespace fuselab_emu {
+// The emulated device's limits are an H100/H200's (compute capability 9.0).
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxBlockX = 1024, kMaxBlockY = 1024, kMaxBlockZ = 64;
+constexpr unsigned long long kMaxGridX = 2147483647ull;
+constexpr unsigned kMaxGridY = 65535, kMaxGridZ = 65535;
+constexpr std::size_t kSharedPerBlock = 48 * 1024;        // static, and dynamic without opt-in
+constexpr std::size_t kSharedPerBlockOptin = 227 * 1024;  // 232448 bytes
+constexpr int kMultiProcessors = 132;
+}  // namespace fuselab_emu
+
+struct cudaDeviceProp {
+  char name[256];
+  std::size_t totalGlobalMem;
+  std::size_t sharedMemPerBlock;
+  std::size_t sharedMemPerBlockOptin;
+  std::size_t sharedMemPerMultiprocessor;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int multiProcessorCount;
+  int maxThreadsPerMultiProcessor;
+  int major;
+  int minor;
+  int l2CacheSize;
+  int clockRate;
+  int memoryClockRate;
+  int memoryBusWidth;
+};
+
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!prop || device != 0) {
+    fuselab_emu::record_error(cudaErrorInvalidDevice, "the emulation has one device, number 0");
+    return cudaErrorInvalidDevice;
+  }
+  std::memset(prop, 0, sizeof(*prop));
+  std::strcpy(prop->name, "fuselab CPU emulation (limits of an H200)");
+  prop->totalGlobalMem = (std::size_t)141 << 30;
+  prop->sharedMemPerBlock = fuselab_emu::kSharedPerBlock;
+  prop->sharedMemPerBlockOptin = fuselab_emu::kSharedPerBlockOptin;
+  prop->sharedMemPerMultiprocessor = 228 * 1024;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 2147483647;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->multiProcessorCount = fuselab_emu::kMultiProcessors;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->l2CacheSize = 60 * 1024 * 1024;
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value || device != 0) {
+    fuselab_emu::record_error(cudaErrorInvalidDevice, "the emulation has one device, number 0");
+    return cudaErrorInvalidDevice;
+  }
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrMaxBlockDimX: *value = 1024; break;
+    case cudaDevAttrMaxBlockDimY: *value = 1024; break;
+    case cudaDevAttrMaxBlockDimZ: *value = 64; break;
+    case cudaDevAttrMaxGridDimX: *value = 2147483647; break;
+    case cudaDevAttrMaxGridDimY: *value = 65535; break;
+    case cudaDevAttrMaxGridDimZ: *value = 65535; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)fuselab_emu::kSharedPerBlock; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = fuselab_emu::kMultiProcessors; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 228 * 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)fuselab_emu::kSharedPerBlockOptin; break;
+    default:
+      fuselab_emu::record_error(cudaErrorInvalidValue, "this device attribute is not emulated");
+      return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaGetDevice(int* device) { if (device) *device = 0; return cudaSuccess; }
+inline cudaError_t cudaSetDevice(int device) {
+  if (device != 0) {
+    fuselab_emu::record_error(cudaErrorInvalidDevice, "the emulation has one device, number 0");
+    return cudaErrorInvalidDevice;
+  }
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDeviceCount(int* count) { if (count) *count = 1; return cudaSuccess; }
+
+// Launches run synchronously; a synchronize reports (and clears) an error raised while a kernel ran.
+inline cudaError_t cudaDeviceSynchronize() {
+  fuselab_emu::ErrorState& s = fuselab_emu::error_state();
+  cudaError_t e = s.pending;
+  s.pending = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { if (s) *s = nullptr; return cudaSuccess; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { if (s) *s = nullptr; return cudaSuccess; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+
+// ---- memory ----
+inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  if (!p) return cudaErrorInvalidValue;
+  std::size_t rounded = (bytes + 255) / 256 * 256;
+  *p = rounded ? std::aligned_alloc(256, rounded) : nullptr;
+  if (rounded && !*p) {
+    fuselab_emu::record_error(cudaErrorMemoryAllocation, "host allocation failed");
+    return cudaErrorMemoryAllocation;
+  }
+  return cudaSuccess;
+}
+template <class T>
+inline cudaError_t cudaMalloc(T** p, std::size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(p), bytes); }
+inline cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+template <class T>
+inline cudaError_t cudaMallocAsync(T** p, std::size_t bytes, cudaStream_t) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { std::free(p); return cudaSuccess; }
+
+inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t = 0) {
+  return cudaMemset(p, value, bytes);
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t = 0) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+inline cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                                std::size_t width, std::size_t height, cudaMemcpyKind) {
+  for (std::size_t r = 0; r < height; ++r)
+    std::memmove((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                                     std::size_t width, std::size_t height, cudaMemcpyKind kind,
+                                     cudaStream_t = 0) {
+  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+}
+template <class T>
+inline cudaError_t cudaMemcpyToSymbol(T& symbol, const void* src, std::size_t bytes, std::size_t offset = 0,
+                                      cudaMemcpyKind = cudaMemcpyHostToDevice) {
+  if (offset + bytes > sizeof(T)) {
+    fuselab_emu::record_error(cudaErrorInvalidValue, "cudaMemcpyToSymbol copies past the end of the symbol");
+    return cudaErrorInvalidValue;
+  }
+  std::memcpy(reinterpret_cast<char*>(&symbol) + offset, src, bytes);
+  return cudaSuccess;
+}
+template <class T>
+inline cudaError_t cudaMemcpyToSymbolAsync(T& symbol, const void* src, std::size_t bytes, std::size_t offset = 0,
+                                           cudaMemcpyKind kind = cudaMemcpyHostToDevice, cudaStream_t = 0) {
+  return cudaMemcpyToSymbol(symbol, src, bytes, offset, kind);
+}
+template <class T>
+inline cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, std::size_t bytes, std::size_t offset = 0,
+                                        cudaMemcpyKind = cudaMemcpyDeviceToHost) {
+  if (offset + bytes > sizeof(T)) {
+    fuselab_emu::record_error(cudaErrorInvalidValue, "cudaMemcpyFromSymbol copies past the end of the symbol");
+    return cudaErrorInvalidValue;
+  }
+  std::memcpy(dst, reinterpret_cast<const char*>(&symbol) + offset, bytes);
+  return cudaSuccess;
+}

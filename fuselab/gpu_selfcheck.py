@@ -1,0 +1,183 @@
+"""The GPU self-check: everything that needs a GPU, in stages that fit one 8-minute command.
+
+    bash .ci/gpu-selfcheck                   # all stages
+    bash .ci/gpu-selfcheck --stages lab0     # some
+
+Stages: ``env`` (versions), ``tests`` (the pytest suite, GPU tests included), ``build`` (build-time targets),
+``timing`` (timing accuracy against itself and triton's do_bench), ``emulation`` (emulated and real results of
+the test kernels agree), one stage per lab (build the solution kernels from ``solutions/``, check them on the
+GPU shapes, time them against the lab's unfused reference, PyTorch eager, ``torch.compile`` and the measured
+ceilings, run the graded speedup test), ``notebooks`` (every solution notebook top to bottom, headless) and
+``grade`` (nbgrader autograde: solutions full marks, blank labs zero). Full results go to ``$OUT`` (or
+``--out``) as JSON; a short table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def stage_env(out):
+    from . import doctor, toolchain
+    info = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "capability": ".".join(map(str, torch.cuda.get_device_capability())) if torch.cuda.is_available() else None,
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "python": sys.version.split()[0],
+            "nvcc": toolchain.nvcc_version(toolchain.find_cuda_home()),
+            "commit": _git_commit(), "date": datetime.date.today().isoformat()}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    info["doctor"] = [f"{f.status}: {f.topic}: {f.detail}" for f in doctor.run_checks()]
+    return info
+
+
+def stage_tests(out):
+    files = ["tests/test_prototypes.py", "tests/test_build.py", "tests/test_check.py", "tests/test_timing.py",
+             "tests/test_emulation.py"]
+    try:
+        import nbclient  # noqa: F401 - the notebook tests need it (carried in the wheelhouse)
+        files += ["tests/test_stderr_silence.py"]
+    except ImportError:
+        pass
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-rs"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    (Path(out) / "pytest.txt").write_text(result.stdout + result.stderr)
+    summary = [line for line in result.stdout.splitlines() if " passed" in line or " failed" in line]
+    return {"returncode": result.returncode, "summary": summary[-1] if summary else result.stdout[-500:],
+            "seconds": time.perf_counter() - started}
+
+
+def stage_build(out):
+    from . import build_benchmark
+    return build_benchmark.run("cuda")
+
+
+def stage_timing(out):
+    from . import timing
+    return timing.selfcheck()
+
+
+def stage_emulation(out):
+    sys.path.insert(0, str(REPO))
+    from tests.emulation_agreement import run_on_gpu
+    return run_on_gpu()
+
+
+def stage_lab0(out):
+    from .labs import lab0_selfcheck
+    return lab0_selfcheck.run(out)
+
+
+def stage_notebooks(out):
+    from nbclient import NotebookClient
+    import nbformat
+    results = {}
+    for path in sorted((REPO / "solutions").glob("*/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        started = time.perf_counter()
+        NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        errors = [f"cell {i}: {o['ename']}: {o['evalue'][:300]}" for i, c in enumerate(nb.cells)
+                  for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        stderr = [f"cell {i}: {o['text'][:300]}" for i, c in enumerate(nb.cells)
+                  for o in c.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+        nbformat.write(nb, Path(out) / f"executed-{path.stem}.ipynb")
+        results[path.stem] = {"seconds": time.perf_counter() - started, "errors": errors, "stderr": stderr}
+    return results
+
+
+def stage_grade(out):
+    from .autograde import autograde
+    from .course import LABS, SOLUTIONS, lab_names
+    submissions = {"solution": {lab: next((SOLUTIONS / lab).glob("*.ipynb")) for lab in lab_names()},
+                   "blank": {lab: next((LABS / lab).glob("*.ipynb")) for lab in lab_names()}}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fuselab-autograde-") as workdir:
+        scores = autograde(submissions, workdir)
+    return {"seconds": time.perf_counter() - started, "scores": scores}
+
+
+STAGES = {"env": stage_env, "tests": stage_tests, "build": stage_build, "timing": stage_timing,
+          "emulation": stage_emulation, "lab0": stage_lab0, "notebooks": stage_notebooks, "grade": stage_grade}
+
+
+def _git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True).stdout.strip() or os.environ.get("FUSELAB_COMMIT", "unknown")
+    except OSError:
+        return os.environ.get("FUSELAB_COMMIT", "unknown")
+
+
+def _summary_rows(results):
+    rows = []
+    for name, res in results.items():
+        if "error" in res:
+            rows.append((name, "ERROR", res["error"].strip().splitlines()[-1][:90]))
+        elif name == "env":
+            rows.append((name, "ok", f"{res['gpu']} cc {res['capability']}, torch {res['torch']}, commit {res['commit']}"))
+        elif name == "tests":
+            rows.append((name, "ok" if res["returncode"] == 0 else "FAIL", res["summary"][:90]))
+        elif name == "build":
+            rows.append((name, "ok" if all(res["met"].values()) else "MISS",
+                         f"first {res['first_build']:.2f}s, edit {res['rebuild_after_edit']:.2f}s, "
+                         f"reload {res['reload_fresh_process']:.3f}s"))
+        elif name == "timing":
+            rows.append((name, "ok" if res.get("goal_spread_ok") and res.get("goal_do_bench_ok") else "MISS",
+                         f"spread {res.get('spread_pct', float('nan')):.2f}%, vs do_bench "
+                         f"{res.get('vs_do_bench_pct', float('nan')):+.2f}%"))
+        elif name == "notebooks":
+            bad = {k: v for k, v in res.items() if v["errors"] or v["stderr"]}
+            rows.append((name, "ok" if not bad else "FAIL",
+                         ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in res.items()) if not bad else str(bad)[:90]))
+        elif name == "grade":
+            text = "; ".join(f"{s}/{lab} {v['autograded_score']}/{v['autograded_max']}"
+                             for s, labs in res["scores"].items() for lab, v in labs.items() if "autograded_score" in v)
+            rows.append((name, "ok", text[:90]))
+        else:
+            rows.append((name, res.get("status", "ok"), res.get("headline", "")[:90]))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="fuselab GPU self-check")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from: {', '.join(STAGES)}")
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "selfcheck-out"))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in args.stages.split(","):
+        started = time.perf_counter()
+        print(f"== stage {name}", flush=True)
+        try:
+            results[name] = STAGES[name](out)
+        except Exception:  # noqa: BLE001 - a failed stage is reported, the others still run
+            results[name] = {"error": traceback.format_exc()}
+            print(results[name]["error"], flush=True)
+        results[name]["stage_seconds"] = time.perf_counter() - started
+        (out / "selfcheck.json").write_text(json.dumps(results, indent=2, default=str))
+    print("\nstage      status  result")
+    for name, status, text in _summary_rows(results):
+        print(f"{name:<10} {status:<7} {text}")
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

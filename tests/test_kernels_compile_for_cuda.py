@@ -1,0 +1,47 @@
+"""Every kernel the CPU emulation runs must also be real CUDA: compile and link each with nvcc here (no GPU).
+
+The emulation is more permissive than nvcc in places (a header it includes for itself, a __device__ call from a
+__host__ __device__ function), so a kernel that only ever ran emulated could fail on the GPU. This catches it.
+"""
+
+import pytest
+
+import fuselab
+from fuselab.labs import lab0
+from fuselab.notebook_sources import string_assignments
+
+from .conftest import REPO, requires_nvcc
+from .test_emulation import BARRIERS, BASICS, KERNELS, LIMITS
+
+pytestmark = requires_nvcc
+
+
+@pytest.mark.parametrize("filename,launchers", [("basics.cu", BASICS), ("barriers.cu", BARRIERS)])
+def test_emulation_test_kernels_compile_with_nvcc(filename, launchers):
+    mod = fuselab.build((KERNELS / filename).read_text(), launchers, name=filename[:-3], backend="cuda")
+    assert mod.backend == "cuda"
+
+
+def test_static_shared_memory_beyond_the_limit_is_refused_by_nvcc_too():
+    # The emulation fails this kernel at launch; ptxas refuses it at build time.
+    with pytest.raises(fuselab.BuildError, match="too much shared data"):
+        fuselab.build((KERNELS / "limits.cu").read_text(), LIMITS, name="limits", backend="cuda")
+
+
+LAB_SOURCES = {
+    "lab0": (REPO / "solutions" / "lab0" / "lab0.ipynb",
+             {"UNFUSED_SOURCE": lab0.UNFUSED_LAUNCHERS, "FUSED_SOURCE": [lab0.FUSED], "TUNED_SOURCE": [lab0.FUSED]}),
+}
+LAB_CASES = [(lab, name) for lab, (_, names) in LAB_SOURCES.items() for name in names]
+
+
+@pytest.mark.parametrize("lab,name", LAB_CASES)
+def test_every_solution_kernel_compiles_and_links_for_the_gpu(lab, name):
+    notebook, launchers = LAB_SOURCES[lab]
+    source = string_assignments(notebook)[name]
+    mod = fuselab.build(source, launchers[name], name=name.lower(), backend="cuda")
+    assert set(mod.launchers) == {l.split("(")[0].split()[-1] for l in launchers[name]}
+
+
+def test_lab0_reference_compiles_for_the_gpu():
+    fuselab.build(lab0.REFERENCE_UNFUSED_SOURCE, lab0.UNFUSED_LAUNCHERS, name="lab0_reference", backend="cuda")
