@@ -29,6 +29,7 @@ import torch
 
 from . import timing
 from .check import assert_close, check
+from .quiet import captured_output
 
 POLICY_PATH = Path(__file__).with_name("policy.json")
 REFERENCE_GPU = "NVIDIA H200"
@@ -65,7 +66,8 @@ def launched_kernels(fn) -> list:
     """Names of the GPU kernels one call of ``fn`` launches (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    # torch 2.11's profiler warns on stderr ("Profiler clears events..."), and stderr costs a test cell its points.
+    with captured_output(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA

@@ -82,7 +82,7 @@ def plot_sweep(sizes, series: dict, ylabel, ax=None, l2_bytes=None, bytes_per_si
         ax.set_yscale("log")
     if l2_bytes and bytes_per_size:
         ax.axvline(l2_bytes / bytes_per_size, color="gray", ls="--", lw=1)
-        ax.text(l2_bytes / bytes_per_size, ax.get_ylim()[1], " working set = L2", va="top", fontsize=8,
+        ax.text(l2_bytes / bytes_per_size, ax.get_ylim()[1], " one tensor = L2", va="top", fontsize=8,
                 color="gray")
     if hline is not None:
         ax.axhline(hline, color="black", ls=":", lw=1, label=hline_label)

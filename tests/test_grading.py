@@ -1,0 +1,73 @@
+"""Graded speedup tests without a GPU, and nbgrader's view of a whole lab on the CPU.
+
+No GPU, no speed points: the speed cell must end in 0 marked "not measured (no GPU)", never in full marks.
+"""
+
+import json
+
+import pytest
+import torch
+
+import fuselab
+from fuselab import autograde, course, grade
+from fuselab.labs import lab0
+
+
+@pytest.fixture(scope="module")
+def emulated_modules():
+    fused_mod = fuselab.build("""
+__global__ void k(const float* a, const float* b, const float* e, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];
+}
+void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, cudaStream_t s) {
+    if (n > 0) k<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(a, b, e, out, n);
+}""", [lab0.FUSED], backend="emulate", name="fused")
+    reference_mod = fuselab.build(lab0.REFERENCE_UNFUSED_SOURCE, lab0.UNFUSED_LAUNCHERS, backend="emulate")
+    return fused_mod, reference_mod
+
+
+def test_speedup_without_gpu_is_zero_and_marked_not_measured(emulated_modules, capsys, tmp_path, monkeypatch):
+    fused_mod, reference_mod = emulated_modules
+    log = tmp_path / "grades.jsonl"
+    monkeypatch.setenv("FUSELAB_GRADE_LOG", str(log))
+    points = grade.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(fused_mod),
+                                reference_op=lab0.unfused(reference_mod), reference=lab0.reference,
+                                make_inputs=lambda s, seed: lab0.make_inputs(s, seed), module=fused_mod, max_points=4)
+    assert points == 0.0 and isinstance(points, float)
+    assert "not measured (no GPU)" in capsys.readouterr().out
+    record = json.loads(log.read_text())
+    assert record["status"] == "not measured (no GPU)" and record["speedup"] is None
+
+
+def test_policy_threshold_follows_the_rule_and_falls_back_to_the_h200():
+    test, entry, note = grade.policy_entry("lab0.add_relu_mul", "Some Other GPU")
+    assert "H200" in note and "fuselab calibrate" in note
+    assert entry["threshold"] == pytest.approx(1 + 0.6 * (entry["plain_speedup"] - 1), abs=0.01)
+    assert test["mode"] == "device" and test["shape"] == [64 * 2**20]
+    with pytest.raises(KeyError):
+        grade.policy_entry("no.such.test", "NVIDIA H200")
+
+
+def test_own_kernel_names_are_read_from_the_source():
+    source = """
+    // __global__ void commented_out(
+    template <typename T> __global__ void __launch_bounds__(256) gemm_kernel(const T* a) {}
+    __global__ void add_kernel(float* x) {}
+    """
+    assert grade.own_kernel_names(source) == {"gemm_kernel", "add_kernel"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU grading path")
+def test_autograde_on_cpu_gives_correctness_points_and_no_speed_points(tmp_path):
+    """nbgrader runs the solution and the blank lab: full correctness, 0 speed points, blank all zero."""
+    submissions = {"solution": {lab: next((course.SOLUTIONS / lab).glob("*.ipynb")) for lab in course.lab_names()},
+                   "blank": {lab: next((course.LABS / lab).glob("*.ipynb")) for lab in course.lab_names()}}
+    scores = autograde.autograde(submissions, tmp_path)
+    for lab in course.lab_names():
+        solution, blank = scores["solution"][lab], scores["blank"][lab]
+        speed_cells = {k: v for k, v in solution["cells"].items() if k.startswith("test_speedup")}
+        assert speed_cells and all(score == 0.0 for score, _ in speed_cells.values())
+        correctness = {k: v for k, v in solution["cells"].items() if k.startswith("test_") and k not in speed_cells}
+        assert correctness and all(score == maximum for score, maximum in correctness.values()), correctness
+        assert blank["autograded_score"] == 0.0 and blank["autograded_max"] == solution["autograded_max"]
