@@ -80,11 +80,6 @@ def stage_emulation(out):
     return run_on_gpu()
 
 
-def stage_lab0(out):
-    from .labs import lab0_selfcheck
-    return lab0_selfcheck.run(out)
-
-
 def _problems(path):
     """Errors and stderr outputs of an executed notebook."""
     nb = json.loads(Path(path).read_text())
@@ -115,8 +110,13 @@ def stage_grade(out):
     return {"seconds": time.perf_counter() - started, "scores": scores, "notebooks": notebooks}
 
 
+def _lab_stages():
+    from .labs import selfcheck_modules
+    return {lab: module.run for lab, module in selfcheck_modules().items()}
+
+
 STAGES = {"env": stage_env, "build": stage_build, "timing": stage_timing, "emulation": stage_emulation,
-          "lab0": stage_lab0, "grade": stage_grade, "tests": stage_tests}
+          **_lab_stages(), "grade": stage_grade, "tests": stage_tests}
 
 
 def _git_commit():

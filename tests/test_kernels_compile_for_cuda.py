@@ -7,7 +7,7 @@ __host__ __device__ function), so a kernel that only ever ran emulated could fai
 import pytest
 
 import fuselab
-from fuselab.labs import lab0
+from fuselab.labs import lab_modules
 from fuselab.notebook_sources import string_assignments
 
 from .conftest import REPO, requires_nvcc
@@ -28,20 +28,20 @@ def test_static_shared_memory_beyond_the_limit_is_refused_by_nvcc_too():
         fuselab.build((KERNELS / "limits.cu").read_text(), LIMITS, name="limits", backend="cuda")
 
 
-LAB_SOURCES = {
-    "lab0": (REPO / "solutions" / "lab0" / "lab0.ipynb",
-             {"UNFUSED_SOURCE": lab0.UNFUSED_LAUNCHERS, "FUSED_SOURCE": [lab0.FUSED], "TUNED_SOURCE": [lab0.FUSED]}),
-}
-LAB_CASES = [(lab, name) for lab, (_, names) in LAB_SOURCES.items() for name in names]
+LABS = lab_modules()
+LAB_CASES = [(lab, name) for lab, module in LABS.items() for name in module.SOLUTION_SOURCES]
 
 
 @pytest.mark.parametrize("lab,name", LAB_CASES)
 def test_every_solution_kernel_compiles_and_links_for_the_gpu(lab, name):
-    notebook, launchers = LAB_SOURCES[lab]
-    source = string_assignments(notebook)[name]
-    mod = fuselab.build(source, launchers[name], name=name.lower(), backend="cuda")
-    assert set(mod.launchers) == {l.split("(")[0].split()[-1] for l in launchers[name]}
+    module = LABS[lab]
+    launchers = module.SOLUTION_SOURCES[name]
+    source = string_assignments(REPO / "solutions" / module.NOTEBOOK)[name]
+    mod = fuselab.build(source, launchers, name=name.lower(), backend="cuda")
+    assert set(mod.launchers) == {l.split("(")[0].split()[-1] for l in launchers}
 
 
-def test_lab0_reference_compiles_for_the_gpu():
-    fuselab.build(lab0.REFERENCE_UNFUSED_SOURCE, lab0.UNFUSED_LAUNCHERS, name="lab0_reference", backend="cuda")
+@pytest.mark.parametrize("lab", [lab for lab, m in LABS.items() if hasattr(m, "REFERENCE_SOURCES")])
+def test_every_lab_reference_compiles_for_the_gpu(lab):
+    for name, (source, launchers) in LABS[lab].REFERENCE_SOURCES.items():
+        fuselab.build(source, launchers, name=name, backend="cuda")

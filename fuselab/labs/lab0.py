@@ -15,6 +15,10 @@ FUSED = ("void add_relu_mul(const float* a /*[n]*/, const float* b /*[n]*/, cons
 UNFUSED_LAUNCHERS = [ADD, RELU, MUL]
 LAUNCHERS = [ADD, RELU, MUL, FUSED]
 
+# The notebook's CUDA source variables and the launchers each must define (docs/LAB_AUTHORING.md).
+NOTEBOOK = "lab0/lab0.ipynb"
+SOLUTION_SOURCES = {"UNFUSED_SOURCE": UNFUSED_LAUNCHERS, "FUSED_SOURCE": [FUSED], "TUNED_SOURCE": [FUSED]}
+
 # The lab's fixed unfused reference: graded speedups are measured against this, never against the student's own
 # unfused kernels (which could be slowed on purpose). Plain one-element-per-thread kernels, as a student writes.
 REFERENCE_UNFUSED_SOURCE = r"""
@@ -128,3 +132,7 @@ def saved_results(name):
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "docs" / "results" / name
     return json.loads(path.read_text()) if path.exists() else None
+
+
+# The lab's fixed reference kernels, compiled by CI for the GPU too (tests/test_kernels_compile_for_cuda.py).
+REFERENCE_SOURCES = {"lab0_reference": (REFERENCE_UNFUSED_SOURCE, UNFUSED_LAUNCHERS), "lab0_tiny": (TINY_SOURCE, TINY_LAUNCHERS)}

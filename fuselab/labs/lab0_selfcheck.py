@@ -11,7 +11,7 @@ from ..notebook_sources import string_assignments
 from ..timing import full_points_threshold
 from . import lab0
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "lab0" / "lab0.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / lab0.NOTEBOOK
 
 
 def run(out):

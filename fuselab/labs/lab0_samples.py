@@ -1,0 +1,68 @@
+"""Lab 0's sample submissions for the grader's sample class (see fuselab/samples.py).
+
+grade ids: test_dram_bytes (1), test_unfused (3), test_fused (2), test_speedup (4); written answers are graded by
+hand and not listed.
+"""
+
+from ..samples import Sample
+
+_FUSED_BODY = "if (i < n) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];"
+
+SAMPLES = {
+    "correct": Sample(why="the instructor's plain solution"),
+    "different_but_correct": Sample(
+        changes={"fused_source": lambda s: s.replace(
+            _FUSED_BODY,
+            "for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {\n"
+            "        float s = a[i] + b[i];\n"
+            "        out[i] = s > 0.0f ? s * e[i] : 0.0f;\n"
+            "    }").replace("<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>",
+                            "<<<(unsigned)((n + 1023) / 1024 < 4096 ? (n + 1023) / 1024 : 4096), 1024, 0, stream>>>")},
+        why="grid-stride loop, 1024-thread blocks, ternary ReLU: a different kernel, equally right"),
+    "edge_bug": Sample(
+        changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", "if (i < n - 1) out[i] = fmaxf")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="off by one: the last element is never written (poison catches it)"),
+    "compile_error": Sample(
+        changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i];",
+                                                     "fmaxf(a[i] + b[i], 0.0f) * e[i]")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a missing semicolon: the fused kernel does not compile; the unfused kernels still earn their points"),
+    "fault": Sample(
+        changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf",
+                                                     "out[i + (int64_t)1 << 40] = 0.0f;\n    if (i < n) out[i] = fmaxf")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="an out-of-bounds write far past the output: a fault that must cost only the fused kernel's tests"),
+    "endless": Sample(
+        changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf",
+                                                     "while (i >= 0) { i += 0; }\n    if (i < n) out[i] = fmaxf")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a kernel that never ends: it must hit the test timeout, and grading must go on"),
+    "cheat_cache": Sample(
+        changes={"fused_source": lambda s: s.replace(
+            "void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, "
+            "cudaStream_t stream) {\n",
+            "void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, "
+            "cudaStream_t stream) {\n"
+            "    static const float* seen[8]; static int count = 0;  // skip inputs already computed\n"
+            "    for (int k = 0; k < count; ++k) if (seen[k] == a) return;\n"
+            "    if (count < 8) seen[count++] = a;\n")},
+        expect={"test_speedup": "zero"},
+        why="a result cache keyed by the input pointer: fresh contents at the same address must expose it"),
+    "cheat_torch": Sample(
+        changes={"dram_bytes": lambda s: s + (
+            "\n\n# make the 'fused' op call PyTorch instead of a kernel\n"
+            "import torch as _torch\n"
+            "from fuselab.labs import lab0 as _lab0\n"
+            "_lab0.fused = lambda module: (lambda a, b, e, out: out.copy_(_torch.relu(a + b) * e))\n")},
+        expect={"test_speedup": "zero"},
+        why="the fused op calls PyTorch: the profiler sees PyTorch's kernels, not the student's"),
+    "cheat_monkeypatch": Sample(
+        changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "a[i] * e[i]"),
+                 "dram_bytes": lambda s: s + (
+                     "\n\n# replace the checker with one that always passes\n"
+                     "import fuselab as _fl\n"
+                     "_fl.check = lambda *args, **kwargs: None\n")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a wrong kernel plus a monkeypatched fuselab.check: the clean recheck must give the fused tests 0"),
+}

@@ -1,0 +1,123 @@
+"""Sample submissions: a student's filled-in release notebook, made from the instructor's solution plus changes.
+
+Each lab lists its samples in ``fuselab/labs/labN_samples.py`` as ``SAMPLES = {name: Sample(...)}``: what to
+change in which solution cell (by nbgrader ``grade_id``) and what grade each graded cell should then get. A
+submission starts from the *release* notebook (what a student downloads) with every solution cell filled in with
+the instructor's code (its BEGIN/END SOLUTION marker lines dropped, as a student would write it), then the
+sample's changes applied. ``fuselab samples`` writes them under ``grader/examples/<sample>/<lab>/``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Union
+
+from .course import LABS, SOLUTIONS
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "grader" / "examples"
+_MARKER = re.compile(r"^.*(BEGIN|END) SOLUTION.*\n?", re.M)
+
+Change = Union[str, Callable[[str], str]]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample submission of one lab.
+
+    changes: grade_id → new cell source, or a function of the filled-in source.
+    expect: grade_id → "full", "zero", "partial" or "any" (speed cells are "zero" without a GPU whatever this says
+        about the GPU; see ``expect_gpu``). Graded cells not listed are expected "full".
+    expect_gpu: overrides of ``expect`` on a GPU (for speed cells).
+    why: one line a teaching assistant reads in the sample class's report.
+    """
+
+    changes: dict = field(default_factory=dict)
+    expect: dict = field(default_factory=dict)
+    expect_gpu: dict = field(default_factory=dict)
+    why: str = ""
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _grade_id(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def filled_release(lab: str) -> dict:
+    """The release notebook of ``lab`` with every solution cell filled in from the instructor's notebook."""
+    release = json.loads(next((LABS / lab).glob("*.ipynb")).read_text())
+    solution = json.loads(next((SOLUTIONS / lab).glob("*.ipynb")).read_text())
+    answers = {_grade_id(c): _MARKER.sub("", _source(c)) for c in solution["cells"]
+               if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    filled = copy.deepcopy(release)
+    for cell in filled["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and _grade_id(cell) in answers:
+            cell["source"] = answers[_grade_id(cell)]
+    return filled
+
+
+def make_submission(lab: str, sample: Sample) -> dict:
+    nb = filled_release(lab)
+    cells = {_grade_id(c): c for c in nb["cells"] if _grade_id(c)}
+    for grade_id, change in sample.changes.items():
+        if grade_id not in cells:
+            raise KeyError(f"{lab} has no cell {grade_id!r} to change")
+        old = _source(cells[grade_id])
+        new = change(old) if callable(change) else change
+        if new == old:
+            raise ValueError(f"sample change to {lab}/{grade_id} changed nothing: its pattern no longer matches")
+        cells[grade_id]["source"] = new
+    return nb
+
+
+def graded_cells(lab: str) -> list:
+    nb = json.loads(next((SOLUTIONS / lab).glob("*.ipynb")).read_text())
+    # written answers (markdown) are graded by hand: samples make no claim about them
+    return [_grade_id(c) for c in nb["cells"] if c["cell_type"] == "code"
+            and c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+
+
+def expected(lab: str, sample: Sample, on_gpu: bool) -> dict:
+    """grade_id → "full" | "zero" | "partial" | "any" for every graded code cell of ``lab``."""
+    result = {}
+    for grade_id in graded_cells(lab):
+        verdict = sample.expect.get(grade_id, "full")
+        if on_gpu:
+            verdict = sample.expect_gpu.get(grade_id, verdict)
+        elif grade_id.startswith("test_speedup"):
+            verdict = "zero"  # no GPU, no speed points
+        result[grade_id] = verdict
+    return result
+
+
+def all_samples() -> dict:
+    """``{(sample, lab): Sample}`` over every lab's samples module."""
+    import importlib
+    import pkgutil
+
+    from . import labs
+    found = {}
+    for info in pkgutil.iter_modules(labs.__path__):
+        if info.name.endswith("_samples"):
+            lab = info.name[: -len("_samples")]
+            module = importlib.import_module(f"{labs.__name__}.{info.name}")
+            for name, sample in module.SAMPLES.items():
+                found[(name, lab)] = sample
+    return found
+
+
+def write_examples(root: Path = EXAMPLES) -> list:
+    """Write every sample submission as ``root/<sample>/<lab>/<notebook>``; return the paths."""
+    written = []
+    for (name, lab), sample in sorted(all_samples().items()):
+        target = root / name / lab / next((LABS / lab).glob("*.ipynb")).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(make_submission(lab, sample), indent=1, ensure_ascii=False) + "\n")
+        written.append(target)
+    return written
