@@ -12,11 +12,16 @@ import os
 from pathlib import Path
 
 
-def cache_dir() -> Path:
+def cache_root() -> Path:
+    """Where the caches go, without creating anything (``fuselab doctor`` reports on it)."""
     root = os.environ.get("FUSELAB_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuselab"
     )
-    path = Path(root).expanduser().resolve()
+    return Path(root).expanduser().resolve()
+
+
+def cache_dir() -> Path:
+    path = cache_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

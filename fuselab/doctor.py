@@ -131,7 +131,7 @@ def _course_tools():
 
 def _cache_dirs():
     findings = []
-    dirs = {"fuselab cache": config.cache_dir()}
+    dirs = {"fuselab cache": config.cache_root()}
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         dirs["torch ext dir"] = os.environ["TORCH_EXTENSIONS_DIR"]
     for label, path in dirs.items():
@@ -142,5 +142,5 @@ def _cache_dirs():
             findings.append(Finding(label, "ok", f"{path} (writable)"))
         except OSError as exc:
             findings.append(Finding(label, "problem", f"{path} is not writable: {exc.strerror}",
-                                    "set FUSELAB_CACHE_DIR to a writable folder"))
+                                    "set FUSELAB_CACHE_DIR (or TORCH_EXTENSIONS_DIR) to a writable folder"))
     return findings
