@@ -11,10 +11,10 @@ import time
 import numpy as np
 
 from . import gpu, stats
-from .measure import check_budget, on_device_of, warm_up
+from .measure import check_budget, measurement_from, on_device_of, warm_up
 from .modes import parse_mode
 from .progress import Progress
-from .results import Comparison, Measurement, Speedup
+from .results import Comparison, Speedup
 from .samplers import make_sampler
 
 _BLOCK_SECONDS = 0.002  # one candidate's share of a round
@@ -74,20 +74,10 @@ def compare(candidates, baseline=None, *, mode="device", flush=True, target_rse=
 
     measurements = {}
     for name in names:
-        sampler = samplers[name]
-        measurements[name] = Measurement(
-            label=name,
-            mode=mode.value,
-            times=tuple(np.ravel(rounds[name])),
-            device=gpu.device_name(sampler.device) if sampler.on_gpu else gpu.host_name(),
-            clock=sampler.clock,
-            on_gpu=sampler.on_gpu,
-            flushed=sampler.flushed,
-            target_rse=target_rse,
-            stop_reason=stop_reason,
-            notes=tuple(sampler.notes) + (f"interleaved with {len(names) - 1} other(s), {blocks[name]} call(s) "
-                                          f"per round, {round_index} rounds",),
-        )
+        interleaving = (f"interleaved with {len(names) - 1} other(s), {blocks[name]} call(s) per round, "
+                        f"{round_index} rounds",)
+        measurements[name] = measurement_from(samplers[name], name, mode, np.ravel(rounds[name]), target_rse,
+                                              stop_reason, interleaving)
     base = np.asarray(rounds[baseline])
     speedups = {}
     for name in names:

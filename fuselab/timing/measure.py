@@ -81,6 +81,11 @@ def measure(fn, *, mode="device", label=None, flush=True, target_rse=0.01, min_r
     with on_device_of(sampler):
         times, stop_reason = _sample(sampler, label, started, target_rse, min_reps, max_reps, budget_s, warmup_s,
                                      progress, clock)
+    return measurement_from(sampler, label, mode, times, target_rse, stop_reason)
+
+
+def measurement_from(sampler, label, mode, times, target_rse, stop_reason, extra_notes=()) -> Measurement:
+    """The :class:`Measurement` of ``times`` taken by ``sampler``."""
     return Measurement(
         label=label,
         mode=mode.value,
@@ -91,7 +96,7 @@ def measure(fn, *, mode="device", label=None, flush=True, target_rse=0.01, min_r
         flushed=sampler.flushed,
         target_rse=target_rse,
         stop_reason=stop_reason,
-        notes=tuple(sampler.notes),
+        notes=tuple(sampler.notes) + tuple(extra_notes),
     )
 
 
