@@ -156,6 +156,18 @@ def _summary_rows(results):
     return rows
 
 
+def _calibrate_for_grading(results, out):
+    """Grade with thresholds measured in this very run (as `fuselab calibrate` would write them)."""
+    from . import calibration, grade
+    graded = {test: entry for res in results.values() if isinstance(res, dict)
+              for test, entry in res.get("graded", {}).items()}
+    if not graded or not torch.cuda.is_available():
+        return
+    policy = calibration.calibrated(grade.load_policy(), torch.cuda.get_device_name(), graded, _git_commit())
+    os.environ["FUSELAB_POLICY"] = str(calibration.write(policy, Path(out) / "policy.json"))
+    print(f"== calibrated policy for this GPU: {', '.join(graded)} -> {out}/policy.json", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="fuselab GPU self-check")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from: {', '.join(STAGES)}")
@@ -165,6 +177,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in args.stages.split(","):
+        if name == "grade":
+            _calibrate_for_grading(results, out)
         started = time.perf_counter()
         print(f"== stage {name}", flush=True)
         try:
