@@ -36,10 +36,18 @@ def find_cuda_home():
 
 
 def prepare_cuda_environment():
-    """Set ``CUDA_HOME`` before torch.utils.cpp_extension is imported (it reads it once, at import)."""
+    """Point torch's cpp_extension at the real toolkit.
+
+    cpp_extension reads ``CUDA_HOME`` once, when it is first imported (by an emulated build, say), so the
+    variable is set here and, if the module was imported already, its copy is corrected too.
+    """
+    import sys
     home = find_cuda_home()
     if home and not os.environ.get("CUDA_HOME"):
         os.environ["CUDA_HOME"] = home
+    extension = sys.modules.get("torch.utils.cpp_extension")
+    if home and extension is not None and getattr(extension, "CUDA_HOME", None) != home:
+        extension.CUDA_HOME = home
     return home
 
 
