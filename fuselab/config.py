@@ -6,6 +6,8 @@ without code changes:
 - ``FUSELAB_CACHE_DIR``: root of all caches (builds, measured ceilings). Default ``~/.cache/fuselab``.
 - ``FUSELAB_BACKEND``: ``auto`` (default), ``cuda`` or ``emulate``.
 - ``FUSELAB_BUILD_TIMEOUT``: seconds a build may take before it is stopped. Default 300.
+- ``FUSELAB_SHARED_BUILDS``: a builds folder looked up first and never written (the grader shares the
+  instructor's builds with every submission this way, while each submission builds into a cache of its own).
 """
 
 import os
@@ -30,6 +32,12 @@ def builds_dir() -> Path:
     path = cache_dir() / "builds"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def shared_builds_dir():
+    """A read-only builds folder searched before ``builds_dir()``, or None."""
+    path = os.environ.get("FUSELAB_SHARED_BUILDS")
+    return Path(path) if path else None
 
 
 def backend_choice() -> str:
