@@ -10,6 +10,7 @@
 from . import grade, timing
 from .build import build, resolve_backend
 from .check import CheckFailed, CheckResult, assert_close, check, compare as compare_outputs
+from .grading import grading_mode
 from .errors import (BuildError, BuildTimeout, FuselabError, LaunchError, NotWrittenError,
                      UnsupportedConstruct)
 from .module import Module
@@ -25,5 +26,5 @@ __all__ = [
     "timing", "measure", "compare", "Mode", "Measurement", "Comparison", "Speedup", "launch_overhead",
     "ceilings", "achieved", "speedup_points", "NoGPUError",
     "FuselabError", "BuildError", "BuildTimeout", "NotWrittenError", "LaunchError", "UnsupportedConstruct",
-    "PrototypeError",
+    "PrototypeError", "grading_mode",
 ]

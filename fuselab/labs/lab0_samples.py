@@ -47,16 +47,19 @@ SAMPLES = {
             "    static const float* seen[8]; static int count = 0;  // skip inputs already computed\n"
             "    for (int k = 0; k < count; ++k) if (seen[k] == a) return;\n"
             "    if (count < 8) seen[count++] = a;\n")},
-        expect={"test_speedup": "zero"},
-        why="a result cache keyed by the input pointer: fresh contents at the same address must expose it"),
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a result cache keyed by the input pointer: fresh contents at a reused address expose it, already in "
+            "the correctness test (allocators reuse addresses) and, on a GPU, in the speedup test's refresh"),
     "cheat_torch": Sample(
-        changes={"dram_bytes": lambda s: s + (
+        changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "0.0f"),
+                 "dram_bytes": lambda s: s + (
             "\n\n# make the 'fused' op call PyTorch instead of a kernel\n"
             "import torch as _torch\n"
             "from fuselab.labs import lab0 as _lab0\n"
             "_lab0.fused = lambda module: (lambda a, b, e, out: out.copy_(_torch.relu(a + b) * e))\n")},
-        expect={"test_speedup": "zero"},
-        why="the fused op calls PyTorch: the profiler sees PyTorch's kernels, not the student's"),
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a kernel that computes nothing, and the fused op rerouted to PyTorch from a solution cell: the "
+            "notebook run is fooled (on a GPU its profiler sees PyTorch's kernels), the clean recheck is not"),
     "cheat_monkeypatch": Sample(
         changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "a[i] * e[i]"),
                  "dram_bytes": lambda s: s + (
@@ -66,3 +69,37 @@ SAMPLES = {
         expect={"test_fused": "zero", "test_speedup": "zero"},
         why="a wrong kernel plus a monkeypatched fuselab.check: the clean recheck must give the fused tests 0"),
 }
+
+# A kernel that misbehaves only on large power-of-two sizes: every test shape passes, but the notebook's timing
+# demo (2^16 elements on the CPU, 2^26 on a GPU) meets the bug before the graded speedup test.
+_POWER_OF_TWO_BUG = "if (n >= 4096 && (n & (n - 1)) == 0) {{ {bug} }}\n    if (i < n) out[i] = fmaxf"
+
+SAMPLES.update({
+    "demo_fault": Sample(
+        changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", _POWER_OF_TWO_BUG.format(
+            bug="out[i + ((int64_t)1 << 40)] = 0.0f;"))},
+        expect={"test_speedup": "zero"},
+        why="faults only at the timing demo's size (a demo cell, not a test): the tests after it score 0"),
+    "demo_hang": Sample(
+        changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", _POWER_OF_TWO_BUG.format(
+            bug="while (i >= 0) { i += 0; }"))},
+        expect={"test_speedup": "zero"},
+        why="hangs only at the timing demo's size: the demo times out, the tests after it score 0"),
+    "cheat_side_stream": Sample(
+        changes={"fused_source": lambda s: s.replace(
+            "if (n > 0) add_relu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>",
+            "static cudaStream_t side = nullptr;  // launch where the timing's events cannot see it\n"
+            "    if (side == nullptr) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
+            "    if (n > 0) add_relu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, side>>>")},
+        expect_gpu={"test_speedup": "zero"},
+        why="launches on a side stream, outside the timed stream: the graph-replay check must catch it (GPU)"),
+    "cheat_timed_size": Sample(
+        changes={"fused_source": lambda s: s.replace(
+            "void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, "
+            "cudaStream_t stream) {\n",
+            "void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, "
+            "cudaStream_t stream) {\n"
+            "    if (n == ((int64_t)64 << 20)) return;  // nothing at the timed size: 'infinitely fast'\n")},
+        expect_gpu={"test_speedup": "zero"},
+        why="returns early at the timed size only: the check at the timed shape must catch it (GPU)"),
+})

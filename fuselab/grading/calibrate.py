@@ -1,0 +1,71 @@
+"""``fuselab calibrate``: measure the plain solutions on this GPU and write its entry in the policy file.
+
+The instructor's solution notebook of each lab runs through the clean recheck (as a submission would), a few
+times; each graded speedup test logs the plain solution's speedup S over the lab's fixed unfused reference.
+The median S gives this GPU's threshold, 1 + 0.6 (S - 1) (DESIGN.md §3). A test whose S is below 1.3 on this GPU
+is reported and left without an entry for it (grading then falls back to the H200's, and says so).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from .. import course
+from ..grade import POLICY_PATH, load_policy
+from ..timing.policy import full_points_threshold
+from . import nbgrader_run, recheck
+
+
+def measure(labs=None, repeats=3, cell_timeout=600.0) -> dict:
+    """``{test_id: {"speedups": [...], "gpu": name}}`` from ``repeats`` clean runs of each lab's solution."""
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("calibrate needs a GPU: speedups cannot be measured under the CPU emulation")
+    found: dict = {}
+    with tempfile.TemporaryDirectory(prefix="fuselab-calibrate-") as tmp:
+        env = dict(os.environ, FUSELAB_CACHE_DIR=os.environ.get("FUSELAB_CACHE_DIR", str(Path(tmp) / "cache")))
+        env.pop("FUSELAB_SHARED_BUILDS", None)
+        for lab in labs or course.lab_names():
+            nb = json.loads((course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)).read_text())
+            for k in range(repeats):
+                result = recheck.run_clean(nb, nb, Path(tmp) / f"{lab}-{k}", cell_timeout=cell_timeout,
+                                           total_timeout=cell_timeout * 4, env=env)
+                for cell in result.cells.values():
+                    for record in cell.speed:
+                        if record.get("speedup") is not None:
+                            entry = found.setdefault(record["test"], {"speedups": [], "gpu": record["gpu"],
+                                                                      "lab": lab})
+                            entry["speedups"].append(record["speedup"])
+    return found
+
+
+def calibrate(labs=None, repeats=3, policy_path=None, write=True) -> list:
+    """Measure and (``write``) store this GPU's entries; returns one line per test for the teacher."""
+    path = Path(policy_path or os.environ.get("FUSELAB_POLICY") or POLICY_PATH)
+    policy = load_policy(path)
+    lines = []
+    for test_id, found in sorted(measure(labs, repeats).items()):
+        s = statistics.median(found["speedups"])
+        try:
+            threshold = full_points_threshold(s)
+        except ValueError as exc:
+            lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']}: {exc}; no entry written")
+            continue
+        if test_id not in policy["tests"]:
+            lines.append(f"{test_id}: not in the policy file; add its mode, shape and dtype first")
+            continue
+        policy["tests"][test_id].setdefault("gpus", {})[found["gpu"]] = {
+            "plain_speedup": round(s, 3), "threshold": round(threshold, 3),
+            "measured": datetime.date.today().isoformat(),
+            "source": f"fuselab calibrate: median of {len(found['speedups'])} clean runs of the solution "
+                      f"({', '.join(f'{x:.3f}' for x in found['speedups'])})"}
+        lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} → full points from {threshold:.2f}x")
+    if write:
+        path.write_text(json.dumps(policy, indent=2) + "\n")
+        lines.append(f"written to {path}")
+    return lines

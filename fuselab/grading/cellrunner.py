@@ -1,0 +1,146 @@
+"""The clean recheck's child process: run a clean notebook's cells in order and report each one as it goes.
+
+    python -m fuselab.grading.cellrunner PLAN.json EVENTS.jsonl
+
+PLAN: ``{"cells": [{"index", "grade_id", "source", "graded"}], "start": k}``. Cells before ``start`` that are
+graded are skipped (an earlier process already scored them); the others rerun, as the setup of the cells from
+``start`` on. Each cell writes a ``start`` event before it runs and an ``end`` event after, flushed at once, so
+the parent knows which cell was running when this process crashed or hung. After a cell that failed, a
+poisoned CUDA context (a sticky fault) ends the process with a ``poisoned`` event: the parent restarts from the
+next cell in a fresh process.
+
+A cell's result follows nbgrader's rules: an exception or anything on stderr (fd 2, so C code counts too) fails
+it; its last expression's value is reported when it is a number. Tracebacks are not reported (they would show
+hidden tests' source in feedback), only the exception's type and message.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import ctypes
+import json
+import numbers
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+MAX_TEXT = 4000
+
+
+class _Events:
+    def __init__(self, path):
+        self.handle = open(path, "a", buffering=1)
+
+    def write(self, **event):
+        event["time"] = time.time()
+        self.handle.write(json.dumps(event, default=repr) + "\n")
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+
+@contextlib.contextmanager
+def _captured_fds():
+    """Send fds 1 and 2 to temporary files for the duration; yields a dict filled with their text after."""
+    libc = ctypes.CDLL(None)
+    texts = {}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    files = {fd: tempfile.TemporaryFile(mode="w+b") for fd in (1, 2)}
+    for fd, handle in files.items():
+        os.dup2(handle.fileno(), fd)
+    try:
+        yield texts
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        libc.fflush(None)
+        for fd in (1, 2):
+            os.dup2(saved[fd], fd)
+            os.close(saved[fd])
+            files[fd].seek(0)
+            texts["stdout" if fd == 1 else "stderr"] = files[fd].read().decode(errors="replace")
+            files[fd].close()
+
+
+def _without_magics(source: str) -> str:
+    # instructor cells may hold IPython magics (`%matplotlib inline`); there is no IPython here
+    return "\n".join("pass  # " + line if line.lstrip().startswith(("%", "!")) else line
+                     for line in source.splitlines())
+
+
+def _execute(source: str, namespace: dict, filename: str):
+    """Run ``source`` like a notebook cell; return the value of its last expression (or None)."""
+    tree = ast.parse(_without_magics(source), filename=filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is not None:
+        return eval(compile(last, filename, "eval"), namespace)
+    return None
+
+
+def _cuda_poisoned() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return True
+
+
+def _display(*objects, **_):
+    for obj in objects:
+        print(repr(obj))
+
+
+def _new_grade_records(log_path, seen):
+    if not log_path or not os.path.exists(log_path):
+        return [], seen
+    with open(log_path) as handle:
+        lines = handle.read().splitlines()
+    return [json.loads(line) for line in lines[seen:] if line.strip()], len(lines)
+
+
+def main(plan_path, events_path) -> int:
+    plan = json.loads(open(plan_path).read())
+    events = _Events(events_path)
+    warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
+    namespace = {"__name__": "__main__", "display": _display}
+    grade_log = os.environ.get("FUSELAB_GRADE_LOG")
+    seen = _new_grade_records(grade_log, 0)[1]
+    for cell in plan["cells"]:
+        index = cell["index"]
+        if index < plan.get("start", 0) and cell["graded"]:
+            continue
+        events.write(event="start", index=index, grade_id=cell["grade_id"])
+        started = time.perf_counter()
+        value, error = None, None
+        with _captured_fds() as output:
+            try:
+                value = _execute(cell["source"], namespace, f"<cell {cell['grade_id'] or index}>")
+            except BaseException as exc:  # noqa: BLE001 - a cell's failure is its verdict
+                error = f"{type(exc).__name__}: {exc}"[:MAX_TEXT]
+        records, seen = _new_grade_records(grade_log, seen)
+        number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+        events.write(event="end", index=index, grade_id=cell["grade_id"], error=error, value=number,
+                     shown=None if value is None or number is not None else repr(value)[:200],
+                     stdout=output["stdout"][-MAX_TEXT:], stderr=output["stderr"][-MAX_TEXT:],
+                     seconds=time.perf_counter() - started, speed=records)
+        if error is not None and _cuda_poisoned():
+            events.write(event="poisoned", index=index, grade_id=cell["grade_id"])
+            return 3
+    events.write(event="done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

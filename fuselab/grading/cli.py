@@ -1,0 +1,101 @@
+"""Command-line entry points: ``fuselab grade``, ``fuselab calibrate``, ``fuselab samples``.
+
+``python -m grader`` (from the repository root) is ``fuselab grade``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parsers(sub) -> None:
+    grade = sub.add_parser("grade", help="grade a folder or zip of submissions: gradebook, grades.csv, feedback, "
+                                         "class report")
+    grade.add_argument("submissions", help="a folder of <student>/<lab>/*.ipynb, <student>.zip files, or an LMS zip")
+    grade.add_argument("--labs", nargs="+", help="only these labs")
+    grade.add_argument("--students", nargs="+", help="only these students")
+    grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out")
+    grade.add_argument("--out", help="output folder (default: grader/runs/<date-time>); give the same one to resume")
+    grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
+    grade.add_argument("--cpu-workers", type=int, default=1, help="parallel submissions without a GPU")
+    grade.add_argument("--cell-timeout", type=float, default=300, help="seconds per test (default 300)")
+    grade.add_argument("--submission-timeout", type=float, default=1200,
+                       help="seconds per submission, all of it (default 1200)")
+    grade.add_argument("--memory-gb", type=float, default=16, help="resident memory per submission (default 16)")
+    grade.add_argument("--sandbox", action="store_true",
+                       help="run each submission under bubblewrap: no network, sees only its own folder")
+    grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
+    grade.add_argument("--expect-samples", action="store_true",
+                       help="the submissions are the sample class: check every verdict against its sample")
+    cal = sub.add_parser("calibrate", help="measure the plain solutions on this GPU and write its policy entry")
+    cal.add_argument("--labs", nargs="+")
+    cal.add_argument("--repeats", type=int, default=3)
+    cal.add_argument("--policy", help="policy file (default: fuselab/policy.json or $FUSELAB_POLICY)")
+    cal.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    samples = sub.add_parser("samples", help="write the sample class (grader/examples) from the labs' recipes")
+    samples.add_argument("--out", help="folder (default: grader/examples)")
+
+
+def run(args) -> int:
+    if args.command == "grade":
+        return main_grade(args)
+    if args.command == "calibrate":
+        from .calibrate import calibrate
+        for line in calibrate(args.labs, args.repeats, args.policy, write=not args.dry_run):
+            print(line)
+        return 0
+    if args.command == "samples":
+        from .. import samples
+        root = Path(args.out) if args.out else samples.EXAMPLES
+        written = samples.write_examples(root)
+        print(f"wrote {len(written)} sample submission(s) under {root}")
+        return 0
+    return 2
+
+
+def main_grade(args) -> int:
+    import torch
+
+    from . import samplecheck
+    from .pipeline import Settings, default_out, grade
+    settings = Settings(out=Path(args.out) if args.out else default_out(), labs=args.labs, students=args.students,
+                        force=args.force, gpus=args.gpus, cpu_workers=args.cpu_workers,
+                        cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
+                        memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
+                        feedback=not args.no_feedback)
+    result = grade(args.submissions, settings)
+    print()
+    if args.expect_samples:
+        rows = samplecheck.compare(result.results, on_gpu=torch.cuda.is_available())
+        print(samplecheck.table(rows))
+        failed = [r for r in rows if not r["ok"]]
+    else:
+        print(grade_table(result.results))
+        failed = []
+    for problem in result.problems:
+        print(f"not graded: {problem.where}: {problem.message}")
+    print(f"\ngrades:   {result.grades_csv}\nreport:   {result.out / 'report.html'}\n"
+          f"feedback: {result.out / 'feedback'}\ngradebook: {result.out / 'course' / 'gradebook.db'}")
+    return 1 if failed else 0
+
+
+def grade_table(results) -> str:
+    lines = []
+    for r in results:
+        tests = " ".join(f"{k.replace('test_', '')}={c['points']:g}/{c['max_points']:g}" for k, c in r["cells"].items())
+        flags = len(r["flags"]) + len(r["disagreements"])
+        lines.append(f"{r['student'] + '/' + r['lab']:<32} {r['total']:>5g}/{r['max_total']:<4g} {tests}"
+                     f"{'  [' + str(flags) + ' flag(s)]' if flags else ''}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader")
+    sub = parser.add_subparsers(dest="command")
+    add_parsers(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("grade", "calibrate", "samples", "-h", "--help"):
+        argv = ["grade", *argv]
+    return run(parser.parse_args(argv))

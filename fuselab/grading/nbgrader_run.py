@@ -1,0 +1,139 @@
+"""nbgrader's side of grading: the course folder, each submission's autograde, the gradebook, the export.
+
+The run's course folder (``<out>/course``) has its own ``source/`` (a copy of ``solutions/``), ``release/``,
+``autograded/``, ``feedback/`` and ``gradebook.db``; the repository's folders are only read.
+
+Each submission is autograded in a scratch course of its own (``<out>/work/<student>/<lab>/nbgrader``, with a
+copy of the gradebook): the student's code runs inside that autograde, and must not reach the real gradebook or
+anyone else's files. The trusted parent then records the final scores (the clean recheck's) in the course
+gradebook, where formgrader, ``generate_feedback`` and ``export`` find them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ..course import GRADER, SOLUTIONS, nbgrader
+from . import isolate
+
+
+def notebook_name(lab: str) -> str:
+    return next((SOLUTIONS / lab).glob("*.ipynb")).name
+
+
+def course_args(root: Path, db: Path | None = None, autograded="autograded") -> list:
+    db = db or root / "gradebook.db"
+    return [f"--CourseDirectory.root={root}", "--CourseDirectory.source_directory=source",
+            "--CourseDirectory.release_directory=release", "--CourseDirectory.submitted_directory=submitted",
+            f"--CourseDirectory.autograded_directory={autograded}", "--CourseDirectory.feedback_directory=feedback",
+            f"--CourseDirectory.db_url=sqlite:///{db}", "--CourseDirectory.course_id=fuselab"]
+
+
+def prepare_course(root: Path, labs) -> None:
+    """The run's course folder: the labs' sources, their release versions, a gradebook that knows them."""
+    root.mkdir(parents=True, exist_ok=True)
+    for lab in labs:
+        target = root / "source" / lab
+        fresh = not (target / notebook_name(lab)).exists() or \
+            (target / notebook_name(lab)).read_bytes() != (SOLUTIONS / lab / notebook_name(lab)).read_bytes()
+        if fresh or not (root / "release" / lab).exists():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(SOLUTIONS / lab, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+            nbgrader("generate_assignment", lab, "--force", *course_args(root))
+
+
+def add_students(db: Path, students) -> None:
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        for student in students:
+            gradebook.update_or_create_student(student)
+
+
+def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, workdir: Path, *, cell_timeout,
+                  wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=()) -> dict:
+    """nbgrader autograde of one submission in its own scratch course; returns the notebook's verdict.
+
+    ``{"cells": {grade_id: [score, max]}, "autograded": path or None, "error": text or None, "seconds"}``
+    """
+    scratch = workdir / "nbgrader"
+    shutil.rmtree(scratch, ignore_errors=True)
+    (scratch / "source").mkdir(parents=True)
+    shutil.copytree(course_root / "source" / lab, scratch / "source" / lab)
+    shutil.copy(course_root / "gradebook.db", scratch / "gradebook.db")
+    add_students(scratch / "gradebook.db", [student])
+    submitted = scratch / "submitted" / student / lab
+    submitted.mkdir(parents=True)
+    shutil.copy(notebook, submitted / notebook_name(lab))
+    runtime = scratch / "runtime"
+    runtime.mkdir()
+    env = dict(env, JUPYTER_RUNTIME_DIR=str(runtime), IPYTHONDIR=str(runtime / "ipython"),
+               MPLCONFIGDIR=str(runtime / "mpl"), PYTHONDONTWRITEBYTECODE="1",
+               PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
+    command = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force",
+               *course_args(scratch), f"--Execute.timeout={int(cell_timeout)}"]
+    if sandbox:
+        command = isolate.sandboxed(command, own=[workdir, Path(env["FUSELAB_CACHE_DIR"])], hide=list(hide),
+                                        readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+    # nbgrader talks to its kernel over loopback: a bare network namespace (loopback down) would stop it, so
+    # only bubblewrap (which brings loopback up) takes the network away here.
+    limits = isolate.Limits(**{**limits.__dict__, "wall_s": wall_timeout, "no_network": False})
+    outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER))
+    result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds}
+    graded = scratch / "autograded" / student / lab / notebook_name(lab)
+    if graded.exists():
+        result["autograded"] = str(graded)
+    if not graded.exists():
+        result["error"] = ("nbgrader could not run the notebook to the end (its kernel died or a cell hit the time "
+                           f"limit; nbgrader {outcome.describe()})")
+    elif not outcome.ok:
+        result["error"] = f"nbgrader autograde {outcome.describe()}"
+    try:
+        from nbgrader.api import Gradebook, MissingEntry
+        with Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as gradebook:
+            submission = gradebook.find_submission(lab, student)
+            for nb in submission.notebooks:
+                for grade in nb.grades:
+                    result["cells"][grade.name] = [grade.score, grade.max_score]
+    except MissingEntry:
+        result["error"] = (result["error"] or "nbgrader did not grade the notebook") + ": " + \
+            (outcome.stdout + outcome.stderr).strip()[-800:]
+    return result
+
+
+def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy: Path) -> None:
+    """Put one submission's final scores in the course gradebook and its notebook in ``autograded/``.
+
+    ``final``: grade_id → points for the automatically graded cells. Written answers keep whatever a person gave
+    them (formgrader); nothing a teaching assistant entered is overwritten.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+    target = course_root / "autograded" / student / lab / notebook_name(lab)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(notebook_copy, target)
+    with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
+        gradebook.update_or_create_student(student)
+        try:
+            gradebook.find_submission(lab, student)
+        except MissingEntry:
+            gradebook.add_submission(lab, student)
+        nb_name = Path(notebook_name(lab)).stem
+        for grade_id, points in final.items():
+            grade = gradebook.find_grade(grade_id, nb_name, lab, student)
+            grade.auto_score = points
+            grade.needs_manual_grade = False
+        for grade in gradebook.find_submission_notebook(nb_name, lab, student).grades:
+            if grade.name not in final and grade.auto_score is None and grade.manual_score is None:
+                grade.needs_manual_grade = True  # a written answer waits for a person
+        gradebook.db.commit()
+
+
+def export(course_root: Path, to: Path) -> None:
+    nbgrader("export", *course_args(course_root), f"--CsvExportPlugin.to={to}", check=False)
+
+
+def notebook_cells(path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,242 @@
+"""``fuselab grade``: intake → per submission (nbgrader autograde, clean recheck) → gradebook, feedback, report.
+
+Every submission's outcome is written to ``<out>/work/<student>/<lab>/result.json`` as soon as it is graded, so
+a run that stops resumes where it stopped (``force=True`` regrades). A submission whose notebook changed since
+its result was written is graded again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import course
+from . import feedback, intake, isolate, nbgrader_run, recheck, report, schedule
+
+RUNS = course.GRADER / "runs"
+SPEED_TOLERANCE = 0.1  # of a speed test's points: timing noise between two runs is not a disagreement
+
+
+@dataclass
+class Settings:
+    out: Path
+    labs: list | None = None
+    students: list | None = None
+    force: bool = False
+    gpus: object = "auto"
+    cpu_workers: int = 1
+    cell_timeout: float = 300.0
+    submission_timeout: float = 1200.0
+    memory_bytes: int = 16 * 2**30
+    sandbox: bool = False
+    progress: bool = True
+    feedback: bool = True
+    shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
+
+
+@dataclass
+class ClassResult:
+    out: Path
+    results: list                 # result dicts (see grade_submission)
+    problems: list                # intake problems
+    reference: dict = field(default_factory=dict)   # lab → the instructor's own solution through the clean recheck
+    report: Path | None = None
+    grades_csv: Path | None = None
+    feedback: dict = field(default_factory=dict)
+
+
+def default_out() -> Path:
+    return RUNS / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _limits(settings: Settings) -> isolate.Limits:
+    return isolate.Limits(wall_s=settings.submission_timeout, cpu_s=int(settings.submission_timeout * 4) + 60,
+                          memory_bytes=settings.memory_bytes, no_network=True)
+
+
+def _base_env(settings: Settings, workdir: Path, device) -> dict:
+    env = dict(os.environ)
+    env.update(FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"),
+               FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
+    env.pop("FUSELAB_GRADE_LOG", None)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(device)
+    return env
+
+
+def _hidden_folders(settings: Settings, source: Path) -> list:
+    """What a sandboxed submission must not see: the whole run folder and the class's submissions."""
+    return [settings.out, Path(source).resolve() if Path(source).is_dir() else Path(source).resolve().parent]
+
+
+def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path) -> dict:
+    """Autograde one submission with nbgrader, recheck it cleanly, and combine: the result dict."""
+    workdir = settings.out / "work" / sub.student / sub.lab
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    started = time.monotonic()
+    limits = _limits(settings)
+    hide = _hidden_folders(settings, source) if settings.sandbox else []
+    notes = list(sub.warnings)
+    gpu_note = _idle(device)
+    if gpu_note:
+        notes.append(gpu_note)
+    notebook_run = nbgrader_run.autograde_one(
+        settings.out / "course", sub.student, sub.lab, sub.notebook, workdir, cell_timeout=settings.cell_timeout,
+        wall_timeout=settings.submission_timeout, limits=limits, env=_base_env(settings, workdir, device),
+        sandbox=settings.sandbox, hide=hide)
+    gpu_note = _idle(device)
+    if gpu_note:
+        notes.append(gpu_note)
+    instructor = json.loads((course.SOLUTIONS / sub.lab / nbgrader_run.notebook_name(sub.lab)).read_text())
+    student = json.loads(Path(sub.notebook).read_text())
+    clean = recheck.run_clean(instructor, student, workdir / "clean", cell_timeout=settings.cell_timeout,
+                              total_timeout=settings.submission_timeout, limits=limits,
+                              env=_base_env(settings, workdir / "clean", device), device=device,
+                              sandbox=settings.sandbox, hide=hide)
+    result = combine(sub, clean, notebook_run, notes)
+    result.update(device=device, seconds=time.monotonic() - started, notebook_sha=_sha(sub.notebook),
+                  notebook=str(sub.notebook), origin=sub.origin)
+    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _idle(device) -> str:
+    if device is None:
+        return ""
+    idle, note = isolate.wait_for_idle_gpu(device, timeout_s=30)
+    return "" if idle else note
+
+
+def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) -> dict:
+    """The final result: the clean recheck's points, with the notebook's where they differ flagged."""
+    cells, disagreements = {}, []
+    for grade_id, verdict in clean.cells.items():
+        entry = {"points": verdict.points, "max_points": verdict.max_points, "status": verdict.status,
+                 "message": verdict.message, "speed": verdict.speed, "seconds": verdict.seconds,
+                 "output": verdict.output}
+        in_notebook = notebook_run["cells"].get(grade_id)
+        entry["notebook_points"] = in_notebook[0] if in_notebook else None
+        if in_notebook is not None and in_notebook[0] is not None:
+            tolerance = SPEED_TOLERANCE * verdict.max_points if verdict.speed else 1e-6
+            if abs(in_notebook[0] - verdict.points) > tolerance:
+                disagreements.append(f"{grade_id}: notebook run gave {in_notebook[0]:g}, clean recheck "
+                                     f"{verdict.points:g} of {verdict.max_points:g} (the clean result counts)")
+        cells[grade_id] = entry
+    manual = sorted(k for k, v in notebook_run["cells"].items() if k not in cells)
+    if notebook_run.get("error"):
+        notes.append(notebook_run["error"])
+    return {"student": sub.student, "lab": sub.lab, "cells": cells,
+            "total": sum(c["points"] for c in cells.values()),
+            "max_total": sum(c["max_points"] for c in cells.values()),
+            "manual_cells": manual, "flags": clean.flags, "disagreements": disagreements, "notes": notes,
+            "restarts": clean.restarts, "notebook_autograded": notebook_run.get("autograded"),
+            "nbgrader_seconds": notebook_run.get("seconds"), "clean_seconds": clean.seconds}
+
+
+def reference_run(lab: str, settings: Settings) -> dict:
+    """The instructor's own solution through the clean recheck, by the trusted grader, before any student.
+
+    It fills the shared build cache (the lab's reference kernels, the starter and solution kernels) and proves
+    the grading machine works: every correctness test must pass.
+    """
+    path = course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)
+    nb = json.loads(path.read_text())
+    workdir = settings.out / "reference" / lab
+    saved = workdir / "reference.json"
+    if saved.exists() and not settings.force:
+        previous = json.loads(saved.read_text())
+        if previous.get("notebook_sha") == _sha(path):
+            return previous
+    shutil.rmtree(workdir, ignore_errors=True)
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(settings.shared_builds), MPLBACKEND="Agg")
+    env.pop("FUSELAB_SHARED_BUILDS", None)
+    devices = schedule.devices_for(settings.gpus)
+    clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
+                              total_timeout=max(settings.submission_timeout, 900), env=env, device=devices[0])
+    cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
+                 "speed": v.speed} for k, v in clean.cells.items()}
+    broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")
+              and not k.startswith("test_speedup")]
+    result = {"cells": cells, "broken": broken, "seconds": clean.seconds, "notebook_sha": _sha(path)}
+    saved.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def grade(source, settings: Settings) -> ClassResult:
+    """Grade every submission under ``source`` (a folder or a zip); see the module doc."""
+    settings.out = Path(settings.out).resolve()
+    settings.out.mkdir(parents=True, exist_ok=True)
+    settings.shared_builds = Path(settings.shared_builds or settings.out / "shared-builds").resolve()
+    labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
+    unknown = sorted(set(settings.labs or []) - set(labs))
+    if unknown:
+        raise ValueError(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(course.lab_names())})")
+    notebook_names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}  # to recognise all
+    submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
+                                           students=settings.students, only_labs=labs)
+    course_root = settings.out / "course"
+    nbgrader_run.prepare_course(course_root, labs)
+    nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
+
+    reference = {}
+    for lab in sorted({s.lab for s in submissions}):
+        reference[lab] = reference_run(lab, settings)
+
+    todo, results = [], {}
+    for sub in submissions:
+        saved = settings.out / "work" / sub.student / sub.lab / "result.json"
+        if saved.exists() and not settings.force:
+            previous = json.loads(saved.read_text())
+            if previous.get("notebook_sha") == _sha(sub.notebook):
+                results[(sub.student, sub.lab)] = previous
+                continue
+        todo.append(sub)
+
+    devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
+    bar = None
+    if settings.progress and todo:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc="grading", unit="submission")
+
+    def done(sub, result):
+        if bar is not None:
+            bar.set_postfix_str(f"{sub.student}/{sub.lab}")
+            bar.update(1)
+
+    outcomes = schedule.run_jobs(todo, devices, lambda sub, device: grade_submission(sub, device, settings, source),
+                                 on_done=done)
+    if bar is not None:
+        bar.close()
+    for sub, outcome in zip(todo, outcomes):
+        if isinstance(outcome, Exception):
+            problems.append(intake.Problem(sub.origin, f"the grader failed on this submission: {outcome!r}",
+                                           student=sub.student, lab=sub.lab))
+            continue
+        results[(sub.student, sub.lab)] = outcome
+
+    ordered = [results[k] for k in sorted(results)]
+    for result in ordered:
+        notebook_copy = result.get("notebook_autograded") or result["notebook"]
+        nbgrader_run.record(course_root, result["student"], result["lab"],
+                            {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
+    class_result = ClassResult(out=settings.out, results=ordered, problems=problems, reference=reference)
+    if settings.feedback:
+        for lab in sorted({r["lab"] for r in ordered}):
+            for result in [r for r in ordered if r["lab"] == lab]:
+                feedback.prepare(course_root, result["student"], lab, result)
+            class_result.feedback[lab] = feedback.generate(course_root, lab, settings.out / "feedback")
+    nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
+    class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv")
+    class_result.report = report.write_report(class_result, settings.out)
+    return class_result

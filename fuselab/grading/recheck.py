@@ -1,0 +1,223 @@
+"""The clean recheck: the student's sources in the instructor's notebook, each graded test in a fresh process.
+
+Test cells run in the student's own Python during nbgrader's autograde, so nothing computed there can be trusted.
+The clean notebook is the instructor's notebook from ``solutions/`` (hidden tests included) in which every
+solution cell is replaced by its sanitized copy from the submission (``sanitize``: the CUDA string literals,
+constants, ``def``/``class`` statements; never the student's top-level code). Cells the student added are
+dropped.
+
+It runs in a child process (``cellrunner``) with limits. A graded cell that crashes the process, hangs past the
+per-test timeout or poisons the CUDA context scores 0, and the run resumes from the next cell in a fresh
+process (the setup cells rerun; builds come from the cache), so a fault costs only the test that touched it.
+A crash, hang or poisoned context in a cell that is *not* graded (a demo) stops the run: every later test
+scores 0 and says why, never full marks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import isolate
+from .sanitize import sanitize_cell
+
+
+@dataclass
+class CellVerdict:
+    grade_id: str
+    points: float
+    max_points: float
+    status: str            # passed | failed | partial | crashed | timed out | not run | not measured (no GPU)
+    message: str = ""
+    output: str = ""
+    seconds: float = 0.0
+    speed: list = field(default_factory=list)  # records of fuselab.grade.speedup_test
+
+
+@dataclass
+class CleanResult:
+    cells: dict                         # grade_id → CellVerdict
+    flags: list = field(default_factory=list)
+    restarts: int = 0
+    seconds: float = 0.0
+
+    def to_json(self):
+        return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
+                "restarts": self.restarts, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
+                   restarts=data["restarts"], seconds=data["seconds"])
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def clean_plan(instructor_nb: dict, student_nb: dict):
+    """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged."""
+    student = {}
+    for cell in student_nb.get("cells", []):
+        grade_id = _meta(cell).get("grade_id")
+        if grade_id and cell.get("cell_type") == "code":
+            student.setdefault(grade_id, cell)
+    cells, flags = [], []
+    for cell in instructor_nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        meta = _meta(cell)
+        grade_id = meta.get("grade_id")
+        source = _source(cell)
+        if meta.get("solution"):
+            mine = student.get(grade_id)
+            if mine is None:
+                flags.append(f"{grade_id}: the solution cell is missing from the submission")
+                source = ""
+            else:
+                clean = sanitize_cell(_source(mine))
+                flags += [f"{grade_id}: {flag}" for flag in clean.flags]
+                if clean.error:
+                    flags.append(f"{grade_id}: {clean.error}; nothing of it was kept")
+                source = clean.source
+        cells.append({"index": len(cells), "grade_id": grade_id, "source": source,
+                      "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
+    last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
+    return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
+
+
+def _score(cell, end) -> CellVerdict:
+    """nbgrader's rule on one finished cell: error or stderr → 0; a displayed number → those points; else full."""
+    maximum = cell["points"]
+    speed = end.get("speed") or []
+    common = dict(grade_id=cell["grade_id"], max_points=maximum, output=end.get("stdout", "")[-1500:],
+                  seconds=end.get("seconds", 0.0), speed=speed)
+    if end.get("error"):
+        return CellVerdict(points=0.0, status="failed", message=end["error"], **common)
+    if end.get("stderr", "").strip():
+        return CellVerdict(points=0.0, status="failed",
+                           message="wrote to stderr (nbgrader gives such a cell 0): " + end["stderr"].strip()[:500],
+                           **common)
+    value = end.get("value")
+    if value is not None:
+        if not 0 <= value <= maximum:
+            return CellVerdict(points=0.0, status="failed",
+                               message=f"the cell ended in {value}, outside 0..{maximum}", **common)
+        status = "passed" if value == maximum else ("partial" if value > 0 else "failed")
+        if any(r.get("status") == "not measured (no GPU)" for r in speed):
+            status = "not measured (no GPU)"
+        return CellVerdict(points=float(value), status=status, **common)
+    return CellVerdict(points=maximum, status="passed", **common)
+
+
+def _read_events(path: Path) -> list:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut short by a kill
+    return events
+
+
+def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
+    env = dict(base_env)
+    env.update({"FUSELAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+                "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    return env
+
+
+def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
+              limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=()) -> CleanResult:
+    """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cells, flags = clean_plan(instructor_nb, student_nb)
+    plan_path = workdir / "clean-plan.json"
+    graded = [c for c in cells if c["graded"]]
+    verdicts: dict = {}
+    env = runner_env(env if env is not None else os.environ, workdir, device)
+    limits = limits or isolate.Limits()
+    started = time.monotonic()
+    start, restarts = 0, 0
+    while True:
+        plan_path.write_text(json.dumps({"cells": cells, "start": start}))
+        events_path = workdir / f"clean-events-{restarts}.jsonl"
+        events_path.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "fuselab.grading.cellrunner", str(plan_path), str(events_path)]
+        if sandbox:
+            command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
+                                        readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+        child = isolate.Child(command, limits=limits, env=env, cwd=str(workdir))
+        stop_reason = None
+        while child.alive():
+            time.sleep(0.1)
+            events = _read_events(events_path)
+            running = events[-1] if events and events[-1]["event"] == "start" else None
+            if running and time.time() - running["time"] > cell_timeout:
+                stop_reason = f"timed out after {cell_timeout:.0f} s (the test's time limit)"
+                child.stop()
+            elif time.monotonic() - started > total_timeout:
+                stop_reason = f"the submission's time limit ({total_timeout:.0f} s) ran out"
+                child.stop()
+        outcome = child.wait(timeout=30)
+        events = _read_events(events_path)
+        by_index = {c["index"]: c for c in cells}
+        for event in events:
+            if event["event"] == "end" and by_index[event["index"]]["graded"]:
+                verdicts[event["grade_id"]] = _score(by_index[event["index"]], event)
+        last = events[-1] if events else None
+        if last and last["event"] == "done":
+            break
+        # the process ended early: which cell did it die in, and why?
+        if last is None:
+            why = stop_reason or f"the checking process {outcome.describe()} before running any cell: " \
+                                 f"{outcome.stderr.strip()[-500:]}"
+            _fail_rest(verdicts, graded, why, status="not run")
+            break
+        culprit = by_index[last["index"]]
+        if last["event"] == "poisoned":
+            why = "the CUDA context was poisoned (a fault such as an illegal memory access)"
+        else:
+            why = stop_reason or f"the process {outcome.describe()}"
+        if culprit["graded"]:
+            if last["event"] == "start":
+                verdicts[culprit["grade_id"]] = CellVerdict(
+                    culprit["grade_id"], 0.0, culprit["points"],
+                    "timed out" if "timed out" in why else "crashed", why,
+                    seconds=time.time() - last["time"])
+            if "submission's time limit" in why:
+                _fail_rest(verdicts, graded, why, status="not run")
+                break
+            start = culprit["index"] + 1
+            restarts += 1
+            if not any(c["index"] >= start for c in graded):
+                break
+            continue
+        label = culprit["grade_id"] or f"cell {culprit['index']}"
+        _fail_rest(verdicts, graded, f"the notebook stopped in {label} (not a graded cell) before this test: {why}",
+                   status="not run")
+        break
+    _fail_rest(verdicts, graded, "", status="not run")
+    return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
+                       restarts=restarts, seconds=time.monotonic() - started)
+
+
+def _fail_rest(verdicts, graded, why, status):
+    for cell in graded:
+        if cell["grade_id"] not in verdicts:
+            verdicts[cell["grade_id"]] = CellVerdict(cell["grade_id"], 0.0, cell["points"], status, why)

@@ -1,0 +1,174 @@
+"""The class's grades and report: ``grades.csv``, ``report.md`` / ``report.html`` with figures.
+
+grades.csv has one row per student: per lab the total, every test's points and every measured speedup.
+The report shows, per lab, the score distribution, the speedups against the policy's threshold, the tests
+failed most often, and everything a teaching assistant must look at: disagreements between the notebook run and
+the clean recheck, flagged tampering, crashes and timeouts, malformed submissions.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import html
+from pathlib import Path
+
+
+def _speed(cell):
+    return next((r for r in cell.get("speed", []) if r.get("speedup") is not None), None)
+
+
+def write_grades_csv(results: list, path: Path) -> Path:
+    labs = sorted({r["lab"] for r in results})
+    tests = {lab: list(next(r for r in results if r["lab"] == lab)["cells"]) for lab in labs}
+    speed_tests = {lab: [t for t in tests[lab] if any(c["cells"].get(t, {}).get("speed") for c in results
+                                                      if c["lab"] == lab)] for lab in labs}
+    header = ["student"]
+    for lab in labs:
+        header += [f"{lab} total", f"{lab} max"] + [f"{lab}/{t}" for t in tests[lab]] + \
+                  [f"{lab}/{t} speedup" for t in speed_tests[lab]]
+    header += ["total", "max", "flags"]
+    rows = {}
+    for r in results:
+        row = rows.setdefault(r["student"], {"student": r["student"], "total": 0.0, "max": 0.0, "flags": 0})
+        row[f"{r['lab']} total"] = f"{r['total']:g}"
+        row[f"{r['lab']} max"] = f"{r['max_total']:g}"
+        for test, cell in r["cells"].items():
+            row[f"{r['lab']}/{test}"] = f"{cell['points']:g}"
+            if test in speed_tests[r["lab"]]:
+                measured = _speed(cell)
+                row[f"{r['lab']}/{test} speedup"] = f"{measured['speedup']:.3f}" if measured else \
+                    ("not measured (no GPU)" if cell["status"] == "not measured (no GPU)" else "")
+        row["total"] += r["total"]
+        row["max"] += r["max_total"]
+        row["flags"] += len(r["flags"]) + len(r["disagreements"])
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header)
+        writer.writeheader()
+        for student in sorted(rows):
+            row = rows[student]
+            row["total"], row["max"] = f"{row['total']:g}", f"{row['max']:g}"
+            writer.writerow(row)
+    return path
+
+
+def _figures(results, lab, folder: Path) -> list:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mine = [r for r in results if r["lab"] == lab]
+    made = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    maximum = max(r["max_total"] for r in mine) or 1
+    axes[0].hist([r["total"] for r in mine], bins=min(20, max(5, len(mine))), range=(0, maximum), color="#4c72b0")
+    axes[0].set_xlabel("points"); axes[0].set_ylabel("students"); axes[0].set_title(f"{lab}: score distribution")
+    speeds, thresholds = [], []
+    for r in mine:
+        for cell in r["cells"].values():
+            measured = _speed(cell)
+            if measured:
+                speeds.append(measured["speedup"])
+                thresholds.append(measured.get("threshold"))
+    if speeds:
+        axes[1].hist(speeds, bins=min(20, max(5, len(speeds))), color="#55a868")
+        for t in sorted({t for t in thresholds if t}):
+            axes[1].axvline(t, color="k", ls="--", label=f"full points from {t:.2f}x")
+        axes[1].axvline(1.0, color="r", ls=":", label="1.0x: no points")
+        axes[1].legend(fontsize=8)
+        axes[1].set_xlabel("speedup over the lab's unfused reference")
+    else:
+        axes[1].text(0.5, 0.5, "speedups not measured\n(no GPU)", ha="center", va="center", fontsize=12)
+        axes[1].set_xticks([]); axes[1].set_yticks([])
+    axes[1].set_title(f"{lab}: speedups against the threshold")
+    tests = list(mine[0]["cells"])
+    failed = [sum(1 for r in mine if r["cells"][t]["points"] < r["cells"][t]["max_points"]) / len(mine) for t in tests]
+    order = sorted(range(len(tests)), key=lambda i: -failed[i])
+    axes[2].barh([tests[i] for i in order][::-1], [failed[i] for i in order][::-1], color="#c44e52")
+    axes[2].set_xlim(0, 1); axes[2].set_xlabel("fraction of submissions short of full points")
+    axes[2].set_title(f"{lab}: tests failed most often")
+    fig.tight_layout()
+    path = folder / f"{lab}-figures.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    made.append(path)
+    return made
+
+
+def _gpu_line(results) -> str:
+    gpus = sorted({s.get("gpu") for r in results for c in r["cells"].values() for s in c.get("speed", [])
+                   if s.get("gpu")})
+    notes = sorted({s.get("policy_note") for r in results for c in r["cells"].values() for s in c.get("speed", [])
+                    if s.get("policy_note")})
+    if not gpus:
+        return "No GPU: correctness was graded through the CPU emulation; speed tests are **not measured (no GPU)** " \
+               "and score 0."
+    line = f"Speedups measured on {', '.join(gpus)}."
+    if notes:
+        line += " " + " ".join(notes)
+    return line
+
+
+def markdown(class_result) -> str:
+    results = class_result.results
+    lines = [f"# Grading report", "", f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {len(results)} submission(s), "
+             f"{len({r['student'] for r in results})} student(s).", "", _gpu_line(results), ""]
+    if class_result.reference:
+        lines += ["## The instructor's solution on this machine", ""]
+        for lab, ref in class_result.reference.items():
+            total = sum(c["points"] for c in ref["cells"].values())
+            maximum = sum(c["max_points"] for c in ref["cells"].values())
+            state = "**BROKEN: " + ", ".join(ref["broken"]) + " failed — fix the machine before trusting grades**" \
+                if ref["broken"] else "all correctness tests pass"
+            lines.append(f"- {lab}: {total:g} / {maximum:g} ({state})")
+        lines.append("")
+    for lab in sorted({r["lab"] for r in results}):
+        mine = [r for r in results if r["lab"] == lab]
+        tests = list(mine[0]["cells"])
+        lines += [f"## {lab}", "", f"![{lab}]({lab}-figures.png)", "",
+                  "| student | " + " | ".join(tests) + " | total | time |",
+                  "| --- | " + " | ".join("---" for _ in tests) + " | --- | --- |"]
+        for r in mine:
+            cells = []
+            for t in tests:
+                c = r["cells"][t]
+                measured = _speed(c)
+                text = f"{c['points']:g}" + (f" ({measured['speedup']:.2f}x)" if measured else "")
+                if c["status"] not in ("passed",):
+                    text += f" *{c['status']}*"
+                cells.append(text)
+            lines.append(f"| {r['student']} | " + " | ".join(cells) +
+                         f" | **{r['total']:g}** / {r['max_total']:g} | {r.get('seconds', 0):.0f} s |")
+        lines.append("")
+    attention = []
+    for r in results:
+        who = f"{r['student']}/{r['lab']}"
+        attention += [f"- {who}: **disagreement**: {d}" for d in r["disagreements"]]
+        attention += [f"- {who}: **flag**: {f}" for f in r["flags"]]
+        attention += [f"- {who}: {c['status']} in {t}: {c['message'].splitlines()[0][:200] if c['message'] else ''}"
+                      for t, c in r["cells"].items() if c["status"] in ("crashed", "timed out")]
+    attention += [f"- {p.student or '?'}{'/' + p.lab if p.lab else ''}: **not graded**: {p.where}: {p.message}"
+                  for p in class_result.problems]
+    lines += ["## To look at", ""] + (attention or ["Nothing."]) + [""]
+    seconds = [r.get("seconds", 0) for r in results if r.get("seconds")]
+    if seconds:
+        lines += ["## Throughput", "", f"{sum(seconds) / len(seconds):.1f} s per submission on average "
+                  f"(slowest {max(seconds):.0f} s), nbgrader run and clean recheck included.", ""]
+    return "\n".join(lines)
+
+
+def write_report(class_result, out: Path) -> Path:
+    out = Path(out)
+    for lab in sorted({r["lab"] for r in class_result.results}):
+        _figures(class_result.results, lab, out)
+    text = markdown(class_result)
+    (out / "report.md").write_text(text)
+    try:
+        import mistune
+        body = mistune.create_markdown(plugins=["table"])(text)
+    except Exception:  # noqa: BLE001 - an old mistune: plain text is still a report
+        body = f"<pre>{html.escape(text)}</pre>"
+    (out / "report.html").write_text("<!doctype html><meta charset='utf-8'><title>fuselab grading report</title>"
+                                     "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+                                     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
+                                     "</style>" + body)
+    return out / "report.md"

@@ -1,0 +1,265 @@
+"""Lab 3: MatMul + bias-Add (+ ReLU), the fully connected layer C = act(A·B + bias).
+
+Unfused, a GEMM writes C and a second kernel reads C, adds the bias (broadcast over rows: ``bias[col]``) and
+applies the activation, writing C again. Fused, the GEMM's epilogue does it in registers before the one store.
+The saved work is one pass over C (M×N) and one launch: next to a big GEMM (compute-bound) that is nothing,
+next to a skinny inference GEMM (M = 1…16 rows, time set by reading B once) it is the launch that counts.
+
+Shapes are ``(M, N, K)`` or ``(M, N, K, has_bias, relu)``: A is M×K, B is K×N, bias is N (or empty: no bias),
+C is M×N, all row-major. A launcher gets ``bias == nullptr`` when there is no bias.
+"""
+
+import math
+
+import torch
+
+_MNK = "int M, int N, int K"
+
+
+def _fused_prototype(suffix, t):
+    return (f"void gemm_bias_act_{suffix}(const {t}* a /*[M, K]*/, const {t}* b /*[K, N]*/, const {t}* bias, "
+            f"{t}* c /*[M, N]*/, {_MNK}, int relu, cudaStream_t stream)")
+
+
+FUSED_F32 = _fused_prototype("f32", "float")
+FUSED_F16 = _fused_prototype("f16", "__half")
+GEMM_F32 = ("void gemm_f32(const float* a /*[M, K]*/, const float* b /*[K, N]*/, float* c /*[M, N]*/, "
+            f"{_MNK}, cudaStream_t stream)")
+GEMM_F16 = ("void gemm_f16(const __half* a /*[M, K]*/, const __half* b /*[K, N]*/, __half* c /*[M, N]*/, "
+            f"{_MNK}, cudaStream_t stream)")
+BIAS_ACT_F32 = ("void bias_act_f32(const float* x /*[M, N]*/, const float* bias, float* out /*[M, N]*/, "
+                "int M, int N, int relu, cudaStream_t stream)")
+BIAS_ACT_F16 = ("void bias_act_f16(const __half* x /*[M, N]*/, const __half* bias, __half* out /*[M, N]*/, "
+                "int M, int N, int relu, cudaStream_t stream)")
+FUSED_LAUNCHERS = [FUSED_F32, FUSED_F16]
+UNFUSED_LAUNCHERS = [GEMM_F32, GEMM_F16, BIAS_ACT_F32, BIAS_ACT_F16]
+SUFFIX = {torch.float32: "f32", torch.float16: "f16"}
+
+NOTEBOOK = "lab3/lab3.ipynb"
+SOLUTION_SOURCES = {"BIAS_ACT_SOURCE": [BIAS_ACT_F32], "FUSED_SOURCE": [FUSED_F32],
+                    "TEMPLATE_SOURCE": FUSED_LAUNCHERS, "TUNED_SOURCE": FUSED_LAUNCHERS}
+
+# The lab's fixed unfused reference: the plain 16×16 shared-memory GEMM (the same tiling as the plain fused
+# solution, without an epilogue), then a separate bias + activation kernel. Graded speedups are measured against
+# this, never against a student's own unfused code.
+REFERENCE_UNFUSED_SOURCE = r"""
+#define TILE 16
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half(v); }
+
+template <typename T>
+__global__ void gemm_tiled(const T* a, const T* b, T* c, int M, int N, int K) {
+    __shared__ float a_tile[TILE][TILE];
+    __shared__ float b_tile[TILE][TILE];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TILE) {
+        a_tile[ty][tx] = (row < M && k0 + tx < K) ? to_float(a[(int64_t)row * K + k0 + tx]) : 0.0f;
+        b_tile[ty][tx] = (k0 + ty < K && col < N) ? to_float(b[(int64_t)(k0 + ty) * N + col]) : 0.0f;
+        __syncthreads();
+        for (int kk = 0; kk < TILE; ++kk) acc += a_tile[ty][kk] * b_tile[kk][tx];
+        __syncthreads();
+    }
+    if (row < M && col < N) store(&c[(int64_t)row * N + col], acc);
+}
+
+template <typename T>
+__global__ void bias_act_kernel(const T* x, const T* bias, T* out, int M, int N, int relu) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)M * N) return;
+    float v = to_float(x[i]);
+    if (bias) v += to_float(bias[i % N]);  // bias broadcast over rows: element (row, col) gets bias[col]
+    if (relu) v = fmaxf(v, 0.0f);
+    store(&out[i], v);
+}
+
+template <typename T>
+static void launch_gemm(const T* a, const T* b, T* c, int M, int N, int K, cudaStream_t stream) {
+    if (M <= 0 || N <= 0) return;
+    dim3 block(TILE, TILE), grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE);
+    gemm_tiled<T><<<grid, block, 0, stream>>>(a, b, c, M, N, K);
+}
+
+template <typename T>
+static void launch_bias_act(const T* x, const T* bias, T* out, int M, int N, int relu, cudaStream_t stream) {
+    int64_t n = (int64_t)M * N;
+    if (n > 0) bias_act_kernel<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, bias, out, M, N, relu);
+}
+
+void gemm_f32(const float* a, const float* b, float* c, int M, int N, int K, cudaStream_t stream) {
+    launch_gemm(a, b, c, M, N, K, stream);
+}
+void gemm_f16(const __half* a, const __half* b, __half* c, int M, int N, int K, cudaStream_t stream) {
+    launch_gemm(a, b, c, M, N, K, stream);
+}
+void bias_act_f32(const float* x, const float* bias, float* out, int M, int N, int relu, cudaStream_t stream) {
+    launch_bias_act(x, bias, out, M, N, relu, stream);
+}
+void bias_act_f16(const __half* x, const __half* bias, __half* out, int M, int N, int relu, cudaStream_t stream) {
+    launch_bias_act(x, bias, out, M, N, relu, stream);
+}
+"""
+
+
+def pitfall_source(which: str) -> str:
+    """The reference with one of the pitfalls this lab teaches put in (for the notebook's demonstrations)."""
+    edits = {
+        # no barrier between loading a tile and reading it: threads read tile elements nobody has written yet
+        "missing_barrier": ("        __syncthreads();\n        for (int kk", "        for (int kk"),
+        # bias indexed by the row instead of the column
+        "wrong_axis": ("bias[i % N]", "bias[i / N]"),
+        # partial tiles store their whole 16×16 block: past the last column and the last row of C
+        "missing_bounds": ("if (row < M && col < N) store(&c", "store(&c"),
+    }
+    old, new = edits[which]
+    assert old in REFERENCE_UNFUSED_SOURCE, which
+    return REFERENCE_UNFUSED_SOURCE.replace(old, new)
+
+
+# ---------------------------------------------------------------------------------------------------- shapes
+# (M, N, K, has_bias, relu). Small shapes run under the CPU emulation and in the visible tests: 1, primes, one
+# past a tile, sizes below one tile. GPU shapes serve the hidden tests on a GPU; timing uses the shapes below.
+SMALL_SHAPES = [(1, 1, 1, True, True), (1, 17, 33, True, False), (5, 7, 3, False, True), (16, 16, 16, True, True),
+                (17, 31, 19, True, True), (33, 1, 40, False, False), (40, 50, 70, True, True)]
+HIDDEN_SMALL_SHAPES = [(3, 130, 5, True, True), (70, 65, 129, True, False), (1, 100, 257, True, True),
+                       (64, 64, 64, False, True), (2, 3, 1, True, True), (129, 9, 17, False, False)]
+GPU_SHAPES = [(1, 4096, 4096, True, True), (8, 4096, 4096, True, False), (16, 4000, 4100, False, True),
+              (129, 1000, 257, True, True), (1000, 1, 1000, True, True), (1023, 1025, 513, True, True),
+              (2048, 2048, 2048, False, False), (1, 1, 1, True, True)]
+
+
+def random_shapes(count, high, seed):
+    """``count`` shapes with M, N, K drawn from 1..high (log-uniform, so small sizes and 1 come up), random bias
+    and ReLU flags: the hidden tests' shapes beyond the fixed awkward ones."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = []
+    for _ in range(count):
+        m, n, k = (int(torch.exp(torch.rand(3, generator=gen) * math.log(high + 1)).floor().clamp(1, high)[i])
+                   for i in range(3))
+        flags = torch.rand(2, generator=gen) < 0.7
+        shapes.append((m, n, k, bool(flags[0]), bool(flags[1])))
+    return shapes
+
+
+SKINNY_NK = 4096                  # skinny inference shapes: M rows, N = K = 4096 (B is 64 MB in fp32)
+SKINNY_MS = [1, 4, 8, 16, 64]
+SQUARE = (4096, 4096, 4096)       # compute-bound: the epilogue is nothing next to 137 GFLOP
+SWEEP_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+GRADED_TEST = "lab3.gemm_bias_relu"
+SWEEP_RESULTS = "lab3_sweep.json"
+
+
+def full_shape(shape):
+    """``(M, N, K, has_bias, relu)`` from a 3- or 5-tuple (a bare ``(M, N, K)`` has a bias and a ReLU)."""
+    shape = tuple(shape)
+    return shape + (True, True) if len(shape) == 3 else shape
+
+
+def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
+    """``(a, b, bias, relu)``: random normal inputs (never zeros), A scaled by 1/sqrt(K) so C is of order 1.
+
+    C of order 1, like the bias, makes a bias on the wrong axis visible, and lets the ReLU cut about half of C.
+    Without a bias, ``bias`` is an empty tensor: the launcher then receives ``nullptr``.
+    """
+    m, n, k, has_bias, relu = full_shape(shape)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)  # drawn where used: 4096² normals are slow on a CPU
+    a = torch.randn(m, k, generator=gen, device=device) / math.sqrt(k)
+    b = torch.randn(k, n, generator=gen, device=device)
+    bias = torch.randn(n, generator=gen, device=device) if has_bias else torch.empty(0, device=device)
+    return tuple(t.to(dtype=dtype) for t in (a, b, bias)) + (int(relu),)
+
+
+def reference(a, b, bias, relu):
+    out = a @ b
+    if bias.numel():
+        out = out + bias  # broadcast over rows: row i gets bias[0..N)
+    return torch.relu(out) if relu else out
+
+
+def _sizes(a, b, bias):
+    m, k = a.shape
+    n = b.shape[1]
+    if bias.numel() not in (0, n):
+        raise ValueError(f"bias must have N = {n} elements (one per output column) or none, got {bias.numel()}")
+    return m, n, k
+
+
+def fused(module):
+    """``op(a, b, bias, relu, out)`` through the module's ``gemm_bias_act_f32``/``_f16`` (by the inputs' dtype)."""
+    def run(a, b, bias, relu, out):
+        m, n, k = _sizes(a, b, bias)
+        getattr(module, f"gemm_bias_act_{SUFFIX[a.dtype]}")(a, b, bias, out, m, n, k, int(relu))
+    return run
+
+
+def unfused(gemm_module, bias_act_module=None):
+    """The two-kernel pipeline: GEMM into a temporary C, then bias + activation from it into ``out``."""
+    bias_act_module = bias_act_module or gemm_module
+
+    def run(a, b, bias, relu, out):
+        m, n, k = _sizes(a, b, bias)
+        suffix = SUFFIX[a.dtype]
+        c = torch.empty_like(out)
+        getattr(gemm_module, f"gemm_{suffix}")(a, b, c, m, n, k)
+        getattr(bias_act_module, f"bias_act_{suffix}")(c, bias, out, m, n, int(relu))
+    return run
+
+
+def student_unfused(fused_module, bias_act_module):
+    """A student's own unfused fp32 pipeline: their GEMM with no bias and no ReLU, then their bias_act kernel."""
+    def run(a, b, bias, relu, out):
+        m, n, k = _sizes(a, b, bias)
+        c = torch.empty_like(out)
+        fused_module.gemm_bias_act_f32(a, b, a.new_empty(0), c, m, n, k, 0)
+        bias_act_module.bias_act_f32(c, bias, out, m, n, int(relu))
+    return run
+
+
+def graded_dtype():
+    """The dtype of the graded speedup test, from the policy file."""
+    from ..grade import load_policy
+    return getattr(torch, load_policy()["tests"][GRADED_TEST].get("dtype", "float32"))
+
+
+def traffic(m, n, k, bytes_per_element=4):
+    """Minimum DRAM bytes: the GEMM reads A and B and writes C; the separate epilogue reads C and the bias and writes
+    the output. Fused, the GEMM reads the bias itself: ``gemm + N`` elements."""
+    gemm = (m * k + k * n + m * n) * bytes_per_element
+    epilogue = (2 * m * n + n) * bytes_per_element
+    return {"gemm": gemm, "epilogue": epilogue, "flops": 2 * m * n * k}
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+def sweep(reference_op, fused_op, ms=SWEEP_MS, n=SKINNY_NK, k=SKINNY_NK, dtype=torch.float32, mode="device",
+          budget_s=0.5, device="cuda", progress=None):
+    """Fused over the unfused reference for M rows of an M×K by K×N layer: one row per M."""
+    from .. import timing
+    rows = []
+    for m in ms:
+        a, b, bias, relu = make_inputs((m, n, k), seed=m, device=device, dtype=dtype)
+        out = torch.empty(m, n, device=device, dtype=dtype)
+        result = timing.compare({"unfused": lambda: reference_op(a, b, bias, relu, out),
+                                 "fused": lambda: fused_op(a, b, bias, relu, out)},
+                                baseline="unfused", mode=mode, budget_s=budget_s, progress=progress)
+        s = result.speedup("fused")
+        rows.append({"M": m, "N": n, "K": k, "dtype": str(dtype).replace("torch.", ""), "mode": mode,
+                     "speedup": s.value, "low": s.low, "high": s.high,
+                     "unfused_us": result["unfused"].median * 1e6, "fused_us": result["fused"].median * 1e6})
+        del a, b, bias, out
+    return rows
+
+
+def saved_results(name):
+    """Results the GPU self-check committed to docs/results/, for students without a GPU; None if absent."""
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+REFERENCE_SOURCES = {"lab3_reference": (REFERENCE_UNFUSED_SOURCE, UNFUSED_LAUNCHERS)}

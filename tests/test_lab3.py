@@ -1,0 +1,86 @@
+"""Lab 3 on the CPU: the tuned kernel's paths under every thread order, and the sample submissions' kernels.
+
+The notebook test runs the solution once; here the tuned kernel also meets the shapes that pick each of its code
+paths (vector loads or not, skinny or tiled, several K chunks), and each sample's kernels are built from the
+sample submission and judged, so a sample that stops showing its bug is caught.
+"""
+
+import pytest
+import torch
+
+import fuselab
+from fuselab.labs import lab3, lab3_samples
+from fuselab.notebook_sources import string_assignments
+from fuselab.samples import make_submission
+
+from .conftest import REPO
+
+SOLUTION = string_assignments(REPO / "solutions" / lab3.NOTEBOOK)
+
+
+def _make(dtype):
+    return lambda shape, seed: lab3.make_inputs(shape, seed, dtype=dtype)
+
+
+def _passes(source, launchers, dtype, shapes, name):
+    mod = fuselab.build(source, launchers, name=name, backend="emulate")
+    return fuselab.check(lab3.fused(mod), lab3.reference, _make(dtype), shapes, seeds=(0,), name=name,
+                         raise_on_fail=False).passed
+
+
+# (M, N, K, bias, relu): skinny with and without 4-wide loads and across K chunks of 512; tiled with vector loads,
+# with scalar edges, and with several 128-blocks in both directions
+TUNED_SHAPES = [(1, 128, 520, False, True), (4, 64, 1024, True, True), (13, 132, 1100, True, True),
+                (16, 30, 7, True, False), (17, 36, 24, True, True), (130, 260, 64, True, True),
+                (129, 131, 9, False, True)]
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "random"])
+def test_tuned_kernel_paths_are_right_in_every_thread_order(order):
+    mod = fuselab.build(SOLUTION["TUNED_SOURCE"], lab3.FUSED_LAUNCHERS, name="tuned", backend="emulate")
+    mod.set_thread_order(order, seed=7)
+    for dtype in (torch.float32, torch.float16):
+        fuselab.check(lab3.fused(mod), lab3.reference, _make(dtype), TUNED_SHAPES, seeds=(3,), name=f"tuned {dtype}")
+
+
+def test_reference_pipeline_is_right_and_each_pitfall_is_caught():
+    shapes = [(17, 31, 19, True, True), (5, 7, 3, False, True)]
+    assert fuselab.check(lab3.unfused(fuselab.build(lab3.REFERENCE_UNFUSED_SOURCE, lab3.UNFUSED_LAUNCHERS,
+                                                    name="lab3_reference", backend="emulate")),
+                         lab3.reference, _make(torch.float16), shapes, seeds=(0,)).passed
+    for which in ("missing_barrier", "wrong_axis"):
+        buggy = fuselab.build(lab3.pitfall_source(which), lab3.UNFUSED_LAUNCHERS, name=which, backend="emulate")
+        assert not fuselab.check(lab3.unfused(buggy), lab3.reference, _make(torch.float32), shapes[:1], seeds=(0,),
+                                 raise_on_fail=False).passed, which
+
+
+@pytest.mark.parametrize("sample", ["correct", "missing_barrier", "wrong_broadcast_axis"])
+def test_sample_kernels_show_their_bug_under_emulation(sample):
+    sources = string_assignments(make_submission("lab3", lab3_samples.SAMPLES[sample]))
+    shapes = lab3.SMALL_SHAPES[3:5]
+    fused_ok = _passes(sources["FUSED_SOURCE"], [lab3.FUSED_F32], torch.float32, shapes, "fused")
+    template_ok = _passes(sources["TEMPLATE_SOURCE"], lab3.FUSED_LAUNCHERS, torch.float16, shapes, "template")
+    assert fused_ok == template_ok == (sample == "correct"), (fused_ok, template_ok)
+
+
+def test_cheat_sample_rebinds_the_fused_op_in_a_python_cell():
+    nb = make_submission("lab3", lab3_samples.SAMPLES["cheat_cublas"])
+    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "dram_bytes")
+    namespace = {}
+    exec("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"], namespace)
+    original = lab3.fused
+    try:
+        op = lab3.fused(None)  # the cheat ignores the student's module altogether
+        a, b, bias, relu = lab3.make_inputs((3, 5, 7), seed=0)
+        out = torch.empty(3, 5)
+        op(a, b, bias, relu, out)
+        torch.testing.assert_close(out, lab3.reference(a, b, bias, relu))
+    finally:
+        lab3.fused = original
+
+
+def test_byte_counts_match_the_notebook_exercise():
+    t = lab3.traffic(8, 4096, 4096)
+    saved = (t["gemm"] + t["epilogue"]) - (t["gemm"] + 4096 * 4)
+    assert saved == 2 * 8 * 4096 * 4  # one write and one read of C
+    assert saved / (t["gemm"] + t["epilogue"]) < 0.01  # skinny: the bytes saved are negligible
