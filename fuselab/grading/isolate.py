@@ -256,6 +256,9 @@ def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pi
     deadline = time.monotonic() + timeout_s
     while True:
         busy = [p for p in gpu_processes(device) if p != os.getpid()]
+        if any(not os.path.exists(f"/proc/{p}") for p in busy):
+            # nvidia-smi reports PIDs of another PID namespace (a container): nothing to match them against
+            return True, ""
         for leftover in [p for p in busy if p in ours]:
             kill_tree(leftover)
         others = [p for p in busy if p not in ours]

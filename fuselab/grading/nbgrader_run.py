@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from ..course import GRADER, SOLUTIONS, nbgrader
@@ -119,7 +120,9 @@ def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy
         try:
             gradebook.find_submission(lab, student)
         except MissingEntry:
-            gradebook.add_submission(lab, student)
+            with warnings.catch_warnings():  # SQLAlchemy's autoflush chatter inside nbgrader, harmless
+                warnings.simplefilter("ignore")
+                gradebook.add_submission(lab, student)
         nb_name = Path(notebook_name(lab)).stem
         for grade_id, points in final.items():
             grade = gradebook.find_grade(grade_id, nb_name, lab, student)

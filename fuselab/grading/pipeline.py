@@ -114,7 +114,7 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
 def _idle(device) -> str:
     if device is None:
         return ""
-    idle, note = isolate.wait_for_idle_gpu(device, timeout_s=30)
+    idle, note = isolate.wait_for_idle_gpu(device, timeout_s=15)
     return "" if idle else note
 
 

@@ -1,0 +1,158 @@
+"""The sample class through the whole grader on the CPU: every sample gets the verdict it deserves, speed tests
+are "not measured (no GPU)", feedback hides the hidden tests, the gradebook holds the final scores, a second run
+resumes instead of regrading, and the course's own folders are untouched.
+
+What CI grades: every Lab 0 sample, and the "correct" sample of every other lab (the labs' own sample classes
+run on the GPU self-check, where time is cheaper than on CI's two cores).
+"""
+
+import hashlib
+import html
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fuselab import course, samples
+from fuselab.grading import feedback, pipeline, samplecheck
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU grading path (the GPU self-check "
+                                                                  "grades the sample class on a GPU)")
+CELL_TIMEOUT = 30  # the endless samples' price, three times over
+
+
+def _ci_class():
+    return samplecheck.ci_class()
+
+
+def _tree_digest(*folders):
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file() and ".ipynb_checkpoints" not in path.parts:
+                digest.update(str(path).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grading")
+    examples = out / "examples"
+    wanted = _ci_class()
+    samplecheck.stage(examples, wanted)  # only the CI class, from the committed examples
+    before = _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py")
+    settings = pipeline.Settings(out=out / "run", cell_timeout=CELL_TIMEOUT, submission_timeout=400,
+                                 progress=False)
+    started = time.monotonic()
+    result = pipeline.grade(examples, settings)
+    seconds = time.monotonic() - started
+    return {"result": result, "examples": examples, "settings": settings, "before": before, "seconds": seconds,
+            "wanted": wanted}
+
+
+def test_every_sample_gets_the_grade_it_deserves(graded):
+    result = graded["result"]
+    assert result.problems == []
+    rows = samplecheck.compare(result.results, on_gpu=False)
+    assert sorted((r["sample"], r["lab"]) for r in rows) == graded["wanted"]
+    assert all(r["ok"] for r in rows), "\n" + samplecheck.table(rows)
+    for lab, reference in result.reference.items():
+        assert reference["broken"] == [], f"the instructor's {lab} fails on this machine: {reference}"
+
+
+def test_speed_tests_are_not_measured_without_a_gpu(graded):
+    for r in graded["result"].results:
+        for grade_id, cell in r["cells"].items():
+            if grade_id.startswith("test_speedup") and cell["status"] not in ("crashed", "timed out", "not run",
+                                                                              "failed"):
+                assert cell["points"] == 0 and cell["status"] == "not measured (no GPU)", (r["student"], cell)
+    grades = (graded["result"].out / "grades.csv").read_text()
+    assert "not measured (no GPU)" in grades
+    assert "not measured (no GPU)" in (graded["result"].out / "report.md").read_text()
+
+
+def test_cheats_and_disagreements_are_flagged(graded):
+    by = {(r["student"], r["lab"]): r for r in graded["result"].results}
+    monkeypatch = by[("cheat_monkeypatch", "lab0")]
+    assert any("fl.check" in f for f in monkeypatch["flags"])
+    assert any("test_fused" in d for d in monkeypatch["disagreements"])  # the notebook run was fooled
+    report = (graded["result"].out / "report.md").read_text()
+    assert "cheat_monkeypatch/lab0: **flag**" in report
+    fault = by[("fault", "lab0")]
+    assert fault["cells"]["test_unfused"]["points"] == fault["cells"]["test_unfused"]["max_points"]
+    assert fault["cells"]["test_fused"]["status"] == "crashed"
+    assert by[("endless", "lab0")]["cells"]["test_fused"]["status"] == "timed out"
+
+
+def _hidden_lines(lab):
+    """Lines that appear only inside hidden test blocks (a visible test may share a line with a hidden one)."""
+    nb = json.loads((course.SOLUTIONS / lab / next((course.SOLUTIONS / lab).glob("*.ipynb")).name).read_text())
+    hidden, visible = set(), []
+    pattern = r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS"
+    for cell in nb["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for block in re.findall(pattern, source, re.S):
+            hidden |= {line.strip() for line in block.splitlines() if len(line.strip()) > 12}
+        visible.append(re.sub(pattern, "", source, flags=re.S))
+    visible_text = "\n".join(visible)
+    return sorted(line for line in hidden if line not in visible_text)
+
+
+def test_feedback_shows_scores_but_never_the_hidden_tests(graded):
+    result = graded["result"]
+    for name, lab in graded["wanted"]:
+        page = result.out / "feedback" / name / f"{lab}.html"
+        assert page.exists(), f"no feedback for {name}/{lab}"
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        assert "Grader's summary" in text and "HIDDEN TESTS" not in text
+        leaked = [line for line in _hidden_lines(lab) if line in text]
+        assert leaked == [], f"{name}/{lab} feedback shows hidden tests: {leaked[:3]}"
+    autograded = next(result.out.glob("course/autograded/correct/lab0/*.ipynb")).read_text()
+    assert "BEGIN HIDDEN TESTS" in autograded  # what nbgrader would have shown
+
+
+def test_strip_hidden_cuts_blocks_and_tracebacks():
+    nb = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade": True}},
+                     "source": "assert f(1) == 1\n### BEGIN HIDDEN TESTS\nassert f(7) == 49\n### END HIDDEN TESTS\n",
+                     "outputs": [{"output_type": "error", "ename": "AssertionError", "evalue": "",
+                                  "traceback": ["----> 3 assert f(7) == 49"]}]}]}
+    stripped = feedback.strip_hidden(nb)
+    cell = stripped["cells"][0]
+    assert "f(7)" not in cell["source"] and "hidden tests: not shown" in cell["source"]
+    assert cell["outputs"][0]["traceback"] == ["AssertionError: "]
+    assert "f(7)" in nb["cells"][0]["source"]  # the original is untouched
+
+
+def test_gradebook_and_csv_hold_the_final_scores(graded):
+    from nbgrader.api import Gradebook
+    result = graded["result"]
+    with Gradebook(f"sqlite:///{result.out / 'course' / 'gradebook.db'}") as gradebook:
+        for r in result.results:
+            submission = gradebook.find_submission(r["lab"], r["student"])
+            auto = sum(g.score for nb in submission.notebooks for g in nb.grades if g.cell.cell_type == "code")
+            assert auto == pytest.approx(r["total"]), (r["student"], r["lab"])
+    rows = (result.out / "grades.csv").read_text().splitlines()
+    assert rows[0].startswith("student,") and len(rows) == 1 + len({s for s, _ in graded["wanted"]})
+    assert (result.out / "report.html").exists() and list(result.out.glob("*-figures.png"))
+
+
+def test_a_second_run_resumes_and_nothing_in_the_course_is_touched(graded):
+    result = graded["result"]
+    stamps = {p: p.stat().st_mtime for p in result.out.glob("work/*/*/result.json")}
+    started = time.monotonic()
+    again = pipeline.grade(graded["examples"], graded["settings"])
+    assert {p: p.stat().st_mtime for p in result.out.glob("work/*/*/result.json")} == stamps
+    assert [r["total"] for r in again.results] == [r["total"] for r in result.results]
+    assert time.monotonic() - started < graded["seconds"] / 2
+    assert _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py") == graded["before"]
+
+
+def test_the_committed_sample_class_matches_the_recipes(tmp_path):
+    written = samples.write_examples(tmp_path)
+    stale = [str(p.relative_to(tmp_path)) for p in written
+             if not (samples.EXAMPLES / p.relative_to(tmp_path)).exists()
+             or (samples.EXAMPLES / p.relative_to(tmp_path)).read_text() != p.read_text()]
+    assert stale == [], "run `fuselab samples` and commit grader/examples"
