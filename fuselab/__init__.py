@@ -8,7 +8,7 @@
 """
 
 from . import grade, timing
-from .build import build, resolve_backend
+from .build import build, build_extension, resolve_backend
 from .check import CheckFailed, CheckResult, assert_close, check, compare as compare_outputs
 from .grading import grading_mode
 from .errors import (BuildError, BuildTimeout, FuselabError, LaunchError, NotWrittenError,
@@ -21,7 +21,7 @@ from .timing import (Comparison, Measurement, Mode, NoGPUError, Speedup, achieve
 __version__ = "0.1.0"
 
 __all__ = [
-    "build", "resolve_backend", "Module",
+    "build", "build_extension", "resolve_backend", "Module",
     "check", "assert_close", "compare_outputs", "CheckFailed", "CheckResult",
     "timing", "measure", "compare", "Mode", "Measurement", "Comparison", "Speedup", "launch_overhead",
     "ceilings", "achieved", "speedup_points", "NoGPUError",

@@ -82,6 +82,33 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         raise _missing_launcher_error(exc, protos, filename) from None
 
 
+def build_extension(name: str, cpp_sources, cuda_sources=None, functions=None, *, extra_cflags=(),
+                    extra_cuda_cflags=(), extra_ldflags=(), timeout: float | None = None, verbose: bool = False):
+    """The escape hatch: a torch C++/CUDA extension exactly as ``load_inline`` builds one, returned as a module.
+
+    For anyone who wants to write torch C++ directly (``torch::Tensor`` arguments, ``<torch/extension.h>``).
+    fuselab adds what it adds to every build: a name and folder hashed from the sources, safe concurrent and
+    killed builds, a time limit, nothing on stderr and readable errors. Expect tens of seconds per build: torch's
+    headers dominate (DESIGN.md §4); ``fuselab.build`` avoids them.
+    """
+    import importlib.util
+    cpp = "\n".join([cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources))
+    cuda = None
+    if cuda_sources:
+        toolchain.prepare_cuda_environment()
+        cuda = "\n".join([cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources))
+    if isinstance(functions, str):
+        functions = [functions]
+    job = _Job("cuda" if cuda else "cpu", cpp, cuda, ["-O2", *extra_cflags], ["-O3", *extra_cuda_cflags],
+               list(extra_ldflags), [], f"{name}.cpp", functions=functions or [])
+    library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
+                                              verbose)
+    spec = importlib.util.spec_from_file_location(job.name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def resolve_backend(backend: str | None) -> str:
     choice = (backend or config.backend_choice()).lower()
     if choice in ("emulate", "emulation", "cpu"):
@@ -100,14 +127,15 @@ class _Job:
     """Everything that reaches the compiler for one build; its digest names the build."""
 
     def __init__(self, backend, cpp_source, cuda_source, cflags, cuda_cflags, ldflags, include_paths,
-                 filename, extra_key=""):
+                 filename, extra_key="", functions=None):
         self.backend, self.filename = backend, filename
+        self.functions = functions  # None: a plain library; else a torch extension module binding these
         self.cpp_source, self.cuda_source = cpp_source, cuda_source
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
         self.include_paths = list(include_paths)
         import torch
         key = "\0".join([BUILD_FORMAT, backend, torch.__version__, cpp_source, cuda_source or "",
-                         *self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, extra_key])
+                         *self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, extra_key, repr(functions)])
         self.name = f"fuselab_{backend}_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 
@@ -213,10 +241,10 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
             outcome["path"] = load_inline(
                 name=job.name, cpp_sources=[job.cpp_source],
                 cuda_sources=[job.cuda_source] if job.cuda_source is not None else None,
-                functions=None, extra_cflags=job.cflags, extra_cuda_cflags=job.cuda_cflags,
+                functions=job.functions, extra_cflags=job.cflags, extra_cuda_cflags=job.cuda_cflags,
                 extra_ldflags=job.ldflags, extra_include_paths=job.include_paths,
                 build_directory=str(build_dir), verbose=verbose, with_cuda=job.backend == "cuda",
-                is_python_module=False, no_implicit_headers=True)
+                is_python_module=job.functions is not None, no_implicit_headers=job.functions is None)
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             outcome["error"] = exc
 

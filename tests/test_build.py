@@ -174,3 +174,16 @@ def test_glue_names_the_bad_argument():
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be"):
         fuselab.build(scale_source(), [PROTO], backend="tpu")
+
+
+def test_escape_hatch_builds_a_torch_extension_from_cpp_sources():
+    """Torch C++ written directly, like load_inline itself: slow (torch's headers), but cached and quiet."""
+    source = "torch::Tensor add_one(torch::Tensor x) { return x + 1; }"
+    ext = fuselab.build_extension("add_one", [source], functions=["add_one"], timeout=600)
+    assert torch.equal(ext.add_one(torch.arange(3.0)), torch.tensor([1.0, 2.0, 3.0]))
+    started = time.perf_counter()
+    again = fuselab.build_extension("add_one", [source], functions=["add_one"])
+    assert time.perf_counter() - started < 2.0 and again.add_one(torch.zeros(1)).item() == 1.0
+    with pytest.raises(fuselab.BuildError, match="add_one.cpp"):
+        fuselab.build_extension("add_one", [source.replace("x + 1", "x + undefined_name")], functions=["add_one"],
+                                timeout=600)
