@@ -17,6 +17,7 @@ import ctypes
 import os
 import resource
 import shutil
+import sys
 import signal
 import subprocess
 import threading
@@ -213,7 +214,12 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
         args += ["--tmpfs", "/tmp"]
     for folder in hide:
         args += ["--tmpfs", str(folder)]
-    for folder in readonly:  # shown again, read-only, inside a hidden folder (the instructor's builds)
+    # The Python environment and the course itself must stay visible even when they live under a hidden folder
+    # (a clone in /tmp, as CI makes): show them again, read-only, on top of the empty ones.
+    runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parents[2]]
+    covered = [Path("/tmp")] * writable_tmp + [Path(h) for h in hide]
+    runtime = [p for p in runtime if any(p == c or c in p.parents for c in covered)]
+    for folder in [*runtime, *readonly]:  # shown again, read-only, inside a hidden folder
         if folder and Path(folder).exists():
             args += ["--ro-bind", str(folder), str(folder)]
     for folder in own:
