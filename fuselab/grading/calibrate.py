@@ -3,21 +3,19 @@
 The instructor's solution notebook of each lab runs through the clean recheck (as a submission would), a few
 times; each graded speedup test logs the plain solution's speedup S over the lab's fixed unfused reference.
 The median S gives this GPU's threshold, 1 + 0.6 (S - 1) (DESIGN.md §3). A test whose S is below 1.3 on this GPU
-is reported and left without an entry for it (grading then falls back to the H200's, and says so).
+is recorded as not gradable on this GPU (grading then falls back to the H200's entry, and says so).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import statistics
 import tempfile
 from pathlib import Path
 
-from .. import course
+from .. import calibration, course
 from ..grade import POLICY_PATH, load_policy
-from ..timing.policy import full_points_threshold
 from . import nbgrader_run, recheck
 
 
@@ -51,20 +49,18 @@ def calibrate(labs=None, repeats=3, policy_path=None, write=True) -> list:
     lines = []
     for test_id, found in sorted(measure(labs, repeats).items()):
         s = statistics.median(found["speedups"])
-        try:
-            threshold = full_points_threshold(s)
-        except ValueError as exc:
-            lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']}: {exc}; no entry written")
-            continue
         if test_id not in policy["tests"]:
             lines.append(f"{test_id}: not in the policy file; add its mode, shape and dtype first")
             continue
-        policy["tests"][test_id].setdefault("gpus", {})[found["gpu"]] = {
-            "plain_speedup": round(s, 3), "threshold": round(threshold, 3),
-            "measured": datetime.date.today().isoformat(),
-            "source": f"fuselab calibrate: median of {len(found['speedups'])} clean runs of the solution "
-                      f"({', '.join(f'{x:.3f}' for x in found['speedups'])})"}
-        lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} → full points from {threshold:.2f}x")
+        entry = calibration.entry_for(s, note=f"fuselab calibrate: median of {len(found['speedups'])} clean runs "
+                                              f"of the solution ({', '.join(f'{x:.3f}' for x in found['speedups'])})")
+        policy["tests"][test_id].setdefault("gpus", {})[found["gpu"]] = entry
+        if "threshold" in entry:
+            lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} → full points from "
+                         f"{entry['threshold']:.2f}x")
+        else:  # recorded as not gradable: grading falls back to the H200's entry and says so
+            lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} is below the 1.3x floor: "
+                         f"not gradable on this GPU")
     if write:
         path.write_text(json.dumps(policy, indent=2) + "\n")
         lines.append(f"written to {path}")
