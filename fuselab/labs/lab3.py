@@ -220,12 +220,6 @@ def student_unfused(fused_module, bias_act_module):
     return run
 
 
-def graded_dtype():
-    """The dtype of the graded speedup test, from the policy file."""
-    from ..grade import load_policy
-    return getattr(torch, load_policy()["tests"][GRADED_TEST].get("dtype", "float32"))
-
-
 def traffic(m, n, k, bytes_per_element=4):
     """Minimum DRAM bytes: the GEMM reads A and B and writes C; the separate epilogue reads C and the bias and writes
     the output. Fused, the GEMM reads the bias itself: ``gemm + N`` elements."""
