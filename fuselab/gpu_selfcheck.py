@@ -8,8 +8,10 @@ Stages: ``env`` (versions), ``tests`` (the pytest suite, GPU tests included), ``
 the test kernels agree), one stage per lab (build the solution kernels from ``solutions/``, check them on the
 GPU shapes, time them against the lab's unfused reference, PyTorch eager, ``torch.compile`` and the measured
 ceilings, run the graded speedup test) and ``grade`` (nbgrader autograde: solutions full marks, blank labs zero; autograding runs every solution notebook
-top to bottom, headless, and its errors and stderr are reported too). Full results go to ``$OUT`` (or
-``--out``) as JSON; a short table is printed last.
+top to bottom, headless, and its errors and stderr are reported too), ``notebooks`` (every solution notebook top
+to bottom with its demo cells, as an instructor runs it: not in grading mode), ``samples`` (the grader's sample
+class: every sample must get the grade it deserves) and ``throughput`` (grading time per submission on copies
+of the correct samples). Full results go to ``$OUT`` (or ``--out``) as JSON; a short table is printed last.
 """
 
 from __future__ import annotations
@@ -90,11 +92,70 @@ def _problems(path):
     return {"errors": errors, "stderr": stderr}
 
 
+def _cell_seconds(cell) -> float:
+    timing = cell.get("metadata", {}).get("execution", {})
+    began, ended = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not began or not ended:
+        return 0.0
+    parse = datetime.datetime.fromisoformat
+    return (parse(ended.replace("Z", "+00:00")) - parse(began.replace("Z", "+00:00"))).total_seconds()
+
+
+def stage_notebooks(out, cell_timeout=420):
+    """Every solution notebook top to bottom with its demo cells (grading mode off), as an instructor runs it.
+
+    Executed copies go into ``$OUT/notebooks.tar.gz``; errors and stderr output fail the stage.
+    """
+    import tarfile
+
+    import nbformat
+    from nbclient import NotebookClient
+    from .course import SOLUTIONS, lab_names
+    results, executed = {}, []
+    saved_env = dict(os.environ)
+    os.environ.pop("FUSELAB_GRADING", None)
+    os.environ["MPLBACKEND"] = "Agg"
+    try:
+        for lab in lab_names():
+            path = next((SOLUTIONS / lab).glob("*.ipynb"))
+            nb = nbformat.read(path, as_version=4)
+            started = time.perf_counter()
+            print(f"   {lab}: running {path.name} with its demo cells", flush=True)
+            client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
+                                    record_timing=True, resources={"metadata": {"path": str(path.parent)}})
+            try:
+                client.execute()
+                crash = None
+            except Exception as exc:  # noqa: BLE001 - a dead kernel or a timeout is this lab's result
+                crash = f"{type(exc).__name__}: {str(exc)[:300]}"
+            target = Path(out) / f"executed-{lab}.ipynb"
+            nbformat.write(nb, target)
+            executed.append(target)
+            slowest = sorted(((round(_cell_seconds(c), 1), c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                               or f"cell {i}") for i, c in enumerate(nb.cells) if c.cell_type == "code"),
+                             reverse=True)[:4]
+            results[lab] = {**_problems(target), "crash": crash, "seconds": time.perf_counter() - started,
+                            "slowest_cells": slowest}
+            print(f"   {lab}: {results[lab]['seconds']:.0f} s, {len(results[lab]['errors'])} error(s), "
+                  f"{len(results[lab]['stderr'])} stderr output(s){', ' + crash if crash else ''}", flush=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    with tarfile.open(Path(out) / "notebooks.tar.gz", "w:gz") as tar:
+        for target in executed:
+            tar.add(target, arcname=target.name)
+            target.unlink()
+    bad = [lab for lab, r in results.items() if r["errors"] or r["stderr"] or r["crash"]]
+    durations = ", ".join(f"{lab} {r['seconds']:.0f}s" for lab, r in results.items())
+    return {"status": "FAIL" if bad else "ok", "labs": results,
+            "headline": f"with demos: {durations}" if not bad else f"problems in {', '.join(bad)}"}
+
+
 def stage_grade(out):
     """Autograde the solutions (they must score full marks) and the blank labs (zero).
 
-    Autograding executes every solution notebook top to bottom, headless, on this GPU: the executed copies are
-    kept under ``$OUT`` and their errors and stderr output are reported as the ``notebooks`` result.
+    Autograding executes every solution notebook top to bottom, headless, on this GPU, in grading mode: their
+    errors and stderr output are reported in the ``graded nb`` row.
     """
     from .autograde import autograde
     from .course import LABS, SOLUTIONS, lab_names
@@ -106,7 +167,6 @@ def stage_grade(out):
         scores = autograde(submissions, workdir)
         for executed in sorted((Path(workdir) / "autograded" / "solution").glob("*/*.ipynb")):
             notebooks[executed.parent.name] = _problems(executed)
-            shutil.copy(executed, Path(out) / f"executed-{executed.parent.name}.ipynb")
     return {"seconds": time.perf_counter() - started, "scores": scores, "notebooks": notebooks}
 
 
@@ -122,13 +182,38 @@ def stage_samples(out):
     return result
 
 
+def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES", "3"))):
+    """Grading time per submission: ``copies`` copies of each lab's correct sample, graded as one class."""
+    from . import samples as sample_recipes
+    from .grading.pipeline import Settings, grade
+    work = Path(tempfile.mkdtemp(prefix="fuselab-throughput-"))
+    sample_recipes.write_examples(work / "examples")
+    labs = sorted(p.name for p in (work / "examples" / "correct").iterdir())
+    for k in range(copies):
+        for lab in labs:
+            shutil.copytree(work / "examples" / "correct" / lab, work / "class" / f"student{k:02d}" / lab)
+    started = time.perf_counter()
+    result = grade(work / "class", Settings(out=work / "run", progress=False, cell_timeout=120,
+                                            submission_timeout=600))
+    wall = time.perf_counter() - started
+    per = [{k: r.get(k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
+                                  "clean_seconds")} for r in result.results]
+    full = sum(r["total"] == r["max_total"] for r in result.results)
+    n = len(per)
+    return {"status": "ok" if full == n else "MISS", "submissions": per, "wall_seconds": wall,
+            "seconds_per_submission": wall / max(n, 1), "full_marks": full,
+            "headline": f"{n} submissions in {wall:.0f} s = {wall / max(n, 1):.1f} s each (target 7); "
+                        f"{full}/{n} full marks"}
+
+
 def _lab_stages():
     from .labs import selfcheck_modules
     return {lab: module.run for lab, module in selfcheck_modules().items()}
 
 
 STAGES = {"env": stage_env, "build": stage_build, "timing": stage_timing, "emulation": stage_emulation,
-          **_lab_stages(), "grade": stage_grade, "samples": stage_samples, "tests": stage_tests}
+          **_lab_stages(), "grade": stage_grade, "notebooks": stage_notebooks, "samples": stage_samples,
+          "throughput": stage_throughput, "tests": stage_tests}
 
 
 def _git_commit():
@@ -161,7 +246,7 @@ def _summary_rows(results):
                              for s, labs in res["scores"].items() for lab, v in labs.items() if "autograded_score" in v)
             rows.append((name, "ok", f"{text} ({res['seconds']:.0f}s)"[:90]))
             bad = {k: v for k, v in res["notebooks"].items() if v["errors"] or v["stderr"]}
-            rows.append(("notebooks", "ok" if not bad else "FAIL",
+            rows.append(("graded nb", "ok" if not bad else "FAIL",
                          ("ran headless: " + ", ".join(res["notebooks"])) if not bad else str(bad)[:90]))
         else:
             rows.append((name, res.get("status", "ok"), res.get("headline", "")[:90]))
