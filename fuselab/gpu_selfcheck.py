@@ -170,15 +170,26 @@ def stage_grade(out):
     return {"seconds": time.perf_counter() - started, "scores": scores, "notebooks": notebooks}
 
 
+def _pack(out, name, folder, patterns):
+    """Files of ``folder`` matching ``patterns`` into ``$OUT/name`` (the device tool brings back 8 files)."""
+    import tarfile
+    with tarfile.open(Path(out) / name, "w:gz") as tar:
+        for pattern in patterns:
+            for path in sorted(Path(folder).glob(pattern)):
+                tar.add(path, arcname=str(path.relative_to(folder)))
+
+
 def stage_samples(out):
-    """The grader's sample class for Lab 0 on this GPU: every sample must get the grade it deserves."""
+    """The grader's whole sample class on this GPU: every sample must get the grade it deserves."""
     from .grading.samplecheck import grade_examples
     work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
-    result = grade_examples(work, labs=["lab0"], cell_timeout=30, submission_timeout=240, progress=False)
-    for produced, name in ((result["report"], "samples-report.md"), (result["grades_csv"], "samples-grades.csv")):
-        if produced and Path(produced).exists():
-            shutil.copy(produced, Path(out) / name)
+    result = grade_examples(work, cell_timeout=30, submission_timeout=240, progress=False)
+    _pack(out, "samples-run.tar.gz", work / "run",
+          ["report.*", "grades.csv", "work/*/*/result.json", "reference/*/reference.json", "feedback/c*/*.html"])
     print(result["table"], flush=True)
+    n = len(result["rows"])
+    result["headline"] = (f"{sum(r['ok'] for r in result['rows'])}/{n} samples graded as they deserve, "
+                          f"{result['seconds']:.0f} s")
     return result
 
 
@@ -197,13 +208,19 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
                                             submission_timeout=600))
     wall = time.perf_counter() - started
     per = [{k: r.get(k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
-                                  "clean_seconds")} for r in result.results]
+                                  "clean_seconds", "gpu_wait_seconds")} for r in result.results]
+    for r, full_result in zip(per, result.results):
+        r["cell_seconds"] = {k: round(c.get("seconds") or 0.0, 2) for k, c in full_result["cells"].items()}
+    reference = {lab: ref.get("seconds") for lab, ref in result.reference.items()}
     full = sum(r["total"] == r["max_total"] for r in result.results)
     n = len(per)
+    grading = result.phase_seconds.get("submissions", 0.0)
     return {"status": "ok" if full == n else "MISS", "submissions": per, "wall_seconds": wall,
+            "reference_seconds": reference, "phase_seconds": result.phase_seconds,
+            "submission_phase_per_submission": result.phase_seconds.get("submissions", 0.0) / max(n, 1),
             "seconds_per_submission": wall / max(n, 1), "full_marks": full,
-            "headline": f"{n} submissions in {wall:.0f} s = {wall / max(n, 1):.1f} s each (target 7); "
-                        f"{full}/{n} full marks"}
+            "headline": f"{n} submissions graded in {grading:.0f} s = {grading / max(n, 1):.1f} s each (target 7), "
+                        f"{wall:.0f} s with the reference runs, feedback and report; {full}/{n} full marks"}
 
 
 def _lab_stages():

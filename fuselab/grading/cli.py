@@ -19,6 +19,9 @@ def add_parsers(sub) -> None:
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out")
     grade.add_argument("--out", help="output folder (default: grader/runs/<date-time>); give the same one to resume")
     grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
+    grade.add_argument("--jobs-per-gpu", type=int, default=None,
+                       help="submissions graded side by side on each GPU; their timings still take the GPU one at "
+                            "a time (default: one per 3 CPU cores, at most 6)")
     grade.add_argument("--cpu-workers", type=int, default=1, help="parallel submissions without a GPU")
     grade.add_argument("--cell-timeout", type=float, default=300, help="seconds per test (default 300)")
     grade.add_argument("--submission-timeout", type=float, default=1200,
@@ -61,7 +64,8 @@ def main_grade(args) -> int:
     from . import samplecheck
     from .pipeline import Settings, default_out, grade
     settings = Settings(out=Path(args.out) if args.out else default_out(), labs=args.labs, students=args.students,
-                        force=args.force, gpus=args.gpus, cpu_workers=args.cpu_workers,
+                        force=args.force, gpus=args.gpus, jobs_per_gpu=args.jobs_per_gpu,
+                        cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
                         feedback=not args.no_feedback)

@@ -141,8 +141,9 @@ def tree_rss(pid: int) -> int:
 class Child:
     """A started child process with its limits; ``wait`` or ``stop`` it."""
 
-    def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None):
+    def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None):
         self.limits = limits
+        self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
         self.started = time.monotonic()
         self.out_of_memory = False
         self.timed_out = False
@@ -150,6 +151,8 @@ class Child:
                                         stdin=subprocess.DEVNULL, stdout=stdout or subprocess.PIPE,
                                         stderr=stderr or subprocess.PIPE, text=True)
         self._done = threading.Event()
+        if registry is not None:
+            registry.register(self)
         if limits.memory_bytes:
             threading.Thread(target=self._watch_memory, daemon=True).start()
 
@@ -181,15 +184,17 @@ class Child:
             stdout, stderr = self.process.communicate()
         self._done.set()
         kill_tree(self.process.pid)  # leftovers a finished child may have started (a kernel, a compiler)
+        if self.registry is not None:
+            self.registry.unregister(self)
         code = self.process.returncode
         return Outcome(returncode=code, stdout=stdout or "", stderr=stderr or "", seconds=self.elapsed(),
                        timed_out=self.timed_out, out_of_memory=self.out_of_memory,
                        signal=-code if code is not None and code < 0 else None)
 
 
-def run(command, *, limits: Limits | None = None, env=None, cwd=None) -> Outcome:
+def run(command, *, limits: Limits | None = None, env=None, cwd=None, registry=None) -> Outcome:
     """Run ``command`` to the end or to its limits; never raises for what the child did."""
-    return Child(command, limits=limits or Limits(), env=env, cwd=cwd).wait()
+    return Child(command, limits=limits or Limits(), env=env, cwd=cwd, registry=registry).wait()
 
 
 # --- bubblewrap -------------------------------------------------------------------------------------------------
@@ -250,18 +255,22 @@ def gpu_processes(device: str | None = None) -> list:
     return [int(line) for line in result.stdout.split() if line.strip().isdigit()]
 
 
-def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pids=()) -> tuple:
+def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pids=(), sharing=()) -> tuple:
     """Wait until no other process uses the GPU; kill leftovers of earlier submissions we started.
 
     Returns ``(idle, note)``. ``own_pids``: processes this grader started (a leftover among their descendants is
-    killed at once).
+    killed at once). ``sharing``: a callable giving the live processes of other submissions graded on this GPU at
+    the same time (left alone: their timings and ours take turns through ``lease``).
     """
-    ours = set()
-    for pid in own_pids:
-        ours |= set(children_of(pid)) | {pid}
     deadline = time.monotonic() + timeout_s
     while True:
-        busy = [p for p in gpu_processes(device) if p != os.getpid()]
+        on_gpu = gpu_processes(device)
+        # asked after the GPU was: a process seen there already belongs to a child registered by now
+        shared = set(sharing()) if sharing else set()
+        ours = set()
+        for pid in own_pids:
+            ours |= set(children_of(pid)) | {pid}
+        busy = [p for p in on_gpu if p != os.getpid() and p not in shared]
         if any(not os.path.exists(f"/proc/{p}") for p in busy):
             # nvidia-smi reports PIDs of another PID namespace (a container): nothing to match them against
             return True, ""

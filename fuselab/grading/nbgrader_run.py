@@ -55,7 +55,7 @@ def add_students(db: Path, students) -> None:
 
 
 def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, workdir: Path, *, cell_timeout,
-                  wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=()) -> dict:
+                  wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=(), lease=None) -> dict:
     """nbgrader autograde of one submission in its own scratch course; returns the notebook's verdict.
 
     ``{"cells": {grade_id: [score, max]}, "autograded": path or None, "error": text or None, "seconds"}``
@@ -82,7 +82,7 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     # nbgrader talks to its kernel over loopback: a bare network namespace (loopback down) would stop it, so
     # only bubblewrap (which brings loopback up) takes the network away here.
     limits = isolate.Limits(**{**limits.__dict__, "wall_s": wall_timeout, "no_network": False})
-    outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER))
+    outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER), registry=lease)
     result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds}
     graded = scratch / "autograded" / student / lab / notebook_name(lab)
     if graded.exists():

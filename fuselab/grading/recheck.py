@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import isolate
+from .lease import LeaseServer
 from .sanitize import sanitize_cell
 
 
@@ -44,15 +45,16 @@ class CleanResult:
     flags: list = field(default_factory=list)
     restarts: int = 0
     seconds: float = 0.0
+    gpu_wait_s: float = 0.0             # waiting for the shared GPU (lease) before timings
 
     def to_json(self):
         return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
-                "restarts": self.restarts, "seconds": self.seconds}
+                "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s}
 
     @classmethod
     def from_json(cls, data):
         return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
-                   restarts=data["restarts"], seconds=data["seconds"])
+                   restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0))
 
 
 def _source(cell) -> str:
@@ -142,8 +144,13 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
 
 
 def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
-              limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=()) -> CleanResult:
-    """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict."""
+              limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=(),
+              lease=None) -> CleanResult:
+    """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
+
+    ``lease``: the ``lease.DeviceLease`` of a GPU shared with other submissions; graded timings then ask it for
+    the GPU to themselves (time spent waiting for it is not held against a test's time limit).
+    """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     cells, flags = clean_plan(instructor_nb, student_nb)
@@ -151,9 +158,11 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     graded = [c for c in cells if c["graded"]]
     verdicts: dict = {}
     env = runner_env(env if env is not None else os.environ, workdir, device)
+    if lease is not None:
+        env["FUSELAB_GPU_LEASE"] = str(workdir)
     limits = limits or isolate.Limits()
     started = time.monotonic()
-    start, restarts = 0, 0
+    start, restarts, gpu_wait = 0, 0, 0.0
     while True:
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
         events_path = workdir / f"clean-events-{restarts}.jsonl"
@@ -162,18 +171,24 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
-        child = isolate.Child(command, limits=limits, env=env, cwd=str(workdir))
+        child = isolate.Child(command, limits=limits, env=env, cwd=str(workdir), registry=lease)
+        server = LeaseServer(lease, workdir, child)
         stop_reason = None
         while child.alive():
-            time.sleep(0.1)
+            time.sleep(0.05)
+            server.poll()
             events = _read_events(events_path)
             running = events[-1] if events and events[-1]["event"] == "start" else None
-            if running and time.time() - running["time"] > cell_timeout:
+            paused = server.paused_s()
+            if running and time.time() - running["time"] - paused > cell_timeout:
                 stop_reason = f"timed out after {cell_timeout:.0f} s (the test's time limit)"
                 child.stop()
-            elif time.monotonic() - started > total_timeout:
+            elif time.monotonic() - started - paused > total_timeout:
                 stop_reason = f"the submission's time limit ({total_timeout:.0f} s) ran out"
                 child.stop()
+        server.finish()
+        flags += server.notes
+        gpu_wait += server.waited_s
         outcome = child.wait(timeout=30)
         events = _read_events(events_path)
         by_index = {c["index"]: c for c in cells}
@@ -214,7 +229,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         break
     _fail_rest(verdicts, graded, "", status="not run")
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
-                       restarts=restarts, seconds=time.monotonic() - started)
+                       restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait)
 
 
 def _fail_rest(verdicts, graded, why, status):

@@ -41,7 +41,9 @@ def compare(results: list, on_gpu: bool) -> list:
         rows.append({"sample": r["student"], "lab": r["lab"], "total": r["total"], "max": r["max_total"],
                      "ok": not mismatches, "mismatches": mismatches, "why": sample.why,
                      "cells": {k: (c["points"], c["max_points"], c["status"]) for k, c in r["cells"].items()},
-                     "flags": len(r["flags"]) + len(r["disagreements"]), "seconds": r.get("seconds", 0.0)})
+                     "flags": len(r["flags"]) + len(r["disagreements"]), "seconds": r.get("seconds", 0.0),
+                     "nbgrader_seconds": r.get("nbgrader_seconds"), "clean_seconds": r.get("clean_seconds"),
+                     "gpu_wait_seconds": r.get("gpu_wait_seconds")})
     return rows
 
 

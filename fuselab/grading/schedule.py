@@ -1,7 +1,8 @@
-"""One worker per GPU: timings never share a GPU, and N GPUs grade N submissions at once.
+"""Workers per GPU: N GPUs grade N × k submissions at once, and timings never share a GPU.
 
 Each worker owns one device and passes it to its jobs (which set ``CUDA_VISIBLE_DEVICES`` to it for every child
-process), taking the next submission from a shared queue when it is done with one. Without a GPU the "devices"
+process), taking the next submission from a shared queue when it is done with one. Several workers may share a
+GPU (``workers_for``); their graded timings then take it one at a time through its ``lease.DeviceLease``. Without a GPU the "devices"
 are CPU workers (``None``): the emulation has nothing to time, so they may run side by side.
 """
 
@@ -47,8 +48,24 @@ def devices_for(gpus, cpu_workers: int = 1) -> list:
     return chosen if chosen else [None] * max(1, cpu_workers)
 
 
+def workers_for(devices: list, jobs_per_gpu: int | None = None) -> list:
+    """Worker slots: each GPU ``jobs_per_gpu`` times (default: about one per three CPU cores per GPU, at most 6).
+
+    Submissions sharing a GPU build, run nbgrader and check correctness side by side; their graded timings take
+    the GPU one at a time (``lease``). CPU workers (``None``) stay as given.
+    """
+    gpus = [d for d in devices if d is not None]
+    if not gpus:
+        return list(devices)
+    if jobs_per_gpu is None:
+        jobs_per_gpu = max(1, min(6, (os.cpu_count() or 1) // (3 * len(gpus))))
+    if jobs_per_gpu < 1:
+        raise ValueError(f"jobs per GPU must be at least 1, not {jobs_per_gpu}")
+    return [d for _ in range(jobs_per_gpu) for d in gpus]
+
+
 def run_jobs(jobs, devices, work, on_done=None, stop: threading.Event | None = None) -> list:
-    """Run ``work(job, device)`` for every job, one worker thread per device; returns results in job order.
+    """Run ``work(job, device)`` for every job, one worker thread per entry of ``devices``; results in job order.
 
     A job that raises records the exception as its result (one student's disaster never stops the class).
     ``on_done(job, result)`` is called as each job finishes (the progress bar).

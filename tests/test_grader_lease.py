@@ -1,0 +1,162 @@
+"""Submissions sharing a GPU: each graded timing gets the GPU to itself (the others are stopped, then resumed),
+the notebook run leaves speed tests to the clean recheck, and the idle check leaves sharing submissions alone.
+Real child processes, no GPU: the NVML idle wait is replaced by its no-NVML path.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuselab.grading import isolate, lease, pipeline, recheck, schedule
+
+COUNTER = """
+import sys, time
+path, n = sys.argv[1], 0
+while True:
+    n += 1
+    open(path, "w").write(str(n))
+    time.sleep(0.01)
+"""
+
+TIMED = """
+import sys, time
+from fuselab.grading.lease import exclusive_gpu
+counter, report = sys.argv[1], sys.argv[2]
+def read():
+    return int(open(counter).read() or 0)
+seen = []
+for _ in range(2):
+    with exclusive_gpu():
+        before = read(); time.sleep(0.4); during = read()
+    time.sleep(0.3)
+    seen.append([before, during, read()])
+open(report, "w").write(repr(seen))
+"""
+
+
+def _limits():
+    return isolate.Limits(wall_s=60, memory_bytes=None)
+
+
+def _wait_for_file(path, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not (Path(path).exists() and Path(path).read_text()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_workers_share_each_gpu_and_cpu_workers_stay_as_given(monkeypatch):
+    assert schedule.workers_for(["0", "1"], 3) == ["0", "1", "0", "1", "0", "1"]
+    assert schedule.workers_for([None, None], 5) == [None, None]
+    monkeypatch.setattr(schedule.os, "cpu_count", lambda: 16)
+    assert schedule.workers_for(["0"]) == ["0"] * 5          # one per 3 cores
+    assert schedule.workers_for(["0", "1", "2", "3"]) == ["0", "1", "2", "3"]  # at least one each
+    with pytest.raises(ValueError, match="at least 1"):
+        schedule.workers_for(["0"], 0)
+
+
+def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    counter, report = tmp_path / "counter", tmp_path / "report"
+    other = isolate.Child([sys.executable, "-c", COUNTER, str(counter)], limits=_limits(), registry=shared)
+    try:
+        _wait_for_file(counter)
+        env = dict(recheck.runner_env(dict(__import__("os").environ), tmp_path, None),
+                   FUSELAB_GPU_LEASE=str(tmp_path))
+        timed = isolate.Child([sys.executable, "-c", TIMED, str(counter), str(report)], limits=_limits(),
+                              env=env, registry=shared)
+        server = lease.LeaseServer(shared, tmp_path, timed)
+        while timed.alive():
+            server.poll()
+            time.sleep(0.01)
+        server.finish()
+        assert timed.wait().ok
+        seen = eval(report.read_text())  # noqa: S307 - our own child's repr of a list of ints
+        for before, during, after in seen:
+            assert during == before, "the other submission kept running during a timing"
+            assert after > during, "the other submission was not resumed after the timing"
+        assert shared.stopped_seconds(other) >= 0.7  # two timings of 0.4 s each (not held against its limits)
+        assert server.waited_s >= 0.4  # the no-NVML settle (0.2 s) per timing
+        assert not list(tmp_path.glob("lease-*")), "lease files left behind"
+    finally:
+        other.stop()
+        other.wait()
+
+
+def test_a_child_started_during_a_timing_waits_for_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    counter = tmp_path / "counter"
+    try:
+        shared.acquire(holder)
+        late = isolate.Child([sys.executable, "-c", COUNTER, str(counter)], limits=_limits(), registry=shared)
+        time.sleep(0.5)
+        assert not counter.exists(), "a child started during a timing ran before it ended"
+        shared.release()
+        _wait_for_file(counter)
+        late.stop()
+        late.wait()
+    finally:
+        holder.stop()
+        holder.wait()
+
+
+def test_busy_gpu_is_waited_for_and_reported(monkeypatch):
+    readings = iter([35, 12, 0])
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: next(readings))
+    assert lease.wait_until_idle("0", timeout_s=5, poll_s=0.01) == ""
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: 80)
+    note = lease.wait_until_idle("0", timeout_s=0.1, poll_s=0.01)
+    assert "stayed busy" in note and "80%" in note
+
+
+def test_idle_check_leaves_submissions_sharing_the_gpu_alone(monkeypatch):
+    sharing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setattr(isolate, "gpu_processes",
+                            lambda device=None: [p.pid for p in (sharing, leftover) if p.poll() is None])
+        idle, note = isolate.wait_for_idle_gpu("0", timeout_s=1.0, own_pids=[sharing.pid, leftover.pid],
+                                               sharing=lambda: {sharing.pid})
+        assert idle and note == ""
+        assert leftover.wait(timeout=10) is not None  # a leftover of ours: killed
+        assert sharing.poll() is None                  # a submission graded beside us: untouched
+    finally:
+        sharing.kill()
+        leftover.kill()
+
+
+def test_the_notebook_run_leaves_speed_tests_to_the_clean_recheck(tmp_path, monkeypatch):
+    import torch
+
+    from fuselab import grade
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setenv(grade.SPEED_IN_RECHECK_ENV, "1")
+    monkeypatch.setenv("FUSELAB_GRADE_LOG", str(tmp_path / "log.jsonl"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("the notebook run must not time anything")
+
+    points = grade.speedup_test("lab0.add_relu_mul", candidate=never, reference_op=never, make_inputs=never,
+                                reference=never, module=object(), max_points=4)
+    assert points == 0.0
+    record = json.loads((tmp_path / "log.jsonl").read_text())
+    assert record["status"] == "measured in the clean recheck"
+
+
+def test_speed_cells_are_not_compared_with_the_notebook_run_but_other_cells_are():
+    sub = type("Sub", (), {"student": "s", "lab": "lab0"})()
+    speed = recheck.CellVerdict("test_speedup", 3.0, 4.0, "partial", speed=[{"status": "measured"}])
+    check = recheck.CellVerdict("test_fused", 0.0, 2.0, "failed", message="wrong at the border")
+    clean = recheck.CleanResult(cells={"test_speedup": speed, "test_fused": check})
+    notebook_run = {"cells": {"test_speedup": [0.0, 4.0], "test_fused": [2.0, 2.0]}}
+    result = pipeline.combine(sub, clean, notebook_run, [])
+    assert result["total"] == 3.0
+    assert len(result["disagreements"]) == 1 and result["disagreements"][0].startswith("test_fused")
