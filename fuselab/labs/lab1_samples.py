@@ -64,11 +64,14 @@ SAMPLES = {
         why="a wrong padding border: the depthwise kernel clamps columns at the left and right edges (replicate "
             "padding) instead of reading zeros; only the border outputs are wrong"),
     "cheat_torch": Sample(
-        changes={"depthwise_bytes": lambda s: s + (
+        changes={"depthwise_source": lambda s: s.replace(
+            "= activate(acc, act, slope);", "= 0.0f;  // the real work happens in PyTorch", 1),
+                 "depthwise_bytes": lambda s: s + (
             "\n\n# make the fused depthwise op call PyTorch instead of a kernel\n"
             "from fuselab.labs import lab1 as _lab1\n"
             "_lab1.depthwise_fused = lambda module: (lambda x, w, bias, act, slope, out: "
             "out.copy_(_lab1.depthwise_eager(x, w, bias, act, slope)))\n")},
-        expect={"test_speedup_depthwise": "zero"},
-        why="the fused op calls PyTorch: the profiler sees PyTorch's conv and ReLU kernels, not the student's"),
+        expect={"test_depthwise": "zero", "test_speedup_depthwise": "zero"},
+        why="a depthwise kernel that writes zeros, and the fused op rerouted to PyTorch from a solution cell: the "
+            "notebook run is fooled (on a GPU its profiler sees PyTorch's kernels), the clean recheck is not"),
 }
