@@ -35,12 +35,16 @@ TUNED_SHAPES = [(1, 128, 520, False, True), (4, 64, 1024, True, True), (13, 132,
                 (129, 131, 9, False, True)]
 
 
+@pytest.mark.parametrize("skinny_path", [0, 1], ids=["column-strips", "split-k"])
 @pytest.mark.parametrize("order", ["forward", "reverse", "random"])
-def test_tuned_kernel_paths_are_right_in_every_thread_order(order):
-    mod = fuselab.build(SOLUTION["TUNED_SOURCE"], lab3.FUSED_LAUNCHERS, name="tuned", backend="emulate")
+def test_tuned_kernel_paths_are_right_in_every_thread_order(order, skinny_path):
+    source = f"#define SKINNY_PATH {skinny_path}\n" + SOLUTION["TUNED_SOURCE"]
+    mod = fuselab.build(source, lab3.FUSED_LAUNCHERS, name=f"tuned_{skinny_path}", backend="emulate")
     mod.set_thread_order(order, seed=7)
+    shapes = TUNED_SHAPES + ([(3, 300, 4097, True, True), (2, 129, 1, True, False)] if skinny_path else [])
     for dtype in (torch.float32, torch.float16):
-        fuselab.check(lab3.fused(mod), lab3.reference, _make(dtype), TUNED_SHAPES, seeds=(3,), name=f"tuned {dtype}")
+        for _ in range(2):  # split-K's tile counters must be back at zero for the next call
+            fuselab.check(lab3.fused(mod), lab3.reference, _make(dtype), shapes, seeds=(3,), name=f"tuned {dtype}")
 
 
 def test_reference_pipeline_is_right_and_each_pitfall_is_caught():
