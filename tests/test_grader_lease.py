@@ -160,3 +160,15 @@ def test_speed_cells_are_not_compared_with_the_notebook_run_but_other_cells_are(
     result = pipeline.combine(sub, clean, notebook_run, [])
     assert result["total"] == 3.0
     assert len(result["disagreements"]) == 1 and result["disagreements"][0].startswith("test_fused")
+
+
+def test_children_share_the_cpu_cores_and_name_their_gpu(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
+    assert pipeline._threads_per_child(5) == 3 and pipeline._threads_per_child(40) == 1
+    settings = pipeline.Settings(out=tmp_path, shared_builds=tmp_path, cpu_threads=3)
+    env = pipeline._base_env(settings, tmp_path, "0")
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a teaching assistant's own setting wins
+    assert pipeline._base_env(settings, tmp_path, "0")["OMP_NUM_THREADS"] == "7"

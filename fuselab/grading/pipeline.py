@@ -40,6 +40,7 @@ class Settings:
     progress: bool = True
     feedback: bool = True
     shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
+    cpu_threads: int | None = None      # CPU threads per child (set from the number of workers by ``grade``)
 
 
 @dataclass
@@ -73,6 +74,7 @@ def _base_env(settings: Settings, workdir: Path, device) -> dict:
                FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
     env.pop("FUSELAB_GRADE_LOG", None)
     env.pop("FUSELAB_GPU_LEASE", None)
+    _share_cpus(env, settings.cpu_threads)
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers = nvidia-smi's and NVML's
@@ -119,6 +121,17 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
                   notebook=str(sub.notebook), origin=sub.origin)
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _share_cpus(env: dict, threads: int | None) -> None:
+    """Each child's share of the CPU cores: torch (OpenMP) and the emulation's OpenMP would otherwise each start a
+    thread per core in every process running at once, and spin against each other."""
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+
+
+def _threads_per_child(concurrent: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, concurrent))
 
 
 def _copy_builds(source: Path, target: Path) -> None:
@@ -178,6 +191,7 @@ def reference_run(lab: str, settings: Settings, leases=None) -> dict:
             return previous
     shutil.rmtree(workdir, ignore_errors=True)
     env = dict(os.environ, FUSELAB_CACHE_DIR=str(settings.shared_builds), MPLBACKEND="Agg")
+    _share_cpus(env, settings.cpu_threads)
     env.pop("FUSELAB_SHARED_BUILDS", None)
     device = schedule.devices_for(settings.gpus)[0]
     clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
@@ -214,6 +228,7 @@ def grade(source, settings: Settings) -> ClassResult:
     clock = time.monotonic()
     phases = {}
     labs_graded = sorted({s.lab for s in submissions})
+    settings.cpu_threads = _threads_per_child(len(labs_graded))
     with ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
         reference = dict(zip(labs_graded, pool.map(lambda lab: reference_run(lab, settings, leases), labs_graded)))
     phases["reference runs"], clock = time.monotonic() - clock, time.monotonic()
@@ -229,6 +244,7 @@ def grade(source, settings: Settings) -> ClassResult:
         todo.append(sub)
 
     workers = schedule.workers_for(devices, settings.jobs_per_gpu)
+    settings.cpu_threads = _threads_per_child(len(workers))
     bar = None
     if settings.progress and todo:
         from tqdm import tqdm
