@@ -210,7 +210,8 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
                                             submission_timeout=600))
     wall = time.perf_counter() - started
     per = [{k: r.get(k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
-                                  "clean_seconds", "gpu_wait_seconds")} for r in result.results]
+                                  "clean_seconds", "gpu_wait_seconds", "gpu_held_seconds")}
+           for r in result.results]
     for r, full_result in zip(per, result.results):
         r["cell_seconds"] = {k: round(c.get("seconds") or 0.0, 2) for k, c in full_result["cells"].items()}
     reference = {lab: ref.get("seconds") for lab, ref in result.reference.items()}
@@ -220,6 +221,8 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
     return {"status": "ok" if full == n else "MISS", "submissions": per, "wall_seconds": wall,
             "reference_seconds": reference, "phase_seconds": result.phase_seconds,
             "submission_phase_per_submission": result.phase_seconds.get("submissions", 0.0) / max(n, 1),
+            # the part that cannot overlap: timings with the GPU to themselves
+            "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
             "seconds_per_submission": wall / max(n, 1), "full_marks": full,
             "headline": f"{n} submissions graded in {grading:.0f} s = {grading / max(n, 1):.1f} s each (target 7), "
                         f"{wall:.0f} s with the reference runs, feedback and report; {full}/{n} full marks"}

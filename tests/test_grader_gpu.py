@@ -1,10 +1,16 @@
 """Anti-cheat checks that only a GPU can run (the GPU self-check runs this file; skipped elsewhere)."""
 
+import json
+import os
+import sys
+import time
+
 import pytest
 import torch
 
 import fuselab
 from fuselab import grade
+from fuselab.grading import isolate, lease, recheck
 from fuselab.labs import lab0
 
 from .conftest import requires_gpu
@@ -37,3 +43,57 @@ def test_side_stream_launches_are_caught_by_graph_replay(setup, stream, escapes)
     torch.cuda.synchronize()
     verdict = grade._escapes_stream(op, inputs, out, lab0.reference)
     assert (verdict is not None) == escapes, verdict
+
+
+NEIGHBOUR = """
+import sys, torch
+x = torch.randn(8192, 8192, device="cuda")
+open(sys.argv[1], "w").write("ready")
+while True:  # another submission's heavy GPU work, synchronizing as checks do
+    torch.mm(x, x)
+    torch.cuda.synchronize()
+"""
+
+TIMER = """
+import json, sys, torch
+import fuselab
+from fuselab.grading.lease import exclusive_gpu
+a = torch.randn(4096, 4096, device="cuda")
+op = lambda: torch.mm(a, a)
+shared = fuselab.measure(op, mode="device", budget_s=1.0).median
+with exclusive_gpu():
+    leased = fuselab.measure(op, mode="device", budget_s=1.0).median
+json.dump({"shared": shared, "leased": leased}, open(sys.argv[1], "w"))
+"""
+
+
+def test_a_leased_timing_is_not_slowed_by_a_busy_neighbour(tmp_path):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(4096, 4096, device="cuda")
+    alone = fuselab.measure(lambda: torch.mm(a, a), mode="device", budget_s=1.0).median
+    device = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    shared_gpu = lease.DeviceLease(device)
+    limits = isolate.Limits(wall_s=120, memory_bytes=None)
+    ready = tmp_path / "ready"
+    neighbour = isolate.Child([sys.executable, "-c", NEIGHBOUR, str(ready)], limits=limits, registry=shared_gpu)
+    try:
+        while not ready.exists():
+            assert neighbour.alive(), neighbour.wait().stderr
+            time.sleep(0.05)
+        env = dict(recheck.runner_env(dict(os.environ), tmp_path, None), FUSELAB_GPU_LEASE=str(tmp_path))
+        timer = isolate.Child([sys.executable, "-c", TIMER, str(tmp_path / "times.json")], limits=limits, env=env,
+                              registry=shared_gpu)
+        server = lease.LeaseServer(shared_gpu, tmp_path, timer)
+        while timer.alive():
+            server.poll()
+            time.sleep(0.01)
+        server.finish()
+        outcome = timer.wait()
+        assert outcome.ok, outcome.stderr[-2000:]
+    finally:
+        neighbour.stop()
+        neighbour.wait()
+    times = json.loads((tmp_path / "times.json").read_text())
+    assert times["shared"] > 1.3 * alone, f"the neighbour did not share the GPU at all: {times}, alone {alone}"
+    assert times["leased"] < 1.05 * alone, f"the leased timing was disturbed: {times}, alone {alone}"
+    assert not server.notes, server.notes

@@ -82,6 +82,7 @@ def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_pa
             assert after > during, "the other submission was not resumed after the timing"
         assert shared.stopped_seconds(other) >= 0.7  # two timings of 0.4 s each (not held against its limits)
         assert server.waited_s >= 0.4  # the no-NVML settle (0.2 s) per timing
+        assert server.held_s >= 0.8    # two blocks of 0.4 s with the GPU to itself
         assert not list(tmp_path.glob("lease-*")), "lease files left behind"
     finally:
         other.stop()

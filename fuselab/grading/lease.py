@@ -144,7 +144,9 @@ class LeaseServer:
         self.lease, self.folder, self.child = lease, Path(folder), child
         self.holding = None          # the request number being served
         self.waited_s = 0.0          # time this child spent waiting for the GPU
+        self.held_s = 0.0            # time it had the GPU to itself (everyone else on it stopped)
         self.notes: list = []
+        self._granted_at = 0.0
 
     def paused_s(self) -> float:
         """Seconds the child spent waiting for the GPU or stopped for others' timings: not its own time."""
@@ -162,6 +164,7 @@ class LeaseServer:
                 if note:
                     self.notes.append(note)
                 self.holding = number
+                self._granted_at = time.monotonic()
                 (self.folder / (GRANTED + number)).write_text("")
         elif (self.folder / (RELEASED + self.holding)).exists() or not self.child.alive():
             self.finish()
@@ -171,6 +174,7 @@ class LeaseServer:
             for prefix in (REQUEST, GRANTED, RELEASED):
                 (self.folder / (prefix + self.holding)).unlink(missing_ok=True)
             self.holding = None
+            self.held_s += time.monotonic() - self._granted_at
             self.lease.release()
 
 

@@ -172,7 +172,7 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
             "manual_cells": manual, "flags": clean.flags, "disagreements": disagreements, "notes": notes,
             "restarts": clean.restarts, "notebook_autograded": notebook_run.get("autograded"),
             "nbgrader_seconds": notebook_run.get("seconds"), "clean_seconds": clean.seconds,
-            "gpu_wait_seconds": clean.gpu_wait_s}
+            "gpu_wait_seconds": clean.gpu_wait_s, "gpu_held_seconds": clean.gpu_held_s}
 
 
 def reference_run(lab: str, settings: Settings, leases=None) -> dict:

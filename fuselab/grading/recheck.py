@@ -46,15 +46,18 @@ class CleanResult:
     restarts: int = 0
     seconds: float = 0.0
     gpu_wait_s: float = 0.0             # waiting for the shared GPU (lease) before timings
+    gpu_held_s: float = 0.0             # timing with the GPU to itself (every other submission on it stopped)
 
     def to_json(self):
         return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
-                "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s}
+                "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s,
+                "gpu_held_s": self.gpu_held_s}
 
     @classmethod
     def from_json(cls, data):
         return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
-                   restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0))
+                   restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0),
+                   gpu_held_s=data.get("gpu_held_s", 0.0))
 
 
 def _source(cell) -> str:
@@ -162,7 +165,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         env["FUSELAB_GPU_LEASE"] = str(workdir)
     limits = limits or isolate.Limits()
     started = time.monotonic()
-    start, restarts, gpu_wait = 0, 0, 0.0
+    start, restarts, gpu_wait, gpu_held = 0, 0, 0.0, 0.0
     while True:
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
         events_path = workdir / f"clean-events-{restarts}.jsonl"
@@ -189,6 +192,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         server.finish()
         flags += server.notes
         gpu_wait += server.waited_s
+        gpu_held += server.held_s
         outcome = child.wait(timeout=30)
         events = _read_events(events_path)
         by_index = {c["index"]: c for c in cells}
@@ -229,7 +233,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         break
     _fail_rest(verdicts, graded, "", status="not run")
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
-                       restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait)
+                       restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
+                       gpu_held_s=gpu_held)
 
 
 def _fail_rest(verdicts, graded, why, status):
