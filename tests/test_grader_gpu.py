@@ -97,3 +97,14 @@ def test_a_leased_timing_is_not_slowed_by_a_busy_neighbour(tmp_path):
     assert times["shared"] > 1.3 * alone, f"the neighbour did not share the GPU at all: {times}, alone {alone}"
     assert times["leased"] < 1.05 * alone, f"the leased timing was disturbed: {times}, alone {alone}"
     assert not server.notes, server.notes
+
+
+def test_gpu_sized_inputs_are_drawn_on_the_gpu_reproducibly():
+    from fuselab.labs import lab1
+    first, again = lab0.make_inputs((1 << 20,), seed=5, device="cuda"), lab0.make_inputs((1 << 20,), seed=5,
+                                                                                          device="cuda")
+    assert all(t.is_cuda for t in first) and all(torch.equal(x, y) for x, y in zip(first, again))
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    assert (first[0] < 0).any() and (first[0] > 0).any()
+    x = lab1.make_depthwise_inputs((2, 3, 9, 9), seed=5, device="cuda")[0]
+    assert x.is_cuda and torch.equal(x, lab1.make_depthwise_inputs((2, 3, 9, 9), seed=5, device="cuda")[0])

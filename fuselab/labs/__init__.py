@@ -20,3 +20,17 @@ def lab_modules() -> dict:
 def selfcheck_modules() -> dict:
     names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.endswith("_selfcheck"))
     return {name[: -len("_selfcheck")]: importlib.import_module(f"{__name__}.{name}") for name in names}
+
+
+def randn_where_used(shape, gen, seed, device):
+    """Random normal float32 numbers for a large tensor, drawn on ``device`` itself.
+
+    On a CPU they come from ``gen`` (the lab's CPU generator, as before); on a GPU from a generator on that GPU
+    seeded with ``seed``: the GPU-sized inputs of the graded tests are 64M-77M numbers, which take seconds to
+    draw on a CPU and the grader draws several sets of them per submission.
+    """
+    import torch
+    if torch.device(device).type == "cpu":
+        return torch.randn(shape, generator=gen, dtype=torch.float32)
+    return torch.randn(shape, generator=torch.Generator(device=device).manual_seed(seed), device=device,
+                       dtype=torch.float32)

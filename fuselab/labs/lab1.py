@@ -14,6 +14,7 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
+from . import randn_where_used
 from .lab0 import saved_results  # noqa: F401 - the same docs/results/ reader, for students without a GPU
 
 # Activation codes, as the kernels see them (`int act`). LeakyReLU uses `slope`; the others ignore it.
@@ -292,7 +293,7 @@ def make_depthwise_inputs(case, seed, device="cpu", dtype=torch.float32):
     """(x, w, bias or None, act, slope) for a depthwise 3x3 conv; ``case`` is a DepthwiseCase or (N, C, H, W)."""
     case = DepthwiseCase(*case)
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(case.N, case.C, case.H, case.W, generator=gen)
+    x = randn_where_used((case.N, case.C, case.H, case.W), gen, seed, device)
     w = torch.randn(case.C, 1, 3, 3, generator=gen) / 3.0
     bias = torch.randn(case.C, generator=gen) * 0.5 if case.bias else None
     put = lambda t: None if t is None else t.to(device=device, dtype=dtype)  # noqa: E731
