@@ -83,7 +83,7 @@ def test_a_leased_timing_is_not_slowed_by_a_busy_neighbour(tmp_path):
         env = dict(recheck.runner_env(dict(os.environ), tmp_path, None), FUSELAB_GPU_LEASE=str(tmp_path))
         timer = isolate.Child([sys.executable, "-c", TIMER, str(tmp_path / "times.json")], limits=limits, env=env,
                               registry=shared_gpu)
-        server = lease.LeaseServer(shared_gpu, tmp_path, timer)
+        server = lease.LeaseServer(shared_gpu, tmp_path, timer, "0")
         while timer.alive():
             server.poll()
             time.sleep(0.01)

@@ -70,7 +70,7 @@ def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_pa
                    FUSELAB_GPU_LEASE=str(tmp_path))
         timed = isolate.Child([sys.executable, "-c", TIMED, str(counter), str(report)], limits=_limits(),
                               env=env, registry=shared)
-        server = lease.LeaseServer(shared, tmp_path, timed)
+        server = lease.LeaseServer(shared, tmp_path, timed, "0")
         while timed.alive():
             server.poll()
             time.sleep(0.01)
@@ -152,7 +152,7 @@ def test_the_notebook_run_leaves_speed_tests_to_the_clean_recheck(tmp_path, monk
     assert record["status"] == "measured in the clean recheck"
 
 
-def test_speed_cells_are_not_compared_with_the_notebook_run_but_other_cells_are():
+def test_speed_cells_are_flagged_only_when_the_notebook_run_scored_them_and_other_cells_always():
     sub = type("Sub", (), {"student": "s", "lab": "lab0"})()
     speed = recheck.CellVerdict("test_speedup", 3.0, 4.0, "partial", speed=[{"status": "measured"}])
     check = recheck.CellVerdict("test_fused", 0.0, 2.0, "failed", message="wrong at the border")
@@ -161,6 +161,9 @@ def test_speed_cells_are_not_compared_with_the_notebook_run_but_other_cells_are(
     result = pipeline.combine(sub, clean, notebook_run, [])
     assert result["total"] == 3.0
     assert len(result["disagreements"]) == 1 and result["disagreements"][0].startswith("test_fused")
+    # the notebook run scores its speed cells 0: anything else means the test cell was changed
+    tampered = pipeline.combine(sub, clean, {"cells": {"test_speedup": [4.0, 4.0], "test_fused": [0.0, 2.0]}}, [])
+    assert [d.split(":")[0] for d in tampered["disagreements"]] == ["test_speedup"]
 
 
 def test_children_share_the_cpu_cores_and_name_their_gpu(tmp_path, monkeypatch):
@@ -173,3 +176,68 @@ def test_children_share_the_cpu_cores_and_name_their_gpu(tmp_path, monkeypatch):
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a teaching assistant's own setting wins
     assert pipeline._base_env(settings, tmp_path, "0")["OMP_NUM_THREADS"] == "7"
+
+
+def test_a_planted_grant_link_is_never_followed_and_the_gpu_comes_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a teaching assistant's file")
+    sleeper = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    try:
+        (tmp_path / (lease.GRANTED + "t-0001")).symlink_to(victim)
+        (tmp_path / (lease.REQUEST + "t-0001")).write_text("")
+        (tmp_path / (lease.REQUEST + "other-0001")).write_text("")  # another child's tag: not served
+        server = lease.LeaseServer(shared, tmp_path, sleeper, "t")
+        server.poll()
+        assert victim.read_text() == "a teaching assistant's file"
+        assert server.holding is None and "could not be written" in server.notes[0]
+        assert shared._timing.acquire(timeout=1), "the GPU was not given back"
+        shared._timing.release()
+        assert (tmp_path / (lease.REQUEST + "other-0001")).exists()
+        lease.clear_files(tmp_path)
+        assert not list(tmp_path.glob("lease-*")) and victim.exists()
+    finally:
+        sleeper.stop()
+        sleeper.wait()
+
+
+def test_a_lease_held_too_long_is_taken_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0", max_hold_s=0.3)
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    other = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    try:
+        (tmp_path / (lease.REQUEST + "t-0001")).write_text("")  # asked, never released
+        server = lease.LeaseServer(shared, tmp_path, holder, "t")
+        server.poll()
+        assert server.holding is not None
+        assert _state(other.process.pid) == "T"
+        time.sleep(0.4)
+        assert shared.stopped_seconds(other) >= 0.3  # the pause counts while it lasts
+        server.poll()
+        assert server.over_time and server.holding is None
+        assert _state(other.process.pid) != "T"
+    finally:
+        for child in (holder, other):
+            child.stop()
+            child.wait()
+
+
+def _state(pid):
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_clean_builds_lent_to_the_notebook_run_are_plain_files(tmp_path):
+    source, target = tmp_path / "clean", tmp_path / "notebook"
+    (source / "builds" / "k").mkdir(parents=True)
+    (source / "builds" / "k" / "k.so").write_bytes(b"\0" * 100)
+    (source / "builds" / "k.lock").write_text("")
+    (source / "builds" / "elsewhere").symlink_to(tmp_path)
+    (source / "builds" / "secret").symlink_to(tmp_path / "clean" / "builds" / "k" / "k.so")
+    pipeline._copy_builds(source, target)
+    assert (target / "builds" / "k" / "k.so").read_bytes() == b"\0" * 100
+    assert not (target / "builds" / "k.lock").exists()
+    assert not (target / "builds" / "elsewhere").exists() and not (target / "builds" / "secret").exists()
+    pipeline._copy_builds(source, tmp_path / "small", limit_bytes=10)
+    assert not (tmp_path / "small" / "builds" / "k" / "k.so").exists()

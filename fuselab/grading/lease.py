@@ -7,14 +7,19 @@ the timing run, and resumes the others (``SIGCONT``). One timing per GPU at a ti
 seconds of wall time and nothing else.
 
 The timing runs in the clean recheck's child, which asks through files in its own folder (it may be sandboxed,
-so no signals or sockets): ``lease-request-N``, answered by ``lease-granted-N``, ended by ``lease-released-N``.
-``fuselab.grade`` writes the child's side (``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's.
+so no signals or sockets): ``lease-request-T-N``, answered by ``lease-granted-T-N``, ended by
+``lease-released-T-N``, where T is a tag the grader gives each child it starts (``FUSELAB_GPU_LEASE_TAG``), so a
+request left behind by a killed child is never served. ``fuselab.grade`` writes the child's side
+(``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's (``LeaseServer``). The child is untrusted: the
+grader writes its grant without following links, holds a lease at most ``max_hold_s`` (then the child is killed
+and its test fails), and gives the GPU back whatever happens in between.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import signal
 import sys
@@ -25,6 +30,7 @@ from pathlib import Path
 from .isolate import children_of
 
 REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
+PREFIXES = (REQUEST, GRANTED, RELEASED)
 
 
 class _Utilization(ctypes.Structure):
@@ -67,35 +73,51 @@ def wait_until_idle(device, timeout_s: float = 60.0, poll_s: float = 0.02) -> st
     return ""
 
 
-def _signal_tree(pid: int, sig) -> None:
-    # the parent first when stopping (it cannot start new children once stopped), last when continuing
-    tree = [pid] + children_of(pid)
-    for target in tree if sig == signal.SIGSTOP else reversed(tree):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(target, sig)
+def _signal_tree(pid: int, sig) -> list:
+    """Signal ``pid`` and its descendants; returns them. Stopping repeats until no new process appears (one may
+    have been forked before its parent stopped); continuing goes from the leaves up."""
+    if sig != signal.SIGSTOP:
+        tree = [pid] + children_of(pid)
+        for target in reversed(tree):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, sig)
+        return tree
+    stopped: list = []
+    for _ in range(20):
+        fresh = [p for p in [pid] + children_of(pid) if p not in stopped]
+        if not fresh:
+            break
+        for target in fresh:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, sig)
+        stopped += fresh
+    return stopped
 
 
 class DeviceLease:
     """The processes the grader runs on one GPU, and one exclusive timing at a time among them."""
 
-    def __init__(self, device, idle_timeout_s: float = 60.0):
+    def __init__(self, device, idle_timeout_s: float = 60.0, max_hold_s: float = 120.0):
         self.device = device
         self.idle_timeout_s = idle_timeout_s
+        self.max_hold_s = max_hold_s  # a graded timing takes seconds; far longer is a hang or an abuse
         self._timing = threading.Lock()
         self._lock = threading.Lock()
         self._children: set = set()
         self._holder = None
-        self._stopped: list = []      # (child, pid) stopped for the current timing
-        self._stopped_since = 0.0
-        self._stopped_s: dict = {}    # child → seconds it spent stopped (not held against its time limits)
+        self._stopped: dict = {}      # child → (root pid, since) for the current timing
+        self._stopped_s: dict = {}    # child → seconds it spent stopped, finished pauses
 
     def register(self, child) -> None:
         """A child process (``isolate.Child``) started on this GPU; stopped at once if a timing is running."""
         with self._lock:
             self._children.add(child)
             if self._holder is not None and child is not self._holder:
-                _signal_tree(child.process.pid, signal.SIGSTOP)
-                self._stopped.append((child, child.process.pid))
+                self._stop(child)
+
+    def _stop(self, child) -> None:
+        _signal_tree(child.process.pid, signal.SIGSTOP)
+        self._stopped[child] = (child.process.pid, time.monotonic())
 
     def unregister(self, child) -> None:
         with self._lock:
@@ -103,8 +125,10 @@ class DeviceLease:
             self._stopped_s.pop(child, None)
 
     def stopped_seconds(self, child) -> float:
+        """Seconds ``child`` has spent stopped for others' timings, the current pause included."""
         with self._lock:
-            return self._stopped_s.get(child, 0.0)
+            current = self._stopped.get(child)
+            return self._stopped_s.get(child, 0.0) + (time.monotonic() - current[1] if current else 0.0)
 
     def pids(self) -> set:
         """Every process of every registered child's tree."""
@@ -113,39 +137,54 @@ class DeviceLease:
         return {p for root in roots for p in [root] + children_of(root)}
 
     def acquire(self, holder) -> tuple:
-        """Stop everyone else and wait for an idle GPU: ``(seconds waited, note)``."""
-        started = time.monotonic()
+        """Stop everyone else and wait for an idle GPU: ``(seconds waiting for the GPU to go idle, note)``.
+
+        Time spent blocked behind another timing is not counted here: ``holder`` was stopped meanwhile, and
+        ``stopped_seconds`` counts it.
+        """
         self._timing.acquire()
-        with self._lock:
-            self._holder = holder
-            self._stopped_since = time.monotonic()
-            for child in self._children:
-                if child is not holder:
-                    _signal_tree(child.process.pid, signal.SIGSTOP)
-                    self._stopped.append((child, child.process.pid))
-        note = wait_until_idle(self.device, self.idle_timeout_s)
-        return time.monotonic() - started, note
+        try:
+            with self._lock:
+                self._holder = holder
+                for child in self._children:
+                    if child is not holder:
+                        self._stop(child)
+            started = time.monotonic()
+            note = wait_until_idle(self.device, self.idle_timeout_s)
+            return time.monotonic() - started, note
+        except BaseException:
+            self.release()
+            raise
 
     def release(self) -> None:
         with self._lock:
-            paused = time.monotonic() - self._stopped_since
-            for child, pid in reversed(self._stopped):
+            now = time.monotonic()
+            for child, (pid, since) in self._stopped.items():
                 _signal_tree(pid, signal.SIGCONT)
                 if child in self._children:
-                    self._stopped_s[child] = self._stopped_s.get(child, 0.0) + paused
-            self._stopped, self._holder = [], None
+                    self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
+            self._stopped, self._holder = {}, None
         self._timing.release()
+
+
+def clear_files(folder) -> None:
+    """Remove lease files from ``folder`` (before a child starts: nothing left by an earlier one is served)."""
+    for prefix in PREFIXES:
+        for path in Path(folder).glob(prefix + "*"):
+            with contextlib.suppress(OSError):
+                path.unlink()  # a link is removed, never followed
 
 
 class LeaseServer:
     """The parent's side of one child's lease files (polled by ``recheck.run_clean``)."""
 
-    def __init__(self, lease: DeviceLease | None, folder: Path, child):
-        self.lease, self.folder, self.child = lease, Path(folder), child
-        self.holding = None          # the request number being served
-        self.waited_s = 0.0          # time this child spent waiting for the GPU
+    def __init__(self, lease: DeviceLease | None, folder: Path, child, tag: str):
+        self.lease, self.folder, self.child, self.tag = lease, Path(folder), child, tag
+        self.holding = None          # the request being served
+        self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
         self.held_s = 0.0            # time it had the GPU to itself (everyone else on it stopped)
         self.notes: list = []
+        self.over_time = False       # held the GPU past ``max_hold_s``: the caller kills the child
         self._granted_at = 0.0
 
     def paused_s(self) -> float:
@@ -156,29 +195,42 @@ class LeaseServer:
         if self.lease is None:
             return
         if self.holding is None:
-            requests = sorted(self.folder.glob(REQUEST + "*"))
+            requests = sorted(self.folder.glob(f"{REQUEST}{self.tag}-*"))
             if requests:
-                number = requests[0].name[len(REQUEST):]
-                waited, note = self.lease.acquire(self.child)
-                self.waited_s += waited
-                if note:
-                    self.notes.append(note)
-                self.holding = number
-                self._granted_at = time.monotonic()
-                (self.folder / (GRANTED + number)).write_text("")
+                self._grant(requests[0].name[len(REQUEST):])
         elif (self.folder / (RELEASED + self.holding)).exists() or not self.child.alive():
+            self.finish()
+        elif time.monotonic() - self._granted_at > self.lease.max_hold_s:
+            self.over_time = True
+            self.notes.append(f"held the GPU to itself for more than {self.lease.max_hold_s:.0f} s in one timing: "
+                              "stopped")
+            self.finish()
+
+    def _grant(self, number: str) -> None:
+        waited, note = self.lease.acquire(self.child)
+        self.waited_s += waited
+        if note:
+            self.notes.append(note)
+        self.holding, self._granted_at = number, time.monotonic()
+        try:  # never through a link the child planted: O_EXCL refuses any existing name
+            os.close(os.open(self.folder / (GRANTED + number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o644))
+        except OSError as exc:
+            self.notes.append(f"a lease grant could not be written ({exc.strerror}): the GPU was given back")
             self.finish()
 
     def finish(self) -> None:
+        """Give the GPU back (idempotent)."""
         if self.holding is not None:
-            for prefix in (REQUEST, GRANTED, RELEASED):
-                (self.folder / (prefix + self.holding)).unlink(missing_ok=True)
+            for prefix in PREFIXES:
+                with contextlib.suppress(OSError):
+                    (self.folder / (prefix + self.holding)).unlink()
             self.holding = None
             self.held_s += time.monotonic() - self._granted_at
             self.lease.release()
 
 
-_requests = 0
+_requests = itertools.count(1)
 
 
 @contextlib.contextmanager
@@ -187,7 +239,6 @@ def exclusive_gpu():
 
     Outside the grader (``FUSELAB_GPU_LEASE`` unset: a student's own run) it does nothing.
     """
-    global _requests
     folder = os.environ.get("FUSELAB_GPU_LEASE")
     if not folder:
         yield
@@ -195,8 +246,7 @@ def exclusive_gpu():
     torch = sys.modules.get("torch")
     synchronize = torch.cuda.synchronize if torch is not None and torch.cuda.is_initialized() else (lambda: None)
     synchronize()  # work queued before the block is not the timing's
-    _requests += 1
-    number = f"{os.getpid()}-{_requests:04d}"
+    number = f"{os.environ.get('FUSELAB_GPU_LEASE_TAG', '0')}-{next(_requests):04d}"
     (Path(folder) / (REQUEST + number)).write_text("")
     granted = Path(folder) / (GRANTED + number)
     while not granted.exists():  # the grader's time limit for this test still applies

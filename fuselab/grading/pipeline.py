@@ -134,9 +134,21 @@ def _threads_per_child(concurrent: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, concurrent))
 
 
-def _copy_builds(source: Path, target: Path) -> None:
-    if source.is_dir():
-        shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock"))
+def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30) -> None:
+    """Regular files only (a link the student's kernel build left could point anywhere), and not past
+    ``limit_bytes`` (the notebook run then builds the rest itself)."""
+    copied = 0
+    files = sorted(Path(folder) / name for folder, _, names in os.walk(source, followlinks=False) for name in names)
+    for path in files:
+        if path.is_symlink() or not path.is_file() or path.suffix == ".lock":
+            continue
+        size = path.stat().st_size
+        if copied + size > limit_bytes:
+            return
+        destination = target / path.relative_to(source)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, destination, follow_symlinks=False)
+        copied += size
 
 
 def _idle(device, lease=None) -> str:
@@ -157,9 +169,12 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
                  "output": verdict.output}
         in_notebook = notebook_run["cells"].get(grade_id)
         entry["notebook_points"] = in_notebook[0] if in_notebook else None
-        # speed tests are measured in the clean recheck alone (the notebook run leaves them to it)
-        if in_notebook is not None and in_notebook[0] is not None and not verdict.speed:
-            if abs(in_notebook[0] - verdict.points) > 1e-6:
+        if in_notebook is not None and in_notebook[0] is not None:
+            if verdict.speed and in_notebook[0] > 1e-6:
+                # the notebook run measures no speed (it leaves that to the clean recheck) and scores such a cell 0
+                disagreements.append(f"{grade_id}: the notebook run scored {in_notebook[0]:g} in a speed test it "
+                                     "does not measure: was the test cell changed? (the clean result counts)")
+            elif not verdict.speed and abs(in_notebook[0] - verdict.points) > 1e-6:
                 disagreements.append(f"{grade_id}: notebook run gave {in_notebook[0]:g}, clean recheck "
                                      f"{verdict.points:g} of {verdict.max_points:g} (the clean result counts)")
         cells[grade_id] = entry
@@ -190,7 +205,8 @@ def reference_run(lab: str, settings: Settings, leases=None) -> dict:
         if previous.get("notebook_sha") == _sha(path):
             return previous
     shutil.rmtree(workdir, ignore_errors=True)
-    env = dict(os.environ, FUSELAB_CACHE_DIR=str(settings.shared_builds), MPLBACKEND="Agg")
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(settings.shared_builds), MPLBACKEND="Agg",
+               CUDA_DEVICE_ORDER="PCI_BUS_ID")
     _share_cpus(env, settings.cpu_threads)
     env.pop("FUSELAB_SHARED_BUILDS", None)
     device = schedule.devices_for(settings.gpus)[0]

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import isolate
-from .lease import LeaseServer
+from .lease import LeaseServer, clear_files
 from .sanitize import sanitize_cell
 
 
@@ -165,7 +166,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         env["FUSELAB_GPU_LEASE"] = str(workdir)
     limits = limits or isolate.Limits()
     started = time.monotonic()
-    start, restarts, gpu_wait, gpu_held = 0, 0, 0.0, 0.0
+    start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
     while True:
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
         events_path = workdir / f"clean-events-{restarts}.jsonl"
@@ -174,22 +175,34 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
-        child = isolate.Child(command, limits=limits, env=env, cwd=str(workdir), registry=lease)
-        server = LeaseServer(lease, workdir, child)
-        stop_reason = None
-        while child.alive():
-            time.sleep(0.05)
-            server.poll()
-            events = _read_events(events_path)
-            running = events[-1] if events and events[-1]["event"] == "start" else None
-            paused = server.paused_s()
-            if running and time.time() - running["time"] - paused > cell_timeout:
-                stop_reason = f"timed out after {cell_timeout:.0f} s (the test's time limit)"
-                child.stop()
-            elif time.monotonic() - started - paused > total_timeout:
-                stop_reason = f"the submission's time limit ({total_timeout:.0f} s) ran out"
-                child.stop()
-        server.finish()
+        clear_files(workdir)  # a request left by a killed child is never served
+        tag = f"{restarts}-{secrets.token_hex(4)}"
+        child = isolate.Child(command, limits=limits, env=dict(env, FUSELAB_GPU_LEASE_TAG=tag), cwd=str(workdir),
+                              registry=lease)
+        server = LeaseServer(lease, workdir, child, tag)
+        stop_reason, cell_started = None, None   # (index, paused seconds when it started)
+        try:
+            while child.alive():
+                time.sleep(0.05)
+                server.poll()
+                events = _read_events(events_path)
+                running = events[-1] if events and events[-1].get("event") == "start" else None
+                paused = server.paused_s()
+                if running and (cell_started is None or cell_started[0] != running.get("index")):
+                    cell_started = (running.get("index"), paused)
+                if server.over_time:
+                    stop_reason = "held the GPU to itself far longer than a timing takes"
+                    child.stop()
+                elif running and time.time() - float(running.get("time", 0)) - (paused - cell_started[1]) \
+                        > cell_timeout:
+                    stop_reason = f"timed out after {cell_timeout:.0f} s (the test's time limit)"
+                    child.stop()
+                elif time.monotonic() - started - paused_before - paused > total_timeout:
+                    stop_reason = f"the submission's time limit ({total_timeout:.0f} s) ran out"
+                    child.stop()
+        finally:
+            server.finish()  # the GPU goes back to the others whatever happened here
+        paused_before += server.paused_s()
         flags += server.notes
         gpu_wait += server.waited_s
         gpu_held += server.held_s
