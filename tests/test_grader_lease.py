@@ -14,11 +14,12 @@ import pytest
 from fuselab.grading import isolate, lease, pipeline, recheck, schedule
 
 COUNTER = """
-import sys, time
+import os, sys, time
 path, n = sys.argv[1], 0
 while True:
     n += 1
-    open(path, "w").write(str(n))
+    open(path + ".tmp", "w").write(str(n))
+    os.replace(path + ".tmp", path)  # a reader never sees a half-written number
     time.sleep(0.01)
 """
 
@@ -216,7 +217,7 @@ def test_a_lease_held_too_long_is_taken_back(tmp_path, monkeypatch):
         time.sleep(0.4)
         assert shared.stopped_seconds(other) >= 0.3  # the pause counts while it lasts
         server.poll()
-        assert server.over_time and server.holding is None
+        assert server.stop_reason and server.holding is None
         assert _state(other.process.pid) != "T"
     finally:
         for child in (holder, other):
@@ -241,3 +242,51 @@ def test_the_clean_builds_lent_to_the_notebook_run_are_plain_files(tmp_path):
     assert not (target / "builds" / "elsewhere").exists() and not (target / "builds" / "secret").exists()
     pipeline._copy_builds(source, tmp_path / "small", limit_bytes=10)
     assert not (tmp_path / "small" / "builds" / "k" / "k.so").exists()
+    (tmp_path / "linked").symlink_to(source)  # the whole cache folder replaced by a link: nothing is copied
+    pipeline._copy_builds(tmp_path / "linked", tmp_path / "via-link")
+    assert not (tmp_path / "via-link").exists()
+
+
+class _PausedRegistry:
+    """A registry that says its child was stopped for others' timings for ``seconds``."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def register(self, child):
+        pass
+
+    def unregister(self, child):
+        pass
+
+    def stopped_seconds(self, child):
+        return self.seconds
+
+
+def test_wall_limits_leave_out_pauses_and_a_late_wait_is_no_timeout():
+    paused = isolate.run([sys.executable, "-c", "import time; time.sleep(2)"],
+                         limits=isolate.Limits(wall_s=1, memory_bytes=None), registry=_PausedRegistry(5.0))
+    assert paused.ok, paused.describe()
+    slow = isolate.run([sys.executable, "-c", "import time; time.sleep(5)"],
+                       limits=isolate.Limits(wall_s=1, memory_bytes=None))
+    assert slow.timed_out and slow.seconds < 4
+    crasher = isolate.Child([sys.executable, "-c", "import os, signal, time; time.sleep(1.5); "
+                             "os.kill(os.getpid(), signal.SIGSEGV)"], limits=_limits())
+    while crasher.alive():
+        time.sleep(0.05)
+    outcome = crasher.wait(timeout=1)  # the child is older than the timeout: it ended, it did not time out
+    assert not outcome.timed_out and "SIGSEGV" in outcome.describe()
+
+
+def test_garbage_in_the_events_file_does_not_break_the_clean_recheck(tmp_path):
+    from .test_grader_isolation import _cell, _notebook
+    forge = ("import sys\nopen(sys.argv[2], 'a').write('[1]\\n\"x\"\\n{\"event\": \"start\", \"index\": 99, "
+             "\"time\": \"soon\"}\\n{\"event\": \"end\", \"index\": \"0\"}\\n')")
+    # written from a setup cell: a solution's function that reached for sys would be dropped by the sanitizer
+    notebook = _notebook([_cell("VALUE = 41\n" + forge, "setup"),
+                          _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
+                          _cell("assert answer() == 42", "test_one", graded=True, points=2),
+                          _cell("assert answer() == 42", "test_two", graded=True, points=3)])
+    result = recheck.run_clean(notebook, notebook, tmp_path, cell_timeout=20, total_timeout=60,
+                               limits=isolate.Limits(memory_bytes=2 * 2**30))
+    assert {k: v.points for k, v in result.cells.items()} == {"test_one": 2.0, "test_two": 3.0}

@@ -175,13 +175,27 @@ class Child:
         self.timed_out = self.timed_out or timed_out
         kill_tree(self.process.pid)
 
+    def paused(self) -> float:
+        """Seconds it spent stopped so another submission could time a kernel alone: not its own time."""
+        return self.registry.stopped_seconds(self) if self.registry is not None else 0.0
+
+    def _time_left(self, deadline) -> float:
+        if deadline is not None:
+            return deadline - time.monotonic()
+        return self.limits.wall_s - (self.elapsed() - self.paused())
+
     def wait(self, timeout=None) -> Outcome:
-        limit = self.limits.wall_s if timeout is None else timeout
-        try:
-            stdout, stderr = self.process.communicate(timeout=max(0.0, limit - self.elapsed()))
-        except subprocess.TimeoutExpired:
-            self.stop()
-            stdout, stderr = self.process.communicate()
+        """Wait for the end: at most ``timeout`` more seconds, or (None) until its wall limit, pauses not counted."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                stdout, stderr = self.process.communicate(timeout=max(0.0, min(self._time_left(deadline), 1.0)))
+                break
+            except subprocess.TimeoutExpired:
+                if self._time_left(deadline) <= 0:
+                    self.stop()
+                    stdout, stderr = self.process.communicate()
+                    break
         self._done.set()
         kill_tree(self.process.pid)  # leftovers a finished child may have started (a kernel, a compiler)
         if self.registry is not None:

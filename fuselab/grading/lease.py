@@ -116,13 +116,14 @@ class DeviceLease:
                 self._stop(child)
 
     def _stop(self, child) -> None:
+        self._stopped[child] = (child.process.pid, time.monotonic())  # first: whatever happens, it is resumed
         _signal_tree(child.process.pid, signal.SIGSTOP)
-        self._stopped[child] = (child.process.pid, time.monotonic())
 
     def unregister(self, child) -> None:
         with self._lock:
             self._children.discard(child)
             self._stopped_s.pop(child, None)
+            self._stopped.pop(child, None)  # its pid may be reused: never signalled again
 
     def stopped_seconds(self, child) -> float:
         """Seconds ``child`` has spent stopped for others' timings, the current pause included."""
@@ -157,14 +158,16 @@ class DeviceLease:
             raise
 
     def release(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            for child, (pid, since) in self._stopped.items():
-                _signal_tree(pid, signal.SIGCONT)
-                if child in self._children:
+        try:
+            with self._lock:
+                now = time.monotonic()
+                stopped, self._stopped, self._holder = self._stopped, {}, None
+                for child, (pid, since) in stopped.items():
                     self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
-            self._stopped, self._holder = {}, None
-        self._timing.release()
+                    with contextlib.suppress(OSError):
+                        _signal_tree(pid, signal.SIGCONT)
+        finally:
+            self._timing.release()
 
 
 def clear_files(folder) -> None:
@@ -184,7 +187,7 @@ class LeaseServer:
         self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
         self.held_s = 0.0            # time it had the GPU to itself (everyone else on it stopped)
         self.notes: list = []
-        self.over_time = False       # held the GPU past ``max_hold_s``: the caller kills the child
+        self.stop_reason = None      # set when the child must be stopped (held too long, broke the protocol)
         self._granted_at = 0.0
 
     def paused_s(self) -> float:
@@ -196,12 +199,12 @@ class LeaseServer:
             return
         if self.holding is None:
             requests = sorted(self.folder.glob(f"{REQUEST}{self.tag}-*"))
-            if requests:
+            if requests and self.child.alive():
                 self._grant(requests[0].name[len(REQUEST):])
         elif (self.folder / (RELEASED + self.holding)).exists() or not self.child.alive():
             self.finish()
         elif time.monotonic() - self._granted_at > self.lease.max_hold_s:
-            self.over_time = True
+            self.stop_reason = "held the GPU to itself far longer than a timing takes"
             self.notes.append(f"held the GPU to itself for more than {self.lease.max_hold_s:.0f} s in one timing: "
                               "stopped")
             self.finish()
@@ -216,6 +219,7 @@ class LeaseServer:
             os.close(os.open(self.folder / (GRANTED + number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                              0o644))
         except OSError as exc:
+            self.stop_reason = "its request for the GPU could not be answered (a file in the way of the grant)"
             self.notes.append(f"a lease grant could not be written ({exc.strerror}): the GPU was given back")
             self.finish()
 

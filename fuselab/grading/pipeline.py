@@ -137,6 +137,8 @@ def _threads_per_child(concurrent: int) -> int:
 def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30) -> None:
     """Regular files only (a link the student's kernel build left could point anywhere), and not past
     ``limit_bytes`` (the notebook run then builds the rest itself)."""
+    if Path(source).is_symlink() or not Path(source).is_dir():
+        return  # a cache folder the child replaced by a link is not followed anywhere
     copied = 0
     files = sorted(Path(folder) / name for folder, _, names in os.walk(source, followlinks=False) for name in names)
     for path in files:

@@ -113,6 +113,8 @@ def _score(cell, end) -> CellVerdict:
                            message="wrote to stderr (nbgrader gives such a cell 0): " + end["stderr"].strip()[:500],
                            **common)
     value = end.get("value")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        value = None
     if value is not None:
         if not 0 <= value <= maximum:
             return CellVerdict(points=0.0, status="failed",
@@ -125,15 +127,24 @@ def _score(cell, end) -> CellVerdict:
 
 
 def _read_events(path: Path) -> list:
+    """The child's events; the file is in the child's folder, so anything but well-formed events is dropped."""
     if not path.exists():
         return []
     events = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            events.append(json.loads(line))
+            event = json.loads(line)
         except json.JSONDecodeError:
             break  # a line cut short by a kill
+        if isinstance(event, dict) and isinstance(event.get("event"), str) and \
+                (event["event"] == "done" or isinstance(event.get("index"), int)):
+            events.append(event)
     return events
+
+
+def _event_time(event) -> float:
+    value = event.get("time")
+    return float(value) if isinstance(value, (int, float)) else time.time()
 
 
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
@@ -190,16 +201,19 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 paused = server.paused_s()
                 if running and (cell_started is None or cell_started[0] != running.get("index")):
                     cell_started = (running.get("index"), paused)
-                if server.over_time:
-                    stop_reason = "held the GPU to itself far longer than a timing takes"
+                if server.stop_reason:
+                    stop_reason = server.stop_reason
                     child.stop()
-                elif running and time.time() - float(running.get("time", 0)) - (paused - cell_started[1]) \
-                        > cell_timeout:
+                elif running and time.time() - _event_time(running) - (paused - cell_started[1]) > cell_timeout:
                     stop_reason = f"timed out after {cell_timeout:.0f} s (the test's time limit)"
                     child.stop()
                 elif time.monotonic() - started - paused_before - paused > total_timeout:
                     stop_reason = f"the submission's time limit ({total_timeout:.0f} s) ran out"
                     child.stop()
+        except BaseException:
+            child.stop()  # never left running (or registered) behind a grader error
+            child.wait(timeout=10)
+            raise
         finally:
             server.finish()  # the GPU goes back to the others whatever happened here
         paused_before += server.paused_s()
@@ -209,9 +223,11 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         outcome = child.wait(timeout=30)
         events = _read_events(events_path)
         by_index = {c["index"]: c for c in cells}
+        events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
         for event in events:
-            if event["event"] == "end" and by_index[event["index"]]["graded"]:
-                verdicts[event["grade_id"]] = _score(by_index[event["index"]], event)
+            cell = by_index.get(event.get("index"))
+            if event["event"] == "end" and cell["graded"]:
+                verdicts[cell["grade_id"]] = _score(cell, event)
         last = events[-1] if events else None
         if last and last["event"] == "done":
             break
@@ -231,7 +247,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 verdicts[culprit["grade_id"]] = CellVerdict(
                     culprit["grade_id"], 0.0, culprit["points"],
                     "timed out" if "timed out" in why else "crashed", why,
-                    seconds=time.time() - last["time"])
+                    seconds=time.time() - _event_time(last))
             if "submission's time limit" in why:
                 _fail_rest(verdicts, graded, why, status="not run")
                 break
