@@ -101,17 +101,25 @@ def _cell_seconds(cell) -> float:
     return (parse(ended.replace("Z", "+00:00")) - parse(began.replace("Z", "+00:00"))).total_seconds()
 
 
+def _pack(out, name, folder, patterns):
+    """Files of ``folder`` matching ``patterns`` into ``$OUT/name`` (the device tool brings back 8 files)."""
+    import tarfile
+    with tarfile.open(Path(out) / name, "w:gz") as tar:
+        for pattern in patterns:
+            for path in sorted(Path(folder).glob(pattern)):
+                tar.add(path, arcname=str(path.relative_to(folder)))
+
+
 def stage_notebooks(out, cell_timeout=420):
     """Every solution notebook top to bottom with its demo cells (grading mode off), as an instructor runs it.
 
     Executed copies go into ``$OUT/notebooks.tar.gz``; errors and stderr output fail the stage.
     """
-    import tarfile
-
     import nbformat
     from nbclient import NotebookClient
     from .course import SOLUTIONS, lab_names
-    results, executed = {}, []
+    results = {}
+    executed = Path(tempfile.mkdtemp(prefix="fuselab-notebooks-"))
     saved_env = dict(os.environ)
     os.environ.pop("FUSELAB_GRADING", None)
     os.environ["MPLBACKEND"] = "Agg"
@@ -128,9 +136,8 @@ def stage_notebooks(out, cell_timeout=420):
                 crash = None
             except Exception as exc:  # noqa: BLE001 - a dead kernel or a timeout is this lab's result
                 crash = f"{type(exc).__name__}: {str(exc)[:300]}"
-            target = Path(out) / f"executed-{lab}.ipynb"
+            target = executed / f"executed-{lab}.ipynb"
             nbformat.write(nb, target)
-            executed.append(target)
             slowest = sorted(((round(_cell_seconds(c), 1), c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                                or f"cell {i}") for i, c in enumerate(nb.cells) if c.cell_type == "code"),
                              reverse=True)[:4]
@@ -141,10 +148,8 @@ def stage_notebooks(out, cell_timeout=420):
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
-    with tarfile.open(Path(out) / "notebooks.tar.gz", "w:gz") as tar:
-        for target in executed:
-            tar.add(target, arcname=target.name)
-            target.unlink()
+    _pack(out, "notebooks.tar.gz", executed, ["*.ipynb"])
+    shutil.rmtree(executed, ignore_errors=True)
     bad = [lab for lab, r in results.items() if r["errors"] or r["stderr"] or r["crash"]]
     durations = ", ".join(f"{lab} {r['seconds']:.0f}s" for lab, r in results.items())
     return {"status": "FAIL" if bad else "ok", "labs": results,
@@ -168,15 +173,6 @@ def stage_grade(out):
         for executed in sorted((Path(workdir) / "autograded" / "solution").glob("*/*.ipynb")):
             notebooks[executed.parent.name] = _problems(executed)
     return {"seconds": time.perf_counter() - started, "scores": scores, "notebooks": notebooks}
-
-
-def _pack(out, name, folder, patterns):
-    """Files of ``folder`` matching ``patterns`` into ``$OUT/name`` (the device tool brings back 8 files)."""
-    import tarfile
-    with tarfile.open(Path(out) / name, "w:gz") as tar:
-        for pattern in patterns:
-            for path in sorted(Path(folder).glob(pattern)):
-                tar.add(path, arcname=str(path.relative_to(folder)))
 
 
 def stage_samples(out):
@@ -220,7 +216,7 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
     grading = result.phase_seconds.get("submissions", 0.0)
     return {"status": "ok" if full == n else "MISS", "submissions": per, "wall_seconds": wall,
             "reference_seconds": reference, "phase_seconds": result.phase_seconds,
-            "submission_phase_per_submission": result.phase_seconds.get("submissions", 0.0) / max(n, 1),
+            "submission_phase_per_submission": grading / max(n, 1),
             # the part that cannot overlap: timings with the GPU to themselves
             "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
             "seconds_per_submission": wall / max(n, 1), "full_marks": full,

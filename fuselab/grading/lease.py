@@ -192,7 +192,7 @@ class LeaseServer:
 
     def paused_s(self) -> float:
         """Seconds the child spent waiting for the GPU or stopped for others' timings: not its own time."""
-        return self.waited_s + (self.lease.stopped_seconds(self.child) if self.lease is not None else 0.0)
+        return self.waited_s + self.child.paused()
 
     def poll(self) -> None:
         if self.lease is None:

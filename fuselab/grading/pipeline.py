@@ -192,7 +192,7 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
             "gpu_wait_seconds": clean.gpu_wait_s, "gpu_held_seconds": clean.gpu_held_s}
 
 
-def reference_run(lab: str, settings: Settings, leases=None) -> dict:
+def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict:
     """The instructor's own solution through the clean recheck, by the trusted grader, before any student.
 
     It fills the shared build cache (the lab's reference kernels, the starter and solution kernels) and proves
@@ -211,10 +211,9 @@ def reference_run(lab: str, settings: Settings, leases=None) -> dict:
                CUDA_DEVICE_ORDER="PCI_BUS_ID")
     _share_cpus(env, settings.cpu_threads)
     env.pop("FUSELAB_SHARED_BUILDS", None)
-    device = schedule.devices_for(settings.gpus)[0]
     clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
                               total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
-                              lease=(leases or {}).get(device))
+                              lease=lease)
     cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")
@@ -248,7 +247,8 @@ def grade(source, settings: Settings) -> ClassResult:
     labs_graded = sorted({s.lab for s in submissions})
     settings.cpu_threads = _threads_per_child(len(labs_graded))
     with ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
-        reference = dict(zip(labs_graded, pool.map(lambda lab: reference_run(lab, settings, leases), labs_graded)))
+        reference = dict(zip(labs_graded, pool.map(
+            lambda lab: reference_run(lab, settings, devices[0], leases.get(devices[0])), labs_graded)))
     phases["reference runs"], clock = time.monotonic() - clock, time.monotonic()
 
     todo, results = [], {}
