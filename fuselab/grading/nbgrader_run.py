@@ -11,10 +11,12 @@ gradebook, where formgrader, ``generate_feedback`` and ``export`` find them.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -82,11 +84,13 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     # nbgrader talks to its kernel over loopback: a bare network namespace (loopback down) would stop it, so
     # only bubblewrap (which brings loopback up) takes the network away here.
     limits = isolate.Limits(**{**limits.__dict__, "wall_s": wall_timeout, "no_network": False})
+    started = time.time()
     outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER), registry=lease)
-    result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds}
+    result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds, "phases": {}}
     graded = scratch / "autograded" / student / lab / notebook_name(lab)
     if graded.exists():
         result["autograded"] = str(graded)
+        result["phases"] = phases(json.loads(graded.read_text()), started, started + outcome.seconds)
     if not graded.exists():
         result["error"] = ("nbgrader could not run the notebook to the end (its kernel died or a cell hit the time "
                            f"limit; nbgrader {outcome.describe()})")
@@ -103,6 +107,24 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
         result["error"] = (result["error"] or "nbgrader did not grade the notebook") + ": " + \
             (outcome.stdout + outcome.stderr).strip()[-800:]
     return result
+
+
+def phases(executed_nb: dict, started: float, ended: float) -> dict:
+    """Where an autograde's time went, from the cells' execution times nbclient records: nbgrader and the
+    kernel starting (before the first cell), the cells, and nbgrader finishing. Empty if there are none."""
+    def stamp(text):
+        try:
+            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except (AttributeError, ValueError):
+            return None
+    times = [(stamp(ex.get("iopub.execute_input")), stamp(ex.get("shell.execute_reply")))
+             for cell in executed_nb.get("cells", []) if cell.get("cell_type") == "code"
+             for ex in [cell.get("metadata", {}).get("execution") or {}]]
+    times = [(a, b) for a, b in times if a is not None and b is not None]
+    if not times:
+        return {}
+    first, last = min(a for a, _ in times), max(b for _, b in times)
+    return {"start": round(first - started, 3), "cells": round(last - first, 3), "finish": round(ended - last, 3)}
 
 
 def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy: Path) -> None:

@@ -189,7 +189,8 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
             "manual_cells": manual, "flags": clean.flags, "disagreements": disagreements, "notes": notes,
             "restarts": clean.restarts, "notebook_autograded": notebook_run.get("autograded"),
             "nbgrader_seconds": notebook_run.get("seconds"), "clean_seconds": clean.seconds,
-            "gpu_wait_seconds": clean.gpu_wait_s, "gpu_held_seconds": clean.gpu_held_s}
+            "gpu_wait_seconds": clean.gpu_wait_s, "gpu_held_seconds": clean.gpu_held_s,
+            "clean_timeline": clean.timeline, "nbgrader_phases": notebook_run.get("phases", {})}
 
 
 def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict:
@@ -294,10 +295,14 @@ def grade(source, settings: Settings) -> ClassResult:
     class_result = ClassResult(out=settings.out, results=ordered, problems=problems, reference=reference,
                                phase_seconds=phases)
     if settings.feedback:
-        for lab in sorted({r["lab"] for r in ordered}):
-            for result in [r for r in ordered if r["lab"] == lab]:
-                feedback.prepare(course_root, result["student"], lab, result)
-            class_result.feedback[lab] = feedback.generate(course_root, lab, settings.out / "feedback")
+        feedback_labs = sorted({r["lab"] for r in ordered})
+        for result in ordered:
+            feedback.prepare(course_root, result["student"], result["lab"], result)
+        # one nbgrader process per lab, side by side: each converts its notebooks one by one, and the gradebook
+        # is only read
+        with ThreadPoolExecutor(max_workers=max(1, len(feedback_labs))) as pool:
+            pages = pool.map(lambda lab: feedback.generate(course_root, lab, settings.out / "feedback"), feedback_labs)
+            class_result.feedback = dict(zip(feedback_labs, pages))
     phases["feedback"], clock = time.monotonic() - clock, time.monotonic()
     nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
     class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv")

@@ -48,17 +48,20 @@ class CleanResult:
     seconds: float = 0.0
     gpu_wait_s: float = 0.0             # waiting for the shared GPU (lease) before timings
     gpu_held_s: float = 0.0             # timing with the GPU to itself (every other submission on it stopped)
+    # where the time went, every cell (setup, builds and demos too) and each process's start before its first
+    # cell: label → seconds, summed over restarts, for the grader's throughput report
+    timeline: dict = field(default_factory=dict)
 
     def to_json(self):
         return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
                 "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s,
-                "gpu_held_s": self.gpu_held_s}
+                "gpu_held_s": self.gpu_held_s, "timeline": self.timeline}
 
     @classmethod
     def from_json(cls, data):
         return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
                    restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0),
-                   gpu_held_s=data.get("gpu_held_s", 0.0))
+                   gpu_held_s=data.get("gpu_held_s", 0.0), timeline=data.get("timeline", {}))
 
 
 def _source(cell) -> str:
@@ -178,6 +181,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
+    timeline: dict = {}
     while True:
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
         events_path = workdir / f"clean-events-{restarts}.jsonl"
@@ -188,6 +192,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                                         readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
         clear_files(workdir)  # a request left by a killed child is never served
         tag = f"{restarts}-{secrets.token_hex(4)}"
+        spawned = time.time()
         child = isolate.Child(command, limits=limits, env=dict(env, FUSELAB_GPU_LEASE_TAG=tag), cwd=str(workdir),
                               registry=lease)
         server = LeaseServer(lease, workdir, child, tag)
@@ -224,6 +229,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         events = _read_events(events_path)
         by_index = {c["index"]: c for c in cells}
         events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
+        _add_timeline(timeline, events, by_index, spawned)
         for event in events:
             cell = by_index.get(event.get("index"))
             if event["event"] == "end" and cell["graded"]:
@@ -263,7 +269,19 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     _fail_rest(verdicts, graded, "", status="not run")
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
-                       gpu_held_s=gpu_held)
+                       gpu_held_s=gpu_held, timeline={k: round(v, 3) for k, v in timeline.items()})
+
+
+def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:
+    """Add one process's cells to ``timeline``; a cell's label is its grade_id or ``cell N``."""
+    starts = [e for e in events if e["event"] == "start"]
+    if starts:
+        timeline["process start"] = timeline.get("process start", 0.0) + max(0.0, _event_time(starts[0]) - spawned)
+    for event in events:
+        if event["event"] == "end" and isinstance(event.get("seconds"), (int, float)):
+            cell = by_index[event["index"]]
+            label = cell["grade_id"] or f"cell {cell['index']}"
+            timeline[label] = timeline.get(label, 0.0) + float(event["seconds"])
 
 
 def _fail_rest(verdicts, graded, why, status):
