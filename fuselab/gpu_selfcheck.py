@@ -270,8 +270,9 @@ STAGES = {"env": stage_env, "build": stage_build, "timing": stage_timing, "emula
 
 def _git_commit():
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True).stdout.strip() or os.environ.get("FUSELAB_COMMIT", "unknown")
+        # the GPU machine's copy of the tree may carry an older .git: the commit named by the caller wins
+        return os.environ.get("FUSELAB_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip() or "unknown"
     except OSError:
         return os.environ.get("FUSELAB_COMMIT", "unknown")
 

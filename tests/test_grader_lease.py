@@ -54,8 +54,15 @@ def test_workers_share_each_gpu_and_cpu_workers_stay_as_given(monkeypatch):
     assert schedule.workers_for(["0", "1"], 3) == ["0", "1", "0", "1", "0", "1"]
     assert schedule.workers_for([None, None], 5) == [None, None]
     monkeypatch.setattr(schedule.os, "cpu_count", lambda: 16)
-    assert schedule.workers_for(["0"]) == ["0"] * 5          # one per 3 cores
-    assert schedule.workers_for(["0", "1", "2", "3"]) == ["0", "1", "2", "3"]  # at least one each
+    monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: 139.8)  # the H200
+    assert schedule.workers_for(["0"]) == ["0"] * 10         # two per three cores
+    assert schedule.workers_for(["0", "1", "2", "3"]) == ["0", "1", "2", "3"] * 2
+    assert schedule.workers_for(list("01234567")) == list("01234567")  # at least one each
+    monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: 23.6)  # a 24 GB card: memory decides
+    assert schedule.workers_for(["0"]) == ["0"] * 3
+    monkeypatch.setattr(schedule.os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: None)  # unknown memory: the cap
+    assert schedule.workers_for(["0"]) == ["0"] * schedule.MAX_JOBS_PER_GPU
     with pytest.raises(ValueError, match="at least 1"):
         schedule.workers_for(["0"], 0)
 

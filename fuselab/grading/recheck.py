@@ -277,11 +277,15 @@ def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) 
     starts = [e for e in events if e["event"] == "start"]
     if starts:
         timeline["process start"] = timeline.get("process start", 0.0) + max(0.0, _event_time(starts[0]) - spawned)
+    def add(index, seconds):
+        cell = by_index[index]
+        label = cell["grade_id"] or f"cell {cell['index']}"
+        timeline[label] = timeline.get(label, 0.0) + seconds
     for event in events:
         if event["event"] == "end" and isinstance(event.get("seconds"), (int, float)):
-            cell = by_index[event["index"]]
-            label = cell["grade_id"] or f"cell {cell['index']}"
-            timeline[label] = timeline.get(label, 0.0) + float(event["seconds"])
+            add(event["index"], float(event["seconds"]))
+    if events and events[-1]["event"] == "start":  # the cell the process died or was stopped in
+        add(events[-1]["index"], max(0.0, time.time() - _event_time(events[-1])))
 
 
 def _fail_rest(verdicts, graded, why, status):

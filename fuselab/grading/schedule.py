@@ -48,8 +48,41 @@ def devices_for(gpus, cpu_workers: int = 1) -> list:
     return chosen if chosen else [None] * max(1, cpu_workers)
 
 
+# Measured on the H200 machine (16 cores, 139 GiB; docs/RESULTS.md): 10 correct submissions sharing the GPU peaked
+# at 57 GiB of GPU memory with the CPU 41 % busy, 16 at 74 GiB and 49 %. So about 6 GiB each, and CPU to spare.
+GPU_MEMORY_PER_JOB_GIB = 6
+MAX_JOBS_PER_GPU = 16
+
+
+def default_jobs_per_gpu(gpus: list, cores: int | None = None, memory_gib: float | None = None) -> int:
+    """Two submissions per three CPU cores of each GPU's share, as many as its memory holds, at most 16."""
+    cores = cores or os.cpu_count() or 1
+    by_cpu = max(1, 2 * cores // (3 * max(1, len(gpus))))
+    memory_gib = memory_gib if memory_gib is not None else smallest_gpu_memory_gib(gpus)
+    by_memory = max(1, int(memory_gib // GPU_MEMORY_PER_JOB_GIB)) if memory_gib else MAX_JOBS_PER_GPU
+    return min(by_cpu, by_memory, MAX_JOBS_PER_GPU)
+
+
+def smallest_gpu_memory_gib(gpus: list) -> float | None:
+    """The smallest total memory among ``gpus`` (nvidia-smi indices), in GiB; None if it cannot be read."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    result = subprocess.run([smi, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                            capture_output=True, text=True)
+    sizes = {}
+    for line in result.stdout.splitlines():
+        index, _, mib = line.partition(",")
+        try:
+            sizes[index.strip()] = float(mib) / 1024
+        except ValueError:
+            continue
+    chosen = [sizes[g] for g in gpus if g in sizes] or list(sizes.values())
+    return min(chosen) if chosen else None
+
+
 def workers_for(devices: list, jobs_per_gpu: int | None = None) -> list:
-    """Worker slots: each GPU ``jobs_per_gpu`` times (default: about one per three CPU cores per GPU, at most 6).
+    """Worker slots: each GPU ``jobs_per_gpu`` times (default: ``default_jobs_per_gpu``).
 
     Submissions sharing a GPU build, run nbgrader and check correctness side by side; their graded timings take
     the GPU one at a time (``lease``). CPU workers (``None``) stay as given.
@@ -58,7 +91,7 @@ def workers_for(devices: list, jobs_per_gpu: int | None = None) -> list:
     if not gpus:
         return list(devices)
     if jobs_per_gpu is None:
-        jobs_per_gpu = max(1, min(6, (os.cpu_count() or 1) // (3 * len(gpus))))
+        jobs_per_gpu = default_jobs_per_gpu(gpus)
     if jobs_per_gpu < 1:
         raise ValueError(f"jobs per GPU must be at least 1, not {jobs_per_gpu}")
     return [d for _ in range(jobs_per_gpu) for d in gpus]
