@@ -12,6 +12,11 @@ top to bottom, headless, and its errors and stderr are reported too), ``notebook
 to bottom with its demo cells, as an instructor runs it: not in grading mode), ``samples`` (the grader's sample
 class: every sample must get the grade it deserves) and ``throughput`` (grading time per submission on copies
 of the correct samples). Full results go to ``$OUT`` (or ``--out``) as JSON; a short table is printed last.
+
+Environment: ``FUSELAB_NOTEBOOKS=lab3`` and ``FUSELAB_SAMPLES=correct,cheat_cache`` narrow those stages;
+``FUSELAB_THROUGHPUT_COPIES`` (default 3) and ``FUSELAB_THROUGHPUT_JOBS=10,16`` (submissions sharing the GPU,
+one run each; default: the grader's own choice) shape the throughput stage; ``FUSELAB_COMMIT`` names the
+commit in the results where the GPU machine's copy has no up-to-date ``.git``.
 """
 
 from __future__ import annotations
@@ -111,7 +116,8 @@ def _pack(out, name, folder, patterns):
 
 
 def stage_notebooks(out, cell_timeout=420):
-    """Every solution notebook top to bottom with its demo cells (grading mode off), as an instructor runs it.
+    """Every solution notebook top to bottom with its demo cells (grading mode off), as an instructor runs it
+    (``FUSELAB_NOTEBOOKS``: only these labs, comma-separated).
 
     Executed copies go into ``$OUT/notebooks.tar.gz``; errors and stderr output fail the stage.
     """
@@ -124,7 +130,8 @@ def stage_notebooks(out, cell_timeout=420):
     os.environ.pop("FUSELAB_GRADING", None)
     os.environ["MPLBACKEND"] = "Agg"
     try:
-        for lab in lab_names():
+        chosen = [lab for lab in saved_env.get("FUSELAB_NOTEBOOKS", "").split(",") if lab] or lab_names()
+        for lab in chosen:
             path = next((SOLUTIONS / lab).glob("*.ipynb"))
             nb = nbformat.read(path, as_version=4)
             started = time.perf_counter()
