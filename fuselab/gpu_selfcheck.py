@@ -209,7 +209,10 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
     for k in range(copies):
         for lab in labs:
             shutil.copytree(work / "examples" / "correct" / lab, work / "class" / f"student{k:02d}" / lab)
-    jobs = [int(j) for j in os.environ.get("FUSELAB_THROUGHPUT_JOBS", "").split(",") if j.strip()] or [None]
+    jobs = list(dict.fromkeys(int(j) for j in os.environ.get("FUSELAB_THROUGHPUT_JOBS", "").split(",")
+                              if j.strip())) or [None]
+    if any(j < 1 for j in jobs if j is not None):
+        raise ValueError(f"FUSELAB_THROUGHPUT_JOBS must list numbers of at least 1, not {jobs}")
     runs = [_throughput_run(work, f"run-{j or 'default'}", j) for j in jobs]
     best = min(runs, key=lambda r: r["submission_phase_per_submission"])
     headline = "; ".join(r["headline"] for r in runs)
@@ -221,14 +224,12 @@ def _throughput_run(work, name, jobs_per_gpu):
     from .grading.pipeline import Settings, grade
     from .load_sampler import LoadSampler
     started = time.perf_counter()
-    clock = time.monotonic()
     with LoadSampler() as load:
         result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120,
-                                                submission_timeout=600, jobs_per_gpu=jobs_per_gpu))
+                                                submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True))
     wall = time.perf_counter() - started
     phases = result.phase_seconds
     grading = phases.get("submissions", 0.0)
-    since = clock + phases.get("reference runs", 0.0)
     per = [{k: r.get(k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
                                   "clean_seconds", "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline",
                                   "nbgrader_phases")}
@@ -238,11 +239,12 @@ def _throughput_run(work, name, jobs_per_gpu):
     full = sum(r["total"] == r["max_total"] for r in result.results)
     n = len(per)
     from .grading.schedule import devices_for, workers_for
-    sharing = len(workers_for(devices_for("auto"), jobs_per_gpu))
+    gpus = devices_for("auto")
+    sharing = len(workers_for(gpus, jobs_per_gpu)) // max(1, len(gpus))  # per GPU
     return {"status": "ok" if full == n else "MISS", "jobs": sharing, "submissions": per, "wall_seconds": wall,
             "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
             "phase_seconds": phases, "submission_phase_per_submission": grading / max(n, 1),
-            "load_while_grading": load.summary(since, since + grading),
+            "load_while_grading": load.summary(*result.phase_spans["submissions"]),
             "time_by_lab": _median_times(per),
             # the part that cannot overlap: timings with the GPU to themselves
             "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),

@@ -53,16 +53,18 @@ def _wait_for_file(path, timeout=20):
 def test_workers_share_each_gpu_and_cpu_workers_stay_as_given(monkeypatch):
     assert schedule.workers_for(["0", "1"], 3) == ["0", "1", "0", "1", "0", "1"]
     assert schedule.workers_for([None, None], 5) == [None, None]
-    monkeypatch.setattr(schedule.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(schedule, "available_cores", lambda: 16)
     monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: 139.8)  # the H200
     assert schedule.workers_for(["0"]) == ["0"] * 10         # two per three cores
     assert schedule.workers_for(["0", "1", "2", "3"]) == ["0", "1", "2", "3"] * 2
     assert schedule.workers_for(list("01234567")) == list("01234567")  # at least one each
     monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: 23.6)  # a 24 GB card: memory decides
     assert schedule.workers_for(["0"]) == ["0"] * 3
-    monkeypatch.setattr(schedule.os, "cpu_count", lambda: 128)
-    monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: None)  # unknown memory: the cap
+    monkeypatch.setattr(schedule, "available_cores", lambda: 128)
+    monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: 640)
     assert schedule.workers_for(["0"]) == ["0"] * schedule.MAX_JOBS_PER_GPU
+    monkeypatch.setattr(schedule, "smallest_gpu_memory_gib", lambda gpus: None)  # unknown memory: few
+    assert schedule.workers_for(["0"]) == ["0"] * schedule.UNKNOWN_MEMORY_JOBS
     with pytest.raises(ValueError, match="at least 1"):
         schedule.workers_for(["0"], 0)
 
@@ -176,7 +178,7 @@ def test_speed_cells_are_flagged_only_when_the_notebook_run_scored_them_and_othe
 
 def test_children_share_the_cpu_cores_and_name_their_gpu(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(pipeline.schedule, "available_cores", lambda: 16)
     assert pipeline._threads_per_child(5) == 3 and pipeline._threads_per_child(40) == 1
     settings = pipeline.Settings(out=tmp_path, shared_builds=tmp_path, cpu_threads=3)
     env = pipeline._base_env(settings, tmp_path, "0")

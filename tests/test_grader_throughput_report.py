@@ -4,14 +4,17 @@ import os
 import stat
 import time
 
+import pytest
+
 from fuselab.grading import nbgrader_run, schedule
+from fuselab import load_sampler
 from fuselab.load_sampler import LoadSampler
 
 
 def _executed(*spans):
     cells = [{"cell_type": "markdown", "metadata": {}, "source": "x"}]
     for start, end in spans:
-        cells.append({"cell_type": "code", "source": "", "outputs": [], "metadata": {"execution": {
+        cells.append({"cell_type": "code", "source": "x = 1", "outputs": [], "metadata": {"execution": {
             "iopub.execute_input": start, "shell.execute_reply": end}}})
     return {"cells": cells}
 
@@ -25,9 +28,20 @@ def test_nbgrader_phases_come_from_the_cells_execution_times():
     # a notebook without timing metadata (or with garbage in it) gives no phases rather than wrong ones
     assert nbgrader_run.phases(_executed(), t0, t0 + 9) == {}
     assert nbgrader_run.phases(_executed(("soon", None)), t0, t0 + 9) == {}
+    # what nbclient did not rewrite came from the submission: a stale time, a malformed entry, an empty cell
+    stale = _executed(("2026-11-28T12:00:03.000000Z", "2026-11-28T12:00:04.000000Z"),
+                      ("2026-11-29T12:00:03.000000Z", "2026-11-29T12:00:05.000000Z"))
+    assert nbgrader_run.phases(stale, t0, t0 + 9) == {"start": 3.0, "cells": 2.0, "finish": 4.0}
+    malformed = _executed(("2026-11-29T12:00:03.000000Z", "2026-11-29T12:00:05.000000Z"))
+    malformed["cells"].append({"cell_type": "code", "source": "x = 1", "metadata": {"execution": ["x"]}})
+    malformed["cells"].append({"cell_type": "code", "source": "", "metadata": {"execution": {
+        "iopub.execute_input": "2026-11-29T12:00:01.000000Z", "shell.execute_reply": "2026-11-29T12:00:08.0Z"}}})
+    assert nbgrader_run.phases(malformed, t0, t0 + 9) == {"start": 3.0, "cells": 2.0, "finish": 4.0}
+    assert nbgrader_run.phases({"cells": "nonsense"}, t0, t0 + 9) == {}
 
 
-def test_the_load_sampler_sees_a_busy_cpu():
+def test_the_load_sampler_sees_a_busy_cpu(monkeypatch):
+    monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)  # only the CPU here
     with LoadSampler(every_s=0.05) as load:
         since = time.monotonic()
         deadline = since + 0.5
@@ -35,17 +49,43 @@ def test_the_load_sampler_sees_a_busy_cpu():
             pass
         until = time.monotonic()
     summary = load.summary(since, until)
-    assert summary["samples"] >= 3
-    # one busy core of os.cpu_count(): at least a share of it shows (other work may add more)
+    if summary["cpu_busy"] is None:
+        pytest.skip("this kernel's /proc/stat counts nothing (gVisor)")
+    assert summary["samples"] >= 3 and summary["gpu_memory_peak_gib"] is None
+    # one busy core of the machine's: at least that share shows (other work may add more)
     assert 0.5 / (os.cpu_count() or 1) <= summary["cpu_busy"] <= 1.0
+    assert load.summary(until + 60, until + 61)["cpu_busy"] is None  # no samples there: no number
 
 
-def test_gpu_memory_is_read_from_nvidia_smi(tmp_path, monkeypatch):
+def _fake_smi(tmp_path, monkeypatch, script):
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho '0, 143771'\necho '1, 81559'\necho 'garbage'\n")
+    fake.write_text("#!/bin/sh\n" + script)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_gpu_memory_is_read_from_nvidia_smi_by_index_or_uuid(tmp_path, monkeypatch):
+    _fake_smi(tmp_path, monkeypatch, "echo '0, GPU-aaaa, 143771'\necho '1, GPU-bbbb, 81559'\n"
+                                     "echo '2, GPU-cccc, [N/A]'\necho 'garbage'\n")
     assert round(schedule.smallest_gpu_memory_gib(["0"]), 1) == 140.4
-    assert round(schedule.smallest_gpu_memory_gib(["0", "1"]), 1) == 79.6
-    assert schedule.default_jobs_per_gpu(["1"], cores=16) == 10 and \
-        schedule.default_jobs_per_gpu(["0", "1"], cores=16) == 5
+    assert round(schedule.smallest_gpu_memory_gib(["0", "GPU-bbbb"]), 1) == 79.6
+    # unreadable or unknown (a MIG slice is neither an index nor a GPU UUID): no number, never the whole card's
+    assert schedule.smallest_gpu_memory_gib(["2"]) is None
+    assert schedule.smallest_gpu_memory_gib(["MIG-dddd"]) is None
+    assert schedule.smallest_gpu_memory_gib(["0", "MIG-dddd"]) is None
+    assert schedule.default_jobs_per_gpu(["1"], cores=16) == 10
+    assert schedule.default_jobs_per_gpu(["0", "1"], cores=16) == 5
+    assert schedule.default_jobs_per_gpu(["MIG-dddd"], cores=16) == schedule.UNKNOWN_MEMORY_JOBS
+
+
+def test_a_broken_nvidia_smi_gives_no_memory_rather_than_a_hang(tmp_path, monkeypatch):
+    _fake_smi(tmp_path, monkeypatch, "exit 9\n")
+    assert schedule.smallest_gpu_memory_gib(["0"]) is None
+    monkeypatch.setattr(schedule.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(
+        schedule.subprocess.TimeoutExpired("nvidia-smi", 20)))
+    assert schedule.smallest_gpu_memory_gib(["0"]) is None
+
+
+def test_available_cores_follow_the_affinity(monkeypatch):
+    monkeypatch.setattr(schedule.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert 1 <= schedule.available_cores() <= 3

@@ -53,6 +53,7 @@ class ClassResult:
     grades_csv: Path | None = None
     feedback: dict = field(default_factory=dict)
     phase_seconds: dict = field(default_factory=dict)  # reference runs, submissions, feedback and report
+    phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
 
 
 def default_out() -> Path:
@@ -131,7 +132,7 @@ def _share_cpus(env: dict, threads: int | None) -> None:
 
 
 def _threads_per_child(concurrent: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, concurrent))
+    return max(1, schedule.available_cores() // max(1, concurrent))
 
 
 def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30) -> None:
@@ -226,6 +227,14 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
 
 def grade(source, settings: Settings) -> ClassResult:
     """Grade every submission under ``source`` (a folder or a zip); see the module doc."""
+    clock = time.monotonic()
+    phases, spans = {}, {}
+
+    def phase_done(name, since):
+        now = time.monotonic()
+        phases[name], spans[name] = now - since, (since, now)
+        return now
+
     settings.out = Path(settings.out).resolve()
     settings.out.mkdir(parents=True, exist_ok=True)
     settings.shared_builds = Path(settings.shared_builds or settings.out / "shared-builds").resolve()
@@ -239,18 +248,17 @@ def grade(source, settings: Settings) -> ClassResult:
     course_root = settings.out / "course"
     nbgrader_run.prepare_course(course_root, labs)
     nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
+    clock = phase_done("intake and course", clock)
 
     devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
     leases = {d: DeviceLease(d) for d in devices if d is not None}
     # the labs' reference runs side by side (their timings take turns), before any student of theirs
-    clock = time.monotonic()
-    phases = {}
     labs_graded = sorted({s.lab for s in submissions})
     settings.cpu_threads = _threads_per_child(len(labs_graded))
     with ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
         reference = dict(zip(labs_graded, pool.map(
             lambda lab: reference_run(lab, settings, devices[0], leases.get(devices[0])), labs_graded)))
-    phases["reference runs"], clock = time.monotonic() - clock, time.monotonic()
+    clock = phase_done("reference runs", clock)
 
     todo, results = [], {}
     for sub in submissions:
@@ -279,7 +287,7 @@ def grade(source, settings: Settings) -> ClassResult:
         on_done=done)
     if bar is not None:
         bar.close()
-    phases["submissions"], clock = time.monotonic() - clock, time.monotonic()
+    clock = phase_done("submissions", clock)
     for sub, outcome in zip(todo, outcomes):
         if isinstance(outcome, Exception):
             problems.append(intake.Problem(sub.origin, f"the grader failed on this submission: {outcome!r}",
@@ -293,7 +301,7 @@ def grade(source, settings: Settings) -> ClassResult:
         nbgrader_run.record(course_root, result["student"], result["lab"],
                             {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
     class_result = ClassResult(out=settings.out, results=ordered, problems=problems, reference=reference,
-                               phase_seconds=phases)
+                               phase_seconds=phases, phase_spans=spans)
     if settings.feedback:
         feedback_labs = sorted({r["lab"] for r in ordered})
         for result in ordered:
@@ -303,9 +311,9 @@ def grade(source, settings: Settings) -> ClassResult:
         with ThreadPoolExecutor(max_workers=max(1, len(feedback_labs))) as pool:
             pages = pool.map(lambda lab: feedback.generate(course_root, lab, settings.out / "feedback"), feedback_labs)
             class_result.feedback = dict(zip(feedback_labs, pages))
-    phases["feedback"], clock = time.monotonic() - clock, time.monotonic()
+    clock = phase_done("feedback", clock)
     nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
     class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv")
     class_result.report = report.write_report(class_result, settings.out)
-    phases["gradebook and report"] = time.monotonic() - clock
+    phase_done("gradebook and report", clock)
     return class_result

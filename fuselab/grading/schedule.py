@@ -49,36 +49,59 @@ def devices_for(gpus, cpu_workers: int = 1) -> list:
 
 
 # Measured on the H200 machine (16 cores, 139 GiB; docs/RESULTS.md): 10 correct submissions sharing the GPU peaked
-# at 57 GiB of GPU memory with the CPU 41 % busy, 16 at 74 GiB and 49 %. So about 6 GiB each, and CPU to spare.
+# at about 6 GiB of GPU memory each, with half the CPU idle.
 GPU_MEMORY_PER_JOB_GIB = 6
 MAX_JOBS_PER_GPU = 16
+UNKNOWN_MEMORY_JOBS = 2  # a GPU whose memory cannot be read (or a MIG slice): few, rather than out of memory
+
+
+def available_cores() -> int:
+    """The CPU cores this process may use: its affinity, and a cgroup's CPU quota where one is set."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def default_jobs_per_gpu(gpus: list, cores: int | None = None, memory_gib: float | None = None) -> int:
     """Two submissions per three CPU cores of each GPU's share, as many as its memory holds, at most 16."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or available_cores()
     by_cpu = max(1, 2 * cores // (3 * max(1, len(gpus))))
     memory_gib = memory_gib if memory_gib is not None else smallest_gpu_memory_gib(gpus)
-    by_memory = max(1, int(memory_gib // GPU_MEMORY_PER_JOB_GIB)) if memory_gib else MAX_JOBS_PER_GPU
+    by_memory = max(1, int(memory_gib // GPU_MEMORY_PER_JOB_GIB)) if memory_gib else UNKNOWN_MEMORY_JOBS
     return min(by_cpu, by_memory, MAX_JOBS_PER_GPU)
 
 
 def smallest_gpu_memory_gib(gpus: list) -> float | None:
-    """The smallest total memory among ``gpus`` (nvidia-smi indices), in GiB; None if it cannot be read."""
+    """The smallest total memory among ``gpus`` (``CUDA_VISIBLE_DEVICES`` entries: nvidia-smi indices or UUIDs),
+    in GiB; None if any of them cannot be read (no nvidia-smi, a MIG slice, "[N/A]")."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    result = subprocess.run([smi, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
-                            capture_output=True, text=True)
+    try:
+        text = subprocess.run([smi, "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
     sizes = {}
-    for line in result.stdout.splitlines():
-        index, _, mib = line.partition(",")
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3:
+            continue
         try:
-            sizes[index.strip()] = float(mib) / 1024
+            gib = float(fields[2]) / 1024
         except ValueError:
             continue
-    chosen = [sizes[g] for g in gpus if g in sizes] or list(sizes.values())
-    return min(chosen) if chosen else None
+        sizes[fields[0]] = sizes[fields[1]] = gib
+    chosen = [sizes.get(g) for g in gpus]
+    return min(chosen) if chosen and None not in chosen else None
 
 
 def workers_for(devices: list, jobs_per_gpu: int | None = None) -> list:
