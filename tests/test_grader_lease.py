@@ -299,3 +299,56 @@ def test_garbage_in_the_events_file_does_not_break_the_clean_recheck(tmp_path):
     result = recheck.run_clean(notebook, notebook, tmp_path, cell_timeout=20, total_timeout=60,
                                limits=isolate.Limits(memory_bytes=2 * 2**30))
     assert {k: v.points for k, v in result.cells.items()} == {"test_one": 2.0, "test_two": 3.0}
+
+
+def test_an_endless_kernel_of_a_stopped_submission_is_waited_out_not_frozen(tmp_path, monkeypatch):
+    # SIGSTOP stops a process, not its kernel: the GPU stays busy while its owner is stopped. The lease must let
+    # the owner run between tries, so that its own time limit comes (here: a watcher ends it once it has run).
+    shared = lease.DeviceLease("0", idle_timeout_s=1, own_busy_timeout_s=30, settle_s=0.3, retry_s=0.3)
+    counter = tmp_path / "counter"
+    culprit = isolate.Child([sys.executable, "-c", COUNTER, str(counter)], limits=_limits(), registry=shared)
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(60)"], limits=_limits(), registry=shared)
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: 100 if culprit.alive() else 0)
+    monkeypatch.setattr(lease, "gpu_processes", lambda device: [])  # only the grader's own processes on it
+    try:
+        _wait_for_file(counter)
+        start = int(counter.read_text())
+
+        def limit_reached():  # the culprit's own clock runs only while it is not stopped
+            while culprit.alive():
+                if int(counter.read_text() or 0) >= start + 40:
+                    culprit.stop()
+                time.sleep(0.01)
+        watcher = __import__("threading").Thread(target=limit_reached, daemon=True)
+        watcher.start()
+        waited, note = shared.acquire(holder)
+        try:
+            assert note == "" and not culprit.alive()
+            assert 0.6 <= waited < 20
+        finally:
+            shared.release()
+    finally:
+        for child in (culprit, holder):
+            child.stop()
+            child.wait()
+
+
+def test_a_gpu_that_stays_busy_is_flagged_sooner_when_another_program_uses_it(monkeypatch):
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: 100)
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(60)"], limits=_limits())
+    try:
+        stranger = __import__("os").getppid()  # a live process the grader did not start
+        monkeypatch.setattr(lease, "gpu_processes", lambda device: [stranger])
+        shared = lease.DeviceLease("0", idle_timeout_s=0.5, own_busy_timeout_s=60, settle_s=0.2, retry_s=0.1)
+        started = time.monotonic()
+        waited, note = shared.acquire(holder)
+        shared.release()
+        assert time.monotonic() - started < 10 and "another program" in note and str(stranger) in note
+        monkeypatch.setattr(lease, "gpu_processes", lambda device: [])
+        shared = lease.DeviceLease("0", idle_timeout_s=60, own_busy_timeout_s=0.8, settle_s=0.2, retry_s=0.1)
+        waited, note = shared.acquire(holder)
+        shared.release()
+        assert 0.5 <= waited < 10 and "does not end" in note and "may be disturbed" in note
+    finally:
+        holder.stop()
+        holder.wait()

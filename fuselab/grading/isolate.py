@@ -265,7 +265,10 @@ def gpu_processes(device: str | None = None) -> list:
     command = [smi, "--query-compute-apps=pid", "--format=csv,noheader"]
     if device is not None:
         command += ["-i", str(device)]
-    result = subprocess.run(command, capture_output=True, text=True)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
     return [int(line) for line in result.stdout.split() if line.strip().isdigit()]
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from .isolate import children_of
+from .isolate import children_of, gpu_processes
 
 REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
 PREFIXES = (REQUEST, GRANTED, RELEASED)
@@ -97,9 +97,17 @@ def _signal_tree(pid: int, sig) -> list:
 class DeviceLease:
     """The processes the grader runs on one GPU, and one exclusive timing at a time among them."""
 
-    def __init__(self, device, idle_timeout_s: float = 60.0, max_hold_s: float = 120.0):
+    def __init__(self, device, idle_timeout_s: float = 60.0, max_hold_s: float = 120.0,
+                 own_busy_timeout_s: float | None = None, settle_s: float = 5.0, retry_s: float = 1.0):
         self.device = device
+        # How long a timing waits for the GPU to go idle before it runs anyway (flagged): ``idle_timeout_s`` when
+        # another program has a context on the GPU, ``own_busy_timeout_s`` (default the same) when only the
+        # grader's own processes do, so a kernel that never ends is still running: it ends at its own test's
+        # time limit, so the grader sets this past that limit.
         self.idle_timeout_s = idle_timeout_s
+        self.own_busy_timeout_s = own_busy_timeout_s if own_busy_timeout_s is not None else idle_timeout_s
+        self.settle_s = settle_s      # queued work of the stopped processes drains in well under this
+        self.retry_s = retry_s
         self.max_hold_s = max_hold_s  # a graded timing takes seconds; far longer is a hang or an abuse
         self._timing = threading.Lock()
         self._lock = threading.Lock()
@@ -140,22 +148,48 @@ class DeviceLease:
     def acquire(self, holder) -> tuple:
         """Stop everyone else and wait for an idle GPU: ``(seconds waiting for the GPU to go idle, note)``.
 
+        SIGSTOP stops a process, not the kernel it launched: a kernel that never ends keeps running while its
+        process is stopped, and the stopped process's own time limit (which leaves out pauses) would never
+        come. So when the GPU does not settle within ``settle_s``, everyone is resumed (the culprit reaches its
+        limit and is killed) and the lease is tried again ``retry_s`` later, up to the wait limit; then the
+        timing runs anyway and the note flags it.
+
         Time spent blocked behind another timing is not counted here: ``holder`` was stopped meanwhile, and
         ``stopped_seconds`` counts it.
         """
-        self._timing.acquire()
-        try:
-            with self._lock:
-                self._holder = holder
-                for child in self._children:
-                    if child is not holder:
-                        self._stop(child)
-            started = time.monotonic()
-            note = wait_until_idle(self.device, self.idle_timeout_s)
-            return time.monotonic() - started, note
-        except BaseException:
-            self.release()
-            raise
+        waited = 0.0
+        while True:
+            self._timing.acquire()
+            try:
+                with self._lock:
+                    self._holder = holder
+                    for child in self._children:
+                        if child is not holder:
+                            self._stop(child)
+                started = time.monotonic()
+                note = wait_until_idle(self.device, self.settle_s)
+                waited += time.monotonic() - started
+                if not note:
+                    return waited, ""
+                foreign = self._foreign_processes()
+                if waited + self.retry_s > (self.idle_timeout_s if foreign else self.own_busy_timeout_s):
+                    why = (f"process(es) {foreign} of another program use it" if foreign else
+                           "a kernel of another submission that does not end?")
+                    return waited, (f"GPU {self.device} stayed busy for {waited:.0f} s before this timing, every "
+                                    f"other submission stopped at each try ({why}): this timing may be disturbed")
+            except BaseException:
+                self.release()
+                raise
+            self.release()  # everyone runs again meanwhile, the culprit towards its own time limit
+            time.sleep(self.retry_s)
+            waited += self.retry_s
+
+    def _foreign_processes(self) -> list:
+        """Processes on this GPU that the grader did not start (nvidia-smi; [] where it cannot tell)."""
+        ours = self.pids() | {os.getpid()}
+        found = [p for p in gpu_processes(self.device) if p not in ours]
+        # PIDs of another PID namespace (a container) match nothing here: no telling whose they are
+        return [p for p in found if os.path.exists(f"/proc/{p}")]
 
     def release(self) -> None:
         try:
