@@ -98,7 +98,7 @@ class DeviceLease:
     """The processes the grader runs on one GPU, and one exclusive timing at a time among them."""
 
     def __init__(self, device, idle_timeout_s: float = 60.0, max_hold_s: float = 120.0,
-                 own_busy_timeout_s: float | None = None, settle_s: float = 5.0, retry_s: float = 1.0):
+                 own_busy_timeout_s: float | None = None, settle_s: float = 3.0):
         self.device = device
         # How long a timing waits for the GPU to go idle before it runs anyway (flagged): ``idle_timeout_s`` when
         # another program has a context on the GPU, ``own_busy_timeout_s`` (default the same) when only the
@@ -107,7 +107,7 @@ class DeviceLease:
         self.idle_timeout_s = idle_timeout_s
         self.own_busy_timeout_s = own_busy_timeout_s if own_busy_timeout_s is not None else idle_timeout_s
         self.settle_s = settle_s      # queued work of the stopped processes drains in well under this
-        self.retry_s = retry_s
+        self._cooldown_until = 0.0    # after a try the GPU did not settle: nobody is stopped before this
         self.max_hold_s = max_hold_s  # a graded timing takes seconds; far longer is a hang or an abuse
         self._timing = threading.Lock()
         self._lock = threading.Lock()
@@ -146,43 +146,45 @@ class DeviceLease:
         return {p for root in roots for p in [root] + children_of(root)}
 
     def acquire(self, holder) -> tuple:
-        """Stop everyone else and wait for an idle GPU: ``(seconds waiting for the GPU to go idle, note)``.
+        """Stop everyone else and wait for an idle GPU: ``(seconds waited, note)``.
 
         SIGSTOP stops a process, not the kernel it launched: a kernel that never ends keeps running while its
         process is stopped, and the stopped process's own time limit (which leaves out pauses) would never
-        come. So when the GPU does not settle within ``settle_s``, everyone is resumed (the culprit reaches its
-        limit and is killed) and the lease is tried again ``retry_s`` later, up to the wait limit; then the
-        timing runs anyway and the note flags it.
+        come. So when the GPU does not settle within ``settle_s``, everyone is resumed for twice that long (a
+        cool-down every timing on this GPU respects: the culprit runs on towards its limit and is killed) and
+        the lease is tried again, up to the wait limit; then the timing runs anyway and the note flags it.
 
-        Time spent blocked behind another timing is not counted here: ``holder`` was stopped meanwhile, and
-        ``stopped_seconds`` counts it.
+        The seconds waited leave out the time ``holder`` itself was stopped for others' timings
+        (``stopped_seconds`` counts that): together they are not held against its test's time limit.
         """
-        waited = 0.0
+        entered, stopped_before = time.monotonic(), self.stopped_seconds(holder)
+
+        def waited():
+            return time.monotonic() - entered - (self.stopped_seconds(holder) - stopped_before)
         while True:
             self._timing.acquire()
             try:
+                time.sleep(max(0.0, self._cooldown_until - time.monotonic()))  # nobody is stopped meanwhile
                 with self._lock:
                     self._holder = holder
                     for child in self._children:
                         if child is not holder:
                             self._stop(child)
-                started = time.monotonic()
                 note = wait_until_idle(self.device, self.settle_s)
-                waited += time.monotonic() - started
                 if not note:
-                    return waited, ""
+                    return waited(), ""
                 foreign = self._foreign_processes()
-                if waited + self.retry_s > (self.idle_timeout_s if foreign else self.own_busy_timeout_s):
+                if waited() + 2 * self.settle_s > (self.idle_timeout_s if foreign else self.own_busy_timeout_s):
                     why = (f"process(es) {foreign} of another program use it" if foreign else
                            "a kernel of another submission that does not end?")
-                    return waited, (f"GPU {self.device} stayed busy for {waited:.0f} s before this timing, every "
-                                    f"other submission stopped at each try ({why}): this timing may be disturbed")
+                    return waited(), (f"GPU {self.device} stayed busy for {waited():.0f} s before this timing, "
+                                      f"every other submission stopped at each try ({why}): this timing may be "
+                                      "disturbed")
+                self._cooldown_until = time.monotonic() + 2 * self.settle_s
             except BaseException:
                 self.release()
                 raise
-            self.release()  # everyone runs again meanwhile, the culprit towards its own time limit
-            time.sleep(self.retry_s)
-            waited += self.retry_s
+            self.release()  # everyone runs again during the cool-down, the culprit towards its own time limit
 
     def _foreign_processes(self) -> list:
         """Processes on this GPU that the grader did not start (nvidia-smi; [] where it cannot tell)."""

@@ -251,8 +251,9 @@ def grade(source, settings: Settings) -> ClassResult:
     clock = phase_done("intake and course", clock)
 
     devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
-    # a timing waits out another submission's endless kernel: it ends at that test's time limit
-    leases = {d: DeviceLease(d, own_busy_timeout_s=settings.cell_timeout + 60) for d in devices if d is not None}
+    # a timing waits out another submission's endless kernel: it ends at that test's time limit, which runs at
+    # two thirds of wall-clock speed while timings keep trying (see DeviceLease.acquire)
+    leases = {d: DeviceLease(d, own_busy_timeout_s=2 * settings.cell_timeout + 60) for d in devices if d is not None}
     # the labs' reference runs side by side (their timings take turns), before any student of theirs
     labs_graded = sorted({s.lab for s in submissions})
     settings.cpu_threads = _threads_per_child(len(labs_graded))
