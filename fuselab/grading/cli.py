@@ -21,7 +21,8 @@ def add_parsers(sub) -> None:
     grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
     grade.add_argument("--jobs-per-gpu", type=int, default=None,
                        help="submissions graded side by side on each GPU; their timings still take the GPU one at "
-                            "a time (default: one per 3 CPU cores, at most 6)")
+                            "a time (default: two per three CPU cores, at most one per 6 GiB of GPU memory, at "
+                            "most 16)")
     grade.add_argument("--cpu-workers", type=int, default=1, help="parallel submissions without a GPU")
     grade.add_argument("--cell-timeout", type=float, default=300, help="seconds per test (default 300)")
     grade.add_argument("--submission-timeout", type=float, default=1200,
