@@ -305,7 +305,7 @@ def test_garbage_in_the_events_file_does_not_break_the_clean_recheck(tmp_path):
 def test_an_endless_kernel_of_a_stopped_submission_is_waited_out_not_frozen(tmp_path, monkeypatch, waiting):
     # SIGSTOP stops a process, not its kernel: the GPU stays busy while its owner is stopped. The lease must let
     # the owner run between tries, however many timings wait, so that its own time limit comes (here: a watcher
-    # ends it once it has run long enough).
+    # ends it once it has run long enough after the first try stopped it).
     import threading
     shared = lease.DeviceLease("0", idle_timeout_s=1, own_busy_timeout_s=30, settle_s=0.3)
     counter = tmp_path / "counter"
@@ -313,14 +313,29 @@ def test_an_endless_kernel_of_a_stopped_submission_is_waited_out_not_frozen(tmp_
     holders = [isolate.Child([sys.executable, "-c", "import time; time.sleep(60)"], limits=_limits(),
                              registry=shared) for _ in range(waiting)]
     monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: 100 if culprit.alive() else 0)
-    monkeypatch.setattr(lease, "gpu_processes", lambda device: [])  # only the grader's own processes on it
+    # the culprit is the sharing submission with a context on the GPU
+    monkeypatch.setattr(lease, "gpu_processes", lambda device: [culprit.process.pid] if culprit.alive() else [])
+    tries, spans, first_stop = [], [], threading.Event()
+    settle = lease.wait_until_idle
+
+    def counted_settle(device, timeout_s):
+        if not tries:
+            tries.append(int(counter.read_text() or 0))  # the culprit's count when it was first stopped
+            first_stop.set()
+        else:
+            tries.append(None)
+        started = time.monotonic()
+        busy = settle(device, timeout_s)
+        spans.append((started, time.monotonic(), busy))
+        return busy
+    monkeypatch.setattr(lease, "wait_until_idle", counted_settle)
     try:
         _wait_for_file(counter)
-        start = int(counter.read_text())
 
         def limit_reached():  # the culprit's own clock runs only while it is not stopped
+            first_stop.wait(30)
             while culprit.alive():
-                if int(counter.read_text() or 0) >= start + 40 * waiting:
+                if int(counter.read_text() or 0) >= tries[0] + 40 * waiting:
                     culprit.stop()
                 time.sleep(0.01)
         threading.Thread(target=limit_reached, daemon=True).start()
@@ -335,31 +350,69 @@ def test_an_endless_kernel_of_a_stopped_submission_is_waited_out_not_frozen(tmp_
             thread.start()
         for thread in threads:
             thread.join(60)
-        assert len(outcomes) == waiting
+        assert len(outcomes) == waiting and len(tries) >= 2  # the first try found the GPU busy
+        # after every try that found it busy, everyone ran for the cool-down (twice the settle time) before the
+        # next try, whichever timing made it
+        for (_, ended, busy), (next_started, _, _) in zip(spans, spans[1:]):
+            assert not busy or next_started - ended >= 2 * 0.3 * 0.95, spans
         for waited, note, culprit_alive in outcomes:
-            assert note == "" and not culprit_alive and 0.3 <= waited < 12  # the culprit ran 2/3 of the time
+            assert note == "" and not culprit_alive and waited < 12  # the culprit ran 2/3 of the time
     finally:
         for child in [culprit, *holders]:
             child.stop()
             child.wait()
 
 
-def test_a_gpu_that_stays_busy_is_flagged_sooner_when_another_program_uses_it(monkeypatch):
+def test_how_long_a_timing_waits_for_a_busy_gpu_depends_on_whose_it_may_be(monkeypatch):
     monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: 100)
-    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(60)"], limits=_limits())
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    holder = isolate.Child(sleeper, limits=_limits())
     try:
+        # another program on the GPU: the short limit, and the note names it
         stranger = __import__("os").getppid()  # a live process the grader did not start
         monkeypatch.setattr(lease, "gpu_processes", lambda device: [stranger])
         shared = lease.DeviceLease("0", idle_timeout_s=0.5, own_busy_timeout_s=60, settle_s=0.2)
-        started = time.monotonic()
         waited, note = shared.acquire(holder)
         shared.release()
-        assert time.monotonic() - started < 10 and "another program" in note and str(stranger) in note
+        assert waited < 10 and "another program" in note and str(stranger) in note
+        # nobody visible on it (no nvidia-smi, or another PID namespace): the short limit too
         monkeypatch.setattr(lease, "gpu_processes", lambda device: [])
-        shared = lease.DeviceLease("0", idle_timeout_s=60, own_busy_timeout_s=0.8, settle_s=0.2)
         waited, note = shared.acquire(holder)
         shared.release()
-        assert 0.5 <= waited < 10 and "does not end" in note and "may be disturbed" in note
+        assert waited < 10 and "no process of another submission" in note
+        # a submission sharing the GPU has a context on it: the long limit (here short, to end the test)
+        shared = lease.DeviceLease("0", idle_timeout_s=60, own_busy_timeout_s=0.8, settle_s=0.2)
+        neighbour = isolate.Child(sleeper, limits=_limits(), registry=shared)
+        monkeypatch.setattr(lease, "gpu_processes", lambda device: [neighbour.process.pid])
+        try:
+            waited, note = shared.acquire(holder)
+            shared.release()
+            assert 0.5 <= waited < 10 and "does not end" in note and "may be disturbed" in note
+        finally:
+            neighbour.stop()
+            neighbour.wait()
     finally:
         holder.stop()
         holder.wait()
+
+
+def test_a_timing_whose_process_dies_while_waiting_gives_up_the_gpu(monkeypatch):
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: 100)
+    shared = lease.DeviceLease("0", idle_timeout_s=60, own_busy_timeout_s=60, settle_s=0.2)
+    neighbour = isolate.Child([sys.executable, "-c", "import time; time.sleep(60)"], limits=_limits(),
+                              registry=shared)
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(0.5)"], limits=_limits(),
+                           registry=shared)
+    monkeypatch.setattr(lease, "gpu_processes", lambda device: [neighbour.process.pid])
+    try:
+        started = time.monotonic()
+        assert shared.acquire(holder) is None
+        assert time.monotonic() - started < 10
+        assert shared._timing.acquire(blocking=False), "the lease was left held"
+        shared._timing.release()
+        assert shared.stopped_seconds(neighbour) > 0 and neighbour.alive()
+        assert not shared._stopped, "a submission was left stopped"
+    finally:
+        for child in (neighbour, holder):
+            child.stop()
+            child.wait()

@@ -145,19 +145,23 @@ class DeviceLease:
             roots = [c.process.pid for c in self._children]
         return {p for root in roots for p in [root] + children_of(root)}
 
-    def acquire(self, holder) -> tuple:
-        """Stop everyone else and wait for an idle GPU: ``(seconds waited, note)``.
+    def acquire(self, holder) -> tuple | None:
+        """Stop everyone else and wait for an idle GPU: ``(seconds waited, note)``, or None (and the lease not
+        held) if ``holder`` died while waiting.
 
         SIGSTOP stops a process, not the kernel it launched: a kernel that never ends keeps running while its
         process is stopped, and the stopped process's own time limit (which leaves out pauses) would never
         come. So when the GPU does not settle within ``settle_s``, everyone is resumed for twice that long (a
         cool-down every timing on this GPU respects: the culprit runs on towards its limit and is killed) and
-        the lease is tried again, up to the wait limit; then the timing runs anyway and the note flags it.
+        the lease is tried again. It waits up to ``own_busy_timeout_s`` while another submission sharing this
+        GPU has a context on it (the likely culprit), ``idle_timeout_s`` otherwise; then the timing runs
+        anyway and the note flags it.
 
         The seconds waited leave out the time ``holder`` itself was stopped for others' timings
         (``stopped_seconds`` counts that): together they are not held against its test's time limit.
         """
         entered, stopped_before = time.monotonic(), self.stopped_seconds(holder)
+        give_up_why = None
 
         def waited():
             return time.monotonic() - entered - (self.stopped_seconds(holder) - stopped_before)
@@ -170,28 +174,39 @@ class DeviceLease:
                     for child in self._children:
                         if child is not holder:
                             self._stop(child)
-                note = wait_until_idle(self.device, self.settle_s)
-                if not note:
+                busy = wait_until_idle(self.device, self.settle_s)
+                if not busy:
                     return waited(), ""
-                foreign = self._foreign_processes()
-                if waited() + 2 * self.settle_s > (self.idle_timeout_s if foreign else self.own_busy_timeout_s):
-                    why = (f"process(es) {foreign} of another program use it" if foreign else
-                           "a kernel of another submission that does not end?")
+                if give_up_why:
                     return waited(), (f"GPU {self.device} stayed busy for {waited():.0f} s before this timing, "
-                                      f"every other submission stopped at each try ({why}): this timing may be "
-                                      "disturbed")
-                self._cooldown_until = time.monotonic() + 2 * self.settle_s
+                                      f"every other submission stopped at each try ({give_up_why}): this timing "
+                                      "may be disturbed")
             except BaseException:
                 self.release()
                 raise
             self.release()  # everyone runs again during the cool-down, the culprit towards its own time limit
+            self._cooldown_until = time.monotonic() + 2 * self.settle_s
+            if not holder.alive():
+                return None
+            # asked while nobody is stopped (nvidia-smi may take seconds)
+            sharing, foreign = self._on_the_gpu(holder)
+            limit = self.own_busy_timeout_s if sharing and not foreign else self.idle_timeout_s
+            if waited() + 2 * self.settle_s > limit:
+                give_up_why = (f"process(es) {foreign} of another program use it" if foreign else
+                               "a kernel of another submission that does not end?" if sharing else
+                               "no process of another submission is on it")
 
-    def _foreign_processes(self) -> list:
-        """Processes on this GPU that the grader did not start (nvidia-smi; [] where it cannot tell)."""
+    def _on_the_gpu(self, holder) -> tuple:
+        """``(pids of other submissions sharing this GPU, pids of other programs)`` with a context on it
+        (nvidia-smi; both empty where it cannot tell, e.g. PIDs of another PID namespace)."""
+        with self._lock:
+            others = [c.process.pid for c in self._children if c is not holder]
+        sharing_pids = {p for root in others for p in [root] + children_of(root)}
         ours = self.pids() | {os.getpid()}
-        found = [p for p in gpu_processes(self.device) if p not in ours]
-        # PIDs of another PID namespace (a container) match nothing here: no telling whose they are
-        return [p for p in found if os.path.exists(f"/proc/{p}")]
+        on_gpu = gpu_processes(self.device)
+        sharing = [p for p in on_gpu if p in sharing_pids]
+        foreign = [p for p in on_gpu if p not in ours and os.path.exists(f"/proc/{p}")]
+        return sharing, foreign
 
     def release(self) -> None:
         try:
@@ -246,7 +261,10 @@ class LeaseServer:
             self.finish()
 
     def _grant(self, number: str) -> None:
-        waited, note = self.lease.acquire(self.child)
+        acquired = self.lease.acquire(self.child)
+        if acquired is None:
+            return  # the child died waiting: nothing to grant, and the GPU was not taken
+        waited, note = acquired
         self.waited_s += waited
         if note:
             self.notes.append(note)
