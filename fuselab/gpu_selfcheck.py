@@ -222,6 +222,7 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
 
 def _throughput_run(work, name, jobs_per_gpu):
     from .grading.pipeline import Settings, grade
+    from .grading.report import median_steps
     from .load_sampler import LoadSampler
     started = time.perf_counter()
     with LoadSampler() as load:
@@ -245,26 +246,12 @@ def _throughput_run(work, name, jobs_per_gpu):
             "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
             "phase_seconds": phases, "submission_phase_per_submission": grading / max(n, 1),
             "load_while_grading": load.summary(*result.phase_spans["submissions"]),
-            "time_by_lab": _median_times(per),
+            "time_by_lab": median_steps(result.results),
             # the part that cannot overlap: timings with the GPU to themselves
             "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
             "seconds_per_submission": wall / max(n, 1), "full_marks": full,
             "headline": f"{sharing} sharing: {n} submissions graded in {grading:.0f} s = {grading / max(n, 1):.1f} s "
                         f"each (target 7), {wall:.0f} s in all; {full}/{n} full marks"}
-
-
-def _median_times(per):
-    """Per lab, the median seconds of each step: the clean recheck's cells and process starts, nbgrader's phases."""
-    import statistics
-    by_lab = {}
-    for r in per:
-        steps = by_lab.setdefault(r["lab"], {})
-        for label, seconds in {**(r.get("clean_timeline") or {}),
-                               **{f"nbgrader {k}": v for k, v in (r.get("nbgrader_phases") or {}).items()},
-                               "clean total": r.get("clean_seconds") or 0.0,
-                               "nbgrader total": r.get("nbgrader_seconds") or 0.0}.items():
-            steps.setdefault(label, []).append(seconds)
-    return {lab: {label: round(statistics.median(v), 2) for label, v in steps.items()} for lab, steps in by_lab.items()}
 
 
 def _lab_stages():

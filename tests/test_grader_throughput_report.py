@@ -89,3 +89,28 @@ def test_a_broken_nvidia_smi_gives_no_memory_rather_than_a_hang(tmp_path, monkey
 def test_available_cores_follow_the_affinity(monkeypatch):
     monkeypatch.setattr(schedule.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert 1 <= schedule.available_cores() <= 3
+
+
+def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time(tmp_path):
+    from fuselab.grading import report
+    from fuselab.grading.pipeline import ClassResult
+
+    def result(student, seconds, build):
+        return {"student": student, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": seconds,
+                "cells": {"test_fused": {"points": 4.0, "max_points": 4.0, "status": "passed", "message": "",
+                                         "speed": []}},
+                "flags": [], "disagreements": [], "clean_seconds": seconds / 2, "nbgrader_seconds": seconds / 2,
+                "clean_timeline": {"process start": 1.0, "build_fused": build, "test_fused": 0.5, "setup": 0.2},
+                "nbgrader_phases": {"start": 3.0, "cells": 4.0, "finish": 1.0}}
+    graded = ClassResult(out=tmp_path, results=[result("ann", 20.0, 2.0), result("bob", 30.0, 4.0),
+                                                result("cy", 40.0, 6.0)], problems=[],
+                         phase_seconds={"submissions": 45.0}, graded_now=3, workers=2,
+                         workers_note=schedule.describe(["0", "0"]))
+    text = report.markdown(graded)
+    section = text[text.index("## Throughput"):]
+    assert "graded 3 submission(s) in 45 s, 15.0 s per submission, 2 at a time (2 sharing GPU 0)" in section
+    assert "30.0 s on average (slowest 40 s)" in section
+    # medians: clean 15.0 s, build 4.0 s the slowest step, then the process start; nbgrader 15.0 s, start 3.0 s
+    assert "| lab0 | 15.0 s | build_fused 4.0 s, process start 1.0 s, test_fused 0.5 s | 15.0 s | 3.0 s |" in section
+    assert schedule.describe([None]) == "1 CPU worker, no GPU"
+    assert schedule.describe(["0", "1", "0", "1"]) == "2 sharing each of GPUs 0, 1"

@@ -54,6 +54,9 @@ class ClassResult:
     feedback: dict = field(default_factory=dict)
     phase_seconds: dict = field(default_factory=dict)  # reference runs, submissions, feedback and report
     phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
+    graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
+    workers: int = 1              # submissions graded at a time
+    workers_note: str = ""        # how they were spread: "10 sharing GPU 0", "1 CPU worker"
 
 
 def default_out() -> Path:
@@ -303,7 +306,8 @@ def grade(source, settings: Settings) -> ClassResult:
         nbgrader_run.record(course_root, result["student"], result["lab"],
                             {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
     class_result = ClassResult(out=settings.out, results=ordered, problems=problems, reference=reference,
-                               phase_seconds=phases, phase_spans=spans)
+                               phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
+                               workers=len(workers), workers_note=schedule.describe(workers))
     if settings.feedback:
         feedback_labs = sorted({r["lab"] for r in ordered})
         for result in ordered:

@@ -149,11 +149,51 @@ def markdown(class_result) -> str:
     attention += [f"- {p.student or '?'}{'/' + p.lab if p.lab else ''}: **not graded**: {p.where}: {p.message}"
                   for p in class_result.problems]
     lines += ["## To look at", ""] + (attention or ["Nothing."]) + [""]
-    seconds = [r.get("seconds", 0) for r in results if r.get("seconds")]
-    if seconds:
-        lines += ["## Throughput", "", f"{sum(seconds) / len(seconds):.1f} s per submission on average "
-                  f"(slowest {max(seconds):.0f} s), nbgrader run and clean recheck included.", ""]
+    lines += _throughput(class_result)
     return "\n".join(lines)
+
+
+def median_steps(results) -> dict:
+    """Per lab, the median seconds of each step of a submission: the clean recheck's cells and process starts
+    (``clean_timeline``), nbgrader's phases, and both runs' totals."""
+    import statistics
+    by_lab = {}
+    for r in results:
+        steps = by_lab.setdefault(r["lab"], {})
+        for label, seconds in {**(r.get("clean_timeline") or {}),
+                               **{f"nbgrader {k}": v for k, v in (r.get("nbgrader_phases") or {}).items()},
+                               "clean total": r.get("clean_seconds") or 0.0,
+                               "nbgrader total": r.get("nbgrader_seconds") or 0.0}.items():
+            steps.setdefault(label, []).append(seconds)
+    return {lab: {label: round(statistics.median(v), 2) for label, v in steps.items()} for lab, steps in by_lab.items()}
+
+
+def _throughput(class_result) -> list:
+    """The report's throughput section: the class's pace, each submission's time, and where it goes."""
+    results = class_result.results
+    seconds = [r.get("seconds", 0) for r in results if r.get("seconds")]
+    if not seconds:
+        return []
+    lines = ["## Throughput", ""]
+    phase = class_result.phase_seconds.get("submissions")
+    if class_result.graded_now and phase:
+        lines.append(f"This run graded {class_result.graded_now} submission(s) in {phase:.0f} s, "
+                     f"{phase / class_result.graded_now:.1f} s per submission, "
+                     f"{class_result.workers} at a time ({class_result.workers_note}).")
+    lines += [f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s), "
+              "its clean recheck and nbgrader run one after the other.", "",
+              "| lab | clean recheck | its slowest steps | nbgrader run | nbgrader + kernel start |",
+              "| --- | --- | --- | --- | --- |"]
+    for lab, steps in sorted(median_steps(results).items()):
+        cells = {k: v for k, v in steps.items() if not k.startswith("nbgrader") and k != "clean total"}
+        slowest = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cells.items(), key=lambda kv: -kv[1])[:3])
+        start = steps.get("nbgrader start")
+        lines.append(f"| {lab} | {steps['clean total']:.1f} s | {slowest} | {steps['nbgrader total']:.1f} s | "
+                     f"{f'{start:.1f} s' if start is not None else '-'} |")
+    more = ("`--cpu-workers`" if "no GPU" in class_result.workers_note else
+            "`--jobs-per-gpu`; each graded timing still has the GPU to itself")
+    return lines + ["", f"Medians per lab. More submissions at a time raise the pace while the CPU cores and "
+                    f"memory have room ({more}).", ""]
 
 
 def write_report(class_result, out: Path) -> Path:

@@ -120,6 +120,15 @@ def workers_for(devices: list, jobs_per_gpu: int | None = None) -> list:
     return [d for _ in range(jobs_per_gpu) for d in gpus]
 
 
+def describe(workers: list) -> str:
+    """``workers_for``'s slots in words: "10 sharing GPU 0", "5 sharing each of GPUs 0, 1", "2 CPU workers"."""
+    gpus = list(dict.fromkeys(w for w in workers if w is not None))
+    if not gpus:
+        return f"{len(workers)} CPU worker{'s' * (len(workers) != 1)}, no GPU"
+    per = len(workers) // len(gpus)
+    return f"{per} sharing GPU {gpus[0]}" if len(gpus) == 1 else f"{per} sharing each of GPUs {', '.join(gpus)}"
+
+
 def run_jobs(jobs, devices, work, on_done=None, stop: threading.Event | None = None) -> list:
     """Run ``work(job, device)`` for every job, one worker thread per entry of ``devices``; results in job order.
 
