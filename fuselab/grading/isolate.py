@@ -93,8 +93,8 @@ def network_isolation_available() -> bool:
     return probe.returncode == 0
 
 
-def children_of(pid: int) -> list:
-    """Every descendant of ``pid`` (from /proc), deepest last."""
+def _parents() -> dict:
+    """pid → parent pid of every process (one scan of /proc)."""
     parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -103,6 +103,10 @@ def children_of(pid: int) -> list:
                 parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
+    return parents
+
+
+def _descendants(pid: int, parents: dict) -> list:
     found, frontier = [], [pid]
     while frontier:
         current = frontier.pop()
@@ -110,6 +114,17 @@ def children_of(pid: int) -> list:
         found += kids
         frontier += kids
     return found
+
+
+def children_of(pid: int) -> list:
+    """Every descendant of ``pid`` (from /proc), deepest last."""
+    return _descendants(pid, _parents())
+
+
+def process_trees(roots) -> dict:
+    """root → the set of it and its descendants, for several roots from one scan of /proc."""
+    parents = _parents()
+    return {root: {root, *_descendants(root, parents)} for root in roots}
 
 
 def kill_tree(pid: int):
@@ -284,9 +299,7 @@ def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pi
         on_gpu = gpu_processes(device)
         # asked after the GPU was: a process seen there already belongs to a child registered by now
         shared = set(sharing()) if sharing else set()
-        ours = set()
-        for pid in own_pids:
-            ours |= set(children_of(pid)) | {pid}
+        ours = set().union(*process_trees(own_pids).values())
         busy = [p for p in on_gpu if p != os.getpid() and p not in shared]
         if any(not os.path.exists(f"/proc/{p}") for p in busy):
             # nvidia-smi reports PIDs of another PID namespace (a container): nothing to match them against

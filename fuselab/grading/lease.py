@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from .isolate import children_of, gpu_processes
+from .isolate import children_of, gpu_processes, process_trees
 
 REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
 PREFIXES = (REQUEST, GRANTED, RELEASED)
@@ -143,7 +143,7 @@ class DeviceLease:
         """Every process of every registered child's tree."""
         with self._lock:
             roots = [c.process.pid for c in self._children]
-        return {p for root in roots for p in [root] + children_of(root)}
+        return set().union(*process_trees(roots).values())
 
     def acquire(self, holder) -> tuple | None:
         """Stop everyone else and wait for an idle GPU: ``(seconds waited, note)``, or None (and the lease not
@@ -200,9 +200,10 @@ class DeviceLease:
         """``(pids of other submissions sharing this GPU, pids of other programs)`` with a context on it
         (nvidia-smi; both empty where it cannot tell, e.g. PIDs of another PID namespace)."""
         with self._lock:
-            others = [c.process.pid for c in self._children if c is not holder]
-        sharing_pids = {p for root in others for p in [root] + children_of(root)}
-        ours = self.pids() | {os.getpid()}
+            roots = {child: child.process.pid for child in self._children}
+        trees = process_trees(roots.values())  # one scan of /proc for every tree
+        sharing_pids = set().union(*(trees[pid] for child, pid in roots.items() if child is not holder))
+        ours = set().union(*trees.values()) | {os.getpid()}
         on_gpu = gpu_processes(self.device)
         sharing = [p for p in on_gpu if p in sharing_pids]
         foreign = [p for p in on_gpu if p not in ours and os.path.exists(f"/proc/{p}")]
