@@ -12,10 +12,10 @@ window::
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import threading
 import time
+
+from .grading.isolate import nvidia_smi
 
 
 def _cpu_jiffies():
@@ -30,13 +30,10 @@ def _cpu_jiffies():
 
 
 def _gpu_memory_used_mib():
-    if not shutil.which("nvidia-smi"):
-        return None
+    text = nvidia_smi("--query-gpu=memory.used", "--format=csv,noheader,nounits", timeout=10)
     try:
-        text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10).stdout
-        return [float(x) for x in text.split()]
-    except (OSError, subprocess.SubprocessError, ValueError):
+        return [float(x) for x in text.split()] if text else None
+    except ValueError:
         return None
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fuselab.grading import nbgrader_run, schedule
+from fuselab.grading import isolate, nbgrader_run, schedule
 from fuselab import load_sampler
 from fuselab.load_sampler import LoadSampler
 
@@ -81,8 +81,8 @@ def test_gpu_memory_is_read_from_nvidia_smi_by_index_or_uuid(tmp_path, monkeypat
 def test_a_broken_nvidia_smi_gives_no_memory_rather_than_a_hang(tmp_path, monkeypatch):
     _fake_smi(tmp_path, monkeypatch, "exit 9\n")
     assert schedule.smallest_gpu_memory_gib(["0"]) is None
-    monkeypatch.setattr(schedule.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(
-        schedule.subprocess.TimeoutExpired("nvidia-smi", 20)))
+    monkeypatch.setattr(isolate.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(
+        isolate.subprocess.TimeoutExpired("nvidia-smi", 20)))
     assert schedule.smallest_gpu_memory_gib(["0"]) is None
 
 

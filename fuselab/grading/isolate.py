@@ -272,19 +272,21 @@ def sandbox_works() -> bool:
 
 # --- GPU --------------------------------------------------------------------------------------------------------
 
-def gpu_processes(device: str | None = None) -> list:
-    """PIDs with a compute context on the GPU(s) (``nvidia-smi``); [] where there is no nvidia-smi."""
+def nvidia_smi(*args, timeout: float = 20) -> str | None:
+    """nvidia-smi's output for ``args``; None where it is missing, cannot start or hangs (it can take seconds)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
-    command = [smi, "--query-compute-apps=pid", "--format=csv,noheader"]
-    if device is not None:
-        command += ["-i", str(device)]
+        return None
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=timeout).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(line) for line in result.stdout.split() if line.strip().isdigit()]
+        return None
+
+
+def gpu_processes(device: str | None = None) -> list:
+    """PIDs with a compute context on the GPU(s) (``nvidia-smi``); [] where there is no nvidia-smi."""
+    text = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader", *([] if device is None else ["-i", str(device)]))
+    return [int(line) for line in (text or "").split() if line.strip().isdigit()]
 
 
 def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pids=(), sharing=()) -> tuple:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
-import subprocess
 import threading
+
+from .isolate import nvidia_smi
 
 
 def visible_gpus() -> list:
@@ -20,12 +20,10 @@ def visible_gpus() -> list:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
-    smi = shutil.which("nvidia-smi")
-    if smi is not None:
-        result = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
-        found = [line.strip() for line in result.stdout.splitlines() if line.strip().isdigit()]
-        if found:
-            return found
+    found = [line.strip() for line in (nvidia_smi("--query-gpu=index", "--format=csv,noheader") or "").splitlines()
+             if line.strip().isdigit()]
+    if found:
+        return found
     try:
         import torch
         return [str(i) for i in range(torch.cuda.device_count())]
@@ -82,13 +80,8 @@ def default_jobs_per_gpu(gpus: list, cores: int | None = None, memory_gib: float
 def smallest_gpu_memory_gib(gpus: list) -> float | None:
     """The smallest total memory among ``gpus`` (``CUDA_VISIBLE_DEVICES`` entries: nvidia-smi indices or UUIDs),
     in GiB; None if any of them cannot be read (no nvidia-smi, a MIG slice, "[N/A]")."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        text = subprocess.run([smi, "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
+    text = nvidia_smi("--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits")
+    if text is None:
         return None
     sizes = {}
     for line in text.splitlines():
