@@ -239,9 +239,7 @@ def _throughput_run(work, name, jobs_per_gpu):
         r["cell_seconds"] = {k: round(c.get("seconds") or 0.0, 2) for k, c in full_result["cells"].items()}
     full = sum(r["total"] == r["max_total"] for r in result.results)
     n = len(per)
-    from .grading.schedule import devices_for, workers_for
-    gpus = devices_for("auto")
-    sharing = len(workers_for(gpus, jobs_per_gpu)) // max(1, len(gpus))  # per GPU
+    sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
     return {"status": "ok" if full == n else "MISS", "jobs": sharing, "submissions": per, "wall_seconds": wall,
             "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
             "phase_seconds": phases, "submission_phase_per_submission": grading / max(n, 1),

@@ -104,8 +104,7 @@ def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time
                 "nbgrader_phases": {"start": 3.0, "cells": 4.0, "finish": 1.0}}
     graded = ClassResult(out=tmp_path, results=[result("ann", 20.0, 2.0), result("bob", 30.0, 4.0),
                                                 result("cy", 40.0, 6.0)], problems=[],
-                         phase_seconds={"submissions": 45.0}, graded_now=3, workers=2,
-                         workers_note=schedule.describe(["0", "0"]))
+                         phase_seconds={"submissions": 45.0}, graded_now=3, workers=["0", "0"])
     text = report.markdown(graded)
     section = text[text.index("## Throughput"):]
     assert "graded 3 submission(s) in 45 s, 15.0 s per submission, 2 at a time (2 sharing GPU 0)" in section

@@ -55,8 +55,7 @@ class ClassResult:
     phase_seconds: dict = field(default_factory=dict)  # reference runs, submissions, feedback and report
     phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
     graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
-    workers: int = 1              # submissions graded at a time
-    workers_note: str = ""        # how they were spread: "10 sharing GPU 0", "1 CPU worker"
+    workers: list = field(default_factory=list)  # the worker slots (``schedule.workers_for``): a device each
 
 
 def default_out() -> Path:
@@ -307,7 +306,7 @@ def grade(source, settings: Settings) -> ClassResult:
                             {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
     class_result = ClassResult(out=settings.out, results=ordered, problems=problems, reference=reference,
                                phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
-                               workers=len(workers), workers_note=schedule.describe(workers))
+                               workers=workers)
     if settings.feedback:
         feedback_labs = sorted({r["lab"] for r in ordered})
         for result in ordered:

@@ -13,6 +13,8 @@ import datetime
 import html
 from pathlib import Path
 
+from . import schedule
+
 
 def _speed(cell):
     return next((r for r in cell.get("speed", []) if r.get("speedup") is not None), None)
@@ -179,7 +181,7 @@ def _throughput(class_result) -> list:
     if class_result.graded_now and phase:
         lines.append(f"This run graded {class_result.graded_now} submission(s) in {phase:.0f} s, "
                      f"{phase / class_result.graded_now:.1f} s per submission, "
-                     f"{class_result.workers} at a time ({class_result.workers_note}).")
+                     f"{len(class_result.workers)} at a time ({schedule.describe(class_result.workers)}).")
     lines += [f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s), "
               "its clean recheck and nbgrader run one after the other.", "",
               "| lab | clean recheck | its slowest steps | nbgrader run | nbgrader + kernel start |",
@@ -190,7 +192,7 @@ def _throughput(class_result) -> list:
         start = steps.get("nbgrader start")
         lines.append(f"| {lab} | {steps['clean total']:.1f} s | {slowest} | {steps['nbgrader total']:.1f} s | "
                      f"{f'{start:.1f} s' if start is not None else '-'} |")
-    more = ("`--cpu-workers`" if "no GPU" in class_result.workers_note else
+    more = ("`--cpu-workers`" if None in class_result.workers else
             "`--jobs-per-gpu`; each graded timing still has the GPU to itself")
     return lines + ["", f"Medians per lab. More submissions at a time raise the pace while the CPU cores and "
                     f"memory have room ({more}).", ""]
