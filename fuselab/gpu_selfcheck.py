@@ -98,12 +98,9 @@ def _problems(path):
 
 
 def _cell_seconds(cell) -> float:
-    timing = cell.get("metadata", {}).get("execution", {})
-    began, ended = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
-    if not began or not ended:
-        return 0.0
-    parse = datetime.datetime.fromisoformat
-    return (parse(ended.replace("Z", "+00:00")) - parse(began.replace("Z", "+00:00"))).total_seconds()
+    from .grading.nbgrader_run import execution_span
+    span = execution_span(cell)
+    return span[1] - span[0] if span else 0.0
 
 
 def _pack(out, name, folder, patterns):

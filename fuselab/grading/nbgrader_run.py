@@ -109,6 +109,22 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     return result
 
 
+def execution_span(cell) -> tuple | None:
+    """``(started, ended)`` in epoch seconds of a code cell's last run, from the times nbclient records in its
+    metadata; None where they are missing or malformed."""
+    def stamp(text):
+        try:
+            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except (AttributeError, TypeError, ValueError):
+            return None
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    execution = metadata.get("execution") if isinstance(metadata, dict) else None
+    if not isinstance(execution, dict):
+        return None
+    began, ended = stamp(execution.get("iopub.execute_input")), stamp(execution.get("shell.execute_reply"))
+    return (began, ended) if began is not None and ended is not None and began <= ended else None
+
+
 def phases(executed_nb: dict, started: float, ended: float) -> dict:
     """Where an autograde's time went, from the cells' execution times nbclient records: nbgrader and the
     kernel starting (before the first cell), the cells, and nbgrader finishing. Empty if they cannot be read.
@@ -116,20 +132,13 @@ def phases(executed_nb: dict, started: float, ended: float) -> dict:
     Only cells with code count (nbclient leaves an empty cell's metadata as the student's notebook had it), and
     only times inside the run: anything else in the metadata came from the submission.
     """
-    def stamp(text):
-        try:
-            value = datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-        except (AttributeError, TypeError, ValueError):
-            return None
-        return value if started - 1 <= value <= ended + 1 else None
     times = []
     for cell in executed_nb.get("cells", []) if isinstance(executed_nb, dict) else []:
         if not isinstance(cell, dict) or cell.get("cell_type") != "code" or not str(cell.get("source", "")).strip():
             continue
-        execution = (cell.get("metadata") or {}).get("execution") if isinstance(cell.get("metadata"), dict) else None
-        if isinstance(execution, dict):
-            times.append((stamp(execution.get("iopub.execute_input")), stamp(execution.get("shell.execute_reply"))))
-    times = [(a, b) for a, b in times if a is not None and b is not None and a <= b]
+        span = execution_span(cell)
+        if span and all(started - 1 <= t <= ended + 1 for t in span):
+            times.append(span)
     if not times:
         return {}
     first, last = min(a for a, _ in times), max(b for _, b in times)
