@@ -60,7 +60,8 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
                   wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=(), lease=None) -> dict:
     """nbgrader autograde of one submission in its own scratch course; returns the notebook's verdict.
 
-    ``{"cells": {grade_id: [score, max]}, "autograded": path or None, "error": text or None, "seconds"}``
+    ``{"cells": {grade_id: [score or None, max]}, "autograded": path or None, "error": text or None, "seconds"}``;
+    a score is None where nbgrader never scored the cell (it could not run the notebook to the end).
     """
     scratch = workdir / "nbgrader"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -102,7 +103,10 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
             submission = gradebook.find_submission(lab, student)
             for nb in submission.notebooks:
                 for grade in nb.grades:
-                    result["cells"][grade.name] = [grade.score, grade.max_score]
+                    # a cell nbgrader never scored (the run stopped before it could save any) has no score, which
+                    # its ``score`` reports as 0: that would read as the notebook run failing tests that passed
+                    scored = grade.auto_score is not None or grade.manual_score is not None
+                    result["cells"][grade.name] = [grade.score if scored else None, grade.max_score]
     except MissingEntry:
         result["error"] = (result["error"] or "nbgrader did not grade the notebook") + ": " + \
             (outcome.stdout + outcome.stderr).strip()[-800:]
