@@ -113,3 +113,21 @@ def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time
     assert "| lab0 | 15.0 s | build_fused 4.0 s, process start 1.0 s, test_fused 0.5 s | 15.0 s | 3.0 s |" in section
     assert schedule.describe([None]) == "1 CPU worker, no GPU"
     assert schedule.describe(["0", "1", "0", "1"]) == "2 sharing each of GPUs 0, 1"
+
+
+def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
+    from fuselab.grading import report
+    from fuselab.grading.pipeline import ClassResult
+
+    def result(student, notes):
+        return {"student": student, "lab": "lab0", "total": 1.0, "max_total": 1.0, "seconds": 10.0,
+                "cells": {"test_fused": {"points": 1.0, "max_points": 1.0, "status": "passed", "message": "",
+                                         "speed": []}},
+                "flags": [], "disagreements": [], "notes": notes}
+    busy = "GPU 0 busy with process(es) [4242]: timings may be disturbed"
+    graded = ClassResult(out=tmp_path, results=[result("ann", [busy]), result("bob", [])], problems=[])
+    section = report.markdown(graded).split("## To look at")[1].split("## ")[0]
+    assert f"- ann/lab0: note: {busy}" in section
+    assert "bob" not in section
+    quiet = ClassResult(out=tmp_path, results=[result("bob", [])], problems=[])
+    assert "Nothing." in report.markdown(quiet).split("## To look at")[1]
