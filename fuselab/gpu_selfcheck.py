@@ -10,12 +10,14 @@ GPU shapes, time them against the lab's unfused reference, PyTorch eager, ``torc
 ceilings, run the graded speedup test) and ``grade`` (nbgrader autograde: solutions full marks, blank labs zero; autograding runs every solution notebook
 top to bottom, headless, and its errors and stderr are reported too), ``notebooks`` (every solution notebook top
 to bottom with its demo cells, as an instructor runs it: not in grading mode), ``samples`` (the grader's sample
-class: every sample must get the grade it deserves) and ``throughput`` (grading time per submission on copies
-of the correct samples). Full results go to ``$OUT`` (or ``--out``) as JSON; a short table is printed last.
+class: every sample must get the grade it deserves), ``throughput`` (grading time per submission on copies
+of the correct samples) and ``multigpu`` (the same class graded on one GPU and on all of them: same grades, no
+two timings on one GPU at once, the wall-time ratio; skipped with fewer than 2 GPUs). Full results go to ``$OUT`` (or ``--out``) as JSON; a short table is printed last.
 
 Environment: ``FUSELAB_NOTEBOOKS=lab3`` and ``FUSELAB_SAMPLES=correct,cheat_cache`` narrow those stages;
 ``FUSELAB_THROUGHPUT_COPIES`` (default 3) and ``FUSELAB_THROUGHPUT_JOBS=10,16`` (submissions sharing the GPU,
-one run each; default: the grader's own choice) shape the throughput stage; ``FUSELAB_COMMIT`` names the
+one run each; default: the grader's own choice) shape the throughput stage, ``FUSELAB_MULTIGPU_COPIES``
+(default 3) and ``FUSELAB_MULTIGPU_JOBS`` (submissions sharing each GPU, default 2) the multigpu stage; ``FUSELAB_COMMIT`` names the
 commit in the results where the GPU machine's copy has no up-to-date ``.git``.
 """
 
@@ -199,6 +201,38 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
     """Grading time per submission: ``copies`` copies of each lab's correct sample, graded as one class, once per
     number of submissions sharing the GPU in ``FUSELAB_THROUGHPUT_JOBS`` (comma-separated; default: the grader's
     own choice), with how busy the CPU and the GPU's memory were."""
+    work = _class_of_copies(copies)
+    jobs = list(dict.fromkeys(int(j) for j in os.environ.get("FUSELAB_THROUGHPUT_JOBS", "").split(",")
+                              if j.strip())) or [None]
+    if any(j < 1 for j in jobs if j is not None):
+        raise ValueError(f"FUSELAB_THROUGHPUT_JOBS must list numbers of at least 1, not {jobs}")
+    runs = [_throughput_run(work, f"run-{j or 'default'}", j)[0] for j in jobs]
+    best = min(runs, key=lambda r: r["submission_phase_per_submission"])
+    headline = "; ".join(r["headline"] for r in runs)
+    return {**best, "runs": runs, "headline": headline,
+            "status": "ok" if all(r["status"] == "ok" for r in runs) else "MISS"}
+
+
+def stage_multigpu(out, copies=int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "3")),
+                   jobs_per_gpu=int(os.environ.get("FUSELAB_MULTIGPU_JOBS", "2"))):
+    """The grader on every visible GPU against one GPU: the same class (``copies`` copies of each lab's correct
+    sample), the same number of submissions sharing each GPU (``jobs_per_gpu``); see ``multigpu_check``."""
+    from . import multigpu_check
+    from .grading import schedule
+    gpus = schedule.visible_gpus()
+    if len(gpus) < 2:
+        return {"status": "skipped", "headline": f"needs 2 GPUs, {len(gpus)} visible"}
+    work = _class_of_copies(copies)
+    single, single_result = _throughput_run(work, "one-gpu", jobs_per_gpu, gpus=1)
+    (Path(out) / "multigpu-one-gpu.json").write_text(json.dumps(single, indent=1, default=str))  # if cut short
+    several, several_result = _throughput_run(work, "all-gpus", jobs_per_gpu, gpus="auto")
+    verdict = multigpu_check.verdict(single_result, several_result)
+    return {**verdict, "one_gpu": single, "all_gpus": several,
+            "timings": multigpu_check.timings(several_result.results)}
+
+
+def _class_of_copies(copies):
+    """A class of ``copies`` students, each with every lab's correct sample: ``<work>/class``; returns ``work``."""
     from . import samples as sample_recipes
     work = Path(tempfile.mkdtemp(prefix="fuselab-throughput-"))
     sample_recipes.write_examples(work / "examples")
@@ -206,24 +240,18 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
     for k in range(copies):
         for lab in labs:
             shutil.copytree(work / "examples" / "correct" / lab, work / "class" / f"student{k:02d}" / lab)
-    jobs = list(dict.fromkeys(int(j) for j in os.environ.get("FUSELAB_THROUGHPUT_JOBS", "").split(",")
-                              if j.strip())) or [None]
-    if any(j < 1 for j in jobs if j is not None):
-        raise ValueError(f"FUSELAB_THROUGHPUT_JOBS must list numbers of at least 1, not {jobs}")
-    runs = [_throughput_run(work, f"run-{j or 'default'}", j) for j in jobs]
-    best = min(runs, key=lambda r: r["submission_phase_per_submission"])
-    headline = "; ".join(r["headline"] for r in runs)
-    return {**best, "runs": runs, "headline": headline,
-            "status": "ok" if all(r["status"] == "ok" for r in runs) else "MISS"}
+    return work
 
 
-def _throughput_run(work, name, jobs_per_gpu):
+def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
+    """Grade ``<work>/class`` into ``<work>/<name>``: ``(summary, the grader's ClassResult)``."""
     from .grading.pipeline import Settings, grade
     from .grading.report import median_steps
+    from .grading.schedule import describe
     from .load_sampler import LoadSampler
     started = time.perf_counter()
     with LoadSampler() as load:
-        result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120,
+        result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120, gpus=gpus,
                                                 submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True))
     wall = time.perf_counter() - started
     phases = result.phase_seconds
@@ -237,16 +265,19 @@ def _throughput_run(work, name, jobs_per_gpu):
     full = sum(r["total"] == r["max_total"] for r in result.results)
     n = len(per)
     sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
-    return {"status": "ok" if full == n else "MISS", "jobs": sharing, "submissions": per, "wall_seconds": wall,
-            "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
-            "phase_seconds": phases, "submission_phase_per_submission": grading / max(n, 1),
-            "load_while_grading": load.summary(*result.phase_spans["submissions"]),
-            "time_by_lab": median_steps(result.results),
-            # the part that cannot overlap: timings with the GPU to themselves
-            "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
-            "seconds_per_submission": wall / max(n, 1), "full_marks": full,
-            "headline": f"{sharing} sharing: {n} submissions graded in {grading:.0f} s = {grading / max(n, 1):.1f} s "
-                        f"each (target 7), {wall:.0f} s in all; {full}/{n} full marks"}
+    summary = {
+        "status": "ok" if full == n else "MISS", "jobs": sharing, "workers": describe(result.workers),
+        "submissions": per, "wall_seconds": wall,
+        "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
+        "phase_seconds": phases, "submission_phase_per_submission": grading / max(n, 1),
+        "load_while_grading": load.summary(*result.phase_spans["submissions"]),
+        "time_by_lab": median_steps(result.results),
+        # the part that cannot overlap: timings with the GPU to themselves
+        "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
+        "seconds_per_submission": wall / max(n, 1), "full_marks": full,
+        "headline": f"{describe(result.workers)}: {n} submissions graded in {grading:.0f} s = "
+                    f"{grading / max(n, 1):.1f} s each (target 7), {wall:.0f} s in all; {full}/{n} full marks"}
+    return summary, result
 
 
 def _lab_stages():
@@ -256,7 +287,7 @@ def _lab_stages():
 
 STAGES = {"env": stage_env, "build": stage_build, "timing": stage_timing, "emulation": stage_emulation,
           **_lab_stages(), "grade": stage_grade, "notebooks": stage_notebooks, "samples": stage_samples,
-          "throughput": stage_throughput, "tests": stage_tests}
+          "throughput": stage_throughput, "multigpu": stage_multigpu, "tests": stage_tests}
 
 
 def _git_commit():

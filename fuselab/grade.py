@@ -108,6 +108,8 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         say(f"{test_id}: the grader measures this speedup in its clean recheck, with the GPU to itself; "
             "that measurement is this test's score (see the feedback).")
         return _finish(record)
+    # which physical GPU measured it (CUDA_VISIBLE_DEVICES renumbers them): the multi-GPU self-check reads it
+    record["gpu_uuid"] = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", ""))
     test, entry, note = policy_entry(test_id, gpu_name, policy)
     if note:
         say(note)

@@ -93,6 +93,9 @@ def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_pa
         assert shared.stopped_seconds(other) >= 0.7  # two timings of 0.4 s each (not held against its limits)
         assert server.waited_s >= 0.4  # the no-NVML settle (0.2 s) per timing
         assert server.held_s >= 0.8    # two blocks of 0.4 s with the GPU to itself
+        # the log of its holds (what the multi-GPU self-check reads to show no two timings shared a GPU)
+        assert len(server.holds) == 2 and all(end - start >= 0.4 for start, end in server.holds)
+        assert server.holds[0][1] <= server.holds[1][0]
         assert not list(tmp_path.glob("lease-*")), "lease files left behind"
     finally:
         other.stop()

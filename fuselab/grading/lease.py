@@ -238,9 +238,10 @@ class LeaseServer:
         self.holding = None          # the request being served
         self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
         self.held_s = 0.0            # time it had the GPU to itself (everyone else on it stopped)
+        self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
         self.notes: list = []
         self.stop_reason = None      # set when the child must be stopped (held too long, broke the protocol)
-        self._granted_at = 0.0
+        self._granted_at = self._granted_epoch = 0.0
 
     def paused_s(self) -> float:
         """Seconds the child spent waiting for the GPU or stopped for others' timings: not its own time."""
@@ -269,7 +270,7 @@ class LeaseServer:
         self.waited_s += waited
         if note:
             self.notes.append(note)
-        self.holding, self._granted_at = number, time.monotonic()
+        self.holding, self._granted_at, self._granted_epoch = number, time.monotonic(), time.time()
         try:  # never through a link the child planted: O_EXCL refuses any existing name
             os.close(os.open(self.folder / (GRANTED + number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                              0o644))
@@ -286,6 +287,7 @@ class LeaseServer:
                     (self.folder / (prefix + self.holding)).unlink()
             self.holding = None
             self.held_s += time.monotonic() - self._granted_at
+            self.holds.append([round(self._granted_epoch, 3), round(time.time(), 3)])
             self.lease.release()
 
 

@@ -193,6 +193,7 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
             "restarts": clean.restarts, "notebook_autograded": notebook_run.get("autograded"),
             "nbgrader_seconds": notebook_run.get("seconds"), "clean_seconds": clean.seconds,
             "gpu_wait_seconds": clean.gpu_wait_s, "gpu_held_seconds": clean.gpu_held_s,
+            "gpu_holds": clean.gpu_holds,
             "clean_timeline": clean.timeline, "nbgrader_phases": notebook_run.get("phases", {})}
 
 

@@ -48,6 +48,7 @@ class CleanResult:
     seconds: float = 0.0
     gpu_wait_s: float = 0.0             # waiting for the shared GPU (lease) before timings
     gpu_held_s: float = 0.0             # timing with the GPU to itself (every other submission on it stopped)
+    gpu_holds: list = field(default_factory=list)  # each time it had the GPU: [start, end] in epoch seconds
     # where the time went, every cell (setup, builds and demos too) and each process's start before its first
     # cell: label → seconds, summed over restarts, for the grader's throughput report
     timeline: dict = field(default_factory=dict)
@@ -55,13 +56,14 @@ class CleanResult:
     def to_json(self):
         return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
                 "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s,
-                "gpu_held_s": self.gpu_held_s, "timeline": self.timeline}
+                "gpu_held_s": self.gpu_held_s, "gpu_holds": self.gpu_holds, "timeline": self.timeline}
 
     @classmethod
     def from_json(cls, data):
         return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
                    restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0),
-                   gpu_held_s=data.get("gpu_held_s", 0.0), timeline=data.get("timeline", {}))
+                   gpu_held_s=data.get("gpu_held_s", 0.0), gpu_holds=data.get("gpu_holds", []),
+                   timeline=data.get("timeline", {}))
 
 
 def _source(cell) -> str:
@@ -181,6 +183,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
+    gpu_holds: list = []
     timeline: dict = {}
     while True:
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
@@ -225,6 +228,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         flags += server.notes
         gpu_wait += server.waited_s
         gpu_held += server.held_s
+        gpu_holds += server.holds
         outcome = child.wait(timeout=30)
         events = _read_events(events_path)
         by_index = {c["index"]: c for c in cells}
@@ -269,7 +273,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     _fail_rest(verdicts, graded, "", status="not run")
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
-                       gpu_held_s=gpu_held, timeline={k: round(v, 3) for k, v in timeline.items()})
+                       gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
 
 
 def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:
