@@ -17,7 +17,8 @@ two timings on one GPU at once, the wall-time ratio; skipped with fewer than 2 G
 Environment: ``FUSELAB_NOTEBOOKS=lab3`` and ``FUSELAB_SAMPLES=correct,cheat_cache`` narrow those stages;
 ``FUSELAB_THROUGHPUT_COPIES`` (default 3) and ``FUSELAB_THROUGHPUT_JOBS=10,16`` (submissions sharing the GPU,
 one run each; default: the grader's own choice) shape the throughput stage, ``FUSELAB_MULTIGPU_COPIES``
-(default 3) and ``FUSELAB_MULTIGPU_JOBS`` (submissions sharing each GPU, default 2) the multigpu stage; ``FUSELAB_COMMIT`` names the
+(default 2) and ``FUSELAB_MULTIGPU_JOBS`` (submissions sharing each GPU, default 1: one worker per GPU) the
+multigpu stage; ``FUSELAB_COMMIT`` names the
 commit in the results where the GPU machine's copy has no up-to-date ``.git``.
 """
 
@@ -213,8 +214,8 @@ def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES",
             "status": "ok" if all(r["status"] == "ok" for r in runs) else "MISS"}
 
 
-def stage_multigpu(out, copies=int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "3")),
-                   jobs_per_gpu=int(os.environ.get("FUSELAB_MULTIGPU_JOBS", "2"))):
+def stage_multigpu(out, copies=int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "2")),
+                   jobs_per_gpu=int(os.environ.get("FUSELAB_MULTIGPU_JOBS", "1"))):
     """The grader on every visible GPU against one GPU: the same class (``copies`` copies of each lab's correct
     sample), the same number of submissions sharing each GPU (``jobs_per_gpu``); see ``multigpu_check``."""
     from . import multigpu_check
