@@ -227,9 +227,14 @@ def stage_multigpu(out, copies=int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "2"
     single, single_result = _throughput_run(work, "one-gpu", jobs_per_gpu, gpus=1)
     (Path(out) / "multigpu-one-gpu.json").write_text(json.dumps(single, indent=1, default=str))  # if cut short
     several, several_result = _throughput_run(work, "all-gpus", jobs_per_gpu, gpus="auto")
-    verdict = multigpu_check.verdict(single_result, several_result)
+    expected = sum(1 for _ in (work / "class").glob("*/*"))
+    verdict = multigpu_check.verdict(single_result, several_result, expected)
+    if single["status"] != "ok" or several["status"] != "ok":  # copies of the correct sample lost marks
+        verdict["status"] = "MISS"
+        verdict["problems"].append(f"full marks: {single['full_marks']} on one GPU, {several['full_marks']} on "
+                                   f"several, of {expected}")
     return {**verdict, "one_gpu": single, "all_gpus": several,
-            "timings": multigpu_check.timings(several_result.results)}
+            "timings": multigpu_check.timings(several_result.results, several_result.reference)}
 
 
 def _class_of_copies(copies):

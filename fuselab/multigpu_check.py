@@ -5,7 +5,9 @@ visible GPU. What must hold:
 
 - every submission is graded exactly once in both runs;
 - correctness points are identical, and speed points within ±1 (two measurements of the same kernel);
-- no two graded timings ever had one GPU at the same time (each clean recheck logs when it held its GPU);
+- no two graded timings ever had one GPU at the same time (each clean recheck logs when it held its GPU; the
+  instructor's reference runs, side by side on the first GPU, count too: with one worker per GPU they are the
+  only timings that could collide);
 - each worker's device is one physical GPU, and different devices are different GPUs (the UUID that every
   speed measurement records: ``CUDA_VISIBLE_DEVICES`` renumbers GPUs, so a mix-up would otherwise go unseen);
 - the several-GPU run grades the submissions in at most ``WALL_RATIO`` of the one-GPU run's time. That is the
@@ -57,18 +59,23 @@ def same_grades(single, several) -> list:
     return problems
 
 
-def timings(results) -> list:
-    """Every graded timing of the run: ``{device, student, lab, start, end}`` (epoch seconds), in time order."""
+def timings(results, reference=None) -> list:
+    """Every graded timing of the run: ``{device, student, lab, start, end}`` (epoch seconds), in time order.
+
+    ``reference``: the instructor's reference runs (lab → result), graded side by side on the first GPU before
+    the students, their timings taking turns through its lease (student "reference").
+    """
+    runs = list(results) + [dict(r, student="reference", lab=lab) for lab, r in (reference or {}).items()]
     rows = [{"device": r.get("device"), "student": r["student"], "lab": r["lab"], "start": start, "end": end}
-            for r in results for start, end in r.get("gpu_holds") or []]
+            for r in runs for start, end in r.get("gpu_holds") or []]
     return sorted(rows, key=lambda row: (row["start"], row["end"]))
 
 
-def overlapping_timings(results) -> list:
+def overlapping_timings(results, reference=None) -> list:
     """Problems: two timings that held the same GPU at the same time."""
     problems = []
     by_device = defaultdict(list)
-    for row in timings(results):
+    for row in timings(results, reference):
         by_device[row["device"]].append(row)
     for device, rows in by_device.items():
         for before, after in zip(rows, rows[1:]):
@@ -103,11 +110,18 @@ def device_mix_ups(results) -> list:
     return problems
 
 
-def verdict(single, several) -> dict:
-    """Judge two ``grading.pipeline.ClassResult`` of the same class: one GPU, then several."""
+def verdict(single, several, expected: int | None = None) -> dict:
+    """Judge two ``grading.pipeline.ClassResult`` of the same class (``expected`` submissions): one GPU, then
+    several."""
     problems = (graded_once(single.results, "one GPU") + graded_once(several.results, "several GPUs")
-                + same_grades(single.results, several.results) + overlapping_timings(several.results)
-                + overlapping_timings(single.results) + device_mix_ups(several.results))
+                + same_grades(single.results, several.results)
+                + overlapping_timings(several.results, several.reference)
+                + overlapping_timings(single.results, single.reference) + device_mix_ups(several.results))
+    for label, run in (("one GPU", single), ("several GPUs", several)):
+        # a submission the grader failed on is in neither run's results: it would go unseen above
+        problems += [f"{label}: not graded: {p.student or '?'}/{p.lab or '?'}: {p.message}" for p in run.problems]
+        if expected is not None and len(run.results) != expected:
+            problems.append(f"{label}: {len(run.results)} submissions graded, {expected} in the class")
     devices = sorted({str(w) for w in several.workers})
     if len(devices) < 2:
         problems.append(f"the several-GPU run used {len(devices)} GPU(s)")

@@ -79,6 +79,9 @@ def test_cheats_and_disagreements_are_flagged(graded):
     monkeypatch = by[("cheat_monkeypatch", "lab0")]
     assert any("fl.check" in f for f in monkeypatch["flags"])
     assert any("test_fused" in d for d in monkeypatch["disagreements"])  # the notebook run was fooled
+    # a notebook nbgrader ran to the end keeps its scores, failures (0) included; only an unfinished one has none
+    assert monkeypatch["cells"]["test_fused"]["notebook_points"] == 2.0
+    assert by[("edge_bug", "lab0")]["cells"]["test_fused"]["notebook_points"] == 0.0
     report = (graded["result"].out / "report.md").read_text()
     assert "cheat_monkeypatch/lab0: **flag**" in report
     fault = by[("fault", "lab0")]

@@ -223,7 +223,8 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")
               and not k.startswith("test_speedup")]
-    result = {"cells": cells, "broken": broken, "seconds": clean.seconds, "notebook_sha": _sha(path)}
+    result = {"cells": cells, "broken": broken, "seconds": clean.seconds, "notebook_sha": _sha(path),
+              "device": device, "gpu_holds": clean.gpu_holds}
     saved.write_text(json.dumps(result, indent=1))
     return result
 
