@@ -237,11 +237,15 @@ class LeaseServer:
         self.lease, self.folder, self.child, self.tag = lease, Path(folder), child, tag
         self.holding = None          # the request being served
         self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
-        self.held_s = 0.0            # time it had the GPU to itself (everyone else on it stopped)
         self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
         self.notes: list = []
         self.stop_reason = None      # set when the child must be stopped (held too long, broke the protocol)
         self._granted_at = self._granted_epoch = 0.0
+
+    @property
+    def held_s(self) -> float:
+        """Seconds it had the GPU to itself (everyone else on it stopped)."""
+        return sum(end - start for start, end in self.holds)
 
     def paused_s(self) -> float:
         """Seconds the child spent waiting for the GPU or stopped for others' timings: not its own time."""
@@ -286,8 +290,7 @@ class LeaseServer:
                 with contextlib.suppress(OSError):
                     (self.folder / (prefix + self.holding)).unlink()
             self.holding = None
-            self.held_s += time.monotonic() - self._granted_at
-            self.holds.append([round(self._granted_epoch, 3), round(time.time(), 3)])
+            self.holds.append([self._granted_epoch, time.time()])
             self.lease.release()
 
 

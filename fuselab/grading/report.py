@@ -147,8 +147,8 @@ def markdown(class_result) -> str:
         attention += [f"- {who}: **disagreement**: {d}" for d in r["disagreements"]]
         attention += [f"- {who}: **flag**: {f}" for f in r["flags"]]
         # what the grader noticed about the run itself (a GPU other programs kept busy, a notebook nbgrader could
-        # not finish, which of two notebooks was graded): shown in the student's feedback, and to the TA here
-        # flattened and cut: a note may end with nbgrader's output, text the student's run printed
+        # not finish, which of two notebooks was graded), as in the student's feedback; flattened and cut, as a
+        # note may end with nbgrader's output: text the student's run printed
         attention += [f"- {who}: note: {' '.join(str(n).split())[:300]}" for n in r.get("notes", [])]
         attention += [f"- {who}: {c['status']} in {t}: {c['message'].splitlines()[0][:200] if c['message'] else ''}"
                       for t, c in r["cells"].items() if c["status"] in ("crashed", "timed out")]
