@@ -13,7 +13,8 @@ from pathlib import Path
 def add_parsers(sub) -> None:
     grade = sub.add_parser("grade", help="grade a folder or zip of submissions: gradebook, grades.csv, feedback, "
                                          "class report")
-    grade.add_argument("submissions", help="a folder of <student>/<lab>/*.ipynb, <student>.zip files, or an LMS zip")
+    grade.add_argument("submissions", nargs="?",
+                       help="a folder of <student>/<lab>/*.ipynb, <student>.zip files, or an LMS zip")
     grade.add_argument("--labs", nargs="+", help="only these labs")
     grade.add_argument("--students", nargs="+", help="only these students")
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out")
@@ -33,6 +34,7 @@ def add_parsers(sub) -> None:
     grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
     grade.add_argument("--expect-samples", action="store_true",
                        help="the submissions are the sample class: check every verdict against its sample")
+    add_slurm_arguments(grade)
     cal = sub.add_parser("calibrate", help="measure the plain solutions on this GPU and write its policy entry")
     cal.add_argument("--labs", nargs="+")
     cal.add_argument("--repeats", type=int, default=3)
@@ -42,8 +44,30 @@ def add_parsers(sub) -> None:
     samples.add_argument("--out", help="folder (default: grader/examples)")
 
 
+def add_slurm_arguments(grade) -> None:
+    """``fuselab grade --slurm``: the class as a Slurm job array (``slurm.py``; docs/grading.md)."""
+    group = grade.add_argument_group("on a Slurm cluster (--out must be on a file system every node sees)")
+    group.add_argument("--slurm", action="store_true",
+                       help="submit the grading as a Slurm job array (a shard of submissions per task) and a "
+                            "merge job after it, then return; the same command again finishes what is missing")
+    group.add_argument("--status", metavar="OUT", help="what a --slurm run in OUT has done, is running, has failed")
+    group.add_argument("--shards", type=int, help="array tasks (default: one per 40 submissions)")
+    group.add_argument("--partition", help="sbatch --partition")
+    group.add_argument("--account", help="sbatch --account")
+    group.add_argument("--gpus-per-task", type=int, default=1,
+                       help="GPUs per array task (sbatch --gres=gpu:N; default 1); 0 grades on the CPU emulation")
+    group.add_argument("--cpus-per-task", type=int, help="sbatch --cpus-per-task (the cluster's default if unset)")
+    group.add_argument("--time", help="sbatch --time per task, e.g. 1:00:00")
+    group.add_argument("--sbatch-args", default="", help="more sbatch options for every job, e.g. --sbatch-args='--qos=short --mem=64G'")
+
+
 def run(args) -> int:
     if args.command == "grade":
+        if args.slurm or args.status:
+            from .slurm import main_cli
+            return main_cli(args)
+        if args.submissions is None:
+            raise SystemExit("fuselab grade: give the submissions (a folder or zip)")
         return main_grade(args)
     if args.command == "calibrate":
         from .calibrate import calibrate

@@ -301,14 +301,29 @@ def grade(source, settings: Settings) -> ClassResult:
             continue
         results[(sub.student, sub.lab)] = outcome
 
-    ordered = [results[k] for k in sorted(results)]
+    class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
+                               reference=reference, phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
+                               workers=workers)
+    return write_outputs(class_result, settings, clock)
+
+
+def write_outputs(class_result: ClassResult, settings: Settings, clock: float | None = None) -> ClassResult:
+    """The class's outputs from its graded results: the gradebook of ``<out>/course``, feedback, the nbgrader
+    export, grades.csv and the report. ``grade``'s last step, and the Slurm merge's (``slurm.merge``), so a class
+    graded in shards ends exactly as one graded on one host. ``class_result.results`` in (student, lab) order."""
+    clock = time.monotonic() if clock is None else clock
+
+    def phase_done(name, since):
+        now = time.monotonic()
+        class_result.phase_seconds[name], class_result.phase_spans[name] = now - since, (since, now)
+        return now
+
+    course_root = settings.out / "course"
+    ordered = class_result.results
     for result in ordered:
         notebook_copy = result.get("notebook_autograded") or result["notebook"]
         nbgrader_run.record(course_root, result["student"], result["lab"],
                             {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
-    class_result = ClassResult(out=settings.out, results=ordered, problems=problems, reference=reference,
-                               phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
-                               workers=workers)
     if settings.feedback:
         feedback_labs = sorted({r["lab"] for r in ordered})
         for result in ordered:
