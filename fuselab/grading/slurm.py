@@ -285,6 +285,8 @@ def queued(out: Path) -> dict:
         if len(fields) != 4:
             continue
         array_id, tasks, job_id, state = fields
+        if state not in ACTIVE_STATES:
+            continue
         if array_id in arrays:
             for index in _indices(tasks):
                 shards[index] = state
@@ -313,7 +315,8 @@ def gpu_model() -> str:
 def shard_settings(out: Path, index: int, plan: dict, model: str) -> pipeline.Settings:
     options = plan["options"]
     references = slurm_dir(out) / "references" / model
-    return pipeline.Settings(out=shard_dir(out, index), labs=options["labs"], students=options["students"],
+    labs = sorted({e["lab"] for e in plan["submissions"] if e["shard"] == index})  # its course needs no others
+    return pipeline.Settings(out=shard_dir(out, index), labs=labs, students=options["students"],
                              gpus="auto" if options.get("gpus_per_task") else 0,
                              jobs_per_gpu=options.get("jobs_per_gpu"), cpu_workers=options.get("cpu_workers") or 1,
                              cell_timeout=options["cell_timeout"], submission_timeout=options["submission_timeout"],
@@ -363,8 +366,7 @@ def run_shard(out: Path, index: int) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU emulation: no GPU of the node's is this task's
     model = gpu_model()
     settings = shard_settings(out, index, plan, model)
-    labs = sorted({e["lab"] for e in plan["submissions"] if e["shard"] == index})
-    reference_runs(out, labs, settings, model)
+    reference_runs(out, settings.labs, settings, model)
     result = pipeline.grade(archive, settings)
     write_json(folder / "done.json", {
         "shard": index, "zip_sha": plan["zips"][str(index)], "finished": _now(), "job": job,
@@ -459,7 +461,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
             if saved is not None:
                 reference[lab if len(models) == 1 else f"{lab} on {model}"] = saved
     settings = pipeline.Settings(out=out, labs=options["labs"], feedback=options["feedback"])
-    labs = sorted({e["lab"] for e in plan["submissions"]})
+    labs = [lab for lab in course.lab_names() if not options["labs"] or lab in options["labs"]]  # as on one host
     nbgrader_run.prepare_course(out / "course", labs)
     nbgrader_run.add_students(out / "course" / "gradebook.db", sorted({e["student"] for e in plan["submissions"]}))
     class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,

@@ -1,0 +1,145 @@
+"""``fuselab grade --slurm`` on a real single-node Slurm cluster (munged, slurmctld, slurmd on this machine, see
+``slurm_cluster.py``), grading a small class through the CPU emulation.
+
+One class of two students (two cheap Lab 0 samples) in two shards; the test kills shard 1's array task as soon as
+it starts, lets the merge job resubmit that shard alone, and checks the merged gradebook, grades.csv, feedback and
+report against a one-host run of the same class. The resubmitted task is killed too, with its merge job, and the
+same command run again finishes that shard alone; once more, it has nothing to do.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fuselab.grading import cli, samplecheck, slurm
+
+from .conftest import REPO
+from .slurm_cluster import LocalCluster, missing
+
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU grading path (a GPU cluster is tested by hand)"),
+    pytest.mark.skipif(bool(missing()), reason=f"Slurm is not installed ({', '.join(missing())} missing; "
+                                               ".ci/run installs slurm-wlm and munge)"),
+]
+CLASS = [("compile_error", "lab0"), ("edge_bug", "lab0")]
+GRADING = ["--cell-timeout", "30", "--submission-timeout", "400"]
+WAIT_S = 420  # the whole class, twice over on CI's two cores: a bound on a hang, not a timing
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    local = LocalCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield local.start()
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory):
+    """The same class graded on one host (``fuselab grade``), in the background while the cluster grades it: the
+    shards leave a core idle while one of them runs alone."""
+    folder = tmp_path_factory.mktemp("one-host")
+    examples = samplecheck.stage(folder / "class", CLASS)
+    log = open(folder / "log.txt", "w")
+    process = subprocess.Popen([sys.executable, "-m", "grader", str(examples), "--out", str(folder / "run"),
+                                *GRADING], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+    def finished():
+        assert process.wait(timeout=WAIT_S) == 0, (folder / "log.txt").read_text()[-3000:]
+        return folder / "run"
+    yield {"examples": examples, "out": finished}
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _wait(condition, what, cluster, out):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(1)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((out / "slurm" / "logs").glob("*")))
+    raise AssertionError(f"timed out waiting for {what}\n{slurm.status_text(out)}\n{logs}\n{cluster.logs()}")
+
+
+def _merged_from(out):
+    return (slurm.read_json(out / "slurm" / "merged.json") or {}).get("from")
+
+
+def _gradebook(out):
+    """Every submission's score in the run's gradebook."""
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        return sorted((sub.student_id, lab.name, round(sub.score, 6))
+                      for lab in gradebook.assignments for sub in lab.submissions)
+
+
+def _same_verdicts(merged, one_host):
+    by = {(r["student"], r["lab"]): r for r in one_host}
+    assert sorted(by) == sorted((r["student"], r["lab"]) for r in merged)
+    for r in merged:
+        want = by[(r["student"], r["lab"])]
+        assert {k: (c["points"], c["status"]) for k, c in r["cells"].items()} == \
+            {k: (c["points"], c["status"]) for k, c in want["cells"].items()}, (r["student"], r["lab"])
+        assert (r["flags"], r["disagreements"]) == (want["flags"], want["disagreements"])
+
+
+def test_a_class_graded_on_slurm_equals_one_host_through_a_killed_task_and_reruns(cluster, one_host, tmp_path,
+                                                                                   capsys):
+    out = tmp_path / "run"
+    command = ["grade", str(one_host["examples"]), "--slurm", "--gpus-per-task", "0", "--shards", "2",
+               "--out", str(out), *GRADING]
+    assert cli.main(command) == 0
+    plan = slurm.read_json(out / "slurm" / "plan.json")
+    assert plan["shards"] == 2 and sorted(e["shard"] for e in plan["submissions"]) == [0, 1]
+    first = slurm.jobs_of(out)[0]
+    assert first["shards"] == [0, 1]
+
+    # shard 1's task is killed as soon as it starts (a node lost, a preemption): its merge job, which waits for
+    # every task to end (afterany), finds it unfinished and resubmits that shard alone, with a merge job after it
+    _wait(lambda: slurm.attempts(out, 1) >= 1, "shard 1's task to start", cluster, out)
+    subprocess.run(["scancel", f"{first['array']}_1"], check=True)
+    assert "still queued or running" in (cli.main(command), capsys.readouterr().out)[1]  # a rerun now waits
+    _wait(lambda: len(slurm.jobs_of(out)) == 2, "the merge job to resubmit shard 1", cluster, out)
+    second = slurm.jobs_of(out)[1]
+    assert second["shards"] == [1] and slurm.attempts(out, 0) == 1
+
+    # that task is killed too, and its merge job cancelled (the TA's allocation ran out): the same command again
+    # submits shard 1 alone, and the class is merged
+    _wait(lambda: slurm.attempts(out, 1) >= 2, "shard 1's second task to start", cluster, out)
+    subprocess.run(["scancel", second["array"], second["merge"]], check=True)
+    _wait(lambda: not any(slurm.queued(out).values()), "the cancelled jobs to leave the queue", cluster, out)
+    assert cli.main(command) == 0
+    assert "submitted shard(s) 1 " in capsys.readouterr().out
+    _wait(lambda: _merged_from(out), "the merge", cluster, out)
+    assert [j["shards"] for j in slurm.jobs_of(out)] == [[0, 1], [1], [1]]
+    assert (slurm.attempts(out, 0), slurm.attempts(out, 1)) == (1, 3)
+    assert slurm.read_json(out / "slurm" / "references" / "cpu" / "reference" / "lab0" / "reference.json")["broken"] == []
+
+    # the merged class is the one-host run's: verdicts, grades.csv, gradebook, feedback pages
+    reference = one_host["out"]()
+    merged = [json.loads(p.read_text()) for p in sorted(out.glob("slurm/shard-*/work/*/*/result.json"))]
+    _same_verdicts(merged, [json.loads(p.read_text()) for p in sorted(reference.glob("work/*/*/result.json"))])
+    assert (out / "grades.csv").read_text() == (reference / "grades.csv").read_text()
+    assert _gradebook(out) == _gradebook(reference)
+    assert len(_gradebook(out)) == len(CLASS)  # each submission merged once
+    assert sorted(p.relative_to(out / "feedback") for p in (out / "feedback").rglob("*.html")) == \
+        sorted(p.relative_to(reference / "feedback") for p in (reference / "feedback").rglob("*.html"))
+    report = (out / "report.md").read_text()
+    assert "- lab0: " in report and "all correctness tests pass" in report
+    for name, lab in CLASS:
+        assert f"| {name} |" in report
+
+    # the same command once more: everything is graded and merged, nothing is submitted
+    assert cli.main(command) == 0
+    assert "graded and merged" in capsys.readouterr().out
+    assert len(slurm.jobs_of(out)) == 3
+    assert cli.main(["grade", "--status", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "done        shard(s) 0-1" in said and "merged:" in said, said
