@@ -143,3 +143,26 @@ def test_a_class_graded_on_slurm_equals_one_host_through_a_killed_task_and_rerun
     assert cli.main(["grade", "--status", str(out)]) == 0
     said = capsys.readouterr().out
     assert "done        shard(s) 0-1" in said and "merged:" in said, said
+
+
+def test_squeue_array_task_ids_are_read_in_every_form_it_prints():
+    assert slurm._indices("7") == {7}
+    assert slurm._indices("[0-3]") == {0, 1, 2, 3}
+    assert slurm._indices("1,4-5,9") == {1, 4, 5, 9}
+    assert slurm._indices("0-9%2") == set(range(10))  # a throttled pending array
+    assert slurm._indices("N/A") == set()
+    assert slurm._ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+
+
+def test_shards_mix_labs_and_never_outnumber_the_submissions():
+    entries = [{"student": f"s{i // 4}", "lab": f"lab{i % 4}"} for i in range(10)]
+    shards = slurm.split(entries, 3)
+    assert sorted(set(shards)) == [0, 1, 2]
+    assert {e["lab"] for e, s in zip(entries, shards) if s == 0} == {"lab0", "lab1", "lab2", "lab3"}
+    assert set(slurm.split(entries[:2], 5)) == {0, 1}
+    assert set(slurm.split(entries, None)) == {0}  # default: 40 per shard
+
+
+def test_status_of_a_folder_without_a_plan_says_so(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="holds no Slurm grading run"):
+        cli.main(["grade", "--status", str(tmp_path)])

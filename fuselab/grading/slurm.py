@@ -464,8 +464,9 @@ def merge_outputs(out: Path, plan: dict) -> int:
     labs = [lab for lab in course.lab_names() if not options["labs"] or lab in options["labs"]]  # as on one host
     nbgrader_run.prepare_course(out / "course", labs)
     nbgrader_run.add_students(out / "course" / "gradebook.db", sorted({e["student"] for e in plan["submissions"]}))
+    first = read_json(shard_dir(out, 0) / "done.json")
     class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,
-                                        reference=reference, graded_now=graded_now)
+                                        reference=reference, graded_now=graded_now, workers=first["workers"])
     pipeline.write_outputs(class_result, settings)
     write_json(slurm_dir(out) / "merged.json", {"from": completions, "merged": _now(), "results": len(results),
                                                 "gpu_models": sorted(models)})
@@ -585,9 +586,16 @@ def status_text(out: Path) -> str:
 
 def main_cli(args) -> int:
     """``fuselab grade --slurm ...`` and ``fuselab grade --status OUT`` (the arguments are cli.py's)."""
-    if args.status:
-        print(status_text(Path(args.status)))
-        return 0
+    try:
+        if args.status:
+            print(status_text(Path(args.status)))
+            return 0
+        return _submit_from_cli(args)
+    except (SlurmError, ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"fuselab grade: {exc}") from None
+
+
+def _submit_from_cli(args) -> int:
     if not args.submissions or not args.out:
         raise SystemExit("fuselab grade --slurm needs the submissions and --out, a folder on a file system every "
                          "node of the cluster sees")
