@@ -42,12 +42,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import course
 from . import intake, nbgrader_run, pipeline, schedule
 from .isolate import nvidia_smi
+from .lease import DeviceLease
 
 SUBMISSIONS_PER_SHARD = 40   # default shard size: ~4 min on an H200 at 10 sharing it (5 s each, docs/RESULTS.md)
 MAX_ATTEMPTS = 3             # tasks per shard (the first and two resubmissions) before the merge gives up on it
@@ -81,9 +83,11 @@ class Options:
     sbatch_args: list = field(default_factory=list)
 
     def grading(self) -> dict:
-        """The options that decide grades: a rerun must give the same ones to resume."""
-        return {k: getattr(self, k) for k in ("labs", "students", "cell_timeout", "submission_timeout",
-                                              "memory_bytes", "sandbox", "feedback")}
+        """The options that decide grades: a rerun must give the same ones to resume (a GPU measures speed
+        tests, the emulation does not, so a class is graded on one or the other)."""
+        return {**{k: getattr(self, k) for k in ("labs", "students", "cell_timeout", "submission_timeout",
+                                                 "memory_bytes", "sandbox", "feedback")},
+                "on_gpu": bool(self.gpus_per_task)}
 
 
 # --- files ------------------------------------------------------------------------------------------------------
@@ -192,8 +196,10 @@ def write_plan(out: Path, source: Path, options: Options) -> dict:
 
 def same_class(plan: dict, source: Path, options: Options) -> str | None:
     """Why the submissions or grading options differ from the plan's (a rerun must not mix two classes), or None."""
-    if plan["options"] and {k: plan["options"].get(k) for k in options.grading()} != options.grading():
-        return "the grading options differ from the first run's"
+    then = Options(**plan["options"]).grading()
+    if then != options.grading():
+        differ = ", ".join(f"{k} {then[k]!r} then, {v!r} now" for k, v in options.grading().items() if then[k] != v)
+        return f"the grading options differ from the first run's ({differ})"
     entries, _, staging = intake_class(source, options)
     shutil.rmtree(staging, ignore_errors=True)
     now = {(e["student"], e["lab"]): e["sha"] for e in entries}
@@ -330,12 +336,14 @@ def reference_runs(out: Path, labs: list, settings: pipeline.Settings, model: st
     ``reference`` folder links to its model's, where the pipeline finds them."""
     references = slurm_dir(out) / "references" / model
     with locked(references / "lock"):
-        devices = schedule.devices_for(settings.gpus, 1)
-        # the pipeline's own reference run, pointed at the model's folder (it skips a lab saved there already)
+        device = schedule.devices_for(settings.gpus, 1)[0]
+        # the pipeline's own reference run, pointed at the model's folder (it skips a lab saved there already);
+        # the labs side by side, their timings taking the GPU in turn, as on one host
         shared = pipeline.Settings(**{**settings.__dict__, "out": references})
         shared.cpu_threads = max(1, schedule.available_cores() // max(1, len(labs)))
-        for lab in labs:
-            pipeline.reference_run(lab, shared, devices[0])
+        lease = DeviceLease(device, own_busy_timeout_s=2 * settings.cell_timeout + 60) if device is not None else None
+        with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
+            list(pool.map(lambda lab: pipeline.reference_run(lab, shared, device, lease), labs))
     link = settings.out / "reference"
     if not link.is_symlink():
         shutil.rmtree(link, ignore_errors=True)
