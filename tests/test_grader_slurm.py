@@ -154,11 +154,14 @@ def test_squeue_array_task_ids_are_read_in_every_form_it_prints():
     assert slurm._ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
 
 
-def test_shards_mix_labs_and_never_outnumber_the_submissions():
-    entries = [{"student": f"s{i // 4}", "lab": f"lab{i % 4}"} for i in range(10)]
-    shards = slurm.split(entries, 3)
-    assert sorted(set(shards)) == [0, 1, 2]
-    assert {e["lab"] for e, s in zip(entries, shards) if s == 0} == {"lab0", "lab1", "lab2", "lab3"}
+def test_shards_are_equal_runs_of_one_lab_where_the_sizes_allow():
+    entries = [{"student": f"s{i // 4}", "lab": f"lab{i % 4}"} for i in range(40)]  # 10 students x 4 labs
+    shards = slurm.split(entries, 4)
+    for index in range(4):
+        mine = [e for e, s in zip(entries, shards) if s == index]
+        assert len(mine) == 10 and {e["lab"] for e in mine} == {f"lab{index}"}
+    uneven = slurm.split(entries[:10], 3)
+    assert sorted(uneven.count(i) for i in range(3)) == [3, 3, 4]
     assert set(slurm.split(entries[:2], 5)) == {0, 1}
     assert set(slurm.split(entries, None)) == {0}  # default: 40 per shard
 

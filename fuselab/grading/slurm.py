@@ -159,10 +159,15 @@ def intake_class(source: Path, options: Options) -> tuple:
 
 
 def split(entries: list, shards: int | None) -> list:
-    """Shard numbers for ``entries`` (in their order), round robin so every shard gets a mix of labs."""
+    """Shard numbers for ``entries``: equal runs in (lab, student) order, so a shard mostly holds one lab and
+    its task prepares (and, first on its GPU model, reference-runs) only that lab."""
     count = shards or math.ceil(len(entries) / SUBMISSIONS_PER_SHARD)
     count = max(1, min(count, len(entries)))
-    return [i % count for i in range(len(entries))]
+    order = sorted(range(len(entries)), key=lambda i: (entries[i]["lab"], entries[i]["student"]))
+    shard_of = [0] * len(entries)
+    for position, i in enumerate(order):
+        shard_of[i] = position * count // len(entries)
+    return shard_of
 
 
 def write_plan(out: Path, source: Path, options: Options) -> dict:
