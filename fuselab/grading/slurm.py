@@ -255,7 +255,7 @@ def submit_shards(out: Path, plan: dict, indices: list, reason: str) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     gpus = int(options.get("gpus_per_task") or 0)
     array = _slurm(["sbatch", "--parsable", *sbatch_options(out, options),
-                    f"--array={','.join(str(i) for i in sorted(indices))}",
+                    f"--array={_ranges(indices)}",
                     *([f"--gres=gpu:{gpus}"] if gpus else []),
                     "--requeue",  # a preempted task starts again on its shard (the pipeline resumes it)
                     f"--output={logs}/shard-%a-job-%A.log", "--open-mode=append",
