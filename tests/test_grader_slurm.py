@@ -143,6 +143,20 @@ def test_a_class_graded_on_slurm_equals_one_host_through_a_killed_task_and_rerun
     assert cli.main(["grade", "--status", str(out)]) == 0
     said = capsys.readouterr().out
     assert "done        shard(s) 0-1" in said and "merged:" in said, said
+    # a merge job started again (by hand, or a duplicate) merges nothing twice
+    stamp = (out / "grades.csv").stat().st_mtime_ns
+    assert slurm.merge(out) == 0 and "already merged" in capsys.readouterr().out
+    assert (out / "grades.csv").stat().st_mtime_ns == stamp
+
+    # a rerun with a notebook changed since the first run is refused, and says which
+    changed = samplecheck.stage(tmp_path / "changed", CLASS, examples=one_host["examples"])
+    notebook = next((changed / "edge_bug" / "lab0").glob("*.ipynb"))
+    nb = json.loads(notebook.read_text())
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": "one more line"})
+    notebook.write_text(json.dumps(nb))
+    with pytest.raises(SystemExit, match=r"1 changed \(edge_bug/lab0\).*--force"):
+        cli.main([*command[:1], str(changed), *command[2:]])
+    assert len(slurm.jobs_of(out)) == 3
 
 
 def test_squeue_array_task_ids_are_read_in_every_form_it_prints():

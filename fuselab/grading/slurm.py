@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import uuid
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -382,7 +383,8 @@ def run_shard(out: Path, index: int) -> int:
     reference_runs(out, settings.labs, settings, model)
     result = pipeline.grade(archive, settings)
     write_json(folder / "done.json", {
-        "shard": index, "zip_sha": plan["zips"][str(index)], "finished": _now(), "job": job,
+        "shard": index, "zip_sha": plan["zips"][str(index)], "completion": uuid.uuid4().hex, "finished": _now(),
+        "job": job,
         "host": socket.gethostname(), "gpu_model": model, "graded_now": result.graded_now,
         "seconds": result.phase_seconds, "workers": result.workers,
         "results": [[r["student"], r["lab"]] for r in result.results],
@@ -442,8 +444,9 @@ def merge(out: Path) -> int:
 
 
 def merged_from(out: Path, plan: dict) -> dict:
-    """The completions (``done.json``'s finish time per shard) the outputs would be made from now."""
-    return {str(i): (read_json(shard_dir(out, i) / "done.json") or {}).get("finished") for i in range(plan["shards"])}
+    """The completions (each shard's ``done.json`` token) the outputs would be made from now."""
+    return {str(i): (read_json(shard_dir(out, i) / "done.json") or {}).get("completion")
+            for i in range(plan["shards"])}
 
 
 def merge_outputs(out: Path, plan: dict) -> int:
@@ -454,7 +457,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
         print("already merged")
         return 0
     options = plan["options"]
-    results, problems, models, graded_now, seen = {}, [], set(), 0, set()
+    results, models, graded_now, seen = {}, set(), 0, set()
     problems = [intake.Problem(**p) for p in plan["problems"]]
     for index in range(plan["shards"]):
         done = read_json(shard_dir(out, index) / "done.json")
@@ -466,7 +469,11 @@ def merge_outputs(out: Path, plan: dict) -> int:
                 raise RuntimeError(f"{student}/{lab} was graded in two shards: the plan is damaged; regrade with "
                                    "--force")
             seen.add((student, lab))
-            results[(student, lab)] = read_json(shard_dir(out, index) / "work" / student / lab / "result.json")
+            saved = shard_dir(out, index) / "work" / student / lab / "result.json"
+            results[(student, lab)] = read_json(saved)
+            if results[(student, lab)] is None:
+                raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
+                                   f"{shard_dir(out, index) / 'done.json'} and rerun the command to regrade it")
     reference = {}
     for model in sorted(models):
         for lab in sorted({lab for _, lab in results}):
@@ -503,6 +510,7 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
             for index in range(plan["shards"]):
                 shutil.rmtree(shard_dir(out, index), ignore_errors=True)
                 shard_zip(out, index).unlink(missing_ok=True)
+            shutil.rmtree(slurm_dir(out) / "references", ignore_errors=True)  # as on one host: run again
             (slurm_dir(out) / "merged.json").unlink(missing_ok=True)
             (slurm_dir(out) / "plan.json").unlink()
             plan = None
