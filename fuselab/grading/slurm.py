@@ -8,9 +8,9 @@ ends). Everything lives under ``--out``, which every node must see (a shared fil
     OUT/shard-007.zip                the shard's submissions (the intake's copies): the task's input
     OUT/slurm/plan.json              the shards, the grading and sbatch options, the intake's problems
     OUT/slurm/jobs.json              every job submitted for this folder
-    OUT/slurm/shard-007/             the shard's one-host run (work/<student>/<lab>/result.json, ...)
-    OUT/slurm/shard-007/done.json    written last, atomically: the shard is complete
-    OUT/slurm/shard-007/attempts.jsonl   one line per task that started on the shard
+    OUT/slurm/shard-007/             the shard's one-host run, its --out (work/<student>/<lab>/result.json, ...)
+    OUT/slurm/shard-007.done.json    written last, atomically: the shard is complete
+    OUT/slurm/shard-007.attempts.jsonl   one line per task that started on the shard
     OUT/slurm/references/<GPU model>/    the instructor's reference runs and shared builds, once per GPU model
     OUT/slurm/logs/                  the jobs' output
     OUT/slurm/merged.json            which shard completions the class's outputs were made from
@@ -102,7 +102,16 @@ def shard_zip(out: Path, index: int) -> Path:
 
 
 def shard_dir(out: Path, index: int) -> Path:
+    """The shard's one-host run: the pipeline's own --out, holding only what the pipeline writes there."""
     return slurm_dir(out) / f"shard-{index:03d}"
+
+
+def done_file(out: Path, index: int) -> Path:
+    return slurm_dir(out) / f"shard-{index:03d}.done.json"
+
+
+def attempts_file(out: Path, index: int) -> Path:
+    return slurm_dir(out) / f"shard-{index:03d}.attempts.jsonl"
 
 
 def read_json(path: Path, default=None):
@@ -367,22 +376,22 @@ def run_shard(out: Path, index: int) -> int:
     folder = shard_dir(out, index)
     folder.mkdir(parents=True, exist_ok=True)
     archive = shard_zip(out, index)
-    done = read_json(folder / "done.json")
+    done = read_json(done_file(out, index))
     if done and done.get("zip_sha") == plan["zips"][str(index)]:
         print(f"shard {index} is already graded")
         return 0
     job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "local"
-    with open(folder / "attempts.jsonl", "a") as log:
+    with open(attempts_file(out, index), "a") as log:
         log.write(json.dumps({"job": job, "task": os.environ.get("SLURM_ARRAY_TASK_ID"), "host": socket.gethostname(),
                               "started": _now(), "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0))}) + "\n")
-    (folder / "done.json").unlink(missing_ok=True)
+    done_file(out, index).unlink(missing_ok=True)
     if not plan["options"].get("gpus_per_task"):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU emulation: no GPU of the node's is this task's
     model = gpu_model()
     settings = shard_settings(out, index, plan, model)
     reference_runs(out, settings.labs, settings, model)
     result = pipeline.grade(archive, settings)
-    write_json(folder / "done.json", {
+    write_json(done_file(out, index), {
         "shard": index, "zip_sha": plan["zips"][str(index)], "completion": uuid.uuid4().hex, "finished": _now(),
         "job": job,
         "host": socket.gethostname(), "gpu_model": model, "graded_now": result.graded_now,
@@ -396,7 +405,7 @@ def run_shard(out: Path, index: int) -> int:
 # --- the merge job ----------------------------------------------------------------------------------------------
 
 def attempts(out: Path, index: int) -> int:
-    path = shard_dir(out, index) / "attempts.jsonl"
+    path = attempts_file(out, index)
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
@@ -405,7 +414,7 @@ def shard_states(out: Path, plan: dict, in_queue: dict | None) -> dict:
     started; ``in_queue`` from ``queued`` (None: Slurm not asked)."""
     states = {}
     for index in range(plan["shards"]):
-        done = read_json(shard_dir(out, index) / "done.json")
+        done = read_json(done_file(out, index))
         queue_state = (in_queue or {}).get("shards", {}).get(index)
         if done and done.get("zip_sha") == plan["zips"][str(index)]:
             states[index] = "done"
@@ -445,7 +454,7 @@ def merge(out: Path) -> int:
 
 def merged_from(out: Path, plan: dict) -> dict:
     """The completions (each shard's ``done.json`` token) the outputs would be made from now."""
-    return {str(i): (read_json(shard_dir(out, i) / "done.json") or {}).get("completion")
+    return {str(i): (read_json(done_file(out, i)) or {}).get("completion")
             for i in range(plan["shards"])}
 
 
@@ -460,7 +469,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
     results, models, graded_now, seen = {}, set(), 0, set()
     problems = [intake.Problem(**p) for p in plan["problems"]]
     for index in range(plan["shards"]):
-        done = read_json(shard_dir(out, index) / "done.json")
+        done = read_json(done_file(out, index))
         models.add(done["gpu_model"])
         graded_now += done["graded_now"]
         problems += [intake.Problem(**p) for p in done["problems"]]
@@ -473,7 +482,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
             results[(student, lab)] = read_json(saved)
             if results[(student, lab)] is None:
                 raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
-                                   f"{shard_dir(out, index) / 'done.json'} and rerun the command to regrade it")
+                                   f"{done_file(out, index)} and rerun the command to regrade it")
     reference = {}
     for model in sorted(models):
         for lab in sorted({lab for _, lab in results}):
@@ -484,7 +493,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
     labs = [lab for lab in course.lab_names() if not options["labs"] or lab in options["labs"]]  # as on one host
     nbgrader_run.prepare_course(out / "course", labs)
     nbgrader_run.add_students(out / "course" / "gradebook.db", sorted({e["student"] for e in plan["submissions"]}))
-    first = read_json(shard_dir(out, 0) / "done.json")
+    first = read_json(done_file(out, 0))
     class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,
                                         reference=reference, graded_now=graded_now, workers=first["workers"])
     pipeline.write_outputs(class_result, settings)
@@ -509,7 +518,8 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
         if plan and force:
             for index in range(plan["shards"]):
                 shutil.rmtree(shard_dir(out, index), ignore_errors=True)
-                shard_zip(out, index).unlink(missing_ok=True)
+                for path in (shard_zip(out, index), done_file(out, index), attempts_file(out, index)):
+                    path.unlink(missing_ok=True)
             shutil.rmtree(slurm_dir(out) / "references", ignore_errors=True)  # as on one host: run again
             (slurm_dir(out) / "merged.json").unlink(missing_ok=True)
             (slurm_dir(out) / "plan.json").unlink()
@@ -578,7 +588,7 @@ def status(out: Path) -> dict:
     for index, state in states.items():
         per_state.setdefault(state, []).append(index)
     graded = sum(1 for i in range(plan["shards"])
-                 for _ in (read_json(shard_dir(out, i) / "done.json") or {}).get("results", [])) + \
+                 for _ in (read_json(done_file(out, i)) or {}).get("results", [])) + \
         sum(len(list(shard_dir(out, i).glob("work/*/*/result.json"))) for i, s in states.items() if s != "done")
     merged = read_json(slurm_dir(out) / "merged.json")
     return {"out": str(out), "shards": plan["shards"], "submissions": len(plan["submissions"]), "states": states,
