@@ -129,8 +129,10 @@ def _run_cell(cell, namespace, worker):
     if cell.get("solution"):
         if worker is None:
             raise RuntimeError("no solution process to run the solution cell in")
-        names, error = worker.run_cell(label, cell["source"])
-        namespace.update(names)
+        names, error = worker.run_cell(label, cell["source"], want_names=cell.get("exports", []))
+        # only the names the lab's own solution cell defines: a student's `class fuselab` or `def make` never
+        # replaces a name the tests use
+        namespace.update({k: v for k, v in names.items() if k in cell.get("exports", [])})
         if error:
             raise RuntimeError(f"your solution cell raised {error} (its other statements still ran)")
         return None

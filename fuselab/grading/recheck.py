@@ -24,6 +24,7 @@ After the run, a graded speed test scores only if the correctness tests it requi
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import secrets
@@ -48,6 +49,7 @@ class CellVerdict:
     output: str = ""
     seconds: float = 0.0
     speed: list = field(default_factory=list)  # records of fuselab.grade.speedup_test
+    requires_failed: list = field(default_factory=list)  # correctness tests a speed test needed and that failed
 
 
 @dataclass
@@ -99,6 +101,7 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
         grade_id = meta.get("grade_id")
         source = _source(cell)
         solution = bool(meta.get("solution"))
+        exports = _defined_names(source) if solution else []
         if solution:
             mine = student.get(grade_id)
             if mine is None:
@@ -112,10 +115,29 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
                     flags.append(f"{grade_id}: {clean.error}")
         # the first cell (imports, DEVICE...) runs in the solution worker too: solution cells use its names
         cells.append({"index": len(cells), "grade_id": grade_id, "source": source, "solution": solution,
+                      "exports": exports,
                       "shared": not cells and not solution,
                       "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
     last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
     return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
+
+
+def _defined_names(source: str) -> list:
+    """The names the instructor's solution cell defines at top level: the only names of a student's solution cell
+    the checker takes. A student's other names (helpers, or a class named like a module the tests use) stay in
+    the solution worker, where the student's own functions use them."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names += [t.id for t in ast.walk(target) if isinstance(t, ast.Name)]
+    return sorted(set(names))
 
 
 def _score(cell, end) -> CellVerdict:
@@ -167,7 +189,7 @@ def _event_time(event) -> float:
 
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = dict(base_env)
-    env.update({"FUSELAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+    env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
     repo = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -292,6 +314,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                    status="not run")
         break
     _fail_rest(verdicts, graded, "", status="not run")
+    speed_needs_correctness(verdicts)
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
@@ -313,6 +336,29 @@ def _start_solution_worker(workdir: Path, restarts: int, env: dict, limits, sand
         worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), stdout=log,
                                stderr=subprocess.STDOUT, registry=lease, pass_fds=(to_worker_r, from_worker_w))
     return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
+
+
+def speed_needs_correctness(verdicts: dict, policy=None) -> None:
+    """Zero every speed test whose timed kernel failed a correctness test it requires (``speed_requires`` in the
+    policy), in this same clean run: a fast kernel that is wrong earns no speed points."""
+    from .. import grade as speed_grade
+    policy = policy or speed_grade.load_policy()
+    for grade_id, verdict in verdicts.items():
+        tests = {r.get("test") for r in verdict.speed if isinstance(r, dict)}
+        required = [name for test in sorted(t for t in tests if isinstance(t, str))
+                    for name in policy["tests"].get(test, {}).get("speed_requires", [])]
+        failed = [name for name in dict.fromkeys(required)
+                  if name not in verdicts or verdicts[name].points < verdicts[name].max_points]
+        if not failed:
+            continue
+        why = ", ".join(f"{name} {'did not run' if name not in verdicts else verdicts[name].status}"
+                        for name in failed)
+        measured = f" (it measured {verdict.points:g} of {verdict.max_points:g} points)" if verdict.points else ""
+        verdict.message = f"speed counts only for a kernel that passes its correctness tests: {why}{measured}"
+        verdict.points = 0.0
+        if verdict.status != "not measured (no GPU)":
+            verdict.status = "failed"
+        verdict.requires_failed = failed
 
 
 def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:

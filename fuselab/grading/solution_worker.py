@@ -70,7 +70,10 @@ class Worker:
                     error = f"{type(exc).__name__}: {exc}"[:2000]
         names = []
         if want_names:
+            wanted = want_names if isinstance(want_names, (list, tuple)) else None
             for key, value in list(self.namespace.items()):
+                if wanted is not None and key not in wanted:
+                    continue
                 if before.get(key) == id(value) or key.startswith("__") or isinstance(value, types.ModuleType):
                     continue
                 try:
