@@ -210,3 +210,56 @@ def test_a_library_that_calls_the_loader_or_runs_at_load_time_is_never_loaded(mo
         assert isinstance(mod, native_check.RefusedModule)
         with pytest.raises(native_check.NativeCodeRefused, match=why):
             mod.scale(x, out, x.numel())
+
+
+# --- what cannot be rebuilt stays in the worker -------------------------------------------------------------
+
+OWN_MODULE = '''
+class Folded(nn.Module):  # a module of the student's own class: the checker cannot rebuild it
+    def __init__(self, conv, bn):
+        super().__init__()
+        self.conv, self.bn = conv, bn
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def fold_network(model):
+    if model.training:
+        raise ValueError("fold only in eval mode")
+    return Folded(*copy.deepcopy(list(model.children()))), 0
+'''
+
+
+def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from fuselab.grading.remote import RemoteModule, SolutionProcess
+    from fuselab.labs import lab2
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    worker = subprocess.Popen([sys.executable, "-m", "fuselab.grading.solution_worker", str(to_r), str(from_w)],
+                              pass_fds=(to_r, from_w), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              env=recheck.runner_env(os.environ, tmp_path, None))
+    os.close(to_r)
+    os.close(from_w)
+    try:
+        process = SolutionProcess(to_w, from_r)
+        process.run_cell("setup", SETUP, want_names=False)
+        names, error = process.run_cell("fold", OWN_MODULE, want_names=["fold_network"])
+        assert error is None and set(names) == {"fold_network"}
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+        model[1].running_var.uniform_(0.5, 2.0)
+        folded, count = names["fold_network"](model)
+        assert isinstance(folded, RemoteModule) and count == 0 and type(count) is int
+        x = torch.randn(2, 3, 8, 8)
+        assert torch.equal(folded.eval()(x), model(x))  # computed in the worker, compared here
+        assert lab2._bn_calls(folded, x) == 1
+        with pytest.raises(ValueError, match="eval mode"):
+            names["fold_network"](model.train())
+    finally:
+        os.close(to_w)
+        worker.wait(timeout=30)
+        os.close(from_r)
