@@ -64,12 +64,29 @@ def sanitize_cell(source: str) -> Sanitized:
         return Sanitized(source=source, error=f"does not parse: {exc.msg} (line {exc.lineno})")
     out = Sanitized(source=source)
     seen = set()
+    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     for statement in tree.body:
         for node in ast.walk(statement):
-            why = _flag(node)
+            why = _flag(node) or _patches_module(node, modules)
             if why and why not in seen:
                 seen.add(why)
                 where = getattr(statement, "name", None) or f"line {statement.lineno}"
-                out.flags.append(f"{where}: {why} (flagged for a teaching assistant; it runs, in the solution "
-                                 "process, where it cannot reach the tests)")
+                text = (ast.get_source_segment(source, node) or "").splitlines()[:1]
+                shown = f" `{text[0][:80]}`" if text and not isinstance(node, ast.Name) else ""
+                out.flags.append(f"{where}:{shown} {why} (flagged for a teaching assistant; it runs in the "
+                                 "solution worker, where it cannot reach the tests)")
     return out
+
+
+def _patches_module(node, modules) -> str | None:
+    """An assignment to an attribute of an imported module (a monkeypatch), e.g. ``fl.check = ...``."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        for target in targets:
+            base = target
+            while isinstance(base, (ast.Attribute, ast.Subscript)):
+                base = base.value
+            if isinstance(target, ast.Attribute) and isinstance(base, ast.Name) and base.id in modules:
+                return f"rebinds an attribute of the module {base.id!r}"
+    return None
