@@ -44,7 +44,9 @@ LIBC = {"memcpy", "memmove", "memset", "memcmp", "strlen", "strcmp", "strncmp", 
         "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable", "__tls_get_addr", "_Unwind_Resume",
         "__gxx_personality_v0", "qsort", "div", "ldiv", "abs", "labs", "llabs"}
 CXX_PREFIXES = ("__cxa_", "_Znw", "_Zna", "_Zdl", "_Zda", "_ZSt", "_ZTI", "_ZTV", "_ZTS", "_ZNSt", "_ZNKSt",
-                "_ZNSt7__cxx11", "_ZNKSt7__cxx11", "_ZN9__gnu_cxx", "__gxx_", "__cxa")
+                "_ZNSo", "_ZNKSo", "_ZN9__gnu_cxx", "__gxx_", "__cxa")
+# the C++ library's files, threads and processes: under the prefixes above, and never what a kernel needs
+CXX_REFUSED = ("fstream", "filebuf", "filesystem", "6thread", "10this_thread", "stdio_filebuf")
 # what the CPU emulation's own runtime (fuselab/emulation/include) compiles into every emulated library
 EMULATION = {"getenv", "strtol", "strtoul", "strtoull", "sysconf", "mmap", "munmap", "mprotect",
              "pthread_mutex_lock", "pthread_mutex_unlock", "omp_get_max_threads", "omp_get_thread_num",
@@ -99,8 +101,10 @@ def imported_symbols(library) -> list:
 
 
 def symbol_allowed(name: str, backend: str) -> bool:
-    if name in MATH or name in LIBC or name.startswith(CXX_PREFIXES):
+    if name in MATH or name in LIBC:
         return True
+    if name.startswith(CXX_PREFIXES):
+        return not any(part in name for part in CXX_REFUSED)
     if backend == "cuda":
         return name.startswith(CUDA_PREFIXES) and not name.startswith(CUDA_REFUSED_PREFIXES)
     return name in EMULATION or name.startswith(EMULATION_PREFIXES)

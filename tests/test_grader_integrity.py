@@ -196,6 +196,17 @@ PASTED = ('#define PASTE2(a, b) a##b\n#define PASTE(a, b) PASTE2(a, b)\n'
           'static void* found = PASTE(dl, sym)((void*)0, "P" "yRun_SimpleString");\n')
 
 
+def test_the_symbol_allowlist_keeps_what_kernels_need_and_nothing_else():
+    for name in ("cudaLaunchKernel", "__cudaRegisterFunction", "sqrtf", "memcpy", "_Znwm", "__cxa_guard_acquire"):
+        assert native_check.symbol_allowed(name, "cuda")
+    for name in ("GOMP_parallel", "mmap", "getenv"):  # the emulation runtime's own, not a CUDA build's
+        assert native_check.symbol_allowed(name, "emulate") and not native_check.symbol_allowed(name, "cuda")
+    for name in ("dlsym", "dlopen", "PyRun_SimpleString", "syscall", "system", "open", "fopen", "socket",
+                 "execve", "fork", "cudaIpcOpenMemHandle",
+                 "_ZNSt14basic_ofstreamIcSt11char_traitsIcEE4openEPKcSt13_Ios_Openmode"):
+        assert not native_check.symbol_allowed(name, "cuda") and not native_check.symbol_allowed(name, "emulate")
+
+
 def test_a_library_that_calls_the_loader_or_runs_at_load_time_is_never_loaded(monkeypatch):
     monkeypatch.setenv(native_check.POLICY_ENV, "1")
     honest = fuselab.build(KERNEL, [LAUNCHER], name="scale_ok", backend="emulate")
