@@ -242,35 +242,45 @@ def fold_network(model):
 '''
 
 
-def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(tmp_path):
+@pytest.fixture
+def worker(tmp_path):
+    """A solution worker on pipes, as the grader starts one (a top-level budget of 3 s per cell)."""
     import os
     import subprocess
     import sys
 
-    from fuselab.grading.remote import RemoteModule, SolutionProcess
-    from fuselab.labs import lab2
+    from fuselab.grading.remote import SolutionProcess
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
-    worker = subprocess.Popen([sys.executable, "-m", "fuselab.grading.solution_worker", str(to_r), str(from_w)],
-                              pass_fds=(to_r, from_w), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                              env=recheck.runner_env(os.environ, tmp_path, None))
+    env = dict(recheck.runner_env(os.environ, tmp_path, None), FUSELAB_SOLUTION_CELL_S="3")
+    process = subprocess.Popen([sys.executable, "-m", "fuselab.grading.solution_worker", str(to_r), str(from_w)],
+                               pass_fds=(to_r, from_w), cwd=tmp_path, stdout=subprocess.DEVNULL, env=env)
     os.close(to_r)
     os.close(from_w)
-    try:
-        process = SolutionProcess(to_w, from_r)
-        process.run_cell("setup", SETUP, want_names=False)
-        names, error = process.run_cell("fold", OWN_MODULE, want_names=["fold_network"])
-        assert error is None and set(names) == {"fold_network"}
-        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
-        model[1].running_var.uniform_(0.5, 2.0)
-        folded, count = names["fold_network"](model)
-        assert isinstance(folded, RemoteModule) and count == 0 and type(count) is int
-        x = torch.randn(2, 3, 8, 8)
-        assert torch.equal(folded.eval()(x), model(x))  # computed in the worker, compared here
-        assert lab2._bn_calls(folded, x) == 1
-        with pytest.raises(ValueError, match="eval mode"):
-            names["fold_network"](model.train())
-    finally:
-        os.close(to_w)
-        worker.wait(timeout=30)
-        os.close(from_r)
+    yield SolutionProcess(to_w, from_r)
+    os.close(to_w)
+    process.wait(timeout=30)
+    os.close(from_r)
+
+
+def test_a_slow_experiment_costs_only_itself(worker):
+    names, error = worker.run_cell("slow", "import time\nwhile True:\n    time.sleep(0.01)\nprint('skipped')\n"
+                                   "SCALE = 2\ndef double(x):\n    return SCALE * x\n", want_names=["double"])
+    assert error.startswith("TimeoutError") and set(names) == {"double"} and names["double"](21) == 42
+
+
+def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
+    from fuselab.grading.remote import RemoteModule
+    from fuselab.labs import lab2
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("fold", OWN_MODULE, want_names=["fold_network"])
+    assert error is None and set(names) == {"fold_network"}
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    model[1].running_var.uniform_(0.5, 2.0)
+    folded, count = names["fold_network"](model)
+    assert isinstance(folded, RemoteModule) and count == 0 and type(count) is int
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(folded.eval()(x), model(x))  # computed in the worker, compared here
+    assert lab2._bn_calls(folded, x) == 1
+    with pytest.raises(ValueError, match="eval mode"):
+        names["fold_network"](model.train())

@@ -17,13 +17,25 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import pickle
+import signal
 import sys
+import time
 import types
 
 from . import wire
 
 MODULE_METHODS = ("train", "count_batchnorm_calls")
+CELL_SECONDS = float(os.environ.get("FUSELAB_SOLUTION_CELL_S", "60"))
+DEFINITION_SECONDS = 2.0
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign,
+               ast.AnnAssign)
+
+
+def _out_of_time(*_):
+    raise TimeoutError(f"the cell's top-level code ran longer than {CELL_SECONDS:g} s (experiments belong in "
+                       "cells of your own; the grader keeps only what solution cells define)")
 
 
 class Worker:
@@ -41,7 +53,8 @@ class Worker:
 
     def handle_record(self, obj):
         kind = "module" if _is_module(obj) else "callable"
-        return f"{kind}:{type(obj).__name__}"
+        name = getattr(obj, "__name__", None)
+        return f"{kind}:{name if isinstance(name, str) and kind == 'callable' else type(obj).__name__}"
 
     def encode(self, value):
         def keep(obj):
@@ -58,16 +71,27 @@ class Worker:
         except SyntaxError as exc:
             return ["ran", [], f"SyntaxError: {exc.msg} (line {exc.lineno})"]
         # statement by statement: a failing experiment at the top of a cell does not take the definitions below
-        # it with it (the grade depends on what the cell defines, not on its demo lines)
+        # it with it (the grade depends on what the cell defines, not on its demo lines); a cell's top-level code
+        # gets CELL_SECONDS in all (a statement still running then is stopped with a TimeoutError), after which
+        # only definitions run, DEFINITION_SECONDS each
+        deadline = time.monotonic() + CELL_SECONDS
         for statement in tree.body:
             module = ast.Module(body=[statement], type_ignores=[])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if not isinstance(statement, DEFINITIONS):
+                    continue  # out of time: experiments are skipped, definitions still get a moment each
+                left = DEFINITION_SECONDS
             try:
+                signal.setitimer(signal.ITIMER_REAL, left)
                 exec(compile(module, f"<{label}>", "exec"), self.namespace)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # noqa: BLE001 - reported (sys.exit too), and the next statement runs
                 if error is None:
                     error = f"{type(exc).__name__}: {exc}"[:2000]
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
         names = []
         if want_names:
             wanted = want_names if isinstance(want_names, (list, tuple)) else None
@@ -140,6 +164,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def main(in_fd: int, out_fd: int) -> int:
+    signal.signal(signal.SIGALRM, _out_of_time)
     worker = Worker()
     while True:
         try:
