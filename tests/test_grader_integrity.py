@@ -284,3 +284,20 @@ def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
     assert lab2._bn_calls(folded, x) == 1
     with pytest.raises(ValueError, match="eval mode"):
         names["fold_network"](model.train())
+
+
+@pytest.mark.skipif(not isolate.sandbox_works(), reason="bubblewrap cannot start here (CI installs it)")
+def test_in_the_sandbox_the_worker_never_sees_the_checkers_folder(tmp_path):
+    nb = _notebook([
+        _cell(SETUP, "setup"),
+        _cell("def peek():\n    return ''", "sol_peek", solution=True),
+        _cell("got = peek()\nassert 'HIDDEN_MARK' not in got, got[:200]\n### BEGIN HIDDEN TESTS\n"
+              "assert 'HIDDEN_MARK'\n### END HIDDEN TESTS", "test_peek", graded=True, points=1)])
+    student = json.loads(json.dumps(nb))
+    student["cells"][1]["source"] = (
+        "import glob, os\n"
+        "def peek():\n    found = glob.glob(os.path.join(os.getcwd(), '..', '*'))\n"
+        "    return ' '.join(open(p).read() for p in found if os.path.isfile(p))\n")
+    result = recheck.run_clean(nb, student, tmp_path / "work", cell_timeout=30, total_timeout=120, sandbox=True,
+                               hide=[tmp_path], limits=isolate.Limits(memory_bytes=3 * 2**30))
+    assert result.cells["test_peek"].points == 1, result.cells["test_peek"]
