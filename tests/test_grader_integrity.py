@@ -152,6 +152,15 @@ def test_a_graph_that_calls_outside_the_allowlist_is_refused():
             node[1], node[2] = "call_function", "torch.load"
     with pytest.raises(wire.WireError, match="torch.load"):
         wire.decode(wire.load_tree(wire.dump_tree(tree)))
+    with pytest.raises(wire.WireError):
+        wire.resolve_function("torch.from_file")
+    tree = wire.encode(fx.symbolic_trace(nn.Sequential(nn.Flatten())))
+    for node in tree[1]:  # a keyword that would be code in the rebuilt graph's source
+        if node[1] == "call_module":
+            node[1], node[2], node[4] = "call_function", "torch.flatten", ["d", [[["v", "x=1); import os; ("],
+                                                                                  ["v", 1]]]]
+    with pytest.raises(wire.WireError, match="keyword"):
+        wire.decode(wire.load_tree(wire.dump_tree(tree)))
     forged = ["M", "builtins.object", {}, {}, {}, {}, False]
     with pytest.raises(wire.WireError):
         wire.decode(forged)

@@ -374,6 +374,7 @@ _OPERATORS = {name: getattr(operator, name) for name in (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "matmul", "getitem", "eq",
     "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "invert", "lshift", "rshift", "not_", "iadd", "isub",
     "imul", "itruediv", "ifloordiv", "imatmul")}
+_TORCH_REFUSED = {"from_file", "from_numpy"}  # a file's contents, memory not owned by a tensor
 _TENSOR_METHODS_REFUSED = {"apply_", "map_", "map2_", "register_hook", "register_post_accumulate_grad_hook",
                            "storage", "untyped_storage", "data_ptr", "tolist", "numpy", "share_memory_",
                            "pin_memory", "backward", "set_", "resize_", "module_load", "new_tensor"}
@@ -389,7 +390,7 @@ def resolve_function(name: str):
         raise refused
     if module_name in ("operator", "_operator") and attr in _OPERATORS:
         return _OPERATORS[attr]
-    if module_name == "torch" and attr in dir(torch._C._VariableFunctions):
+    if module_name == "torch" and attr in dir(torch._C._VariableFunctions) and attr not in _TORCH_REFUSED:
         return getattr(torch, attr)
     if module_name == "torch._C._nn" and hasattr(torch._C._nn, attr):
         return getattr(torch._C._nn, attr)
@@ -428,7 +429,7 @@ def _rebuild_graph_module(node, depth):
             for pair in value[1]:
                 _check(type(pair) is list and len(pair) == 2, "argument dict item")
                 key = decode(pair[0])
-                _check(type(key) is str, "keyword")
+                _check(type(key) is str and _IDENT.match(key) and not keyword.iskeyword(key), "keyword")
                 out[key] = arg(pair[1])
             return out
         _check(tag not in ("M", "G", "H", "T", "P"), "graph argument")
