@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import config, diagnostics, prototypes, toolchain
+from . import config, diagnostics, native_check, prototypes, toolchain
 from .errors import BuildError, BuildTimeout, NotWrittenError
 from .module import Module
 from .quiet import captured_output
@@ -76,6 +76,11 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         else _cuda_job(source, protos, filename, extra_cflags)
     library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
                                               verbose)
+    if native_check.enabled():  # the grader's checker: look at what the library calls before loading it
+        try:
+            native_check.check_library(library, source, backend, filename)
+        except native_check.NativeCodeRefused as exc:
+            return native_check.RefusedModule(exc, protos, backend, source, name)
     try:
         return Module(library, protos, backend, source, log=log, build_seconds=seconds, cached=cached, name=name)
     except (OSError, AttributeError) as exc:
@@ -227,12 +232,37 @@ def _exclusive(lock_path: Path, timeout: float):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_NOT_LOADED = threading.local()
+
+
+def _build_without_loading(cpp_extension):
+    """Make ``load_inline`` of a plain library (not a Python module) build it without loading it.
+
+    torch loads what it builds (``torch.ops.load_library``), which runs the library's load-time code in the
+    building process. fuselab loads a plain library itself, later, with ctypes, and only once the grader's
+    checker has looked at what it calls (``native_check``). Per thread: other builds are left as torch does them.
+    """
+    original = cpp_extension._import_module_from_library
+    if getattr(original, "fuselab_no_load", False):
+        return
+
+    def import_or_not(module_name, path, is_python_module):
+        if not is_python_module and getattr(_NOT_LOADED, "active", False):
+            return os.path.join(path, f"{module_name}{cpp_extension.LIB_EXT}")
+        return original(module_name, path, is_python_module)
+
+    import_or_not.fuselab_no_load = True
+    cpp_extension._import_module_from_library = import_or_not
+
+
 def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str:
     outcome = {}
 
     def work():
         try:
             from torch.utils import cpp_extension
+            _build_without_loading(cpp_extension)
+            _NOT_LOADED.active = job.functions is None
             # torch remembers, per process, the sources it last built under a name and skips the build when
             # they repeat, even if that build failed or was stopped. Our names are content hashes and we only
             # get here when no finished library exists, so that memory can only be wrong: forget it.

@@ -104,7 +104,7 @@ def test_the_clean_recheck_ignores_a_monkeypatching_solution_cell(tmp_path):
     assert any("builtins" in flag for flag in result.flags)
 
 
-def test_a_student_cell_that_does_not_parse_keeps_nothing(tmp_path):
+def test_a_student_cell_that_does_not_parse_defines_nothing(tmp_path):
     nb = _instructor([])
     student = json.loads(json.dumps(nb))
     student["cells"][1]["source"] = "def answer(:\n    return 42"
@@ -113,22 +113,17 @@ def test_a_student_cell_that_does_not_parse_keeps_nothing(tmp_path):
     assert any("does not parse" in flag for flag in result.flags)
 
 
-def test_sanitize_keeps_sources_and_functions_and_flags_tampering():
-    clean = sanitize_cell(
-        "FUSED_SOURCE = r'''__global__ void k() {}'''\nEPS = 1e-5\nimport math\n"
-        "def fold(w, b):\n    return w * math.sqrt(EPS) + b\n"
-        "print('experiment')\n"
-        "import fuselab as fl\nfl.check = lambda *a, **k: None\n"
-        "def sneaky():\n    import sys\n    sys.modules['fuselab'].check = None\n"
-        "from fuselab.labs import lab0\nlab0.fused = lambda m: None\n")
-    namespace = {}
-    exec(clean.source, namespace)
-    assert namespace["FUSED_SOURCE"] == "__global__ void k() {}" and namespace["EPS"] == 1e-5
-    assert "fold" in namespace and "sneaky" not in namespace and "fl" not in namespace
-    assert "print" not in clean.source
+def test_sanitize_flags_tampering_and_keeps_the_cell_as_written():
+    source = ("FUSED_SOURCE = r'''__global__ void k() {}'''\nEPS = 1e-5\nimport math\n"
+              "def fold(w, b):\n    return w * math.sqrt(EPS) + b\n"
+              "print('experiment')\n"
+              "import fuselab as fl\nfl.check = lambda *a, **k: None\n"
+              "def sneaky():\n    import sys\n    sys.modules['fuselab'].check = None\n")
+    clean = sanitize_cell(source)
+    assert clean.source == source  # it runs as written, in the solution worker: the sanitizer decides nothing
     flags = " ".join(clean.flags)
-    assert "fl.check" in flags and "sneaky" in flags and "lab0.fused" in flags
-    assert "'print('experiment')'" not in flags  # harmless code is dropped without a flag
+    assert "fuselab" in flags and "sneaky" in flags and "'sys'" in flags
+    assert "print" not in flags and "fold:" not in flags  # harmless code is not flagged
 
 
 def test_kill_tree_reaches_a_grandchild_in_its_own_session(tmp_path):

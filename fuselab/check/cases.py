@@ -4,6 +4,7 @@ import inspect
 
 import torch
 
+from ..native_check import NativeCodeRefused
 from .compare import compare
 from .errors import CheckFailed
 from .formatting import format_index, format_value, plural
@@ -89,6 +90,8 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
         with torch.no_grad():
             returned = candidate(*inputs, *(g.view for g in guarded))
         _synchronize(device)
+    except NativeCodeRefused:
+        raise  # the grader would not load the library: one message for the test, not one per case
     except Exception as exc:  # the student's bug, reported as this case's failure (and chained by check)
         case.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
         case.exception = exc

@@ -6,9 +6,10 @@ labs need on top:
 - ``intake``: folders and LMS zips → one notebook per (student, lab), with clear problems for malformed ones;
 - ``isolate``: run untrusted work in a child process with limits, a timeout that kills the whole process tree,
   a memory watchdog and, where bubblewrap exists, a sandbox that sees only the submission's own folder;
-- ``sanitize`` and ``recheck``: the clean recheck. The student's sources are read from the graded cells without
-  running their Python, dropped into the instructor's notebook, and every graded test reruns in a fresh process;
-  a fault or hang costs only the test that met it;
+- ``recheck``, ``cellrunner``, ``solution_worker``, ``wire``, ``remote``: the clean recheck. The instructor's
+  notebook runs in a checker process that never runs student Python; the student's solution cells run in a
+  solution worker, and what the tests need crosses back as plain data rebuilt by type; a fault or hang costs
+  only the test that met it. ``sanitize`` flags solution cells that look like tampering, for a TA;
 - ``nbgrader_run``: nbgrader's own autograde of each submission in a scratch course of its own;
 - ``schedule``: one worker per GPU (``CUDA_VISIBLE_DEVICES``), so timings never share a GPU;
 - ``feedback``, ``report``, ``calibrate``; ``pipeline`` ties them together (``fuselab grade``).

@@ -9,6 +9,10 @@ the parent knows which cell was running when this process crashed or hung. After
 poisoned CUDA context (a sticky fault) ends the process with a ``poisoned`` event: the parent restarts from the
 next cell in a fresh process.
 
+Solution cells never run here: the solution worker (``solution_worker``) runs them, and the names they define
+arrive as plain values or as proxies (``remote``); the setup cell runs in both processes. The worker's pipes
+are inherited file descriptors, named in ``FUSELAB_SOLUTION_FDS`` ("to,from").
+
 A cell's result follows nbgrader's rules: an exception or anything on stderr (fd 2, so C code counts too) fails
 it; its last expression's value is reported when it is a number. Tracebacks are not reported (they would show
 hidden tests' source in feedback), only the exception's type and message.
@@ -110,8 +114,37 @@ def _new_grade_records(log_path, seen):
     return [json.loads(line) for line in lines[seen:] if line.strip()], len(lines)
 
 
+def _solution_process():
+    fds = os.environ.pop("FUSELAB_SOLUTION_FDS", "")
+    if not fds:
+        return None
+    from .remote import SolutionProcess
+    to_worker, from_worker = (int(fd) for fd in fds.split(","))
+    return SolutionProcess(to_worker, from_worker)
+
+
+def _run_cell(cell, namespace, worker):
+    """Run one cell of the plan here, or (a solution cell) in the solution worker; return its last value."""
+    label = f"cell {cell['grade_id'] or cell['index']}"
+    if cell.get("solution"):
+        if worker is None:
+            raise RuntimeError("no solution process to run the solution cell in")
+        names, error = worker.run_cell(label, cell["source"], want_names=cell.get("exports", []))
+        # only the names the lab's own solution cell defines: a student's `class fuselab` or `def make` never
+        # replaces a name the tests use
+        namespace.update({k: v for k, v in names.items() if k in cell.get("exports", [])})
+        if error:
+            raise RuntimeError(f"your solution cell raised {error} (its other statements still ran)")
+        return None
+    value = _execute(cell["source"], namespace, f"<{label}>")
+    if cell.get("shared") and worker is not None:
+        worker.run_cell(label, cell["source"], want_names=False)
+    return value
+
+
 def main(plan_path, events_path) -> int:
     plan = json.loads(open(plan_path).read())
+    worker = _solution_process()
     events = _Events(events_path)
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
@@ -126,7 +159,7 @@ def main(plan_path, events_path) -> int:
         value, error = None, None
         with _captured_fds() as output:
             try:
-                value = _execute(cell["source"], namespace, f"<cell {cell['grade_id'] or index}>")
+                value = _run_cell(cell, namespace, worker)
             except BaseException as exc:  # noqa: BLE001 - a cell's failure is its verdict
                 error = f"{type(exc).__name__}: {exc}"[:MAX_TEXT]
         records, seen = _new_grade_records(grade_log, seen)

@@ -156,7 +156,8 @@ def tree_rss(pid: int) -> int:
 class Child:
     """A started child process with its limits; ``wait`` or ``stop`` it."""
 
-    def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None):
+    def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
+                 pass_fds=()):
         self.limits = limits
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
         self.started = time.monotonic()
@@ -164,7 +165,7 @@ class Child:
         self.timed_out = False
         self.process = subprocess.Popen(command, cwd=cwd, env=env, preexec_fn=_set_limits(limits),
                                         stdin=subprocess.DEVNULL, stdout=stdout or subprocess.PIPE,
-                                        stderr=stderr or subprocess.PIPE, text=True)
+                                        stderr=stderr or subprocess.PIPE, text=True, pass_fds=tuple(pass_fds))
         self._done = threading.Event()
         if registry is not None:
             registry.register(self)

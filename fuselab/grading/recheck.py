@@ -1,23 +1,34 @@
-"""The clean recheck: the student's sources in the instructor's notebook, each graded test in a fresh process.
+"""The clean recheck: the instructor's notebook, hidden tests included, checking the student's solution cells.
 
 Test cells run in the student's own Python during nbgrader's autograde, so nothing computed there can be trusted.
-The clean notebook is the instructor's notebook from ``solutions/`` (hidden tests included) in which every
-solution cell is replaced by its sanitized copy from the submission (``sanitize``: the CUDA string literals,
-constants, ``def``/``class`` statements; never the student's top-level code). Cells the student added are
-dropped.
+The clean recheck runs two processes, both started here and connected by pipes they inherit:
 
-It runs in a child process (``cellrunner``) with limits. A graded cell that crashes the process, hangs past the
-per-test timeout or poisons the CUDA context scores 0, and the run resumes from the next cell in a fresh
-process (the setup cells rerun; builds come from the cache), so a fault costs only the test that touched it.
-A crash, hang or poisoned context in a cell that is *not* graded (a demo) stops the run: every later test
-scores 0 and says why, never full marks.
+- the *checker* (``cellrunner``): the instructor's notebook from ``solutions/`` (setup cells, builds, test
+  cells, hidden tests, references) and every verdict. It never runs the student's Python;
+- the *solution worker* (``solution_worker``): the setup cell and the student's solution cells, as written.
+  Names those cells define reach the checker as plain values (the ``*_SOURCE`` texts) or as proxies whose
+  calls send inputs by value and rebuild results from exact types only (``wire``, ``remote``).
+
+Cells the student added are dropped. ``sanitize`` only *flags* solution cells that look like tampering, for a
+teaching assistant: it decides nothing about what runs.
+
+The checker runs with limits. A graded cell that crashes it, hangs past the per-test timeout or poisons the
+CUDA context scores 0, and the run resumes from the next cell in a fresh pair of processes (the setup cells
+rerun; builds come from the cache), so a fault costs only the test that touched it. A crash, hang or poisoned
+context in a cell that is *not* graded (a demo) stops the run: every later test scores 0 and says why, never
+full marks.
+
+After the run, a graded speed test scores only if the correctness tests it requires (``speed_requires`` in
+``fuselab/policy.json``) passed in this same clean run.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import secrets
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +49,7 @@ class CellVerdict:
     output: str = ""
     seconds: float = 0.0
     speed: list = field(default_factory=list)  # records of fuselab.grade.speedup_test
+    requires_failed: list = field(default_factory=list)  # correctness tests a speed test needed and that failed
 
 
 @dataclass
@@ -88,21 +100,44 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
         meta = _meta(cell)
         grade_id = meta.get("grade_id")
         source = _source(cell)
-        if meta.get("solution"):
+        solution = bool(meta.get("solution"))
+        exports = _defined_names(source) if solution else []
+        if solution:
             mine = student.get(grade_id)
             if mine is None:
                 flags.append(f"{grade_id}: the solution cell is missing from the submission")
                 source = ""
             else:
-                clean = sanitize_cell(_source(mine))
+                source = _source(mine)  # as written: it runs in the solution worker, never in the checker
+                clean = sanitize_cell(source)
                 flags += [f"{grade_id}: {flag}" for flag in clean.flags]
                 if clean.error:
-                    flags.append(f"{grade_id}: {clean.error}; nothing of it was kept")
-                source = clean.source
-        cells.append({"index": len(cells), "grade_id": grade_id, "source": source,
+                    flags.append(f"{grade_id}: {clean.error}")
+        # the first cell (imports, DEVICE...) runs in the solution worker too: solution cells use its names
+        cells.append({"index": len(cells), "grade_id": grade_id, "source": source, "solution": solution,
+                      "exports": exports,
+                      "shared": not cells and not solution,
                       "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
     last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
     return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
+
+
+def _defined_names(source: str) -> list:
+    """The names the instructor's solution cell defines at top level: the only names of a student's solution cell
+    the checker takes. A student's other names (helpers, or a class named like a module the tests use) stay in
+    the solution worker, where the student's own functions use them."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names += [t.id for t in ast.walk(target) if isinstance(t, ast.Name)]
+    return sorted(set(names))
 
 
 def _score(cell, end) -> CellVerdict:
@@ -154,7 +189,7 @@ def _event_time(event) -> float:
 
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = dict(base_env)
-    env.update({"FUSELAB_GRADING": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+    env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
     repo = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -196,8 +231,14 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         clear_files(workdir)  # a request left by a killed child is never served
         tag = f"{restarts}-{secrets.token_hex(4)}"
         spawned = time.time()
-        child = isolate.Child(command, limits=limits, env=dict(env, FUSELAB_GPU_LEASE_TAG=tag), cwd=str(workdir),
-                              registry=lease)
+        worker, fds = _start_solution_worker(workdir, restarts, env, limits, sandbox, hide, lease)
+        try:
+            child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease,
+                                  env=dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}"),
+                                  pass_fds=(fds[1], fds[2]))
+        finally:
+            for fd in fds:
+                os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, workdir, child, tag)
         stop_reason, cell_started = None, None   # (index, paused seconds when it started)
         try:
@@ -224,6 +265,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             raise
         finally:
             server.finish()  # the GPU goes back to the others whatever happened here
+            worker.stop(timed_out=False)
+            worker.wait(timeout=10)
         paused_before += server.paused_s()
         flags += server.notes
         gpu_wait += server.waited_s
@@ -271,9 +314,55 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                    status="not run")
         break
     _fail_rest(verdicts, graded, "", status="not run")
+    speed_needs_correctness(verdicts)
+    from ..native_check import REFUSED_MARK
+    refused = sorted({g for g, v in verdicts.items() if REFUSED_MARK in v.message})
+    if refused:
+        flags.append(f"a kernel library was {REFUSED_MARK} (see the message of {', '.join(refused)})")
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
+
+
+def _start_solution_worker(workdir: Path, restarts: int, env: dict, limits, sandbox: bool, hide, lease):
+    """Start the solution worker; return it and the pipe ends ``(worker's in, checker's out, checker's in,
+    worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden tests or events."""
+    folder = workdir / "solution-process"
+    folder.mkdir(parents=True, exist_ok=True)
+    to_worker_r, to_worker_w = os.pipe()
+    from_worker_r, from_worker_w = os.pipe()
+    command = [sys.executable, "-m", "fuselab.grading.solution_worker", str(to_worker_r), str(from_worker_w)]
+    if sandbox:
+        command = isolate.sandboxed(command, own=[folder], hide=[*hide, workdir],
+                                    readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+    worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
+    with open(folder / f"output-{restarts}.txt", "w") as log:  # what the student's cells print: never read back
+        worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), stdout=log,
+                               stderr=subprocess.STDOUT, registry=lease, pass_fds=(to_worker_r, from_worker_w))
+    return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
+
+
+def speed_needs_correctness(verdicts: dict, policy=None) -> None:
+    """Zero every speed test whose timed kernel failed a correctness test it requires (``speed_requires`` in the
+    policy), in this same clean run: a fast kernel that is wrong earns no speed points."""
+    from .. import grade as speed_grade
+    policy = policy or speed_grade.load_policy()
+    for grade_id, verdict in verdicts.items():
+        tests = {r.get("test") for r in verdict.speed if isinstance(r, dict)}
+        required = [name for test in sorted(t for t in tests if isinstance(t, str))
+                    for name in policy["tests"].get(test, {}).get("speed_requires", [])]
+        failed = [name for name in dict.fromkeys(required)
+                  if name not in verdicts or verdicts[name].points < verdicts[name].max_points]
+        if not failed:
+            continue
+        why = ", ".join(f"{name} {'did not run' if name not in verdicts else verdicts[name].status}"
+                        for name in failed)
+        measured = f" (it measured {verdict.points:g} of {verdict.max_points:g} points)" if verdict.points else ""
+        verdict.message = f"speed counts only for a kernel that passes its correctness tests: {why}{measured}"
+        verdict.points = 0.0
+        if verdict.status != "not measured (no GPU)":
+            verdict.status = "failed"
+        verdict.requires_failed = failed
 
 
 def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:

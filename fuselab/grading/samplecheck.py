@@ -85,8 +85,13 @@ def grade_examples(out, labs=None, samples=None, examples: Path | None = None, p
 
 
 def ci_class() -> list:
-    """The part of the sample class graded without a GPU: every Lab 0 sample and every lab's correct sample."""
-    return sorted((name, lab) for name, lab in sample_recipes.all_samples() if lab == "lab0" or name == "correct")
+    """The part of the sample class graded without a GPU: every Lab 0 sample, every lab's correct sample, and the
+    samples that prove the isolation boundary outside Lab 0 (``CI_SAMPLES``)."""
+    return sorted((name, lab) for name, lab in sample_recipes.all_samples()
+                  if lab == "lab0" or name == "correct" or (name, lab) in CI_SAMPLES)
+
+
+CI_SAMPLES = {("lying_int", "lab1"), ("honest_idioms", "lab2")}
 
 
 def stage(target: Path, chosen=None, examples: Path | None = None) -> Path:

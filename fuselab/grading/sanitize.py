@@ -1,16 +1,18 @@
-"""What of a student's solution cell the clean recheck keeps, read with ``ast`` and never run.
+"""A first look at a student's solution cell, read with ``ast`` and never run: what a teaching assistant should see.
 
-A solution cell may hold:
+It decides nothing. The clean recheck runs every solution cell as written, in the solution worker, a process of
+its own that the checker only exchanges plain data with (``recheck``, ``wire``): whatever a cell does there, it
+cannot reach a test, a reference or a verdict. This module only *flags* cells that reach for the machinery, so
+that the report shows the attempt:
 
-- string and number constants (``FUSED_SOURCE = r'''...'''``, ``EPS = 1e-5``): kept, re-emitted with ``repr``;
-- ``def`` and ``class`` statements (a lab's Python part, e.g. Lab 2's BN fold): kept unless they reach for the
-  machinery (see ``FORBIDDEN_NAMES``), then dropped and flagged;
-- imports of plain computing modules (``math``, ``torch``, ``numpy``...): kept;
-- anything else (prints, experiments, a monkeypatch): dropped. Dropped code that looks like tampering
-  (assigning attributes of other objects, touching ``fuselab``, ``sys.modules``, ``builtins``...) is flagged.
+- names that only tampering needs (``sys.modules``, ``builtins``, ``exec``/``eval``/``compile``, ``ctypes``,
+  ``globals()``, ``setattr`` on something it did not create, ``importlib``, ``__import__``...);
+- touching ``fuselab`` from a solution cell;
+- dunder attributes that reach into the interpreter (``__globals__``, ``__subclasses__``, ``__builtins__``...).
 
-So a solution cell that rebinds ``fuselab.check`` or a lab helper changes nothing in the clean grade, and the
-teaching assistant sees the attempt in the report.
+Honest idioms are never flagged: ``getattr(x, "a", default)``, assigning attributes of objects a function made
+(``fused.weight = nn.Parameter(...)`` after ``copy.deepcopy``), ``import copy``, module-level constants that
+are not literals (``BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d)``).
 """
 
 from __future__ import annotations
@@ -18,91 +20,73 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-ALLOWED_IMPORTS = {"math", "torch", "numpy", "functools", "itertools", "typing", "dataclasses", "collections",
-                   "operator", "cmath", "fractions", "statistics"}
-FORBIDDEN_NAMES = {"fuselab", "setattr", "delattr", "getattr", "globals", "locals", "vars", "sys", "builtins",
-                   "__builtins__", "__import__", "importlib", "exec", "eval", "compile", "open", "os", "subprocess",
-                   "ctypes", "gc", "inspect", "get_ipython", "input", "breakpoint", "memoryview"}
-_DUNDER_OK = {"__init__", "__call__", "__repr__", "__str__", "__len__", "__getitem__", "__iter__", "__eq__",
-              "__name__", "__post_init__"}
+TAMPERING_NAMES = {"sys", "builtins", "__builtins__", "__import__", "importlib", "exec", "eval", "compile",
+                   "globals", "ctypes", "gc", "inspect", "get_ipython", "setattr", "delattr", "subprocess",
+                   "fuselab", "breakpoint", "vars", "locals"}
+TAMPERING_ATTRIBUTES = {"__globals__", "__builtins__", "__subclasses__", "__code__", "__closure__", "__dict__",
+                        "__class__", "__bases__", "__mro__", "__setattr__", "__getattribute__", "__import__",
+                        "__init_subclass__", "__set_name__", "__class_getitem__", "__reduce__", "__reduce_ex__",
+                        "f_globals", "f_back", "f_locals", "gi_frame", "tb_frame", "modules"}
 
 
 @dataclass
 class Sanitized:
-    source: str
-    kept: list = field(default_factory=list)      # names defined
-    dropped: list = field(default_factory=list)   # one line per dropped statement
-    flags: list = field(default_factory=list)     # tampering attempts, for the report
+    source: str                                   # the cell as written (it runs as written)
+    flags: list = field(default_factory=list)     # what looks like tampering, for the report
     error: str | None = None                      # the cell does not parse
 
 
-def _suspicious(node) -> str | None:
+def _flag(node) -> str | None:
     """Why ``node`` looks like it reaches for the grading machinery, or None."""
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name) and sub.id in FORBIDDEN_NAMES:
-            return f"uses {sub.id!r}"
-        if isinstance(sub, ast.Attribute) and sub.attr.startswith("__") and sub.attr not in _DUNDER_OK:
-            return f"uses the special attribute {sub.attr!r}"
-        if isinstance(sub, (ast.Global, ast.Nonlocal)):
-            return "rebinds names outside itself (global/nonlocal)"
-        if isinstance(sub, (ast.Import, ast.ImportFrom)):
-            modules = [a.name for a in sub.names] if isinstance(sub, ast.Import) else [sub.module or ""]
-            bad = [m for m in modules if m.split(".")[0] not in ALLOWED_IMPORTS]
-            if bad:
-                return f"imports {', '.join(bad)}"
-        targets = []
-        if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-        if isinstance(sub, ast.Delete):
-            targets = sub.targets
-        for target in targets:
-            for t in ast.walk(target):
-                if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
-                    return f"assigns the attribute {ast.unparse(t)!r} of another object"
+    if isinstance(node, ast.Name) and node.id in TAMPERING_NAMES:
+        return f"uses {node.id!r}"
+    if isinstance(node, ast.Attribute) and node.attr in TAMPERING_ATTRIBUTES:
+        return f"uses the attribute {node.attr!r}"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in TAMPERING_ATTRIBUTES:
+        return f"names the attribute {node.value!r}"
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        bad = [m for m in modules if m.split(".")[0] in TAMPERING_NAMES | {"os"}]
+        if isinstance(node, ast.ImportFrom):
+            bad += [a.name for a in node.names if a.name in ("methodcaller", "attrgetter")]
+        if bad:
+            return f"imports {', '.join(bad)}"
+    if isinstance(node, ast.Attribute) and node.attr in ("methodcaller", "attrgetter"):
+        return f"uses operator.{node.attr}"
     return None
 
 
-def _is_constant(value) -> bool:
-    try:
-        ast.literal_eval(value)
-        return True
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-
-
 def sanitize_cell(source: str) -> Sanitized:
-    """The clean version of one solution cell (see the module doc)."""
+    """Flags for one solution cell (see the module doc); the source itself is returned unchanged."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        return Sanitized(source="", error=f"does not parse: {exc.msg} (line {exc.lineno})")
-    out = Sanitized(source="")
-    lines = []
-    for node in tree.body:
-        text = ast.get_source_segment(source, node) or ast.unparse(node)
-        first = text.strip().splitlines()[0][:100] if text.strip() else ""
-        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) \
-                and _is_constant(node.value):
-            value = ast.literal_eval(node.value)
-            names = [t.id for t in node.targets]
-            lines.append(f"{' = '.join(names)} = {value!r}")
-            out.kept += names
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            why = _suspicious(node)
-            if why:
-                out.flags.append(f"{node.name}: {why}; dropped from the clean recheck")
-                out.dropped.append(first)
-                continue
-            lines.append(ast.unparse(node))
-            out.kept.append(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)) and _suspicious(node) is None:
-            lines.append(ast.unparse(node))
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # a docstring or a bare string
-        else:
-            why = _suspicious(node)
-            if why:
-                out.flags.append(f"top-level code {first!r} {why}")
-            out.dropped.append(first)
-    out.source = "\n\n".join(lines) + ("\n" if lines else "")
+        return Sanitized(source=source, error=f"does not parse: {exc.msg} (line {exc.lineno})")
+    out = Sanitized(source=source)
+    seen = set()
+    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    for statement in tree.body:
+        for node in ast.walk(statement):
+            why = _flag(node) or _patches_module(node, modules)
+            if why and why not in seen:
+                seen.add(why)
+                where = getattr(statement, "name", None) or f"line {statement.lineno}"
+                text = (ast.get_source_segment(source, node) or "").splitlines()[:1]
+                shown = f" `{text[0][:80]}`" if text and not isinstance(node, ast.Name) else ""
+                out.flags.append(f"{where}:{shown} {why} (flagged for a teaching assistant; it runs in the "
+                                 "solution worker, where it cannot reach the tests)")
     return out
+
+
+def _patches_module(node, modules) -> str | None:
+    """An assignment to an attribute of an imported module (a monkeypatch), e.g. ``fl.check = ...``."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        for target in targets:
+            base = target
+            while isinstance(base, (ast.Attribute, ast.Subscript)):
+                base = base.value
+            if isinstance(target, ast.Attribute) and isinstance(base, ast.Name) and base.id in modules:
+                return f"rebinds an attribute of the module {base.id!r}"
+    return None

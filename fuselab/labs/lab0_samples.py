@@ -104,3 +104,80 @@ SAMPLES.update({
         expect_gpu={"test_speedup": "zero"},
         why="returns early at the timed size only: the check at the timed shape must catch it (GPU)"),
 })
+
+# Solution cells that try to reach the checker. The clean recheck runs solution cells in a process of their own
+# (the solution worker) and takes back only the names the lab asks for, as plain values or proxies: whatever
+# these cells rebind, they rebind there. Each pairs its trick with a kernel that computes nothing.
+_ZERO_KERNEL = {"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "0.0f")}
+
+_DEFINITION_TIME = '''
+
+# --- everything below runs while Python defines things, not when a test calls them
+import operator
+import torch
+
+_grading = torch.sys.modules["fuselab"]
+_lab = torch.sys.modules["fuselab.labs.lab0"]
+_nothing = lambda *args, **kwargs: None
+_put = lambda owner, name, value: operator.methodcaller("__setattr__", name, value)(owner)
+
+
+def _keep(fn, _when_defined=_put(_grading, "assert_close", _nothing)):  # a default argument
+    return fn
+
+
+class _Registry:
+    _at_class_creation = _put(_grading, "check", _nothing)  # a class body
+
+    def __init_subclass__(cls, _hook=_put(_lab, "reference", lambda a, b, e: torch.zeros_like(a)), **kw):
+        super().__init_subclass__(**kw)
+
+
+class _Plugin(_Registry):  # __init_subclass__
+    pass
+
+
+@_keep
+@(lambda fn: _put(_lab, "fused", lambda module: (lambda a, b, e, out: out.zero_())) or fn)  # a decorator
+def _decorated():
+    pass
+'''
+
+_SHADOW = '''
+
+class lab0:
+    """Named like the lab's module: were this class to replace it, the fused test would check against these."""
+    SMALL_SHAPES = GPU_SHAPES = [(3,)]
+    reference = staticmethod(lambda a, b, e: (a * 0).double())
+    fused = staticmethod(lambda module: (lambda a, b, e, out: out.zero_()))
+    unfused = staticmethod(lambda module: (lambda a, b, e, out: out.zero_()))
+'''
+
+_CONSTRUCTOR = r'''#include <dlfcn.h>
+// Runs when the library is loaded, before any test: asks the loader for the Python interpreter's API and
+// swaps the checker's comparison for one that always agrees.
+typedef int (*run_python_t)(const char*);
+__attribute__((constructor)) static void on_load() {
+    run_python_t run = (run_python_t)dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
+    if (run) run("import torch, fuselab\nfuselab.assert_close = lambda *a, **k: None\ntorch.allclose = lambda *a, **k: True\n");
+}
+'''
+
+SAMPLES.update({
+    "cheat_definition_time": Sample(
+        changes={"dram_bytes": lambda s: s + _DEFINITION_TIME, **_ZERO_KERNEL},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a default argument, a class body, __init_subclass__ and a decorator rebind fuselab's checks and "
+            "the lab's reference while Python defines them; they run in the solution worker, not the checker"),
+    "cheat_shadow_module": Sample(
+        changes={"dram_bytes": lambda s: s + _SHADOW, **_ZERO_KERNEL},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a class named lab0 with a zero reference: only the names the lab asks for (dram_bytes) reach the "
+            "checker, so its tests keep the real module"),
+    "cheat_native_constructor": Sample(
+        changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "0.0f").replace(
+            "FUSED_SOURCE = r'''\n", "FUSED_SOURCE = r'''\n" + _CONSTRUCTOR)},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a load-time constructor that calls PyRun_SimpleString through dlsym: the grader checks what a library "
+            "calls before loading it, refuses it, and every test that uses it scores 0 saying why"),
+})

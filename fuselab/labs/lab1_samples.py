@@ -75,3 +75,15 @@ SAMPLES = {
         why="a depthwise kernel that writes zeros, and the fused op rerouted to PyTorch from a solution cell: the "
             "notebook run is fooled (on a GPU its profiler sees PyTorch's kernels), the clean recheck is not"),
 }
+
+SAMPLES["lying_int"] = Sample(
+    changes={"output_size": (
+        "class AgreeableSize(int):\n"
+        "    \"\"\"An int that compares equal to anything.\"\"\"\n"
+        "    def __eq__(self, other):\n        return True\n\n"
+        "    def __ne__(self, other):\n        return False\n\n"
+        "    __hash__ = int.__hash__\n\n\n"
+        "def conv_output_size(size, kernel, stride, pad):\n"
+        "    return AgreeableSize(size)\n")},
+    expect={"test_output_size": "zero"},
+    why="returns an int subclass whose == is always true: values cross to the checker as the plain int they hold")

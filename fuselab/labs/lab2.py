@@ -578,6 +578,9 @@ def random_network(seed):
 
 
 def _bn_calls(model, x):
+    from ..grading.remote import RemoteModule
+    if isinstance(model, RemoteModule):  # a module of the student's own class, run by the grader's solution worker
+        return model.count_batchnorm_calls(x)
     calls = []
     hooks = [m.register_forward_hook(lambda *args: calls.append(1)) for m in model.modules()
              if isinstance(m, nn.modules.batchnorm._BatchNorm)]

@@ -41,3 +41,40 @@ SAMPLES = {
         expect={"test_fused": "zero", "test_speedup": "zero"},
         why="the fused kernel forgets the ReLU: the folded conv alone is not Conv+BN+ReLU"),
 }
+
+# fold_conv_bn the way torch.nn.utils.fusion.fuse_conv_bn_eval writes it: deepcopy, then new Parameters; with
+# getattr defaults, a module-level tuple of classes and `import copy`. Honest code: full marks, nothing flagged.
+_FUSION_STYLE = '''import copy
+
+BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def fold_conv_bn(conv, bn):
+    # Return a new conv module equal to bn(conv(x)) in eval mode; raise ValueError where folding is not valid.
+    if not isinstance(bn, BATCHNORMS):
+        raise ValueError(f"expected a BatchNorm, got {type(bn).__name__}")
+    if getattr(bn, "training", False):
+        raise ValueError("BatchNorm in training mode: fold only in eval mode (model.eval())")
+    if getattr(bn, "running_mean", None) is None:
+        raise ValueError("BatchNorm without running statistics: there is nothing fixed to fold")
+    fused = copy.deepcopy(conv)
+    weight, bias = fold_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                        getattr(bn, "weight", None), getattr(bn, "bias", None))
+    fused.weight = nn.Parameter(weight, requires_grad=conv.weight.requires_grad)
+    fused.bias = nn.Parameter(bias, requires_grad=conv.weight.requires_grad)
+    fused.padding_mode = getattr(conv, "padding_mode", "zeros")
+    return fused.eval()
+'''
+
+SAMPLES.update({
+    "honest_idioms": Sample(
+        changes={"fold_module": _FUSION_STYLE},
+        why="deepcopy + nn.Parameter assignment, getattr with defaults, a non-literal module constant, "
+            "import copy: idioms PyTorch itself uses, full marks and no flag"),
+    "fast_but_wrong": Sample(
+        changes={"fused_source": lambda s: s.replace("int64_t total = (int64_t)N * C * H * W;",
+                                                     "int64_t total = (int64_t)N * C * H * (W & ~1);")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="launches too few threads when the width is odd, so the output's tail is never written: right (and "
+            "fast) at the timed shape, wrong at the tests' odd widths; speed counts only for a correct kernel"),
+})

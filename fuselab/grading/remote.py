@@ -1,0 +1,127 @@
+"""The checker's side of the solution worker: proxies for what a student's solution cells defined.
+
+A test cell in the checker calls ``fold_conv_bn(conv, bn)`` as always; ``fold_conv_bn`` is a ``RemoteFunction``.
+Its arguments go to the worker by value (a pickle of the checker's own objects: the caller's modules stay here,
+so "the original is unchanged" is checked in the checker's memory), the worker runs the student's function, and
+the result comes back through ``wire.decode``: plain values, tensors and rebuilt ``torch.nn``/``fx`` modules, or
+a ``RemoteModule`` for a module the checker cannot rebuild. An exception comes back as its builtin type.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+from torch import nn
+
+from . import wire
+
+
+class SolutionProcessGone(RuntimeError):
+    pass
+
+
+class SolutionProcess:
+    """The pipes to the worker; every request waits for its reply."""
+
+    def __init__(self, to_worker: int, from_worker: int):
+        self.to_worker, self.from_worker = to_worker, from_worker
+        self.gone = None
+
+    def request(self, message):
+        if self.gone:
+            raise SolutionProcessGone(self.gone)
+        buffer = io.BytesIO()
+        _Pickler(buffer).dump(message)
+        try:
+            wire.send(self.to_worker, buffer.getvalue())
+            blob = wire.receive(self.from_worker)
+        except (EOFError, BrokenPipeError, OSError) as exc:
+            self.gone = ("the process that runs your solution cells ended (it crashed, or your code ended it): "
+                         f"{type(exc).__name__}")
+            raise SolutionProcessGone(self.gone) from None
+        return wire.load_tree(blob)
+
+    def handle(self, number, kind):
+        if kind.startswith("module:"):
+            return RemoteModule(self, number, kind.split(":", 1)[1])
+        return RemoteFunction(self, number, kind.split(":", 1)[-1])
+
+    def result(self, reply):
+        tag = reply[0] if type(reply) is list and reply else None
+        if tag == "ok" and len(reply) == 2:
+            return wire.decode(reply[1], self.handle)
+        if tag == "raise" and len(reply) == 3:
+            raise wire.rebuild_exception(reply)
+        raise wire.WireError("the solution process sent a malformed reply")
+
+    def run_cell(self, label: str, source: str, want_names=True):
+        """Run one cell in the worker: ``(names it defined → values/proxies, its first error or None)``."""
+        reply = self.request(("run", label, source, want_names))
+        if not (type(reply) is list and len(reply) == 3 and reply[0] == "ran" and type(reply[1]) is list
+                and (reply[2] is None or type(reply[2]) is str)):
+            raise wire.WireError("the solution process sent a malformed reply")
+        names = {}
+        for item in reply[1]:
+            if not (type(item) is list and len(item) == 2 and type(item[0]) is str and item[0].isidentifier()):
+                raise wire.WireError("the solution process sent a malformed name")
+            try:
+                names[item[0]] = wire.decode(item[1], self.handle)
+            except wire.WireError:
+                continue  # not something a test uses; the student's functions use it in the worker
+        return names, reply[2]
+
+
+class RemoteFunction:
+    """A student's function (or class) that runs in the worker."""
+
+    def __init__(self, process, number, name):
+        self._process, self._number, self.__name__ = process, number, name
+
+    def __repr__(self):
+        return f"<{self.__name__}, run in the solution process>"
+
+    def __call__(self, *args, **kwargs):
+        return self._process.result(self._process.request(("call", self._number, args, kwargs)))
+
+
+class RemoteModule(nn.Module):
+    """A module the checker cannot rebuild (a student's own ``nn.Module`` subclass): it stays in the worker.
+
+    Its forward runs there, on inputs sent by value; outputs come back as tensors and are checked here.
+    ``count_batchnorm_calls`` is the worker's own count: the one check of such a module that rests on the
+    worker's word (the report flags the module as kept remote).
+    """
+
+    evaluated_remotely = True
+
+    def __init__(self, process, number, class_name):
+        super().__init__()
+        object.__setattr__(self, "_process", process)
+        object.__setattr__(self, "_number", number)
+        object.__setattr__(self, "class_name", class_name)
+
+    def __repr__(self):
+        return f"<{self.class_name} (a module of your own class), run in the solution process>"
+
+    def forward(self, *args, **kwargs):
+        return self._process.result(self._process.request(("call", self._number, args, kwargs)))
+
+    def train(self, mode=True):
+        self._process.result(self._process.request(("method", self._number, "train", (bool(mode),))))
+        object.__setattr__(self, "training", bool(mode))
+        return self
+
+    def count_batchnorm_calls(self, *inputs):
+        count = self._process.result(self._process.request(("method", self._number, "count_batchnorm_calls",
+                                                             inputs)))
+        if type(count) is not int:
+            raise wire.WireError("the solution process sent a count that is not a number")
+        return count
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, (RemoteFunction, RemoteModule)):
+            return ("handle", obj._number)
+        return None

@@ -1,0 +1,148 @@
+"""What a student's built library may call, checked before the grader's checker loads it.
+
+In the clean recheck, a student's kernels are built and loaded by the checker itself (their host launchers run in
+its process). Before it loads one, ``fuselab.build`` (with ``FUSELAB_NATIVE_POLICY=1``, which the grader sets
+for the checker) checks:
+
+- the library's imported dynamic symbols (ELF ``.dynsym`` undefined symbols, read with ``nm -D``) lie within
+  what kernels need: the CUDA runtime's launch, registration, error, device, stream and memory functions; libm's
+  and libc's math; ``memcpy``/``memset``; ``operator new``/``delete`` and the C++ runtime's support; and, for the
+  CPU emulation, what its own runtime uses (OpenMP, its fibers' ``mmap``). No Python C API, no
+  ``dlsym``/``dlopen``, no ``syscall``, no file, process or socket functions;
+- the source holds no ``__attribute__((constructor))``/``destructor``, ``init_priority``, ``section``
+  attributes, ``asm`` (host or device: PTX too), ``dlfcn.h``/``Python.h``, ``/proc`` or ``syscall``: code that
+  runs at load time or reaches past the symbol table.
+
+A library that fails is never loaded: its module's launchers raise ``NativeCodeRefused`` saying why, so every
+test that uses it scores 0 with that message, and the grader's report flags it.
+
+This is a filter, not a boundary: native code that runs in a process can still write to any memory of it.
+The README's trust model says what that leaves.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from .errors import BuildError
+
+POLICY_ENV = "FUSELAB_NATIVE_POLICY"
+REFUSED_MARK = "refused by the grader's check of native code"
+
+_MATH = ("sqrt rsqrt cbrt exp exp2 expm1 log log2 log10 log1p pow sin cos tan asin acos atan atan2 sinh cosh tanh "
+         "asinh acosh atanh erf erfc tgamma lgamma fabs floor ceil round lround llround trunc rint lrint llrint "
+         "nearbyint fmod remainder remquo fma fmax fmin fdim hypot copysign frexp ldexp modf scalbn scalbln "
+         "nextafter ilogb logb sincos nan isnan isinf finite signbit").split()
+MATH = {name + suffix for name in _MATH for suffix in ("", "f", "l")}
+LIBC = {"memcpy", "memmove", "memset", "memcmp", "strlen", "strcmp", "strncmp", "snprintf", "vsnprintf",
+        "printf", "fprintf", "puts", "putchar", "fputs", "fputc", "fwrite", "fflush", "stdout", "stderr", "abort",
+        "malloc", "calloc", "realloc", "free", "aligned_alloc", "posix_memalign", "__assert_fail",
+        "__stack_chk_fail", "__printf_chk", "__fprintf_chk", "__snprintf_chk", "__vsnprintf_chk", "__memcpy_chk",
+        "__memset_chk", "__memmove_chk", "__cxa_atexit", "__cxa_finalize", "__cxa_thread_atexit", "__gmon_start__",
+        "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable", "__tls_get_addr", "_Unwind_Resume",
+        "__gxx_personality_v0", "qsort", "div", "ldiv", "abs", "labs", "llabs"}
+CXX_PREFIXES = ("__cxa_", "_Znw", "_Zna", "_Zdl", "_Zda", "_ZSt", "_ZTI", "_ZTV", "_ZTS", "_ZNSt", "_ZNKSt",
+                "_ZNSo", "_ZNKSo", "_ZN9__gnu_cxx", "__gxx_", "__cxa")
+# the C++ library's files, threads and processes: under the prefixes above, and never what a kernel needs
+CXX_REFUSED = ("fstream", "filebuf", "filesystem", "6thread", "10this_thread", "stdio_filebuf")
+# what the CPU emulation's own runtime (fuselab/emulation/include) compiles into every emulated library
+EMULATION = {"getenv", "strtol", "strtoul", "strtoull", "sysconf", "mmap", "munmap", "mprotect",
+             "pthread_mutex_lock", "pthread_mutex_unlock", "omp_get_max_threads", "omp_get_thread_num",
+             "omp_get_num_threads"}
+EMULATION_PREFIXES = ("GOMP_", "fuselab_emu_")
+CUDA_PREFIXES = ("__cuda", "cuda")
+CUDA_REFUSED_PREFIXES = ("cudaIpc", "cudaHostRegister", "cudaHostGetDevicePointer", "cudaProfiler")
+
+SOURCE_RULES = [
+    (re.compile(r"\b(constructor|destructor|init_priority)\b"), "a function that runs when the library loads "
+     "(constructor/destructor/init_priority attributes)"),
+    (re.compile(r"__attribute__\s*\(\(\s*section\b|\.init_array|\.fini_array|\.ctors\b"),
+     "code placed in a load-time section"),
+    (re.compile(r"\b(__asm__|__asm|asm)\b"), "inline assembly (asm)"),
+    (re.compile(r"#\s*include\s*[<\"](dlfcn\.h|Python\.h|unistd\.h|sys/|fcntl\.h|spawn\.h|link\.h|elf\.h)"),
+     "a system header no kernel needs"),
+    (re.compile(r"\b(dlsym|dlopen|dlvsym|syscall|Py[A-Z]\w*|_Py\w+)\b"), "a call into the loader, the operating "
+     "system or Python"),
+    (re.compile(r"/proc\b"), "the /proc file system"),
+]
+
+
+class NativeCodeRefused(BuildError):
+    """A student's library the grader will not load (see the module doc)."""
+
+
+def enabled() -> bool:
+    return os.environ.get(POLICY_ENV) == "1"
+
+
+def _without_comments(source: str) -> str:
+    return re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+
+
+def source_problems(source: str) -> list:
+    code = _without_comments(source)
+    problems = []
+    for pattern, what in SOURCE_RULES:
+        match = pattern.search(code)
+        if match:
+            line = code.count("\n", 0, match.start()) + 1
+            problems.append(f"line {line}: {what} (`{match.group(0)}`)")
+    return problems
+
+
+def imported_symbols(library) -> list:
+    out = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        raise NativeCodeRefused(f"the grader could not read the library's symbols: {out.stderr.strip()[:300]}")
+    return sorted({line.split()[-1].split("@")[0] for line in out.stdout.splitlines() if line.split()})
+
+
+def symbol_allowed(name: str, backend: str) -> bool:
+    if name in MATH or name in LIBC:
+        return True
+    if name.startswith(CXX_PREFIXES):
+        return not any(part in name for part in CXX_REFUSED)
+    if backend == "cuda":
+        return name.startswith(CUDA_PREFIXES) and not name.startswith(CUDA_REFUSED_PREFIXES)
+    return name in EMULATION or name.startswith(EMULATION_PREFIXES)
+
+
+def check_library(library, source: str, backend: str, filename: str) -> None:
+    """Raise ``NativeCodeRefused`` (message for a student) when ``library`` or its ``source`` breaks the rules."""
+    problems = source_problems(source)
+    refused = [name for name in imported_symbols(library) if not symbol_allowed(name, backend)]
+    if refused:
+        problems.append("its library calls " + ", ".join(f"`{name}`" for name in refused[:8])
+                        + (" ..." if len(refused) > 8 else ""))
+    if problems:
+        raise NativeCodeRefused(
+            f"{filename} was {REFUSED_MARK}: " + "; ".join(problems) + ". A kernel source for this course may "
+            "only compute: CUDA kernels and launchers, math, memory copies. The tests that use it score 0.")
+
+
+class RefusedModule:
+    """What ``fuselab.build`` returns in the checker for a refused library: never loaded; every launcher raises
+    the refusal, so each test that uses it fails with the reason."""
+
+    def __init__(self, error: NativeCodeRefused, protos, backend: str, source: str, name: str):
+        import torch
+        self.error, self.backend, self.source, self.name = error, backend, source, name
+        self.device = torch.device("cuda" if backend == "cuda" else "cpu")
+        self.library_path, self.log, self.build_seconds, self.cached = "", "", 0.0, False
+        self.launchers = {}
+        for proto in protos:
+            def refused(*_args, _error=error, **_kwargs):
+                raise NativeCodeRefused(str(_error))
+            refused.__name__ = proto.name
+            self.launchers[proto.name] = refused
+            setattr(self, proto.name, refused)
+
+    @property
+    def emulated(self) -> bool:
+        return self.backend == "emulate"
+
+    def __repr__(self):
+        return f"<fuselab module {self.name!r}, not loaded: {self.error}>"

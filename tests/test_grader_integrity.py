@@ -1,0 +1,312 @@
+"""The clean recheck's isolation boundary: student Python runs only in the solution worker, values come back by
+type, honest idioms keep their points, speed needs correctness, and native code is checked before it loads.
+
+Each attack here got full marks from the blocklist sanitizer that ran student cells inside the checker."""
+
+import json
+import operator
+
+import pytest
+import torch
+from torch import fx, nn
+
+import fuselab
+from fuselab import native_check
+from fuselab.grading import isolate, recheck, wire
+from fuselab.grading.sanitize import sanitize_cell
+
+
+def _cell(source, grade_id, graded=False, solution=False, points=0):
+    meta = {"nbgrader": {"grade_id": grade_id, "grade": graded, "solution": solution, "locked": not solution,
+                         "schema_version": 3, **({"points": points} if graded else {})}}
+    return {"cell_type": "code", "metadata": meta, "source": source, "outputs": [], "execution_count": None}
+
+
+def _notebook(cells):
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}
+
+
+SETUP = "import copy\nimport torch\nfrom torch import nn\nimport fuselab\n"
+
+# the instructor's notebook: each solution cell defines what the lab asks for, each test checks it in the checker
+INSTRUCTOR = [
+    _cell(SETUP, "setup"),
+    _cell("def zeros_like_sum(a, b):\n    return a + b", "sol_sum", solution=True),
+    _cell("a, b = torch.randn(37, dtype=torch.float64), torch.randn(37, dtype=torch.float64)\n"
+          "fuselab.assert_close(zeros_like_sum(a, b), a + b)", "test_sum", graded=True, points=2),
+    _cell("def out_size(n, k, s, p):\n    return (n + 2 * p - k) // s + 1", "sol_size", solution=True),
+    _cell("assert out_size(5, 3, 2, 1) == 3 and out_size(7, 3, 1, 0) == 5", "test_size", graded=True, points=1),
+    _cell("def fold(conv, scale):\n    new = copy.deepcopy(conv)\n    with torch.no_grad():\n"
+          "        new.weight.mul_(scale)\n    return new", "sol_fold", solution=True),
+    _cell("conv = nn.Conv2d(3, 5, 3, padding=1)\nbefore = {k: v.clone() for k, v in conv.state_dict().items()}\n"
+          "got = fold(conv, 2.0)\nassert type(got) is nn.Conv2d and got is not conv\n"
+          "assert all(torch.equal(v, before[k]) for k, v in conv.state_dict().items())\n"
+          "x = torch.randn(2, 3, 7, 9)\nfuselab.assert_close(got(x), 2 * torch.nn.functional.conv2d(x, conv.weight, "
+          "None, padding=1) + conv.bias.view(-1, 1, 1))\n"
+          "try:\n    fold('not a conv', 1.0)\nexcept (ValueError, AttributeError, TypeError):\n    pass\n"
+          "else:\n    raise AssertionError('expected an error')", "test_fold", graded=True, points=3),
+]
+
+
+def _run(cells_by_id, tmp_path):
+    nb = _notebook(INSTRUCTOR)
+    student = json.loads(json.dumps(nb))
+    for cell in student["cells"]:
+        grade_id = cell["metadata"]["nbgrader"]["grade_id"]
+        if grade_id in cells_by_id:
+            cell["source"] = cells_by_id[grade_id]
+    return recheck.run_clean(nb, student, tmp_path, cell_timeout=60, total_timeout=180,
+                             limits=isolate.Limits(memory_bytes=3 * 2**30))
+
+
+ATTACKS = {
+    # a default argument rebinds fuselab.assert_close through operator.methodcaller and torch.sys: no forbidden
+    # name, no attribute assignment in the source
+    "sol_sum": "import operator\n"
+               "def zeros_like_sum(a, b, _=operator.methodcaller('__setattr__', 'assert_close', "
+               "lambda *args, **kw: None)(torch.sys.modules['fuselab'])):\n    return torch.zeros_like(a)\n",
+    # a lying int: every == is true
+    "sol_size": "class Whatever(int):\n    def __eq__(self, other):\n        return True\n"
+                "def out_size(n, k, s, p):\n    return Whatever(0)\n",
+    # a class named like the module the tests use
+    "sol_fold": "class fuselab:\n    assert_close = staticmethod(lambda *args, **kw: None)\n"
+                "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n"
+                "        raise ValueError('not a conv')\n    return copy.deepcopy(conv)\n",
+}
+
+
+def test_definition_time_rebinding_lying_values_and_shadowing_never_reach_the_checker(tmp_path):
+    result = _run(ATTACKS, tmp_path)
+    points = {k: v.points for k, v in result.cells.items()}
+    assert points == {"test_sum": 0.0, "test_size": 0.0, "test_fold": 0.0}, result.cells
+    assert result.cells["test_size"].message.startswith("AssertionError")  # a plain 0 compared honestly
+    assert any("methodcaller" in flag for flag in result.flags)  # the attempt is flagged for a TA
+
+
+HONEST = {
+    "sol_sum": "import operator\nADD = operator.add  # a constant that is not a literal\n"
+               "def zeros_like_sum(a, b):\n    return ADD(a, b)\n"
+               "print('a top-level experiment', zeros_like_sum(torch.ones(2), torch.ones(2)))\n",
+    "sol_size": "undefined_name_in_an_experiment\n"
+                "def out_size(n, k, s, p):\n    return (n + 2 * p - getattr(k, 'real', k)) // s + 1\n",
+    # the torch.nn.utils.fusion way: deepcopy, then assign a new Parameter; a refusal as a ValueError
+    "sol_fold": "CONVS = (nn.Conv1d, nn.Conv2d)\n"
+                "def fold(conv, scale):\n    if not isinstance(conv, CONVS):\n"
+                "        raise ValueError('fold needs a conv')\n"
+                "    fused = copy.deepcopy(conv)\n"
+                "    fused.weight = nn.Parameter(conv.weight.detach() * scale)\n"
+                "    fused.padding_mode = getattr(conv, 'padding_mode', 'zeros')\n    return fused\n",
+}
+
+
+def test_honest_idioms_keep_full_marks_and_are_not_flagged(tmp_path):
+    result = _run(HONEST, tmp_path)
+    assert {k: v.points for k, v in result.cells.items()} == {"test_sum": 2.0, "test_size": 1.0,
+                                                             "test_fold": 3.0}, result.cells
+    assert result.flags == []
+
+
+def test_the_sanitizer_flags_without_dropping_and_spares_honest_idioms():
+    for source in HONEST.values():
+        assert sanitize_cell(source).flags == [] and sanitize_cell(source).source == source
+    flags = " ".join(sanitize_cell(ATTACKS["sol_sum"]).flags)
+    assert "methodcaller" in flags and "__setattr__" in flags
+
+
+# --- the restricted decoder -------------------------------------------------------------------------------
+
+def _roundtrip(value):
+    return wire.decode(wire.load_tree(wire.dump_tree(wire.encode(value))))
+
+
+def test_values_cross_as_their_exact_types():
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+    class Odd(float):
+        pass
+
+    got = _roundtrip((Liar(3), [Odd(2.5), "s", None, True, 1 + 2j], {"k": torch.float16}, slice(1, None)))
+    assert got == (3, [2.5, "s", None, True, 1 + 2j], {"k": torch.float16}, slice(1, None))
+    assert type(got[0]) is int and type(got[1][0]) is float and got[0] != 4
+
+
+def test_modules_and_graphs_are_rebuilt_from_allowlisted_parts():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    net[1].running_mean.uniform_()
+    rebuilt = _roundtrip(net)
+    assert type(rebuilt) is nn.Sequential and not rebuilt.training
+    x = torch.randn(2, 3, 6, 5)
+    assert torch.equal(rebuilt(x), net(x))
+    traced = fx.symbolic_trace(net)
+    graph = _roundtrip(traced)
+    assert isinstance(graph, fx.GraphModule) and torch.equal(graph(x), net(x))
+
+
+def test_a_graph_that_calls_outside_the_allowlist_is_refused():
+    traced = fx.symbolic_trace(nn.Sequential(nn.ReLU()))
+    tree = wire.encode(traced)
+    for node in tree[1]:
+        if node[1] == "call_module":
+            node[1], node[2] = "call_function", "torch.load"
+    with pytest.raises(wire.WireError, match="torch.load"):
+        wire.decode(wire.load_tree(wire.dump_tree(tree)))
+    with pytest.raises(wire.WireError):
+        wire.resolve_function("torch.from_file")
+    tree = wire.encode(fx.symbolic_trace(nn.Sequential(nn.Flatten())))
+    for node in tree[1]:  # a keyword that would be code in the rebuilt graph's source
+        if node[1] == "call_module":
+            node[1], node[2], node[4] = "call_function", "torch.flatten", ["d", [[["v", "x=1); import os; ("],
+                                                                                  ["v", 1]]]]
+    with pytest.raises(wire.WireError, match="keyword"):
+        wire.decode(wire.load_tree(wire.dump_tree(tree)))
+    forged = ["M", "builtins.object", {}, {}, {}, {}, False]
+    with pytest.raises(wire.WireError):
+        wire.decode(forged)
+
+
+def test_pickles_from_the_worker_are_never_loaded():
+    import pickle
+    with pytest.raises(wire.WireError):
+        wire.load_tree(pickle.dumps(operator.methodcaller("x")))
+
+
+# --- speed needs correctness -----------------------------------------------------------------------------
+
+def test_speed_counts_only_when_the_timed_kernels_correctness_tests_passed():
+    def verdicts(fused_points):
+        return {"test_fused": recheck.CellVerdict("test_fused", fused_points, 2.0,
+                                                  "passed" if fused_points == 2 else "failed"),
+                "test_speedup": recheck.CellVerdict("test_speedup", 3.5, 4.0, "partial",
+                                                    speed=[{"test": "lab0.add_relu_mul", "points": 3.5}])}
+    wrong = verdicts(0.0)
+    recheck.speed_needs_correctness(wrong)
+    assert wrong["test_speedup"].points == 0 and wrong["test_speedup"].requires_failed == ["test_fused"]
+    assert "speed counts only for a kernel that passes its correctness tests: test_fused failed" in \
+        wrong["test_speedup"].message
+    right = verdicts(2.0)
+    recheck.speed_needs_correctness(right)
+    assert right["test_speedup"].points == 3.5 and right["test_speedup"].requires_failed == []
+    policy = fuselab.grade.load_policy()
+    assert all(entry.get("speed_requires") for entry in policy["tests"].values())
+
+
+# --- native code ------------------------------------------------------------------------------------------
+
+LAUNCHER = "void scale(const float* x, float* out, int64_t n, cudaStream_t stream)"
+KERNEL = ("__global__ void scale_kernel(const float* x, float* out, int64_t n) {\n"
+          "    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;\n    if (i < n) out[i] = 2.0f * x[i];\n}\n"
+          "void scale(const float* x, float* out, int64_t n, cudaStream_t stream) {\n"
+          "    scale_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, out, n);\n}\n")
+# reaches the loader without its name in the text, and runs at load time without the word "constructor"
+PASTED = ('#define PASTE2(a, b) a##b\n#define PASTE(a, b) PASTE2(a, b)\n'
+          'extern "C" void* PASTE(dl, sym)(void*, const char*);\n'
+          'static void* found = PASTE(dl, sym)((void*)0, "P" "yRun_SimpleString");\n')
+
+
+def test_the_symbol_allowlist_keeps_what_kernels_need_and_nothing_else():
+    for name in ("cudaLaunchKernel", "__cudaRegisterFunction", "sqrtf", "memcpy", "_Znwm", "__cxa_guard_acquire"):
+        assert native_check.symbol_allowed(name, "cuda")
+    for name in ("GOMP_parallel", "mmap", "getenv"):  # the emulation runtime's own, not a CUDA build's
+        assert native_check.symbol_allowed(name, "emulate") and not native_check.symbol_allowed(name, "cuda")
+    for name in ("dlsym", "dlopen", "PyRun_SimpleString", "syscall", "system", "open", "fopen", "socket",
+                 "execve", "fork", "cudaIpcOpenMemHandle",
+                 "_ZNSt14basic_ofstreamIcSt11char_traitsIcEE4openEPKcSt13_Ios_Openmode"):
+        assert not native_check.symbol_allowed(name, "cuda") and not native_check.symbol_allowed(name, "emulate")
+
+
+def test_a_library_that_calls_the_loader_or_runs_at_load_time_is_never_loaded(monkeypatch):
+    monkeypatch.setenv(native_check.POLICY_ENV, "1")
+    honest = fuselab.build(KERNEL, [LAUNCHER], name="scale_ok", backend="emulate")
+    x = torch.randn(1000)
+    out = torch.empty_like(x)
+    honest.scale(x, out, x.numel())
+    assert torch.equal(out, 2 * x)
+    for source, why in [(PASTED + KERNEL, "dlsym"),
+                        ("__attribute__((constructor)) static void boom() {}\n" + KERNEL, "runs when the library"),
+                        ('#include <cstdlib>\nstatic int ran = system("true");\n' + KERNEL, "system")]:
+        mod = fuselab.build(source, [LAUNCHER], name="scale_bad", backend="emulate")
+        assert isinstance(mod, native_check.RefusedModule)
+        with pytest.raises(native_check.NativeCodeRefused, match=why):
+            mod.scale(x, out, x.numel())
+
+
+# --- what cannot be rebuilt stays in the worker -------------------------------------------------------------
+
+OWN_MODULE = '''
+class Folded(nn.Module):  # a module of the student's own class: the checker cannot rebuild it
+    def __init__(self, conv, bn):
+        super().__init__()
+        self.conv, self.bn = conv, bn
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def fold_network(model):
+    if model.training:
+        raise ValueError("fold only in eval mode")
+    return Folded(*copy.deepcopy(list(model.children()))), 0
+'''
+
+
+@pytest.fixture
+def worker(tmp_path):
+    """A solution worker on pipes, as the grader starts one (a top-level budget of 3 s per cell)."""
+    import os
+    import subprocess
+    import sys
+
+    from fuselab.grading.remote import SolutionProcess
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    env = dict(recheck.runner_env(os.environ, tmp_path, None), FUSELAB_SOLUTION_CELL_S="3")
+    process = subprocess.Popen([sys.executable, "-m", "fuselab.grading.solution_worker", str(to_r), str(from_w)],
+                               pass_fds=(to_r, from_w), cwd=tmp_path, stdout=subprocess.DEVNULL, env=env)
+    os.close(to_r)
+    os.close(from_w)
+    yield SolutionProcess(to_w, from_r)
+    os.close(to_w)
+    process.wait(timeout=30)
+    os.close(from_r)
+
+
+def test_a_slow_experiment_costs_only_itself(worker):
+    names, error = worker.run_cell("slow", "import time\nwhile True:\n    time.sleep(0.01)\nprint('skipped')\n"
+                                   "SCALE = 2\ndef double(x):\n    return SCALE * x\n", want_names=["double"])
+    assert error.startswith("TimeoutError") and set(names) == {"double"} and names["double"](21) == 42
+
+
+def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
+    from fuselab.grading.remote import RemoteModule
+    from fuselab.labs import lab2
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("fold", OWN_MODULE, want_names=["fold_network"])
+    assert error is None and set(names) == {"fold_network"}
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    model[1].running_var.uniform_(0.5, 2.0)
+    folded, count = names["fold_network"](model)
+    assert isinstance(folded, RemoteModule) and count == 0 and type(count) is int
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(folded.eval()(x), model(x))  # computed in the worker, compared here
+    assert lab2._bn_calls(folded, x) == 1
+    with pytest.raises(ValueError, match="eval mode"):
+        names["fold_network"](model.train())
+
+
+@pytest.mark.skipif(not isolate.sandbox_works(), reason="bubblewrap cannot start here (CI installs it)")
+def test_in_the_sandbox_the_worker_never_sees_the_checkers_folder(tmp_path):
+    nb = _notebook([
+        _cell(SETUP, "setup"),
+        _cell("def peek():\n    return ''", "sol_peek", solution=True),
+        _cell("got = peek()\nassert 'HIDDEN_MARK' not in got, got[:200]\n### BEGIN HIDDEN TESTS\n"
+              "assert 'HIDDEN_MARK'\n### END HIDDEN TESTS", "test_peek", graded=True, points=1)])
+    student = json.loads(json.dumps(nb))
+    student["cells"][1]["source"] = (
+        "import glob, os\n"
+        "def peek():\n    found = glob.glob(os.path.join(os.getcwd(), '..', '*'))\n"
+        "    return ' '.join(open(p).read() for p in found if os.path.isfile(p))\n")
+    result = recheck.run_clean(nb, student, tmp_path / "work", cell_timeout=30, total_timeout=120, sandbox=True,
+                               hide=[tmp_path], limits=isolate.Limits(memory_bytes=3 * 2**30))
+    assert result.cells["test_peek"].points == 1, result.cells["test_peek"]
