@@ -98,7 +98,8 @@ def clean_text(text, limit: int) -> str:
     text = text if isinstance(text, str) else str(text)
     if len(text) > 4 * limit:
         text = text[: 4 * limit]
-    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace") if _has_surrogates(text) else text
+    if _has_surrogates(text):
+        text = text.encode("utf-8", "replace").decode("utf-8")
     text = _CONTROL.sub("", _ANSI.sub("", text))
     if len(text) > limit:
         text = text[:limit] + f"\n… ({len(text) - limit:,}+ more characters not shown)"
