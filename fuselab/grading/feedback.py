@@ -290,7 +290,7 @@ class _Scrub:
     def __call__(self, text: str) -> str:
         lines = []
         for line in text.splitlines():
-            if any(hidden in line for hidden in self.hidden):
+            if "HIDDEN TESTS" in line or any(hidden in line for hidden in self.hidden):
                 line = "(a line of a hidden test: not shown)"
             for secret in self.secrets:
                 if secret in line:
@@ -435,7 +435,7 @@ def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> 
         parts.append(f"<tr><td><a href='#{_anchor(grade_id)}'>{_e(grade_id)}</a></td>"
                      f"<td class='{klass}'>{points:g} / {most:g}</td><td>{_e(status)}</td>"
                      f"<td>{_e('; '.join(why))}</td></tr>")
-    for grade_id in _list(result.get("manual_cells")):
+    for grade_id in [g for g in _list(result.get("manual_cells")) if isinstance(g, str)]:
         entry = _dict(manual.get(grade_id))
         score, most = entry.get("score"), entry.get("max")
         shown = f"{_number(score):g} / {_number(most):g}" if isinstance(score, (int, float)) else \
