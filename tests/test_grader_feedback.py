@@ -1,19 +1,21 @@
 """The feedback page: built from the student's submitted notebook, the lab's release cells and the grader's
 verdicts only; every flag said next to the test it cost; any notebook shape gives a page, and the report takes
-any name. Recorded results, no grading run (``test_grader_feedback_leak.py`` grades one submission end to end).
+any name. Recorded results, no grading run here: ``test_grader_samples.py`` grades ``write_nosy_submission``'s
+student with the sample class (sharing its reference run) and checks its page with ``check_nosy_feedback``.
 """
 
 import hashlib
 import html
 import json
 import re
+import secrets
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuselab import course
+from fuselab import course, samples
 from fuselab.grading import feedback, intake, pipeline, report
 
 LAB = "lab0"
@@ -286,3 +288,87 @@ def test_the_report_takes_any_name_and_flag(tmp_path):
     assert all(len(re.split(r"(?<!\\)\|", row)) == len("| student | test_fused | total | time |".split("|"))
                for row in rows)  # no name adds a column
     assert "caf\\udce9_\\udcff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")  # written, not a crash
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+NOSY = "nosy_feedback"    # the student's name in the graded class
+SECRET_ENV = "FUSELAB_TEST_SECRET"
+NOSY_CELL = """\
+import os, pathlib
+print("HISTORY", In, Out)
+root = pathlib.Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) if os.environ.get("PYTHONPATH") else None
+for candidate in [root, pathlib.Path.cwd(), *pathlib.Path.cwd().parents]:
+    if candidate and (candidate / "solutions").is_dir():
+        print("SOLUTIONS", (candidate / "solutions" / "lab0" / "lab0.ipynb").read_text())
+        break
+print("SECRET", os.environ.get("FUSELAB_TEST_SECRET"))
+"""
+
+NOSY_DRAM_BYTES = """\
+def dram_bytes(n, bytes_per_element=4):
+    # reads the grader's files and environment from inside the clean recheck, and raises them as its message
+    os_module = torch.sys.modules["os"]
+    env = os_module.environ
+    text = env.get("FUSELAB_TEST_SECRET", "") + "\\n"
+    for folder in env.get("PYTHONPATH", "").split(os_module.pathsep):
+        path = folder + "/solutions/lab0/lab0.ipynb"
+        if os_module.path.exists(path):
+            cells = torch.sys.modules["json"].loads(torch.sys.modules["io"].open(path).read())["cells"]
+            source = "".join("".join(c["source"]) for c in cells)
+            text += source[source.find("### BEGIN " + "HIDDEN" + " TESTS"):]
+    raise ValueError(text)
+"""
+
+
+def write_nosy_submission(class_folder: Path) -> str:
+    """A Lab 0 submission (the correct sample's kernels) that tries to read the hidden tests and the grader's
+    secrets into its own feedback: its last cell prints IPython's ``In``/``Out`` history (nbgrader's autograde ran
+    the hidden tests in that kernel), ``solutions/`` and an environment variable of the grader's shell; its
+    ``dram_bytes`` raises an error quoting the same inside the clean recheck. Returns the secret to put in the
+    grader's environment under ``SECRET_ENV``."""
+    nb = json.loads((samples.EXAMPLES / "correct" / LAB / f"{LAB}.ipynb").read_text())
+    for cell in nb["cells"]:
+        if feedback._grade_id(cell) == "dram_bytes":
+            cell["source"] = NOSY_DRAM_BYTES
+    nb["cells"].append({"cell_type": "code", "execution_count": 1, "metadata": {}, "source": NOSY_CELL,
+                        "outputs": [{"output_type": "stream", "name": "stdout", "text": "what I saw at home\n"}]})
+    target = Path(class_folder) / NOSY / LAB / f"{LAB}.ipynb"
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(nb))
+    return "s3cret-" + secrets.token_hex(12)
+
+
+def check_nosy_feedback(class_result, secret: str) -> None:
+    """The nosy student's page: its verdicts, its submitted outputs, and nothing of what its code read."""
+    graded = next(r for r in class_result.results if r["student"] == NOSY)
+    page = (class_result.out / "feedback" / NOSY / f"{LAB}.html").read_text()
+    text = _text_of(page)
+    hidden = _hidden_lines()
+    # the attack worked where the student's code ran: nbgrader's autograded notebook holds the hidden tests
+    autograded = next(class_result.out.glob(f"course/autograded/{NOSY}/{LAB}/*.ipynb")).read_text()
+    assert [line for line in hidden if json.dumps(line)[1:-1] in autograded] != []
+    # and none of it is in the page
+    assert [line for line in hidden if line in text] == []
+    assert secret not in text and "HIDDEN TESTS" not in text
+    assert f"Automatically graded: {graded['total']:g} of {graded['max_total']:g} points" in text
+    for grade_id in graded["cells"]:
+        assert f"Grader: {grade_id}:" in text
+    assert graded["cells"]["test_dram_bytes"]["points"] == 0
+    assert graded["cells"]["test_fused"]["points"] == graded["cells"]["test_fused"]["max_points"]
+    assert "what I saw at home" in text  # the outputs the student submitted
+    flat = " ".join(text.split())
+    for flag in graded["flags"]:  # whatever the grader flagged is said
+        assert " ".join(flag.partition(": ")[2].split())[:60] in flat, flag
+    # a teaching assistant grades a written answer in formgrader: the next feedback pass shows score and comment
+    from nbgrader.api import Gradebook
+    db = class_result.out / "course" / "gradebook.db"
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        grade = gradebook.find_grade("answer_sweep", LAB, LAB, NOSY)
+        grade.manual_score = grade.max_score
+        gradebook.find_comment("answer_sweep", LAB, LAB, NOSY).manual_comment = "Clear <answer>, well argued."
+        gradebook.db.commit()
+    pages, _ = feedback.write_all([graded], class_result.out / "feedback-again", feedback.lab_sources([LAB]), db)
+    text = _text_of(pages[LAB][NOSY].read_text())
+    assert "Clear <answer>, well argued." in text and "graded by hand" in text
+    assert [line for line in hidden if line in text] == [] and secret not in text

@@ -19,6 +19,8 @@ import torch
 from fuselab import course, samples
 from fuselab.grading import pipeline, samplecheck
 
+from . import test_grader_feedback
+
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU grading path (the GPU self-check "
                                                                   "grades the sample class on a GPU)")
 CELL_TIMEOUT = 30  # the endless samples' price, three times over
@@ -43,14 +45,17 @@ def graded(tmp_path_factory):
     examples = out / "examples"
     wanted = _ci_class()
     samplecheck.stage(examples, wanted)  # only the CI class, from the committed examples
+    secret = test_grader_feedback.write_nosy_submission(examples)  # and one that reads secrets into its feedback
     before = _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py")
     settings = pipeline.Settings(out=out / "run", cell_timeout=CELL_TIMEOUT, submission_timeout=400,
                                  progress=False)
     started = time.monotonic()
-    result = pipeline.grade(examples, settings)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(test_grader_feedback.SECRET_ENV, secret)  # in the grader's environment, as a TA's token
+        result = pipeline.grade(examples, settings)
     seconds = time.monotonic() - started
     return {"result": result, "examples": examples, "settings": settings, "before": before, "seconds": seconds,
-            "wanted": wanted}
+            "wanted": wanted, "secret": secret}
 
 
 def test_every_sample_gets_the_grade_it_deserves(graded):
@@ -117,6 +122,10 @@ def test_feedback_shows_scores_but_never_the_hidden_tests(graded):
     assert "BEGIN HIDDEN TESTS" in autograded  # what nbgrader would have shown
 
 
+def test_feedback_holds_nothing_a_submission_read_while_graded(graded):
+    test_grader_feedback.check_nosy_feedback(graded["result"], graded["secret"])
+
+
 def test_gradebook_and_csv_hold_the_final_scores(graded):
     from nbgrader.api import Gradebook
     result = graded["result"]
@@ -126,7 +135,7 @@ def test_gradebook_and_csv_hold_the_final_scores(graded):
             auto = sum(g.score for nb in submission.notebooks for g in nb.grades if g.cell.cell_type == "code")
             assert auto == pytest.approx(r["total"]), (r["student"], r["lab"])
     rows = (result.out / "grades.csv").read_text().splitlines()
-    assert rows[0].startswith("student,") and len(rows) == 1 + len({s for s, _ in graded["wanted"]})
+    assert rows[0].startswith("student,") and len(rows) == 1 + len({s for s, _ in graded["wanted"]}) + 1  # + nosy
     assert (result.out / "report.html").exists() and list(result.out.glob("*-figures.png"))
 
 
