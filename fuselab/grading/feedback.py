@@ -278,7 +278,7 @@ def _list(value) -> list:
     return value if isinstance(value, list) else []
 
 
-class _Scrub:
+class MessageScrub:
     """Replace the lines of a run's message that quote a hidden test or a value of the grader's environment."""
 
     def __init__(self, hidden_lines, environ=None):
@@ -532,13 +532,12 @@ def _outputs_html(outputs) -> str:
                     images.append(_image(mime, data[mime]))
                     break
             else:
-                text = _text(data.get("text/plain"))
-                texts.append(text[:budget])
+                texts.append(_text(data.get("text/plain"))[: max(0, budget) + 1])
                 budget -= len(texts[-1])
             continue
         else:
             continue
-        texts.append(text[: max(0, budget) + 1])
+        texts.append(text[: max(0, budget) + 1])  # one past the budget: the cut below then says so
         budget -= len(texts[-1])
     text = clean_text("".join(t if t.endswith("\n") else t + "\n" for t in texts if t), MAX_OUTPUT_CHARS)
     body = (f"<pre>{_e(text)}</pre>" if text.strip() else "") + "".join(images)
@@ -595,7 +594,7 @@ def build_page(result: dict, sources: LabSources, notebook: dict | None, noteboo
     """The feedback page (HTML) of one submission; ``notebook`` is the student's submitted notebook or None."""
     result = _dict(result)
     manual = _dict(manual)
-    scrub = scrub or _Scrub(sources.hidden_lines)
+    scrub = scrub or MessageScrub(sources.hidden_lines)
     student, lab = _flat(result.get("student", "?"), 200), _flat(result.get("lab", "?"), 100)
     verdicts = _Verdicts.of(result, sources)
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",

@@ -122,6 +122,11 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
         wall_timeout=settings.submission_timeout, limits=limits, env=notebook_env,
         sandbox=settings.sandbox, hide=hide, lease=lease)
     result = combine(sub, clean, notebook_run, notes)
+    # a failed test's message is text the student's code can shape: what it quotes of the hidden tests or of this
+    # environment (which the runs had) is cut before anything keeps it (the feedback page checks again)
+    scrub = feedback.MessageScrub(feedback.hidden_test_lines(instructor), environ=os.environ)
+    for cell in result["cells"].values():
+        cell["message"] = scrub(cell["message"] or "")
     result.update(device=device, seconds=time.monotonic() - started, notebook_sha=graded_sha,
                   notebook=str(sub.notebook), origin=sub.origin)
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
