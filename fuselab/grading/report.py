@@ -28,7 +28,8 @@ def _md(text, limit: int | None = None) -> str:
     text = " ".join(text.split())
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
-    return re.sub(r"([\\`*_{}\[\]#!|~<>&])", r"\\\1", text)
+    # ``_`` stays: student ids are full of it, and at worst it italicises a word
+    return re.sub(r"([\\`*\[\]!|~<>&])", r"\\\1", text)
 
 
 def _speed(cell):
