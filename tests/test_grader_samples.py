@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from fuselab import course, samples
-from fuselab.grading import feedback, pipeline, samplecheck
+from fuselab.grading import pipeline, samplecheck
+
+from . import test_grader_feedback
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU grading path (the GPU self-check "
                                                                   "grades the sample class on a GPU)")
@@ -44,14 +46,17 @@ def graded(tmp_path_factory):
     examples = out / "examples"
     wanted = _ci_class()
     samplecheck.stage(examples, wanted)  # only the CI class, from the committed examples
+    secret = test_grader_feedback.write_nosy_submission(examples)  # and one that reads secrets into its feedback
     before = _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py")
     settings = pipeline.Settings(out=out / "run", cell_timeout=CELL_TIMEOUT, submission_timeout=400,
                                  progress=False)
     started = time.monotonic()
-    result = pipeline.grade(examples, settings)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(test_grader_feedback.SECRET_ENV, secret)  # in the grader's environment, as a TA's token
+        result = pipeline.grade(examples, settings)
     seconds = time.monotonic() - started
     return {"result": result, "examples": examples, "settings": settings, "before": before, "seconds": seconds,
-            "wanted": wanted}
+            "wanted": wanted, "secret": secret}
 
 
 def test_every_sample_gets_the_grade_it_deserves(graded):
@@ -111,23 +116,15 @@ def test_feedback_shows_scores_but_never_the_hidden_tests(graded):
         page = result.out / "feedback" / name / f"{lab}.html"
         assert page.exists(), f"no feedback for {name}/{lab}"
         text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
-        assert "Grader's summary" in text and "HIDDEN TESTS" not in text
+        assert "Automatically graded:" in text and "HIDDEN TESTS" not in text
         leaked = [line for line in _hidden_lines(lab) if line in text]
         assert leaked == [], f"{name}/{lab} feedback shows hidden tests: {leaked[:3]}"
     autograded = next(result.out.glob("course/autograded/correct/lab0/*.ipynb")).read_text()
     assert "BEGIN HIDDEN TESTS" in autograded  # what nbgrader would have shown
 
 
-def test_strip_hidden_cuts_blocks_and_tracebacks():
-    nb = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade": True}},
-                     "source": "assert f(1) == 1\n### BEGIN HIDDEN TESTS\nassert f(7) == 49\n### END HIDDEN TESTS\n",
-                     "outputs": [{"output_type": "error", "ename": "AssertionError", "evalue": "",
-                                  "traceback": ["----> 3 assert f(7) == 49"]}]}]}
-    stripped = feedback.strip_hidden(nb)
-    cell = stripped["cells"][0]
-    assert "f(7)" not in cell["source"] and "hidden tests: not shown" in cell["source"]
-    assert cell["outputs"][0]["traceback"] == ["AssertionError: "]
-    assert "f(7)" in nb["cells"][0]["source"]  # the original is untouched
+def test_feedback_holds_nothing_a_submission_read_while_graded(graded):
+    test_grader_feedback.check_nosy_feedback(graded["result"], graded["secret"])
 
 
 def test_gradebook_and_csv_hold_the_final_scores(graded):
@@ -139,7 +136,7 @@ def test_gradebook_and_csv_hold_the_final_scores(graded):
             auto = sum(g.score for nb in submission.notebooks for g in nb.grades if g.cell.cell_type == "code")
             assert auto == pytest.approx(r["total"]), (r["student"], r["lab"])
     rows = (result.out / "grades.csv").read_text().splitlines()
-    assert rows[0].startswith("student,") and len(rows) == 1 + len({s for s, _ in graded["wanted"]})
+    assert rows[0].startswith("student,") and len(rows) == 1 + len({s for s, _ in graded["wanted"]}) + 1  # + nosy
     assert (result.out / "report.html").exists() and list(result.out.glob("*-figures.png"))
 
 

@@ -1,90 +1,681 @@
-"""Per-student feedback: nbgrader's ``generate_feedback``, from notebooks with the hidden tests taken out.
+"""Per-student feedback: one HTML page per submission, built only from what the student may see.
 
-nbgrader's feedback is the autograded notebook as HTML, and autograding puts the hidden tests back into the test
-cells, so the feedback would show them. Before nbgrader converts it, each notebook is copied with:
+The page has two sources, and nothing else reaches it:
 
-- every ``### BEGIN HIDDEN TESTS`` … ``### END HIDDEN TESTS`` block replaced by one comment line;
-- the tracebacks of test cells' errors cut to the exception's type and message (a traceback quotes the line
-  of the hidden test that failed);
-- a first cell with the grader's summary: each test's final points, what the clean recheck found, and flags.
+1. the student's **own submitted notebook**: their cells with the outputs they themselves submitted. Cells the
+   lab provides (tests, setup, anything not a solution cell) are shown as the lab's **release** version
+   (``labs/<lab>/<lab>.ipynb``, which ``nbgrader generate_assignment`` wrote without the hidden tests), whatever
+   the submission holds in their place;
+2. the **grader's verdicts** (``result.json``, from the clean recheck): points, status, a bounded message, the
+   speed records' numbers, the flags, disagreements and notes of that submission, and the written answers'
+   scores and comments a teaching assistant entered in formgrader.
+
+Nothing printed while the grader ran the student's code (nbgrader's autograded notebook, the kernel's output,
+the clean recheck's stdout) is read. That is what keeps the hidden tests and the grading machine's files and
+environment out of the page: a cell that prints IPython's ``In`` history, or a launcher that reads
+``solutions/``, runs only in the grader's runs, whose output the page never sees. The one text of a run that
+does reach the page is a failed test's message (an exception's type and message, which may quote the student's
+own values): it is cut short, and lines of it that quote a hidden test or a value of the grader's environment
+are replaced, as a second line of defence.
+
+Every flag, disagreement and note of the submission is said on the page, next to the test it concerns (a flag on
+a solution cell next to the tests that use what that cell defines). A notebook that cannot be read or rendered
+(not JSON, not UTF-8, any JSON shape, huge outputs) still gets a page with the verdicts and a line saying what
+could not be shown; building feedback never raises.
+
+nbgrader's own feedback (``generate_feedback``, formgrader's *Generate feedback*) renders the autograded
+notebook, hidden tests and all: it stays available to the teaching assistant in ``course/``, and is not what
+students get.
 """
 
 from __future__ import annotations
 
+import ast
+import base64
+import binascii
+import hashlib
 import html
 import json
+import os
 import re
-import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..course import nbgrader
-from .nbgrader_run import course_args, notebook_name
+from .. import course
 
-_HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS[ \t]*\n?", re.S | re.M)
-HIDDEN_NOTE = "# (hidden tests: not shown)\n"
+MAX_NOTEBOOK_BYTES = 64 * 2**20     # a lab notebook with its outputs is a few MB
+MAX_SOURCE_CHARS = 20_000           # per cell
+MAX_OUTPUT_CHARS = 10_000           # per cell, all its text outputs together
+MAX_IMAGE_BYTES = 2 * 2**20         # per image (base64)
+MAX_PAGE_CHARS = 8 * 2**20          # the notebook part of a page; past it, cells are counted, not shown
+MAX_MESSAGE_CHARS = 600             # a verdict's message
+MAX_NOTE_CHARS = 400                # a flag, note or disagreement
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_NBGRADER_OUTCOME = re.compile(r"stopped after \d+ s \(time limit\)|used more memory than allowed|"
+                               r"crashed \((?:SIG[A-Z0-9]+|signal \d+)\)|exit status -?\d+")
 
-
-def strip_hidden(nb: dict) -> dict:
-    """A copy of ``nb`` with the hidden tests' source, and the tracebacks that would quote it, removed."""
-    nb = json.loads(json.dumps(nb))
-    for cell in nb["cells"]:
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        had_hidden = "BEGIN HIDDEN TESTS" in source
-        cell["source"] = _HIDDEN.sub(HIDDEN_NOTE, source)
-        graded = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade")
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error" and (had_hidden or graded):
-                output["traceback"] = [f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"]
-    return nb
-
-
-def summary_markdown(student: str, lab: str, result: dict) -> str:
-    lines = [f"## Grader's summary: {lab}, {student}", "",
-             f"**Total: {result['total']:g} of {result['max_total']:g} automatically graded points**"
-             + (" (written answers are graded by hand)" if result.get("manual_cells") else ""), "",
-             "| test | points | result |", "| --- | --- | --- |"]
-    for grade_id, cell in result["cells"].items():
-        message = cell["message"].splitlines()[0][:300] if cell["message"] else ""
-        speed = next((r for r in cell.get("speed", []) if r.get("speedup") is not None), None)
-        if speed:
-            message = f"{speed['speedup']:.2f}x (full points from {speed.get('threshold', 0):.2f}x)" + \
-                (f"; {message}" if message else "")
-        lines.append(f"| {grade_id} | {cell['points']:g} / {cell['max_points']:g} | {cell['status']}"
-                     f"{': ' + html.escape(message).replace('|', '/') if message else ''} |")
-    if result.get("notes"):
-        lines += ["", "Notes:", ""] + [f"- {html.escape(n)}" for n in result["notes"]]
-    ran = "as nbgrader ran it" if result.get("notebook_autograded") else \
-        "as you submitted it (nbgrader could not run it to the end)"
-    lines += ["", "Each test was run again by the grader outside your notebook, from your kernel sources; "
-              f"those results are the ones above. The notebook below is your submission {ran}."]
-    return "\n".join(lines)
+STATUS_WORDS = {
+    "passed": "passed",
+    "partial": "partly passed",
+    "failed": "failed: the test raised an error (or wrote to stderr) with your code",
+    "crashed": "crashed: the test's process died (for example an illegal memory access or a segfault in your "
+               "kernel); the later tests ran in a fresh process",
+    "timed out": "timed out: the test ran past its time limit (a kernel that never ends, or one far too slow)",
+    "not run": "not run: something earlier stopped the notebook before this test",
+    "not measured (no GPU)": "not measured: the grading machine has no GPU, so speed could not be measured "
+                             "and scores 0 here",
+}
+HOW_GRADED = ("The grader does not run your notebook as it is. It takes what your solution cells define "
+              "(functions, classes, constants such as kernel sources, imports of computing modules) and runs "
+              "the lab's tests, hidden tests included, on them in a clean copy of the lab's notebook. Other code "
+              "in a solution cell (prints, experiments) is left out; the points below come from that run.")
 
 
-def prepare(course_root: Path, student: str, lab: str, result: dict) -> Path:
-    """Write the stripped notebook with its summary into ``course/feedback-source`` and return its path."""
-    source = course_root / "autograded" / student / lab / notebook_name(lab)
-    nb = strip_hidden(json.loads(source.read_text()))
-    nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": summary_markdown(student, lab, result)})
-    target = course_root / "feedback-source" / student / lab / notebook_name(lab)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
-    return target
+@dataclass
+class LabSources:
+    """What the grader knows of one lab, read from the repository before any student code runs."""
+    release: dict = field(default_factory=dict)        # grade_id → the release notebook's cell
+    uses: dict = field(default_factory=dict)           # test grade_id → solution cells whose names it uses
+    hidden_lines: frozenset = frozenset()              # lines of the hidden tests (for the message check)
+    problem: str = ""                                  # why the release notebook could not be read
 
 
-def generate(course_root: Path, lab: str, out_dir: Path) -> dict:
-    """nbgrader generate_feedback for every prepared submission of ``lab``; copies to ``out_dir/<student>/``.
+# ---------------------------------------------------------------------------------------------- reading
 
-    Returns ``{student: html path}``.
+
+def _text(value) -> str:
+    """A notebook field as text: a string, or a list of strings joined; anything else is empty."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(v for v in value if isinstance(v, str))
+    return ""
+
+
+def clean_text(text, limit: int) -> str:
+    """Printable text of at most ``limit`` characters: no lone surrogates, no control characters, no ANSI."""
+    text = text if isinstance(text, str) else str(text)
+    if len(text) > 4 * limit:
+        text = text[: 4 * limit]
+    if _has_surrogates(text):
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    text = _CONTROL.sub("", _ANSI.sub("", text))
+    if len(text) > limit:
+        text = text[:limit] + f"\n… ({len(text) - limit:,}+ more characters not shown)"
+    return text
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _flat(text, limit: int) -> str:
+    return clean_text(" ".join(str(text).split()), limit)
+
+
+def _meta(cell) -> dict:
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    nbgrader = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    return nbgrader if isinstance(nbgrader, dict) else {}
+
+
+def _grade_id(cell):
+    grade_id = _meta(cell).get("grade_id")
+    return grade_id if isinstance(grade_id, str) and grade_id else None
+
+
+def load_notebook(path, expected_sha: str | None = None) -> tuple:
+    """``(notebook dict or None, problem)``: the submitted notebook, or why it cannot be shown."""
+    try:
+        path = Path(path)
+        size = path.stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            return None, f"your notebook is {size / 2**20:.0f} MB, more than this page shows " \
+                         f"({MAX_NOTEBOOK_BYTES // 2**20} MB)"
+        data = path.read_bytes()
+    except (OSError, TypeError, ValueError) as exc:
+        return None, f"your notebook could not be read ({type(exc).__name__})"
+    if expected_sha and hashlib.sha256(data).hexdigest() != expected_sha:
+        return None, "the notebook file changed after it was graded, so it is not shown"
+    try:
+        nb = json.loads(data)
+    except UnicodeDecodeError:
+        try:
+            nb = json.loads(data.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            return None, "your notebook is not valid JSON (and not UTF-8 text)"
+    except (ValueError, RecursionError):
+        return None, "your notebook is not valid JSON: Jupyter cannot open it either"
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return None, "your notebook has no list of cells"
+    return nb, ""
+
+
+def _names(source: str) -> tuple:
+    """``(defined, used)`` top-level names of a cell's code; ``None, None`` if it does not parse."""
+    lines = [("pass" if line.lstrip().startswith(("%", "!")) else line) for line in source.splitlines()]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None, None
+    defined, used = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return defined, used
+
+
+def test_uses(cells: list) -> dict:
+    """Test grade_id → the solution cells (grade_ids) it depends on, following names from cell to cell.
+
+    ``FUSED_SOURCE`` (a solution cell) → ``fused_mod`` (a build cell) → ``test_fused``: a flag on the solution
+    cell is shown next to the tests that use it. A test cell that does not parse depends on every solution cell
+    before it.
     """
-    log = nbgrader("generate_feedback", lab, "--force", *course_args(course_root, autograded="feedback-source"),
-                   check=False)
-    if log.returncode != 0:
-        raise RuntimeError(f"nbgrader generate_feedback {lab} failed: {(log.stdout + log.stderr)[-1500:]}")
-    written = {}
-    for page in sorted((course_root / "feedback").glob(f"*/{lab}/*.html")):
-        student = page.parent.parent.name
-        target = out_dir / student / f"{lab}.html"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(page, target)
-        written[student] = target
-    return written
+    origin: dict = {}                # name → solution cells it was computed from
+    seen_solutions: list = []
+    uses = {}
+    for cell in cells:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        meta, grade_id = _meta(cell), _grade_id(cell)
+        defined, used = _names(_text(cell.get("source")))
+        if defined is None:
+            depends = set(seen_solutions)
+            defined = set()
+        else:
+            depends = set().union(*(origin.get(name, set()) for name in used))
+        if meta.get("solution") and grade_id:
+            depends.add(grade_id)
+            seen_solutions.append(grade_id)
+        for name in defined:
+            origin[name] = depends
+        if meta.get("grade") and grade_id:
+            uses[grade_id] = sorted(depends)
+    return uses
+
+
+def hidden_test_lines(instructor_nb: dict) -> frozenset:
+    """Every line of the instructor's ``### BEGIN HIDDEN TESTS`` blocks that is long enough to mean something."""
+    lines = set()
+    for cell in instructor_nb.get("cells", []) if isinstance(instructor_nb, dict) else []:
+        source = _text(cell.get("source")) if isinstance(cell, dict) else ""
+        for block in re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS", source, re.S):
+            lines |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 12}
+    return frozenset(lines)
+
+
+def lab_sources(labs) -> dict:
+    """lab → ``LabSources``, read from ``labs/`` and ``solutions/``. The grader reads them before grading any
+    student, so nothing a submission does to the repository's files reaches a page."""
+    sources = {}
+    for lab in labs:
+        found = LabSources()
+        try:
+            release = json.loads(next((course.LABS / lab).glob("*.ipynb")).read_text())
+            cells = [c for c in release.get("cells", []) if isinstance(c, dict)]
+            if any("BEGIN HIDDEN TESTS" in _text(c.get("source")) for c in cells):
+                raise ValueError("labs/ holds hidden tests: run `fuselab release`")
+            found.release = {_grade_id(c): c for c in cells if _grade_id(c)}
+            found.uses = test_uses(cells)
+        except (OSError, StopIteration, ValueError) as exc:
+            found.problem = f"the lab's release notebook could not be read ({exc})"
+        try:
+            found.hidden_lines = hidden_test_lines(json.loads(next((course.SOLUTIONS / lab).glob("*.ipynb")).read_text()))
+        except (OSError, StopIteration, ValueError):
+            pass
+        sources[lab] = found
+    return sources
+
+
+def written_answers(gradebook_db: Path) -> dict:
+    """``{(student, lab): {grade_id: {"score", "max", "comment"}}}`` from the course gradebook: what a person
+    entered in formgrader (written answers' scores, comments on any cell). Empty if it cannot be read."""
+    found: dict = {}
+    if not Path(gradebook_db).exists():
+        return found
+    try:
+        from nbgrader.api import Gradebook
+        with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
+            for assignment in gradebook.assignments:
+                for submission in assignment.submissions:
+                    cells = found.setdefault((submission.student_id, assignment.name), {})
+                    for notebook in submission.notebooks:
+                        for grade in notebook.grades:
+                            cells.setdefault(grade.name, {})["max"] = grade.max_score
+                            cells[grade.name]["score"] = grade.manual_score if grade.manual_score is not None \
+                                else grade.auto_score
+                        for comment in notebook.comments:
+                            text = comment.manual_comment or ""
+                            if text.strip():
+                                cells.setdefault(comment.name, {})["comment"] = text
+    except Exception:  # noqa: BLE001 - a gradebook that cannot be read leaves the written answers "to be graded"
+        return {}
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+
+
+def _number(value, default=0.0) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+class MessageScrub:
+    """Replace the lines of a run's message that quote a hidden test or a value of the grader's environment."""
+
+    def __init__(self, hidden_lines, environ=None):
+        self.hidden = [line for line in hidden_lines if line]
+        environ = os.environ if environ is None else environ
+        self.secrets = sorted({v for v in environ.values() if isinstance(v, str) and len(v) >= 8}, key=len,
+                              reverse=True)
+
+    def __call__(self, text: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            if "HIDDEN TESTS" in line or any(hidden in line for hidden in self.hidden):
+                line = "(a line of a hidden test: not shown)"
+            for secret in self.secrets:
+                if secret in line:
+                    line = line.replace(secret, "(the grading machine's setting: not shown)")
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _split_prefixed(items, known: set) -> tuple:
+    """``({grade_id: [text]}, [unprefixed text])`` for ``"grade_id: text"`` strings."""
+    by_id, other = {}, []
+    for item in _list(items):
+        item = item if isinstance(item, str) else json.dumps(item, default=str)
+        grade_id, sep, rest = item.partition(": ")
+        if sep and grade_id in known:
+            by_id.setdefault(grade_id, []).append(rest)
+        else:
+            other.append(item)
+    return by_id, other
+
+
+def _speed_line(records) -> str:
+    parts = []
+    for record in _list(records):
+        record = _dict(record)
+        speedup, threshold = record.get("speedup"), record.get("threshold")
+        if isinstance(speedup, (int, float)) and not isinstance(speedup, bool):
+            text = f"measured speedup {speedup:.2f}x over the lab's unfused reference"
+            ci = _list(record.get("ci"))
+            if len(ci) == 2 and all(isinstance(c, (int, float)) for c in ci):
+                text += f" (95% interval {ci[0]:.2f}x to {ci[1]:.2f}x)"
+            if isinstance(threshold, (int, float)):
+                text += f"; 0 points at 1.0x, full points from {threshold:.2f}x"
+            shape = record.get("shape")
+            if isinstance(shape, list) and all(isinstance(s, int) for s in shape):
+                text += f", at shape {shape}"
+            parts.append(text)
+        elif isinstance(record.get("status"), str) and record["status"] != "measured in the clean recheck":
+            parts.append("speed: " + _flat(record["status"], 300))
+    return "; ".join(parts)
+
+
+def _outcome_of_nbgrader_note(note: str) -> str:
+    """The grader's note on nbgrader's run, in its own words only: nbgrader's output may follow it, and that is
+    text the student's code printed."""
+    found = _NBGRADER_OUTCOME.search(note[:400])
+    return f"; nbgrader {found.group(0)}" if found else ""
+
+
+def _student_notes(result: dict) -> list:
+    notes = []
+    for note in _list(result.get("notes")):
+        note = str(note)
+        if note.lstrip().lower().startswith("nbgrader"):
+            finished = bool(result.get("notebook_autograded"))
+            notes.append(("nbgrader's run of your notebook did not end normally" if finished else
+                          "nbgrader could not run your notebook to the end (a cell ran past its time limit, or "
+                          "its Python kernel died)") + _outcome_of_nbgrader_note(note) +
+                         ". Your points do not depend on that run: they come from the grader's clean rerun.")
+        elif note.startswith("GPU "):
+            notes.append(re.sub(r"process\(es\).*?:", "other programs:", _flat(note, MAX_NOTE_CHARS)))
+        else:
+            notes.append(_flat(note, MAX_NOTE_CHARS))
+    return notes
+
+
+@dataclass
+class _Verdicts:
+    """One submission's verdicts, read defensively (the result's format may gain fields)."""
+    cells: dict
+    flags_by_cell: dict
+    other_flags: list
+    disagreements: dict
+    other_disagreements: list
+    notes: list
+    uses: dict
+
+    @classmethod
+    def of(cls, result: dict, sources: LabSources):
+        cells = {str(k): _dict(v) for k, v in _dict(result.get("cells")).items()}
+        known = set(cells) | set(sources.release) | {g for gs in sources.uses.values() for g in gs}
+        flags, other = _split_prefixed(result.get("flags"), known)
+        disagreements, other_d = _split_prefixed(result.get("disagreements"), known)
+        return cls(cells, flags, other, disagreements, other_d, _student_notes(result), sources.uses)
+
+    def flags_for_test(self, grade_id) -> list:
+        """``[(cell, text)]``: the flags on this test, and on the solution cells it uses."""
+        found = [(grade_id, f) for f in self.flags_by_cell.get(grade_id, [])]
+        for cell in self.uses.get(grade_id, []):
+            if cell != grade_id:
+                found += [(cell, f) for f in self.flags_by_cell.get(cell, [])]
+        return found
+
+    def tests_using(self, cell_id) -> list:
+        return [t for t in self.cells if cell_id in self.uses.get(t, [])]
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;vertical-align:top}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px;margin:0;font-size:90%}
+.cell{border-left:3px solid #ddd;margin:1em 0;padding-left:8px}.cell.test{border-color:#4c72b0}
+.label{font-size:80%;color:#666}.out pre{background:#fff;border:1px dashed #ccc}
+.verdict{background:#eef3fb;padding:6px;margin:4px 0}.ok{color:#2a7a2a}.lost{color:#b02a2a}
+.flag{background:#fff4e0;padding:4px 6px;margin:3px 0}.md pre{background:#fff;font-family:inherit}
+"""
+
+
+def _e(text) -> str:
+    return html.escape(text if isinstance(text, str) else str(text), quote=True)
+
+
+def _points(cell: dict) -> tuple:
+    return _number(cell.get("points")), _number(cell.get("max_points"))
+
+
+def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> list:
+    total = sum(_points(c)[0] for c in verdicts.cells.values())
+    maximum = sum(_points(c)[1] for c in verdicts.cells.values())
+    parts = [f"<h1>Feedback: {_e(lab)}, {_e(student)}</h1>",
+             f"<p><b>Automatically graded: {total:g} of {maximum:g} points.</b></p>",
+             f"<p>{_e(HOW_GRADED)}</p>",
+             "<table><tr><th>test</th><th>points</th><th>result</th><th>why</th></tr>"]
+    for grade_id, cell in verdicts.cells.items():
+        points, most = _points(cell)
+        status = cell.get("status") if isinstance(cell.get("status"), str) else "?"
+        why = []
+        message = cell.get("message") if isinstance(cell.get("message"), str) else ""
+        if message.strip() and points < most:
+            why.append(_flat(scrub(message), 160))
+        flags = verdicts.flags_for_test(grade_id)
+        if flags:
+            why.append(f"{len(flags)} note(s) from the grader about your code (see below)")
+        if grade_id in verdicts.disagreements:
+            why.append("your notebook's own run of it scored differently (see below)")
+        speed = _speed_line(cell.get("speed"))
+        if speed and status not in speed:
+            why.append(speed)
+        klass = "ok" if points >= most else "lost"
+        parts.append(f"<tr><td><a href='#{_anchor(grade_id)}'>{_e(grade_id)}</a></td>"
+                     f"<td class='{klass}'>{points:g} / {most:g}</td><td>{_e(status)}</td>"
+                     f"<td>{_e('; '.join(why))}</td></tr>")
+    for grade_id in [g for g in _list(result.get("manual_cells")) if isinstance(g, str)]:
+        entry = _dict(manual.get(grade_id))
+        score, most = entry.get("score"), entry.get("max")
+        shown = f"{_number(score):g} / {_number(most):g}" if isinstance(score, (int, float)) else \
+            (f"? / {_number(most):g}" if isinstance(most, (int, float)) else "?")
+        parts.append(f"<tr><td>{_e(grade_id)}</td><td>{shown}</td><td>written answer</td>"
+                     f"<td>{'graded by hand' if isinstance(score, (int, float)) else 'to be graded by hand'}"
+                     "</td></tr>")
+    parts.append("</table>")
+    return parts
+
+
+def _anchor(grade_id) -> str:
+    return "t-" + re.sub(r"[^A-Za-z0-9_-]", "_", str(grade_id))[:100]
+
+
+def _flag_html(cell_id, text, test_id) -> str:
+    where = "" if cell_id == test_id else f"about your cell <code>{_e(cell_id)}</code>, which this test uses: "
+    return f"<div class='flag'>⚠ {where}{_e(_flat(text, MAX_NOTE_CHARS))}</div>"
+
+
+def _verdict_html(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> str:
+    cell = verdicts.cells.get(grade_id, {})
+    points, most = _points(cell)
+    status = cell.get("status") if isinstance(cell.get("status"), str) else ""
+    parts = [f"<div class='verdict' id='{_anchor(grade_id)}'><b>Grader: {_e(grade_id)}: "
+             f"<span class='{'ok' if points >= most else 'lost'}'>{points:g} of {most:g} points</span></b>, "
+             f"{_e(STATUS_WORDS.get(status, status))}."]
+    message = cell.get("message") if isinstance(cell.get("message"), str) else ""
+    if message.strip():
+        parts.append(f"<pre>{_e(clean_text(scrub(message), MAX_MESSAGE_CHARS))}</pre>")
+    speed = _speed_line(cell.get("speed"))
+    if speed:
+        parts.append(f"<div>{_e(speed)}</div>")
+    parts += [_flag_html(c, f, grade_id) for c, f in verdicts.flags_for_test(grade_id)]
+    for text in verdicts.disagreements.get(grade_id, []):
+        parts.append("<div class='flag'>Your notebook's own run of this test disagreed with the grader's clean "
+                     f"rerun: {_e(_flat(text, MAX_NOTE_CHARS))}. Only the clean rerun counts: it runs what your "
+                     "solution cells define, apart from the rest of your notebook's code.</div>")
+    comment = _dict(manual.get(grade_id)).get("comment")
+    if isinstance(comment, str) and comment.strip():
+        parts.append(f"<div class='flag'>Comment: {_e(clean_text(comment, 4000))}</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _grader_notes(verdicts: _Verdicts, release_problem: str) -> list:
+    parts = []
+    cell_flags = {c: fs for c, fs in verdicts.flags_by_cell.items() if c not in verdicts.cells}
+    if cell_flags:
+        parts.append("<h2>About your solution cells</h2><ul>")
+        for cell_id, texts in cell_flags.items():
+            tests = verdicts.tests_using(cell_id)
+            cost = f" (the tests that use it: {', '.join(tests)})" if tests else ""
+            for text in texts:
+                parts.append(f"<li><code>{_e(cell_id)}</code>{_e(cost)}: {_e(_flat(text, MAX_NOTE_CHARS))}</li>")
+        parts.append("</ul>")
+    general = verdicts.other_flags + verdicts.other_disagreements
+    notes = verdicts.notes + ([release_problem] if release_problem else [])
+    if general or notes:
+        parts.append("<h2>Notes from the grader</h2><ul>")
+        parts += [f"<li>{_e(_flat(text, MAX_NOTE_CHARS))}</li>" for text in general + notes]
+        parts.append("</ul>")
+    return parts
+
+
+def _image(mime, data) -> str:
+    data = _text(data).replace("\n", "")
+    if len(data) > MAX_IMAGE_BYTES:
+        return f"<div class='label'>(an image of {len(data) // 1024} kB: too large to show)</div>"
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return "<div class='label'>(an image that is not valid base64: not shown)</div>"
+    return f"<img alt='output' src='data:{mime};base64,{data}'>"
+
+
+def _outputs_html(outputs) -> str:
+    """The outputs the student submitted: text, and PNG/JPEG images. HTML, JavaScript and other rich outputs are
+    shown by their plain-text version (the page runs nothing a notebook carries)."""
+    texts, images, budget = [], [], MAX_OUTPUT_CHARS
+    for output in _list(outputs)[:1000]:
+        if not isinstance(output, dict):
+            continue
+        kind = output.get("output_type")
+        if kind == "stream":
+            text = _text(output.get("text"))
+        elif kind == "error":
+            text = f"{_text(output.get('ename'))}: {_text(output.get('evalue'))}\n" + \
+                "\n".join(t for t in _list(output.get("traceback")) if isinstance(t, str))
+        elif kind in ("execute_result", "display_data"):
+            data = _dict(output.get("data"))
+            for mime in ("image/png", "image/jpeg"):
+                if mime in data and len(images) < 20:
+                    images.append(_image(mime, data[mime]))
+                    break
+            else:
+                texts.append(_text(data.get("text/plain"))[: max(0, budget) + 1])
+                budget -= len(texts[-1])
+            continue
+        else:
+            continue
+        texts.append(text[: max(0, budget) + 1])  # one past the budget: the cut below then says so
+        budget -= len(texts[-1])
+    text = clean_text("".join(t if t.endswith("\n") else t + "\n" for t in texts if t), MAX_OUTPUT_CHARS)
+    body = (f"<pre>{_e(text)}</pre>" if text.strip() else "") + "".join(images)
+    return f"<div class='out'><div class='label'>output in the notebook you submitted</div>{body}</div>" \
+        if body else ""
+
+
+def _cells_html(nb: dict, sources: LabSources, verdicts: _Verdicts, scrub, manual) -> tuple:
+    """The notebook part of the page, and the tests the student's notebook did not contain."""
+    parts, shown, size = [], set(), 0
+    cells = nb["cells"]
+    for index, cell in enumerate(cells):
+        if size > MAX_PAGE_CHARS:
+            parts.append(f"<p class='label'>({len(cells) - index:,} more cells: past the size this page shows)</p>")
+            break
+        if not isinstance(cell, dict):
+            parts.append(f"<p class='label'>(cell {index + 1} is not a notebook cell: not shown)</p>")
+            continue
+        kind = cell.get("cell_type") if isinstance(cell.get("cell_type"), str) else "?"
+        grade_id = _grade_id(cell)
+        release = sources.release.get(grade_id) if grade_id else None
+        provided = release is not None and not _meta(release).get("solution")
+        if provided:
+            source = _text(release.get("source"))
+            kind = release.get("cell_type") if isinstance(release.get("cell_type"), str) else kind
+            label = "from the lab's notebook"
+        else:
+            source = _text(cell.get("source"))
+            label = f"your cell {grade_id}" if grade_id else "your cell"
+        is_test = grade_id in verdicts.cells and grade_id not in shown
+        piece = [f"<div class='cell{' test' if is_test else ''}'><div class='label'>[{index + 1}] {_e(kind)}, "
+                 f"{_e(label)}</div>"]
+        text = clean_text(source, MAX_SOURCE_CHARS)
+        piece.append(f"<div class='md'><pre>{_e(text)}</pre></div>" if kind == "markdown" else
+                     f"<pre>{_e(text)}</pre>" if text.strip() else "")
+        if kind == "code":
+            piece.append(_outputs_html(cell.get("outputs")))
+        if grade_id and not is_test:
+            piece += [_flag_html(grade_id, f, None) for f in verdicts.flags_by_cell.get(grade_id, [])]
+        if is_test:
+            piece.append(_verdict_html(grade_id, verdicts, scrub, manual))
+            shown.add(grade_id)
+        elif grade_id in _dict(manual) and _dict(manual[grade_id]).get("comment"):
+            piece.append(f"<div class='flag'>Comment: {_e(clean_text(manual[grade_id]['comment'], 4000))}</div>")
+        piece.append("</div>")
+        html_piece = "".join(piece)
+        size += len(html_piece)
+        parts.append(html_piece)
+    return parts, [g for g in verdicts.cells if g not in shown]
+
+
+def build_page(result: dict, sources: LabSources, notebook: dict | None, notebook_problem: str = "",
+               manual: dict | None = None, scrub=None) -> str:
+    """The feedback page (HTML) of one submission; ``notebook`` is the student's submitted notebook or None."""
+    result = _dict(result)
+    manual = _dict(manual)
+    scrub = scrub or MessageScrub(sources.hidden_lines)
+    student, lab = _flat(result.get("student", "?"), 200), _flat(result.get("lab", "?"), 100)
+    verdicts = _Verdicts.of(result, sources)
+    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
+             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; "
+             "style-src 'unsafe-inline'\">",
+             f"<title>{_e(lab)}: feedback for {_e(student)}</title><style>{_STYLE}</style></head><body>"]
+    parts += _summary(student, lab, result, verdicts, manual, scrub)
+    parts += _grader_notes(verdicts, sources.problem)
+    parts.append("<h2>Your notebook</h2>")
+    missing = list(verdicts.cells)
+    if notebook is not None:
+        try:
+            cell_parts, missing = _cells_html(notebook, sources, verdicts, scrub, manual)
+            parts += cell_parts
+        except Exception as exc:  # noqa: BLE001 - the verdicts above still reach the student
+            notebook_problem = f"your notebook could not be shown ({type(exc).__name__})"
+    if notebook_problem:
+        parts.append(f"<p class='flag'>{_e(notebook_problem)}; your points above are not affected.</p>")
+    if missing:
+        parts.append("<h2>Tests not found in your notebook</h2><p>The grader ran them from the lab's notebook.</p>")
+        for grade_id in missing:
+            release = sources.release.get(grade_id)
+            source = clean_text(_text(release.get("source")), MAX_SOURCE_CHARS) if release else ""
+            parts.append("<div class='cell test'>" + (f"<pre>{_e(source)}</pre>" if source else "") +
+                         _verdict_html(grade_id, verdicts, scrub, manual) + "</div>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def plain_page(student, lab, why: str) -> str:
+    return (f"<!doctype html><meta charset='utf-8'><title>feedback</title><h1>Feedback: {_e(_flat(lab, 100))}, "
+            f"{_e(_flat(student, 200))}</h1><p>The feedback page could not be built ({_e(_flat(why, 300))}). "
+            "Your grade is recorded; ask your teaching assistant for the details.</p>")
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = None) -> tuple:
+    """Write ``out_dir/<student>/<lab>.html``; ``(path or None, problem text or "")``. Never raises."""
+    result = _dict(result)
+    student, lab = str(result.get("student", "")), str(result.get("lab", ""))
+    problem = ""
+    try:
+        lab_source = sources.get(lab) or LabSources(problem="the lab's release notebook is unknown")
+        notebook, notebook_problem = load_notebook(result.get("notebook", ""), result.get("notebook_sha"))
+        page = build_page(result, lab_source, notebook, notebook_problem,
+                          _dict(manual).get((student, lab), {}))
+        if notebook_problem:
+            problem = notebook_problem
+    except Exception as exc:  # noqa: BLE001 - one submission's page must not stop the class's
+        problem = f"its feedback page could not be built ({type(exc).__name__}: {_flat(exc, 200)})"
+        page = plain_page(student, lab, f"{type(exc).__name__}")
+    try:
+        folder = Path(out_dir) / _safe_part(student)
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"{_safe_part(lab)}.html"
+        target.write_bytes(page.encode("utf-8", "replace"))
+        return target, problem
+    except (OSError, ValueError) as exc:
+        return None, f"its feedback page could not be written ({type(exc).__name__}: {_flat(exc, 200)})"
+
+
+def _safe_part(name: str) -> str:
+    """A single path component: a student or lab name never leaves the feedback folder."""
+    name = name.replace("/", "_").replace("\x00", "_")
+    return "_" + name if name in ("", ".", "..") else name
+
+
+def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None) -> tuple:
+    """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises."""
+    results = [r for r in _list(results) if isinstance(r, dict)]
+    if sources is None:
+        sources = lab_sources(sorted({str(r.get("lab")) for r in results}))
+    manual = written_answers(gradebook_db) if gradebook_db else {}
+    pages, problems = {}, []
+    for result in results:
+        path, problem = write_one(result, out_dir, sources, manual)
+        student, lab = str(result.get("student", "")), str(result.get("lab", ""))
+        if path is not None:
+            pages.setdefault(lab, {})[student] = path
+        if problem:
+            problems.append((student, lab, problem))
+    return pages, problems

@@ -51,7 +51,8 @@ class ClassResult:
     reference: dict = field(default_factory=dict)   # lab → the instructor's own solution through the clean recheck
     report: Path | None = None
     grades_csv: Path | None = None
-    feedback: dict = field(default_factory=dict)
+    feedback: dict = field(default_factory=dict)          # lab → student → the feedback page
+    feedback_problems: list = field(default_factory=list)  # (student, lab, what its page could not show)
     phase_seconds: dict = field(default_factory=dict)  # reference runs, submissions, feedback and report
     phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
     graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
@@ -95,6 +96,7 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
     ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU.
     """
     workdir = settings.out / "work" / sub.student / sub.lab
+    graded_sha = _sha(sub.notebook)  # before any of its code runs: feedback shows the notebook only if unchanged
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     started = time.monotonic()
@@ -120,7 +122,12 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
         wall_timeout=settings.submission_timeout, limits=limits, env=notebook_env,
         sandbox=settings.sandbox, hide=hide, lease=lease)
     result = combine(sub, clean, notebook_run, notes)
-    result.update(device=device, seconds=time.monotonic() - started, notebook_sha=_sha(sub.notebook),
+    # a failed test's message is text the student's code can shape: what it quotes of the hidden tests or of this
+    # environment (which the runs had) is cut before anything keeps it (the feedback page checks again)
+    scrub = feedback.MessageScrub(feedback.hidden_test_lines(instructor), environ=os.environ)
+    for cell in result["cells"].values():
+        cell["message"] = scrub(cell["message"] or "")
+    result.update(device=device, seconds=time.monotonic() - started, notebook_sha=graded_sha,
                   notebook=str(sub.notebook), origin=sub.origin)
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
     return result
@@ -252,6 +259,7 @@ def grade(source, settings: Settings) -> ClassResult:
     course_root = settings.out / "course"
     nbgrader_run.prepare_course(course_root, labs)
     nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
+    lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
     clock = phase_done("intake and course", clock)
 
     devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
@@ -325,14 +333,10 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
         nbgrader_run.record(course_root, result["student"], result["lab"],
                             {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
     if settings.feedback:
-        feedback_labs = sorted({r["lab"] for r in ordered})
-        for result in ordered:
-            feedback.prepare(course_root, result["student"], result["lab"], result)
-        # one nbgrader process per lab, side by side: each converts its notebooks one by one, and the gradebook
-        # is only read
-        with ThreadPoolExecutor(max_workers=max(1, len(feedback_labs))) as pool:
-            pages = pool.map(lambda lab: feedback.generate(course_root, lab, settings.out / "feedback"), feedback_labs)
-            class_result.feedback = dict(zip(feedback_labs, pages))
+        # built from each student's submitted notebook, the lab's release notebook (read before any student code
+        # ran) and the verdicts; never from what nbgrader's run printed
+        class_result.feedback, class_result.feedback_problems = feedback.write_all(
+            ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db")
     clock = phase_done("feedback", clock)
     nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
     class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv")

@@ -11,9 +11,25 @@ from __future__ import annotations
 import csv
 import datetime
 import html
+import re
 from pathlib import Path
 
 from . import schedule
+
+
+def _md(text, limit: int | None = None) -> str:
+    """Any text (a student's folder name, a flag, a path) as one line of markdown that shows as written: bytes
+    that are not UTF-8 as ``\\xNN``, markdown's and HTML's punctuation (tables' ``|`` too) backslashed."""
+    text = text if isinstance(text, str) else str(text)
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = " ".join(text.split())
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "…"
+    # ``_`` stays: student ids are full of it, and at worst it italicises a word
+    return re.sub(r"([\\`*\[\]!|~<>&])", r"\\\1", text)
 
 
 def _speed(cell):
@@ -44,7 +60,8 @@ def write_grades_csv(results: list, path: Path) -> Path:
         row["total"] += r["total"]
         row["max"] += r["max_total"]
         row["flags"] += len(r["flags"]) + len(r["disagreements"])
-    with open(path, "w", newline="") as handle:
+    # a name the file system gave as bytes that are not UTF-8 is written as \\xNN, not a crash
+    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as handle:
         writer = csv.DictWriter(handle, fieldnames=header)
         writer.writeheader()
         for student in sorted(rows):
@@ -136,24 +153,27 @@ def markdown(class_result) -> str:
                 measured = _speed(c)
                 text = f"{c['points']:g}" + (f" ({measured['speedup']:.2f}x)" if measured else "")
                 if c["status"] not in ("passed",):
-                    text += f" *{c['status']}*"
+                    text += f" *{_md(c['status'])}*"
                 cells.append(text)
-            lines.append(f"| {r['student']} | " + " | ".join(cells) +
+            lines.append(f"| {_md(r['student'])} | " + " | ".join(cells) +
                          f" | **{r['total']:g}** / {r['max_total']:g} | {r.get('seconds', 0):.0f} s |")
         lines.append("")
     attention = []
     for r in results:
-        who = f"{r['student']}/{r['lab']}"
-        attention += [f"- {who}: **disagreement**: {d}" for d in r["disagreements"]]
-        attention += [f"- {who}: **flag**: {f}" for f in r["flags"]]
+        who = _md(f"{r['student']}/{r['lab']}")
+        attention += [f"- {who}: **disagreement**: {_md(d, 500)}" for d in r["disagreements"]]
+        attention += [f"- {who}: **flag**: {_md(f, 500)}" for f in r["flags"]]
         # what the grader noticed about the run itself (a GPU other programs kept busy, a notebook nbgrader could
         # not finish, which of two notebooks was graded), as in the student's feedback; flattened and cut, as a
         # note may end with nbgrader's output: text the student's run printed
-        attention += [f"- {who}: note: {' '.join(str(n).split())[:300]}" for n in r.get("notes", [])]
-        attention += [f"- {who}: {c['status']} in {t}: {c['message'].splitlines()[0][:200] if c['message'] else ''}"
+        attention += [f"- {who}: note: {_md(n, 300)}" for n in r.get("notes", [])]
+        attention += [f"- {who}: {_md(c['status'])} in {_md(t)}: "
+                      f"{_md(c['message'].splitlines()[0], 200) if c['message'] else ''}"
                       for t, c in r["cells"].items() if c["status"] in ("crashed", "timed out")]
-    attention += [f"- {p.student or '?'}{'/' + p.lab if p.lab else ''}: **not graded**: {p.where}: {p.message}"
-                  for p in class_result.problems]
+    attention += [f"- {_md(p.student or '?')}{'/' + _md(p.lab) if p.lab else ''}: **not graded**: "
+                  f"{_md(p.where, 300)}: {_md(p.message, 500)}" for p in class_result.problems]
+    attention += [f"- {_md(student)}/{_md(lab)}: feedback: {_md(problem, 300)}"
+                  for student, lab, problem in getattr(class_result, "feedback_problems", [])]
     lines += ["## To look at", ""] + (attention or ["Nothing."]) + [""]
     lines += _throughput(class_result)
     return "\n".join(lines)
@@ -207,14 +227,15 @@ def write_report(class_result, out: Path) -> Path:
     for lab in sorted({r["lab"] for r in class_result.results}):
         _figures(class_result.results, lab, out)
     text = markdown(class_result)
-    (out / "report.md").write_text(text)
+    (out / "report.md").write_text(text, encoding="utf-8", errors="backslashreplace")
     try:
         import mistune
         body = mistune.create_markdown(plugins=["table"])(text)
     except Exception:  # noqa: BLE001 - an old mistune: plain text is still a report
         body = f"<pre>{html.escape(text)}</pre>"
-    (out / "report.html").write_text("<!doctype html><meta charset='utf-8'><title>fuselab grading report</title>"
-                                     "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
-                                     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
-                                     "</style>" + body)
+    page = ("<!doctype html><meta charset='utf-8'><title>fuselab grading report</title>"
+            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
+            "</style>" + body)
+    (out / "report.html").write_text(page, encoding="utf-8", errors="backslashreplace")
     return out / "report.md"

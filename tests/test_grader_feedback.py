@@ -1,0 +1,374 @@
+"""The feedback page: built from the student's submitted notebook, the lab's release cells and the grader's
+verdicts only; every flag said next to the test it cost; any notebook shape gives a page, and the report takes
+any name. Recorded results, no grading run here: ``test_grader_samples.py`` grades ``write_nosy_submission``'s
+student with the sample class (sharing its reference run) and checks its page with ``check_nosy_feedback``.
+"""
+
+import hashlib
+import html
+import json
+import re
+import secrets
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fuselab import course, samples
+from fuselab.grading import feedback, intake, pipeline, report
+
+LAB = "lab0"
+SOURCES = feedback.lab_sources([LAB])
+
+
+def _notebook(name=LAB):
+    return json.loads((course.SOLUTIONS / name / f"{name}.ipynb").read_text())
+
+
+def _release():
+    return json.loads((course.LABS / LAB / f"{LAB}.ipynb").read_text())
+
+
+def _hidden_lines():
+    """Lines that appear only in the instructor's hidden test blocks (not in any visible cell)."""
+    visible = "\n".join(feedback._text(c.get("source")) for c in _release()["cells"])
+    return sorted(line for line in feedback.hidden_test_lines(_notebook()) if line not in visible)
+
+
+def _text_of(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def _result(tmp_path, nb, **extra) -> dict:
+    path = tmp_path / "submitted.ipynb"
+    data = nb if isinstance(nb, bytes) else json.dumps(nb).encode()
+    path.write_bytes(data)
+    result = {
+        "student": "alice", "lab": LAB, "notebook": str(path), "notebook_sha": hashlib.sha256(data).hexdigest(),
+        "cells": {
+            "test_dram_bytes": {"points": 1.0, "max_points": 1.0, "status": "passed", "message": ""},
+            "test_unfused": {"points": 3.0, "max_points": 3.0, "status": "passed", "message": ""},
+            "test_fused": {"points": 0.0, "max_points": 2.0, "status": "failed",
+                           "message": "AssertionError: add_relu_mul: wrong at index 1023 of shape (1025,)"},
+            "test_speedup": {"points": 0.0, "max_points": 4.0, "status": "not measured (no GPU)", "message": "",
+                             "speed": [{"test": "lab0.add_relu_mul", "speedup": None,
+                                        "status": "not measured (no GPU)"}]}},
+        "total": 4.0, "max_total": 10.0, "manual_cells": ["answer_naive_timing", "answer_sweep"],
+        "flags": ["fused_source: the kernel source was dropped: it assigns the attribute 'fuselab.check'"],
+        "disagreements": ["test_fused: notebook run gave 2, clean recheck 0 of 2 (the clean result counts)"],
+        "notes": [], "notebook_autograded": None}
+    result.update(extra)
+    return result
+
+
+def _student_notebook():
+    """The release notebook as a student submits it: solution cells filled in, outputs of their own."""
+    nb = _release()
+    for cell in nb["cells"]:
+        if feedback._grade_id(cell) == "fused_source":
+            cell["source"] = "FUSED_SOURCE = r'''__global__ void k() {}'''  # my kernel\n"
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["ran on my laptop\n"]}]
+    return nb
+
+
+def _verdict_block(page: str, grade_id: str) -> str:
+    start = page.index(f"id='t-{grade_id}'")
+    return page[start: page.index("</div></div>", start)]
+
+
+def test_verdicts_flags_and_notes_are_said_next_to_their_tests(tmp_path):
+    result = _result(tmp_path, _student_notebook(),
+                     notes=["nbgrader could not run the notebook to the end (its kernel died or a cell hit the "
+                            "time limit; nbgrader stopped after 1200 s (time limit)): [NbConvertApp] hidden = 1"],
+                     flags=["fused_source: the kernel source was dropped: it assigns the attribute 'fuselab.check'",
+                            "test_dram_bytes: the notebook's test cell was changed", "a flag with no cell"])
+    path, problem = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    assert problem == "" and path == tmp_path / "feedback" / "alice" / f"{LAB}.html"
+    page = path.read_text()
+    text = _text_of(page)
+    assert "Automatically graded: 4 of 10 points" in text
+    summary = text[: text.index("Your notebook")]
+    for grade_id in result["cells"]:
+        assert grade_id in summary
+    assert "answer_sweep" in summary and "to be graded by hand" in summary
+    assert "AssertionError: add_relu_mul: wrong at index 1023" in summary  # why test_fused lost its points
+    # the flag on the kernel's cell is said in the verdicts of the tests that use that cell, not in the others
+    flag = "it assigns the attribute 'fuselab.check'"
+    for test in ("test_fused", "test_speedup"):
+        assert flag in _text_of(_verdict_block(page, test)), test
+    assert flag not in _text_of(_verdict_block(page, "test_dram_bytes"))
+    assert "test cell was changed" in _text_of(_verdict_block(page, "test_dram_bytes"))
+    assert "notebook run gave 2, clean recheck 0 of 2" in _text_of(_verdict_block(page, "test_fused"))
+    assert "a flag with no cell" in text
+    assert "not measured" in _text_of(_verdict_block(page, "test_speedup"))
+    # the grader's note on nbgrader's run, in the grader's words only: nbgrader's output never follows it
+    assert "nbgrader could not run your notebook to the end" in text and "stopped after 1200 s" in text
+    assert "NbConvertApp" not in text and "hidden = 1" not in text
+    # the student's own submitted outputs are shown
+    assert "ran on my laptop" in text and "my kernel" in text
+
+
+def test_the_page_carries_nothing_of_the_grader_runs(tmp_path, monkeypatch):
+    secret = "tok-" + "7f3a9c1e5d" * 2
+    monkeypatch.setenv("FUSELAB_TEST_SECRET", secret)
+    hidden = _hidden_lines()
+    assert hidden, "lab0 has hidden tests"
+    leaky = "\n".join(hidden)
+    # what nbgrader's run and the recheck printed: a page built from them would show the hidden tests
+    autograded = tmp_path / "autograded.ipynb"
+    autograded.write_text(json.dumps(_notebook()))
+    nb = _student_notebook()
+    for cell in nb["cells"]:  # the student edited a test cell: the page shows the lab's version
+        if feedback._grade_id(cell) == "test_dram_bytes":
+            cell["source"] = "print('my own test cell')\n"
+    result = _result(tmp_path, nb, notebook_autograded=str(autograded))
+    result["cells"]["test_unfused"]["output"] = leaky + secret
+    result["cells"]["test_fused"]["message"] = "ValueError: " + secret + "\n### BEGIN HIDDEN TESTS\n" + leaky
+    result["notes"] = [f"nbgrader autograde exit status 1: {leaky} {secret}"]
+    path, _ = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    text = _text_of(path.read_text())
+    assert [line for line in hidden if line in text] == []
+    assert secret not in text and "HIDDEN TESTS" not in text and "my own test cell" not in text
+    release_test = next(c for c in _release()["cells"] if feedback._grade_id(c) == "test_dram_bytes")
+    assert feedback._text(release_test["source"]).splitlines()[1] in text
+    assert "0 of 2 points" in text and "ValueError" in text
+
+
+def test_a_notebook_changed_after_grading_is_not_shown(tmp_path):
+    result = _result(tmp_path, _student_notebook())
+    Path(result["notebook"]).write_text(json.dumps(_notebook()))  # e.g. native code rewrote the copy
+    path, problem = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    text = _text_of(path.read_text())
+    assert "changed after it was graded" in problem and "changed after it was graded" in text
+    assert [line for line in _hidden_lines() if line in text] == []
+    assert "0 of 2 points" in text
+
+
+def test_notebook_html_and_scripts_are_shown_as_text(tmp_path):
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "<script>alert(1)</script> **bold**"},
+                    {"cell_type": "code", "metadata": {}, "source": "x", "outputs": [
+                        {"output_type": "display_data", "data": {
+                            "text/html": "<img src=x onerror=alert(2)>", "text/plain": "<IPython.HTML>",
+                            "application/javascript": "alert(3)"}},
+                        {"output_type": "display_data", "data": {"image/png": "not base64!!"}}]}]}
+    path, _ = feedback.write_one(_result(tmp_path, nb), tmp_path / "feedback", SOURCES)
+    page = path.read_text()
+    assert "<script>" not in page and "onerror" not in page and "alert(3)" not in page
+    assert "&lt;script&gt;alert(1)" in page and "&lt;IPython.HTML&gt;" in page and "not valid base64" in page
+    assert "default-src 'none'" in page
+
+
+MALFORMED = {
+    "cell without source": {"cells": [{"cell_type": "code", "metadata": {}}]},
+    "source as a list with non-strings": {"cells": [{"cell_type": "code", "source": ["a", 1, None, ["b"]],
+                                                     "outputs": "not a list"}]},
+    "cells that are not objects": {"cells": [1, "two", None, [], {"cell_type": 3}]},
+    "metadata of every wrong type": {"cells": [{"cell_type": "code", "source": "", "metadata": []},
+                                               {"cell_type": "code", "source": "", "metadata": {"nbgrader": "x"}},
+                                               {"cell_type": "code", "source": "", "metadata": {"nbgrader": {
+                                                   "grade_id": ["test_fused"], "solution": "yes"}}}]},
+    "a grade_id of another cell kind": {"cells": [{"cell_type": "raw", "source": "r", "metadata": {
+        "nbgrader": {"grade_id": "test_fused"}}}]},
+    "no cells": {"nbformat": 4},
+    "cells not a list": {"cells": {"a": 1}},
+    "a list, not an object": [1, 2, 3],
+    "lone surrogates and control characters": {"cells": [{"cell_type": "code", "source": "x = '\ud800\x00\x1b[31m'",
+                                                          "outputs": [{"output_type": "stream",
+                                                                       "text": "\udcff\x07"}]}]},
+    "ten thousand cells": {"cells": [{"cell_type": "code", "source": f"x{i} = {i}", "metadata": {},
+                                      "outputs": [{"output_type": "stream", "text": "y" * 2000}]}
+                                     for i in range(10_000)]},
+    "enormous outputs": {"cells": [{"cell_type": "code", "source": "print(...)", "outputs": [
+        {"output_type": "stream", "text": "z" * (30 * 2**20)},
+        {"output_type": "error", "ename": "E", "evalue": "v" * 10**6, "traceback": ["t" * 10**6] * 3},
+        {"output_type": "display_data", "data": {"image/png": "A" * (3 * 2**20)}}]}]},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MALFORMED))
+def test_any_notebook_shape_gets_a_page_with_the_verdicts(tmp_path, shape):
+    result = _result(tmp_path, MALFORMED[shape])
+    path, problem = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    page = path.read_bytes().decode("utf-8")  # always valid UTF-8
+    assert "Automatically graded: 4 of 10 points" in page and "test_fused" in page
+    assert len(page) < feedback.MAX_PAGE_CHARS + 2 * 2**20
+    if shape == "ten thousand cells":
+        assert "more cells: past the size this page shows" in page
+    if shape == "enormous outputs":
+        assert "z" * (feedback.MAX_OUTPUT_CHARS + 1) not in page and "too large to show" in page
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"\xff\xfe{not json", "not valid JSON"),
+    (b'{"cells": [{"cell_type": "markdown", "source": "caf\xe9"}]}', ""),  # Latin-1, not UTF-8: still shown
+    (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),               # deeper than Python's recursion
+    (b"", "not valid JSON"),
+])
+def test_unreadable_notebooks_say_why(tmp_path, raw, why):
+    path, problem = feedback.write_one(_result(tmp_path, raw), tmp_path / "feedback", SOURCES)
+    text = _text_of(path.read_text())
+    assert why in problem and why in text and "Automatically graded" in text
+
+
+def test_missing_file_and_broken_results_never_stop_the_class(tmp_path):
+    good = _result(tmp_path, _student_notebook())
+    missing = dict(good, student="bob", notebook=str(tmp_path / "gone.ipynb"))
+    broken = {"student": "carol", "lab": LAB, "cells": {"test_fused": "not a dict", "x": {"points": "many"}},
+              "flags": "not a list", "notes": [None, 3], "manual_cells": None}
+    unknown_lab = dict(good, student="dave", lab="lab99")
+    pages, problems = feedback.write_all([good, missing, broken, unknown_lab, "not a result"], tmp_path / "fb",
+                                         SOURCES)
+    assert set(pages[LAB]) == {"alice", "bob", "carol"} and set(pages["lab99"]) == {"dave"}
+    assert "could not be read" in dict(((s, l), p) for s, l, p in problems)[("bob", LAB)]
+    assert "Automatically graded" in pages[LAB]["carol"].read_text()
+
+
+def test_a_flag_on_a_solution_cell_reaches_the_tests_that_use_it():
+    # computed from the release notebook's names: the kernel's cell → its build cell → the tests that call it
+    uses = SOURCES[LAB].uses
+    assert "fused_source" in uses["test_fused"] and "fused_source" in uses["test_speedup"]
+    assert "fused_source" not in uses["test_dram_bytes"] and uses["test_dram_bytes"] == ["dram_bytes"]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=5), max_leaves=30)
+_cell = st.fixed_dictionaries({}, optional={
+    "cell_type": st.sampled_from(["code", "markdown", "raw", 7]) | st.text(max_size=5),
+    "source": st.text() | st.lists(st.text() | _json, max_size=4) | _json,
+    "metadata": st.fixed_dictionaries({}, optional={"nbgrader": st.fixed_dictionaries({}, optional={
+        "grade_id": st.sampled_from(["test_fused", "fused_source", "setup", "answer_sweep"]) | _json,
+        "solution": _json, "grade": _json})}) | _json,
+    "outputs": st.lists(st.fixed_dictionaries({}, optional={
+        "output_type": st.sampled_from(["stream", "error", "display_data", "execute_result"]) | _json,
+        "text": st.text() | _json, "data": st.dictionaries(
+            st.sampled_from(["text/plain", "image/png", "text/html"]), st.text() | _json),
+        "ename": _json, "evalue": _json, "traceback": _json}), max_size=3) | _json})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nb=st.fixed_dictionaries({"cells": st.lists(_cell | _json, max_size=6)}, optional={"metadata": _json}) | _json)
+def test_fuzz_any_notebook_json_gets_a_page(tmp_path, nb):
+    result = _result(tmp_path, json.dumps(nb).encode())
+    path, _ = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    page = path.read_bytes().decode("utf-8")
+    assert "Automatically graded: 4 of 10 points" in page
+    assert "<script" not in page.lower()
+
+
+@settings(max_examples=60, deadline=None)
+@given(result=st.dictionaries(st.sampled_from(["cells", "flags", "notes", "disagreements", "manual_cells",
+                                               "student", "lab", "notebook", "notebook_autograded"]), _json))
+def test_fuzz_any_result_json_gets_a_page(result):
+    page = feedback.build_page(result, SOURCES[LAB], None, "no notebook")
+    assert page.startswith("<!doctype html>") and page.encode("utf-8")
+
+
+def test_the_report_takes_any_name_and_flag(tmp_path):
+    names = ["a|b <script>alert(1)</script>", "caf\udce9_\udcff", "*bold* [x](javascript:1) `code`", "\ud800"]
+    results = []
+    for i, name in enumerate(names):
+        results.append({"student": name, "lab": LAB, "cells": {"test_fused": {
+            "points": 1.0, "max_points": 2.0, "status": "crashed", "message": f"<b>boom</b> | {name}",
+            "speed": []}}, "total": 1.0, "max_total": 2.0, "flags": [f"fused_source: {name}\nnext | line"],
+            "disagreements": [], "notes": [f"note {name}"], "seconds": 1.0 + i})
+    problems = [intake.Problem(where="submissions/\udcff\udcfe/lab0.ipynb", message="not a <notebook>",
+                               student="\udcff|", lab=LAB)]
+    class_result = pipeline.ClassResult(out=tmp_path, results=results, problems=problems,
+                                        feedback_problems=[("x|y", LAB, "its page: <b>")])
+    report.write_grades_csv(results, tmp_path / "grades.csv")
+    report.write_report(class_result, tmp_path)
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "<script>" not in page and "<b>boom" not in page and 'href="javascript' not in page
+    assert "a|b &lt;script&gt;" in page and "caf\\xe9_\\xff" in page and "\\xff\\xfe" in page
+    rows = [line for line in (tmp_path / "report.md").read_text().splitlines() if "*crashed*" in line]
+    assert len(rows) == len(names)
+    assert all(len(re.split(r"(?<!\\)\|", row)) == len("| student | test_fused | total | time |".split("|"))
+               for row in rows)  # no name adds a column
+    assert "caf\\udce9_\\udcff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")  # written, not a crash
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+NOSY = "nosy_feedback"    # the student's name in the graded class
+SECRET_ENV = "FUSELAB_TEST_SECRET"
+NOSY_CELL = """\
+import os, pathlib
+print("HISTORY", In, Out)
+root = pathlib.Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) if os.environ.get("PYTHONPATH") else None
+for candidate in [root, pathlib.Path.cwd(), *pathlib.Path.cwd().parents]:
+    if candidate and (candidate / "solutions").is_dir():
+        print("SOLUTIONS", (candidate / "solutions" / "lab0" / "lab0.ipynb").read_text())
+        break
+print("SECRET", os.environ.get("FUSELAB_TEST_SECRET"))
+"""
+
+NOSY_DRAM_BYTES = """\
+def dram_bytes(n, bytes_per_element=4):
+    # reads the grader's files and environment from inside the clean recheck, and raises them as its message
+    os_module = torch.sys.modules["os"]
+    env = os_module.environ
+    text = env.get("FUSELAB_TEST_SECRET", "") + "\\n"
+    for folder in env.get("PYTHONPATH", "").split(os_module.pathsep):
+        path = folder + "/solutions/lab0/lab0.ipynb"
+        if os_module.path.exists(path):
+            cells = torch.sys.modules["json"].loads(torch.sys.modules["io"].open(path).read())["cells"]
+            source = "".join("".join(c["source"]) for c in cells)
+            text += source[source.find("### BEGIN " + "HIDDEN" + " TESTS"):]
+    raise ValueError(text)
+"""
+
+
+def write_nosy_submission(class_folder: Path) -> str:
+    """A Lab 0 submission (the correct sample's kernels) that tries to read the hidden tests and the grader's
+    secrets into its own feedback: its last cell prints IPython's ``In``/``Out`` history (nbgrader's autograde ran
+    the hidden tests in that kernel), ``solutions/`` and an environment variable of the grader's shell; its
+    ``dram_bytes`` raises an error quoting the same inside the clean recheck. Returns the secret to put in the
+    grader's environment under ``SECRET_ENV``."""
+    nb = json.loads((samples.EXAMPLES / "correct" / LAB / f"{LAB}.ipynb").read_text())
+    for cell in nb["cells"]:
+        if feedback._grade_id(cell) == "dram_bytes":
+            cell["source"] = NOSY_DRAM_BYTES
+    nb["cells"].append({"cell_type": "code", "execution_count": 1, "metadata": {}, "source": NOSY_CELL,
+                        "outputs": [{"output_type": "stream", "name": "stdout", "text": "what I saw at home\n"}]})
+    target = Path(class_folder) / NOSY / LAB / f"{LAB}.ipynb"
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(nb))
+    return "s3cret-" + secrets.token_hex(12)
+
+
+def check_nosy_feedback(class_result, secret: str) -> None:
+    """The nosy student's page: its verdicts, its submitted outputs, and nothing of what its code read."""
+    graded = next(r for r in class_result.results if r["student"] == NOSY)
+    page = (class_result.out / "feedback" / NOSY / f"{LAB}.html").read_text()
+    text = _text_of(page)
+    hidden = _hidden_lines()
+    # the attack worked where the student's code ran: nbgrader's autograded notebook holds the hidden tests
+    autograded = next(class_result.out.glob(f"course/autograded/{NOSY}/{LAB}/*.ipynb")).read_text()
+    assert [line for line in hidden if json.dumps(line)[1:-1] in autograded] != []
+    # and none of it is in the page
+    assert [line for line in hidden if line in text] == []
+    assert secret not in text and "HIDDEN TESTS" not in text
+    assert f"Automatically graded: {graded['total']:g} of {graded['max_total']:g} points" in text
+    for grade_id in graded["cells"]:
+        assert f"Grader: {grade_id}:" in text
+    assert graded["cells"]["test_dram_bytes"]["points"] == 0
+    assert graded["cells"]["test_fused"]["points"] == graded["cells"]["test_fused"]["max_points"]
+    assert "what I saw at home" in text  # the outputs the student submitted
+    flat = " ".join(text.split())
+    for flag in graded["flags"]:  # whatever the grader flagged is said
+        assert " ".join(flag.partition(": ")[2].split())[:60] in flat, flag
+    # a teaching assistant grades a written answer in formgrader: the next feedback pass shows score and comment
+    from nbgrader.api import Gradebook
+    db = class_result.out / "course" / "gradebook.db"
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        grade = gradebook.find_grade("answer_sweep", LAB, LAB, NOSY)
+        grade.manual_score = grade.max_score
+        gradebook.find_comment("answer_sweep", LAB, LAB, NOSY).manual_comment = "Clear <answer>, well argued."
+        gradebook.db.commit()
+    pages, _ = feedback.write_all([graded], class_result.out / "feedback-again", feedback.lab_sources([LAB]), db)
+    text = _text_of(pages[LAB][NOSY].read_text())
+    assert "Clear <answer>, well argued." in text and "graded by hand" in text
+    assert [line for line in hidden if line in text] == [] and secret not in text
