@@ -20,6 +20,10 @@ from .prototypes import SCALAR_TYPES, Prototype
 
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
+# The stream an emulated launcher is given: no real stream, but a handle of its own (never dereferenced), so
+# the emulation can tell a launch on it from one on stream 0 or on a stream the launcher made.
+EMULATED_STREAM = 0x5EA0000
+
 
 class Launcher:
     """One launcher of a built library, callable with tensors and numbers."""
@@ -53,7 +57,15 @@ class Launcher:
                 c_args.append(self._check_tensor(param, values[param.name], dims))
             else:
                 c_args.append(self._check_number(param, values[param.name]))
-        returned = self._fn(*c_args)
+        watched = self._module.emulated and any(p.is_stream for p in self.prototype.params)
+        if watched:
+            self._module._begin_call()
+        try:
+            returned = self._fn(*c_args)
+        finally:
+            elsewhere = self._module._end_call() if watched else None
+        if elsewhere:
+            raise LaunchError(_off_stream_message(self.prototype, elsewhere))
         self._module._raise_launch_error(self.prototype.name, returned)
 
     def _bind(self, args, kwargs):
@@ -140,6 +152,11 @@ class Module:
         self._error_fn = self._lib.fuselab_last_error
         self._error_fn.restype = ctypes.c_int
         self._error_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        if backend == "emulate":
+            self._lib.fuselab_emu_begin_call.argtypes = [ctypes.c_void_p]
+            self._lib.fuselab_emu_begin_call.restype = None
+            self._lib.fuselab_emu_end_call.argtypes = [ctypes.c_char_p, ctypes.c_int]
+            self._lib.fuselab_emu_end_call.restype = ctypes.c_int
         self.launchers = {}
         for proto in prototypes:
             launcher = Launcher(self, proto, getattr(self._lib, proto.name))
@@ -158,6 +175,16 @@ class Module:
     def _stream_handle(self):
         if self.backend == "cuda":
             return torch.cuda.current_stream().cuda_stream or None
+        return EMULATED_STREAM
+
+    def _begin_call(self):
+        self._lib.fuselab_emu_begin_call(ctypes.c_void_p(EMULATED_STREAM))
+
+    def _end_call(self):
+        """What the launcher put on another stream than its own during the call, or None."""
+        buffer = ctypes.create_string_buffer(512)
+        if self._lib.fuselab_emu_end_call(buffer, len(buffer)):
+            return buffer.value.decode(errors="replace")
         return None
 
     def _raise_launch_error(self, launcher_name, returned):
@@ -181,3 +208,14 @@ class Module:
         setter.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
         setter.restype = None
         setter(THREAD_ORDERS[order], seed)
+
+
+def _off_stream_message(proto: Prototype, elsewhere: str) -> str:
+    stream = next(p.name for p in proto.params if p.is_stream)
+    return (f"{proto.name} put work on another stream than the one it was given: {elsewhere}. "
+            f"Launch everything on the launcher's `{stream}` argument: kernel<<<grid, block, shared_bytes, "
+            f"{stream}>>>(...), and pass `{stream}` to every ...Async call. On a GPU, work on another stream "
+            f"escapes a CUDA-graph capture of the caller's stream (a replayed graph leaves the output unwritten) "
+            f"and is not ordered with the caller's other work on `{stream}`: the next kernel may read the output "
+            f"before it is written, and the timing's events do not see it. (The CPU emulation, where every launch "
+            f"finishes at once and would hide this, reports it instead.)")

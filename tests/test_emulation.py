@@ -575,3 +575,47 @@ def test_aarch64_context_switch_under_qemu(tmp_path):
                     str(binary)], check=True, capture_output=True, timeout=300)
     result = subprocess.run([qemu, str(binary)], capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+STREAM_LAUNCHER = "void scale(const float* x /*[n]*/, float* out /*[n]*/, int n, cudaStream_t stream)"
+STREAM_KERNEL = """
+__global__ void scale_kernel(const float* x, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2.0f * x[i];
+}
+void scale(const float* x, float* out, int n, cudaStream_t stream) {
+    LAUNCH
+}
+"""
+
+
+@pytest.mark.parametrize("launch,named", [
+    ("scale_kernel<<<(n + 127) / 128, 128>>>(x, out, n);", "stream 0 (the legacy default stream"),
+    ("scale_kernel<<<(n + 127) / 128, 128, 0, 0>>>(x, out, n);", "stream 0 (the legacy default stream"),
+    ("scale_kernel<<<(n + 127) / 128, 128, 0, cudaStreamPerThread>>>(x, out, n);", "cudaStreamPerThread"),
+    ("static cudaStream_t side = nullptr;\n    if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
+     "    scale_kernel<<<(n + 127) / 128, 128, 0, side>>>(x, out, n);", "a stream the launcher made itself"),
+    ("cudaMemsetAsync(out, 0, n * sizeof(float));\n"
+     "    scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, n);", "cudaMemsetAsync on stream 0"),
+])
+def test_a_launcher_that_ignores_its_stream_fails_and_says_why(launch, named):
+    mod = fuselab.build(STREAM_KERNEL.replace("LAUNCH", launch), [STREAM_LAUNCHER], backend="emulate",
+                        name="off_stream")
+    x, out = torch.randn(300), torch.empty(300)
+    with pytest.raises(LaunchError) as info:
+        mod.scale(x, out, 300)
+    message = str(info.value)
+    assert "scale put work on another stream than the one it was given" in message and named in message
+    assert "kernel<<<grid, block, shared_bytes, stream>>>" in message
+    assert "CUDA-graph capture" in message and "not ordered with the caller's other work" in message
+    last = launch.split("\n")[-1]
+    if "stream>>>" not in last:  # the launch itself is on the wrong stream: it is named, with its line
+        assert f"kernel scale_kernel launched at off_stream.cu:{6 + launch.count(chr(10)) + 1} on" in message
+
+
+def test_a_launcher_on_its_own_stream_runs_and_the_watch_ends_with_the_call():
+    mod = fuselab.build(STREAM_KERNEL.replace("LAUNCH", "scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, n);"),
+                        [STREAM_LAUNCHER], backend="emulate", name="on_stream")
+    x, out = torch.randn(300), torch.empty(300)
+    mod.scale(x, out, 300)
+    assert torch.equal(out, 2 * x)
