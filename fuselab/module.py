@@ -16,7 +16,7 @@ import numbers
 import torch
 
 from .errors import LaunchError
-from .prototypes import SCALAR_TYPES, Prototype
+from .prototypes import SCALAR_TYPES, Prototype, evaluate, expression_names
 
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
@@ -57,6 +57,7 @@ class Launcher:
                 c_args.append(self._check_tensor(param, values[param.name], dims))
             else:
                 c_args.append(self._check_number(param, values[param.name]))
+        self._check_sizes(values, dims)
         watched = self._module.emulated and any(p.is_stream for p in self.prototype.params)
         if watched:
             self._module._begin_call()
@@ -112,10 +113,39 @@ class Launcher:
                 if size != dim:
                     raise ValueError(f"{where} must have size {dim} in dimension {axis}, got shape "
                                      f"{tuple(tensor.shape)}")
-            elif dims.setdefault(dim, (size, param.name))[0] != size:
-                seen, other = dims[dim]
+            elif dims.setdefault(dim, (size, param.name, tuple(tensor.shape)))[0] != size:
+                seen, other, _ = dims[dim]
                 raise ValueError(f"{where} has {dim}={size} (shape {tuple(tensor.shape)}), but argument "
                                  f"{other!r} has {dim}={seen}")
+
+    def _check_sizes(self, values, dims):
+        """Size arguments against the tensors: a wrong one would leave outputs unwritten or write past them."""
+        name = self.prototype.name
+        numbers = {p.name: int(values[p.name]) for p in self.prototype.call_params
+                   if not p.is_tensor and SCALAR_TYPES[p.base_type][1] is int}
+        for param, value in numbers.items():
+            if param in dims and dims[param][0] != value:
+                size, tensor, shape = dims[param]
+                raise ValueError(f"argument {param!r} of {name} is {value}, but argument {tensor!r} has "
+                                 f"{param}={size} (shape {shape}): pass {param}={size}, the tensor's own size "
+                                 f"(a size that disagrees with the tensors makes the kernel skip elements or "
+                                 f"read and write past the end)")
+        known = {**{d: size for d, (size, _, _) in dims.items()}, **numbers}
+        for param in self.prototype.params:
+            for key, expression in param.rules:
+                if key not in dims:
+                    continue
+                try:
+                    wanted = evaluate(expression, known)
+                except ZeroDivisionError as exc:
+                    raise ValueError(f"{name}: the size of {param.name!r} cannot be worked out: {exc}") from None
+                size, _, shape = dims[key]
+                if wanted != size:
+                    used = ", ".join(f"{n}={known[n]}" for n in sorted(expression_names(expression)))
+                    rule = f"{key} = {expression}" if key != expression else expression
+                    raise ValueError(f"argument {param.name!r} of {name} has shape {shape}, but its size "
+                                     f"{rule} is {wanted} with {used}, not {size}: a tensor of that shape does "
+                                     f"not fit these arguments")
 
     def _check_number(self, param, value):
         where = f"argument {param.name!r} of {self.prototype.name}"

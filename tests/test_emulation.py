@@ -619,3 +619,67 @@ def test_a_launcher_on_its_own_stream_runs_and_the_watch_ends_with_the_call():
     x, out = torch.randn(300), torch.empty(300)
     mod.scale(x, out, 300)
     assert torch.equal(out, 2 * x)
+
+
+SIZED = [
+    "void mix(const float* x /*[N, C, H, W]*/, const float* w /*[CO, C]*/, float* y /*[N, CO, H, W]*/, "
+    "int N, int C, int H, int W, int CO, cudaStream_t stream)",
+    "void pool(const float* x /*[N, L]*/, float* y /*[N, P = (L - K)/stride + 1]*/, int N, int L, int K, "
+    "int stride, cudaStream_t stream)",
+]
+SIZED_SOURCE = """
+__global__ void mix_kernel(const float* x, const float* w, float* y, int N, int C, int HW, int CO) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;   // one output element: (n, co, pixel)
+    if (i >= N * CO * HW) return;
+    int p = i % HW, co = (i / HW) % CO, n = i / (HW * CO);
+    float acc = 0.0f;
+    for (int c = 0; c < C; ++c) acc += w[co * C + c] * x[(n * C + c) * HW + p];
+    y[i] = acc;
+}
+void mix(const float* x, const float* w, float* y, int N, int C, int H, int W, int CO, cudaStream_t stream) {
+    int total = N * CO * H * W;
+    if (total > 0) mix_kernel<<<(total + 127) / 128, 128, 0, stream>>>(x, w, y, N, C, H * W, CO);
+}
+__global__ void pool_kernel(const float* x, float* y, int N, int L, int K, int stride, int P) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * P) return;
+    int n = i / P, p = i % P;
+    float best = x[n * L + p * stride];
+    for (int k = 1; k < K; ++k) best = fmaxf(best, x[n * L + p * stride + k]);
+    y[i] = best;
+}
+void pool(const float* x, float* y, int N, int L, int K, int stride, cudaStream_t stream) {
+    int P = (L - K) / stride + 1;
+    if (N * P > 0) pool_kernel<<<(N * P + 127) / 128, 128, 0, stream>>>(x, y, N, L, K, stride, P);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def sized():
+    return fuselab.build(SIZED_SOURCE, SIZED, backend="emulate", name="sized")
+
+
+def test_size_arguments_are_checked_against_the_tensors(sized):
+    x, w, y = torch.randn(2, 4, 6, 7), torch.randn(4, 4), torch.empty(2, 4, 6, 7)
+    sized.mix(x, w, y, 2, 4, 6, 7, 4)
+    assert torch.allclose(y, torch.einsum("oc,nchw->nohw", w, x), atol=1e-5)
+    # a 5-high launch of a 6-high input would leave a row unwritten
+    with pytest.raises(ValueError, match=r"argument 'H' of mix is 5, but argument 'x' has H=6 \(shape \(2, 4, 6, 7\)\)"):
+        sized.mix(x, w, y, 2, 4, 5, 7, 4)
+    # 9 output channels for 4 wrote past the weights and the output: under the emulation it killed Python
+    with pytest.raises(ValueError, match=r"argument 'CO' of mix is 9, but argument 'w' has CO=4"):
+        sized.mix(x, w, y, 2, 4, 6, 7, 9)
+
+
+def test_an_output_shape_that_follows_from_the_inputs_is_checked(sized):
+    x = torch.randn(3, 10)
+    y = torch.empty(3, 4)  # (10 - 3) / 2 + 1 = 4
+    sized.pool(x, y, 3, 10, 3, 2)
+    assert torch.equal(y, x.unfold(1, 3, 2).amax(dim=2))
+    with pytest.raises(ValueError) as info:
+        sized.pool(x, torch.empty(3, 5), 3, 10, 3, 2)
+    assert "argument 'y' of pool has shape (3, 5), but its size P = (L - K)/stride + 1 is 4 with K=3, L=10, " \
+           "stride=2, not 5" in str(info.value)
+    with pytest.raises(ValueError, match="division by zero"):
+        sized.pool(x, y, 3, 10, 3, 0)
