@@ -127,8 +127,11 @@ class _Job:
     """Everything that reaches the compiler for one build; its digest names the build."""
 
     def __init__(self, backend, cpp_source, cuda_source, cflags, cuda_cflags, ldflags, include_paths,
-                 filename, extra_key="", functions=None):
+                 filename, extra_key="", functions=None, student_source=None, source_map=None):
         self.backend, self.filename = backend, filename
+        # for error messages only (never part of the key): the student's text and, under the emulation, the
+        # map from the translated text's columns back to it
+        self.student_source, self.source_map = student_source, source_map
         self.functions = functions  # None: a plain library; else a torch extension module binding these
         self.cpp_source, self.cuda_source = cpp_source, cuda_source
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
@@ -160,12 +163,12 @@ def _cuda_job(source, protos, filename, extra_cflags):
                                                         "BFLOAT16_CONVERSIONS", "BFLOAT16_OPERATORS")]
     cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), *half_ops, *extra_cflags]
     return _Job("cuda", "", text, ["-O2"], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
-                extra_key=f"arch={arch}")
+                extra_key=f"arch={arch}", student_source=source)
 
 
 def _emulate_job(source, protos, filename, extra_cflags, sanitize):
     from . import emulation
-    translated = emulation.translate(source, filename)
+    translated, source_map = emulation.translate_with_map(source, filename)
     text = _prologue(protos, '#include "fuselab_emu.h"') + f'#line 1 "{filename}"\n' + translated + \
         "\n#line 1 \"fuselab_epilogue\"\n" + _EPILOGUE
     cflags = [*emulation.CXXFLAGS, "-fdiagnostics-color=never", *extra_cflags]
@@ -176,7 +179,7 @@ def _emulate_job(source, protos, filename, extra_cflags, sanitize):
         ldflags += san_l
     header_key = "".join(p.read_text() for p in sorted(Path(emulation.INCLUDE_DIR).glob("*.h")))
     return _Job("emulate", text, None, cflags, [], ldflags, [str(emulation.INCLUDE_DIR)], filename,
-                extra_key=header_key)
+                extra_key=header_key, student_source=source, source_map=source_map)
 
 
 # ------------------------------------------------------------------------------------------- compile
@@ -267,6 +270,8 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise error
         diag = diagnostics.student_diagnostics(full_log, job.filename)
+        if job.student_source is not None:
+            diag = diagnostics.echo_source(diag, job.filename, job.student_source, job.source_map)
         errors = diagnostics.count_errors(diag)
         count = f" ({errors} error{'s' if errors != 1 else ''})" if errors else ""
         raise BuildError(f"{job.filename} failed to compile{count}:\n\n{diag}", diagnostics=diag,

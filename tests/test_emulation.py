@@ -683,3 +683,28 @@ def test_an_output_shape_that_follows_from_the_inputs_is_checked(sized):
            "stride=2, not 5" in str(info.value)
     with pytest.raises(ValueError, match="division by zero"):
         sized.pool(x, y, 3, 10, 3, 0)
+
+
+def test_a_compile_error_on_a_launch_line_quotes_the_line_with_a_caret_at_the_students_column():
+    # the launch is rewritten into a much longer line: g++'s column (208 on a 110-character line) must be mapped
+    # back, and g++, which cannot read kernel.cu, quotes nothing and counts bytes (the µ is two)
+    launch = "    if (n > 0) scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, /* µs */ nn);"
+    source = STREAM_KERNEL.replace("    LAUNCH", launch)
+    with pytest.raises(BuildError) as info:
+        fuselab.build(source, [STREAM_LAUNCHER], backend="emulate", name="launch_typo")
+    lines = str(info.value).splitlines()
+    header = next(i for i, line in enumerate(lines) if "error:" in line and "nn" in line)
+    column = launch.index("nn") + 1
+    assert lines[header].startswith(f"launch_typo.cu:7:{column}: error:")
+    assert lines[header + 1] == f"    7 | {launch}"
+    assert lines[header + 2] == "      | " + " " * (column - 1) + "^"
+    assert "\x1b[" not in str(info.value)
+
+
+def test_a_compile_error_in_a_launch_over_several_lines_names_the_line_it_is_on():
+    launch = "    scale_kernel<<<(n + 127) / 128,\n\t\t128, 0, stream>>>(x, out,\n\t\tnn);"
+    with pytest.raises(BuildError) as info:
+        fuselab.build(STREAM_KERNEL.replace("    LAUNCH", launch), [STREAM_LAUNCHER], backend="emulate",
+                      name="launch_lines")
+    message = str(info.value)
+    assert "launch_lines.cu:9:3: error:" in message and "    9 | \t\tnn);\n      | \t\t^" in message
