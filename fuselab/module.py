@@ -67,7 +67,15 @@ class Launcher:
             elsewhere = self._module._end_call() if watched else None
         if elsewhere:
             raise LaunchError(_off_stream_message(self.prototype, elsewhere))
-        self._module._raise_launch_error(self.prototype.name, returned)
+        try:
+            self._module._raise_launch_error(self.prototype.name, returned)
+        except LaunchError as exc:
+            nothing = _no_work(self.prototype, values)
+            if nothing and "InvalidConfiguration" in str(exc):
+                raise LaunchError(f"{exc} ({nothing}: there is nothing to compute, and CUDA refuses a grid of "
+                                  f"0 blocks. Launch nothing when there is no work: `if (n > 0) "
+                                  f"kernel<<<...>>>(...)`.)") from None
+            raise
 
     def _bind(self, args, kwargs):
         params = self.prototype.call_params
@@ -238,6 +246,18 @@ class Module:
         setter.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
         setter.restype = None
         setter(THREAD_ORDERS[order], seed)
+
+
+def _no_work(proto: Prototype, values: dict) -> str:
+    """"n = 0" or "'x' is empty" when this call has nothing to compute, else ""."""
+    for param in proto.call_params:  # a size of 0 first: it is what the launcher computes its grid from
+        if not param.is_tensor and SCALAR_TYPES[param.base_type][1] is int and values[param.name] == 0:
+            return f"{param.name} = 0"
+    for param in proto.call_params:
+        value = values[param.name]
+        if param.is_tensor and isinstance(value, torch.Tensor) and value.numel() == 0 and param.dims:
+            return f"{param.name!r} is empty (shape {tuple(value.shape)})"
+    return ""
 
 
 def _off_stream_message(proto: Prototype, elsewhere: str) -> str:

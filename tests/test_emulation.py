@@ -708,3 +708,15 @@ def test_a_compile_error_in_a_launch_over_several_lines_names_the_line_it_is_on(
                       name="launch_lines")
     message = str(info.value)
     assert "launch_lines.cu:9:3: error:" in message and "    9 | \t\tnn);\n      | \t\t^" in message
+
+
+def test_a_launch_of_zero_blocks_for_no_work_says_to_launch_nothing():
+    launch = "scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, n);"  # no `if (n > 0)`
+    mod = fuselab.build(STREAM_KERNEL.replace("LAUNCH", launch), [STREAM_LAUNCHER], backend="emulate",
+                        name="no_guard")
+    mod.scale(torch.randn(5), torch.empty(5), 5)
+    with pytest.raises(LaunchError) as info:
+        mod.scale(torch.randn(0), torch.empty(0), 0)
+    message = str(info.value)
+    assert "cudaErrorInvalidConfiguration" in message and "grid (0,1,1) has a zero dimension" in message
+    assert "n = 0: there is nothing to compute" in message and "`if (n > 0) kernel<<<...>>>(...)`" in message
