@@ -2,9 +2,10 @@
 
 The glue is generated from the launcher prototypes alone and lives in Python (ctypes), so nothing of it is
 compiled per edit or per student: only the student's ``.cu`` is. Every call checks each argument against its
-prototype (dtype, device, contiguity, rank and named dimensions) and raises a ``TypeError``/``ValueError``
-that names the argument, fills the ``cudaStream_t`` with the current stream (a default-stream launch would
-escape CUDA-graph capture and the timing stream), and turns an error the launch recorded into a
+prototype (dtype, device, contiguity, rank and named dimensions, integer sizes named like a dimension and
+declared output sizes) and raises a ``TypeError``/``ValueError`` that names the argument, fills the
+``cudaStream_t`` with the current stream (a default-stream launch would escape CUDA-graph capture and the timing
+stream; under the emulation a launch on any other stream raises), and turns an error the launch recorded into a
 ``fuselab.LaunchError``.
 """
 
