@@ -458,17 +458,19 @@ def test_each_check_prints_one_summary_line_and_details_only_on_failure(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_a_missing_name_stops_the_check_at_the_first_case_with_one_message():
+def test_a_missing_name_stops_the_check_at_the_first_case_with_one_message(capsys):
     def candidate(a, out):
         unfused_mod.add(a, a, out, a.numel())  # noqa: F821 - the build cell above did not run
 
     error = failure_of(candidate, lambda shape, seed: (torch.randn(shape),), [(1,), (7,), (255,)],
                        reference=lambda a: a + a, seeds=(0, 1, 2))
     message = str(error)
-    assert len(error.result.cases) == 1
-    assert message.count("name 'unfused_mod' is not defined") == 2  # the case, and the note that explains it
-    assert "`unfused_mod` is made by a cell above this one, which failed or has not run yet" in message
+    assert len(error.result.cases) == 1 and not error.result.passed
+    assert message.count("name 'unfused_mod' is not defined") == 1
+    assert message.startswith("candidate could not run: name 'unfused_mod' is not defined. `unfused_mod` is made "
+                              "by a cell above this one, which failed or has not run yet")
     assert isinstance(error.__cause__, NameError)
+    assert capsys.readouterr().out == "✗ candidate: could not run: name 'unfused_mod' is not defined\n"
 
 
 def test_a_check_result_gives_nbgrader_no_value_to_read():

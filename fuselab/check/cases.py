@@ -67,7 +67,7 @@ def check(
             case, device = _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype)
             result.cases.append(case)
             if isinstance(case.exception, NameError):
-                result.notes.append(_missing_name_note(case.exception))
+                result.could_not_run = _missing_name_note(case.exception)
                 break
             if case.error and device.type != "cpu":
                 # An illegal address on a GPU is sticky: every later call in this process would fail the same way.
@@ -89,9 +89,9 @@ def check(
 def _missing_name_note(exc: NameError) -> str:
     name = getattr(exc, "name", None)
     what = f"`{name}`" if name else "that name"
-    return (f"stopped at the first case: {exc}. {what} is made by a cell above this one, which failed or has not "
-            f"run yet (a build cell whose error scrolled by?). Run the cells above in order (Run > Run All Above "
-            f"Selected Cell), fix the first error there, then run this cell again.")
+    return (f"{exc}. {what} is made by a cell above this one, which failed or has not run yet (a build cell "
+            f"whose error scrolled by?). Run the cells above in order (Run > Run All Above Selected Cell), fix "
+            f"the first error there, then run this cell again.")
 
 
 def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype):

@@ -72,6 +72,7 @@ class CheckResult:
     cases: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # e.g. why the remaining cases were not run
     announced: bool = field(default=False, repr=False, compare=False)  # its headline was printed already
+    could_not_run: str | None = None  # why the candidate could not run at all (a name a cell above defines)
 
     @property
     def passed(self) -> bool:
@@ -90,6 +91,8 @@ class CheckResult:
     def headline(self) -> str:
         """One line, printed as the check finishes: ✓/✗, the name, the cases passed and the worst error."""
         total, failed = len(self.cases), len(self.failures)
+        if self.could_not_run:
+            return f"✗ {self.name}: could not run: {self.could_not_run.split('. ')[0]}"
         if failed:
             return f"✗ {self.name}: {failed} of {plural(total, 'case')} failed"
         worst = max((c for case in self.cases for c in case.comparisons if c.tolerance_used is not None),
@@ -105,6 +108,8 @@ class CheckResult:
 
     def report(self) -> str:
         """The student-readable failure report: the failing cases in detail, then what passed."""
+        if self.could_not_run:  # said once, not once per case
+            return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
         parts += [case.details() for case in failures[:_DETAILED_FAILURES]]
@@ -124,6 +129,7 @@ class CheckResult:
             "n_cases": len(self.cases),
             "n_failed": len(self.failures),
             "notes": list(self.notes),
+            "could_not_run": self.could_not_run,
             "cases": [case.to_dict() for case in self.cases],
         }
 
