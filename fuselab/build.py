@@ -72,6 +72,8 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
     backend = resolve_backend(backend)
     if sanitize and backend != "emulate":
         raise ValueError("sanitize= is only available with the CPU emulation (backend='emulate')")
+    if backend == "cuda":
+        _refuse_stream_zero(source, filename)  # the emulation sees every launch's stream when it runs
     job = _emulate_job(source, protos, filename, extra_cflags, sanitize) if backend == "emulate" \
         else _cuda_job(source, protos, filename, extra_cflags)
     library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
@@ -332,6 +334,28 @@ def _refuse_stub(source: str, filename: str):
         raise NotWrittenError(
             f"this kernel is not written yet: {filename} line {line} still holds the placeholder "
             f"`{match.group(0).strip()}`. Replace it with your CUDA code, then run the cell again.")
+
+
+def _refuse_stream_zero(source: str, filename: str):
+    from .emulation.streams import off_stream_launches
+    launches = off_stream_launches(source)
+    if not launches:
+        return
+    lines = source.replace("\r\n", "\n").split("\n")
+    quoted = []
+    for launch in launches:
+        what = "names no stream" if launch.named == "no stream" else f"names stream {launch.named}"
+        quoted.append(f"{filename}:{launch.line}:{launch.column}: error: this launch {what}, but its function "
+                      f"was given `{launch.stream}`")
+        quoted += diagnostics.quote_line(lines[launch.line - 1], launch.line, launch.column)
+    stream = launches[0].stream
+    text = "\n".join(quoted)
+    raise BuildError(
+        f"{filename}: launch on the stream the launcher is given: kernel<<<grid, block, shared_bytes, {stream}>>>"
+        f"(...).\n\n{text}\n\nA launch on stream 0 escapes a CUDA-graph capture of the caller's stream (a "
+        f"replayed graph leaves the output unwritten) and is not ordered with the caller's other work on "
+        f"`{stream}`: the next kernel may read the output before it is written, and the timing's events do not "
+        f"see it.", diagnostics=text)
 
 
 def _missing_launcher_error(exc, protos, filename):

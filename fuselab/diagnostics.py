@@ -89,12 +89,12 @@ def echo_source(diagnostics: str, filename: str, source: str, source_map=None) -
                 column = _char_index(lines[row - 1], column) + 1
             out.append(f"{filename}:{row}:{column}:{found.group(3)}")
             if 1 <= row <= len(lines):
-                out += _quote(lines[row - 1], row, column)
+                out += quote_line(lines[row - 1], row, column)
             continue
         out.append(line)
         found = bare.match(line)
         if found and not quoted and 1 <= int(found.group(1)) <= len(lines):
-            out += _quote(lines[int(found.group(1)) - 1], int(found.group(1)), None)
+            out += quote_line(lines[int(found.group(1)) - 1], int(found.group(1)), None)
     return "\n".join(out)
 
 
@@ -107,7 +107,7 @@ def _char_index(text: str, byte_column: int) -> int:
     return len(text.encode()[:max(byte_column - 1, 0)].decode(errors="ignore"))
 
 
-def _quote(text: str, row: int, column) -> list:
+def quote_line(text: str, row: int, column) -> list:
     """GCC's own layout: `` 6 | the line`` and, when the column is known, a caret under it (tabs kept, so that
     the caret lines up wherever the text is shown)."""
     text = text.rstrip("\r")
