@@ -72,6 +72,8 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
     backend = resolve_backend(backend)
     if sanitize and backend != "emulate":
         raise ValueError("sanitize= is only available with the CPU emulation (backend='emulate')")
+    if backend == "cuda":
+        _refuse_stream_zero(source, filename)  # the emulation sees every launch's stream when it runs
     job = _emulate_job(source, protos, filename, extra_cflags, sanitize) if backend == "emulate" \
         else _cuda_job(source, protos, filename, extra_cflags)
     library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
@@ -132,8 +134,11 @@ class _Job:
     """Everything that reaches the compiler for one build; its digest names the build."""
 
     def __init__(self, backend, cpp_source, cuda_source, cflags, cuda_cflags, ldflags, include_paths,
-                 filename, extra_key="", functions=None):
+                 filename, extra_key="", functions=None, student_source=None, source_map=None):
         self.backend, self.filename = backend, filename
+        # for error messages only (never part of the key): the student's text and, under the emulation, the
+        # map from the translated text's columns back to it
+        self.student_source, self.source_map = student_source, source_map
         self.functions = functions  # None: a plain library; else a torch extension module binding these
         self.cpp_source, self.cuda_source = cpp_source, cuda_source
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
@@ -165,12 +170,12 @@ def _cuda_job(source, protos, filename, extra_cflags):
                                                         "BFLOAT16_CONVERSIONS", "BFLOAT16_OPERATORS")]
     cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), *half_ops, *extra_cflags]
     return _Job("cuda", "", text, ["-O2"], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
-                extra_key=f"arch={arch}")
+                extra_key=f"arch={arch}", student_source=source)
 
 
 def _emulate_job(source, protos, filename, extra_cflags, sanitize):
     from . import emulation
-    translated = emulation.translate(source, filename)
+    translated, source_map = emulation.translate_with_map(source, filename)
     text = _prologue(protos, '#include "fuselab_emu.h"') + f'#line 1 "{filename}"\n' + translated + \
         "\n#line 1 \"fuselab_epilogue\"\n" + _EPILOGUE
     cflags = [*emulation.CXXFLAGS, "-fdiagnostics-color=never", *extra_cflags]
@@ -181,7 +186,7 @@ def _emulate_job(source, protos, filename, extra_cflags, sanitize):
         ldflags += san_l
     header_key = "".join(p.read_text() for p in sorted(Path(emulation.INCLUDE_DIR).glob("*.h")))
     return _Job("emulate", text, None, cflags, [], ldflags, [str(emulation.INCLUDE_DIR)], filename,
-                extra_key=header_key)
+                extra_key=header_key, student_source=source, source_map=source_map)
 
 
 # ------------------------------------------------------------------------------------------- compile
@@ -297,6 +302,8 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise error
         diag = diagnostics.student_diagnostics(full_log, job.filename)
+        if job.student_source is not None:
+            diag = diagnostics.echo_source(diag, job.filename, job.student_source, job.source_map)
         errors = diagnostics.count_errors(diag)
         count = f" ({errors} error{'s' if errors != 1 else ''})" if errors else ""
         raise BuildError(f"{job.filename} failed to compile{count}:\n\n{diag}", diagnostics=diag,
@@ -357,6 +364,28 @@ def _refuse_stub(source: str, filename: str):
         raise NotWrittenError(
             f"this kernel is not written yet: {filename} line {line} still holds the placeholder "
             f"`{match.group(0).strip()}`. Replace it with your CUDA code, then run the cell again.")
+
+
+def _refuse_stream_zero(source: str, filename: str):
+    from .emulation.streams import off_stream_launches
+    launches = off_stream_launches(source)
+    if not launches:
+        return
+    lines = source.replace("\r\n", "\n").split("\n")
+    quoted = []
+    for launch in launches:
+        what = "names no stream" if launch.named == "no stream" else f"names stream {launch.named}"
+        quoted.append(f"{filename}:{launch.line}:{launch.column}: error: this launch {what}, but its function "
+                      f"was given `{launch.stream}`")
+        quoted += diagnostics.quote_line(lines[launch.line - 1], launch.line, launch.column)
+    stream = launches[0].stream
+    text = "\n".join(quoted)
+    raise BuildError(
+        f"{filename}: launch on the stream the launcher is given: kernel<<<grid, block, shared_bytes, {stream}>>>"
+        f"(...).\n\n{text}\n\nA launch on stream 0 escapes a CUDA-graph capture of the caller's stream (a "
+        f"replayed graph leaves the output unwritten) and is not ordered with the caller's other work on "
+        f"`{stream}`: the next kernel may read the output before it is written, and the timing's events do not "
+        f"see it.", diagnostics=text)
 
 
 def _missing_launcher_error(exc, protos, filename):

@@ -42,7 +42,7 @@ def main(backend=None, size=None) -> int:
 
     fused, unfused = lab0.fused(fused_mod), lab0.unfused(reference_mod)
     result = check(fused, lab0.reference, lambda s, seed: lab0.make_inputs(s, seed, device=device),
-                   lab0.SMALL_SHAPES + [(65_537,)], name="add_relu_mul")
+                   lab0.SMALL_SHAPES + [(65_537,)], name="add_relu_mul", verbose=False)
     print(f"  check: {result.summary()}")
 
     n = size or (lab0.TIMED_SHAPE[0] if on_gpu else 1 << 20)

@@ -5,7 +5,10 @@ anything else would count as full marks). The test:
 
 1. looks the test up in the policy (``fuselab/policy.json``): mode, shape, dtype and the full-points threshold
    for this GPU model, falling back to the H200's entry, and saying so;
-2. without a GPU, or for an emulated module, returns 0 marked "not measured (no GPU)": never full marks;
+2. without a GPU, or for an emulated module, returns 0 marked "not measured (no GPU)": never full marks. Under
+   ``nbgrader validate`` (a student's own check, which scores nothing) it returns None instead and says that the
+   course measures the speed when it grades: a 0 there would make Validate tell every student without a GPU
+   that they "WILL NOT receive full credit";
 3. checks with the profiler that one call launches exactly the expected number of kernels, all of them the
    student's own (a library GEMM/conv or a PyTorch op inside the fused op is caught here);
 4. checks the result at the timed shape (poison, guard bands, unchanged inputs), and that all its work runs on
@@ -30,6 +33,7 @@ import torch
 
 from . import timing
 from .check import assert_close, check
+from .grading import graded_by_the_course, validating
 from .grading.lease import exclusive_gpu
 from .quiet import captured_output
 
@@ -86,8 +90,11 @@ def launched_kernels(fn) -> list:
 
 
 def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, module, max_points,
-                 expected_kernels=1, input_sets=3, policy=None, budget_s=3.0, verbose=True) -> float:
+                 expected_kernels=1, input_sets=3, policy=None, budget_s=3.0, verbose=True) -> float | None:
     """Run a graded speedup test and return the points earned (a float between 0 and ``max_points``).
+
+    None, only under ``nbgrader validate`` without a GPU: nbgrader reads a cell that displays no value as passed,
+    and the speed is the course's to measure when it grades the notebook.
 
     candidate, reference_op: ``op(*inputs, out)`` callables, the student's fused op and the lab's fixed unfused
     reference. make_inputs(shape, seed) → inputs on the GPU; reference(*inputs) → the expected output (float64).
@@ -97,6 +104,10 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
     gpu_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     record = {"test": test_id, "max_points": max_points, "points": 0.0, "speedup": None}
     if gpu_name is None or getattr(module, "emulated", False):
+        if validating() and not graded_by_the_course():
+            say(f"{test_id}: the speed is not measured on this machine (no GPU). It is measured when the course "
+                f"grades your notebook on its GPU, for up to {max_points} points; Validate checks everything else.")
+            return None  # nothing to log: no grader is listening, and nothing was measured
         record["status"] = "not measured (no GPU)"
         say(f"{test_id}: speedup not measured (no GPU): 0 of {max_points} points. "
             "Speed points are only given on a GPU.")
@@ -133,7 +144,8 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         return _finish(record)
 
     # 4. right at the timed shape
-    check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id)
+    check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id,
+          verbose=verbose)
 
     # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
     # a CUDA graph's capture, so a replayed capture leaves the output unwritten

@@ -2,9 +2,10 @@
 
 The glue is generated from the launcher prototypes alone and lives in Python (ctypes), so nothing of it is
 compiled per edit or per student: only the student's ``.cu`` is. Every call checks each argument against its
-prototype (dtype, device, contiguity, rank and named dimensions) and raises a ``TypeError``/``ValueError``
-that names the argument, fills the ``cudaStream_t`` with the current stream (a default-stream launch would
-escape CUDA-graph capture and the timing stream), and turns an error the launch recorded into a
+prototype (dtype, device, contiguity, rank and named dimensions, integer sizes named like a dimension and
+declared output sizes) and raises a ``TypeError``/``ValueError`` that names the argument, fills the
+``cudaStream_t`` with the current stream (a default-stream launch would escape CUDA-graph capture and the timing
+stream; under the emulation a launch on any other stream raises), and turns an error the launch recorded into a
 ``fuselab.LaunchError``.
 """
 
@@ -16,9 +17,13 @@ import numbers
 import torch
 
 from .errors import LaunchError
-from .prototypes import SCALAR_TYPES, Prototype
+from .prototypes import SCALAR_TYPES, Prototype, evaluate, expression_names
 
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
+
+# The stream an emulated launcher is given: no real stream, but a handle of its own (never dereferenced), so
+# the emulation can tell a launch on it from one on stream 0 or on a stream the launcher made.
+EMULATED_STREAM = 0x5EA0000
 
 
 class Launcher:
@@ -53,8 +58,25 @@ class Launcher:
                 c_args.append(self._check_tensor(param, values[param.name], dims))
             else:
                 c_args.append(self._check_number(param, values[param.name]))
-        returned = self._fn(*c_args)
-        self._module._raise_launch_error(self.prototype.name, returned)
+        self._check_sizes(values, dims)
+        watched = self._module.emulated and any(p.is_stream for p in self.prototype.params)
+        if watched:
+            self._module._begin_call()
+        try:
+            returned = self._fn(*c_args)
+        finally:
+            elsewhere = self._module._end_call() if watched else None
+        if elsewhere:
+            raise LaunchError(_off_stream_message(self.prototype, elsewhere))
+        try:
+            self._module._raise_launch_error(self.prototype.name, returned)
+        except LaunchError as exc:
+            nothing = _no_work(self.prototype, values)
+            if nothing and "InvalidConfiguration" in str(exc):
+                raise LaunchError(f"{exc} ({nothing}: there is nothing to compute, and CUDA refuses a grid of "
+                                  f"0 blocks. Launch nothing when there is no work: `if (n > 0) "
+                                  f"kernel<<<...>>>(...)`.)") from None
+            raise
 
     def _bind(self, args, kwargs):
         params = self.prototype.call_params
@@ -100,10 +122,39 @@ class Launcher:
                 if size != dim:
                     raise ValueError(f"{where} must have size {dim} in dimension {axis}, got shape "
                                      f"{tuple(tensor.shape)}")
-            elif dims.setdefault(dim, (size, param.name))[0] != size:
-                seen, other = dims[dim]
+            elif dims.setdefault(dim, (size, param.name, tuple(tensor.shape)))[0] != size:
+                seen, other, _ = dims[dim]
                 raise ValueError(f"{where} has {dim}={size} (shape {tuple(tensor.shape)}), but argument "
                                  f"{other!r} has {dim}={seen}")
+
+    def _check_sizes(self, values, dims):
+        """Size arguments against the tensors: a wrong one would leave outputs unwritten or write past them."""
+        name = self.prototype.name
+        numbers = {p.name: int(values[p.name]) for p in self.prototype.call_params
+                   if not p.is_tensor and SCALAR_TYPES[p.base_type][1] is int}
+        for param, value in numbers.items():
+            if param in dims and dims[param][0] != value:
+                size, tensor, shape = dims[param]
+                raise ValueError(f"argument {param!r} of {name} is {value}, but argument {tensor!r} has "
+                                 f"{param}={size} (shape {shape}): pass {param}={size}, the tensor's own size "
+                                 f"(a size that disagrees with the tensors makes the kernel skip elements or "
+                                 f"read and write past the end)")
+        known = {**{d: size for d, (size, _, _) in dims.items()}, **numbers}
+        for param in self.prototype.params:
+            for key, expression in param.rules:
+                if key not in dims:
+                    continue
+                try:
+                    wanted = evaluate(expression, known)
+                except ZeroDivisionError as exc:
+                    raise ValueError(f"{name}: the size of {param.name!r} cannot be worked out: {exc}") from None
+                size, _, shape = dims[key]
+                if wanted != size:
+                    used = ", ".join(f"{n}={known[n]}" for n in sorted(expression_names(expression)))
+                    rule = f"{key} = {expression}" if key != expression else expression
+                    raise ValueError(f"argument {param.name!r} of {name} has shape {shape}, but its size "
+                                     f"{rule} is {wanted} with {used}, not {size}: a tensor of that shape does "
+                                     f"not fit these arguments")
 
     def _check_number(self, param, value):
         where = f"argument {param.name!r} of {self.prototype.name}"
@@ -140,6 +191,11 @@ class Module:
         self._error_fn = self._lib.fuselab_last_error
         self._error_fn.restype = ctypes.c_int
         self._error_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        if backend == "emulate":
+            self._lib.fuselab_emu_begin_call.argtypes = [ctypes.c_void_p]
+            self._lib.fuselab_emu_begin_call.restype = None
+            self._lib.fuselab_emu_end_call.argtypes = [ctypes.c_char_p, ctypes.c_int]
+            self._lib.fuselab_emu_end_call.restype = ctypes.c_int
         self.launchers = {}
         for proto in prototypes:
             launcher = Launcher(self, proto, getattr(self._lib, proto.name))
@@ -158,6 +214,16 @@ class Module:
     def _stream_handle(self):
         if self.backend == "cuda":
             return torch.cuda.current_stream().cuda_stream or None
+        return EMULATED_STREAM
+
+    def _begin_call(self):
+        self._lib.fuselab_emu_begin_call(ctypes.c_void_p(EMULATED_STREAM))
+
+    def _end_call(self):
+        """What the launcher put on another stream than its own during the call, or None."""
+        buffer = ctypes.create_string_buffer(512)
+        if self._lib.fuselab_emu_end_call(buffer, len(buffer)):
+            return buffer.value.decode(errors="replace")
         return None
 
     def _raise_launch_error(self, launcher_name, returned):
@@ -181,3 +247,26 @@ class Module:
         setter.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
         setter.restype = None
         setter(THREAD_ORDERS[order], seed)
+
+
+def _no_work(proto: Prototype, values: dict) -> str:
+    """"n = 0" or "'x' is empty" when this call has nothing to compute, else ""."""
+    for param in proto.call_params:  # a size of 0 first: it is what the launcher computes its grid from
+        if not param.is_tensor and SCALAR_TYPES[param.base_type][1] is int and values[param.name] == 0:
+            return f"{param.name} = 0"
+    for param in proto.call_params:
+        value = values[param.name]
+        if param.is_tensor and isinstance(value, torch.Tensor) and value.numel() == 0 and param.dims:
+            return f"{param.name!r} is empty (shape {tuple(value.shape)})"
+    return ""
+
+
+def _off_stream_message(proto: Prototype, elsewhere: str) -> str:
+    stream = next(p.name for p in proto.params if p.is_stream)
+    return (f"{proto.name} put work on another stream than the one it was given: {elsewhere}. "
+            f"Launch everything on the launcher's `{stream}` argument: kernel<<<grid, block, shared_bytes, "
+            f"{stream}>>>(...), and pass `{stream}` to every ...Async call. On a GPU, work on another stream "
+            f"escapes a CUDA-graph capture of the caller's stream (a replayed graph leaves the output unwritten) "
+            f"and is not ordered with the caller's other work on `{stream}`: the next kernel may read the output "
+            f"before it is written, and the timing's events do not see it. (The CPU emulation, where every launch "
+            f"finishes at once and would hide this, reports it instead.)")

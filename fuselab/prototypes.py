@@ -7,13 +7,21 @@ A lab declares each host launcher as a C prototype, for example::
 From that text fuselab knows everything the tensor glue needs: which arguments are tensors (pointers), their
 dtype (the pointee type), whether the kernel may write them (no ``const``), the optional shape annotation in a
 trailing comment (named or numeric dimensions, checked for rank and consistency across arguments), which
-arguments are plain numbers, and where the stream goes. The same text, comments included, is valid C, so the
+arguments are plain numbers, and where the stream goes.
+
+An integer parameter named like a dimension (``int H`` beside ``x /*[N, C, H, W]*/``) must equal that size on
+every call. A dimension that follows from others is declared with its rule, in C's integer arithmetic::
+
+    float* y /*[N, K, P = (H + 2*pad - R)/stride + 1, Q = (W + 2*pad - S)/stride + 1]*/
+
+(or as a bare expression, ``/*[N, C, H - 2, W - 2]*/``); its names are other dimensions or integer parameters. The same text, comments included, is valid C, so the
 build can also declare it ``extern "C"`` in front of the student's code: a launcher written with another
 signature then fails to compile at the student's own line.
 """
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import re
 from dataclasses import dataclass
@@ -77,6 +85,7 @@ class Param:
     pointer: bool
     const: bool
     dims: tuple = ()  # shape annotation, e.g. ("N", "C", 3, 3); empty when not annotated
+    rules: tuple = ()  # (dimension, expression) for dimensions that follow from others, e.g. ("P", "(H - R) + 1")
 
     @property
     def is_stream(self) -> bool:
@@ -137,6 +146,7 @@ def parse(text: str) -> Prototype:
         raise PrototypeError(f"launcher {name} has two parameters with the same name")
     if sum(p.is_stream for p in params) > 1:
         raise PrototypeError(f"launcher {name} takes more than one cudaStream_t")
+    _check_rules(name, params)
     return Prototype(name=name, return_type=return_type.strip(), params=params, text=text)
 
 
@@ -179,10 +189,10 @@ def _split_params(body: str):
 
 
 def _parse_param(chunk: str, launcher: str) -> Param:
-    dims = ()
-    comment = re.search(r"/\*\s*\[(.*?)\]\s*\*/", chunk)
+    dims, rules = (), ()
+    comment = re.search(r"/\*\s*\[(.*?)\]\s*\*/", chunk, re.S)
     if comment:
-        dims = tuple(int(d) if d.strip().isdigit() else d.strip() for d in comment.group(1).split(",") if d.strip())
+        dims, rules = _parse_dims(comment.group(1), launcher)
     code = re.sub(r"/\*.*?\*/", " ", chunk, flags=re.S).strip()
     match = re.fullmatch(rf"(.*?)({_IDENT})", code, re.S)
     if not match or not match.group(1).strip():
@@ -202,4 +212,89 @@ def _parse_param(chunk: str, launcher: str) -> Param:
         raise PrototypeError(f"launcher {launcher}: parameter {name} has unsupported type {base}")
     if dims and not pointer:
         raise PrototypeError(f"launcher {launcher}: only pointer parameters take a shape annotation")
-    return Param(name=name, base_type=base, pointer=bool(pointer), const=const, dims=dims)
+    return Param(name=name, base_type=base, pointer=bool(pointer), const=const, dims=dims, rules=rules)
+
+
+def _parse_dims(text: str, launcher: str):
+    """``"N, C, P = (H - R)/stride + 1, 3"`` → dims ``("N", "C", "P", 3)`` and rules ``(("P", "(H - R)/stride + 1"),)``.
+
+    A bare expression is a dimension named by its own text."""
+    dims, rules = [], []
+    for part in (d.strip() for d in text.split(",")):
+        if not part:
+            continue
+        if part.isdigit():
+            dims.append(int(part))
+            continue
+        named = re.fullmatch(rf"({_IDENT})\s*=\s*(.+)", part, re.S)
+        if re.fullmatch(_IDENT, part):
+            dims.append(part)
+            continue
+        key, expression = (named.group(1), named.group(2).strip()) if named else (part, part)
+        try:
+            expression_names(expression)
+        except ValueError as exc:
+            raise PrototypeError(f"launcher {launcher}: shape rule {part!r}: {exc}") from None
+        dims.append(key)
+        rules.append((key, expression))
+    return tuple(dims), tuple(rules)
+
+
+_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Mod: "%"}
+
+
+def expression_names(expression: str) -> set:
+    """The names a shape rule uses; ValueError if it is not integer arithmetic (+ - * / %, parentheses)."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        raise ValueError("not an arithmetic expression") from None
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Constant) and not (isinstance(node.value, int) and not isinstance(node.value, bool)):
+            raise ValueError(f"only integer constants, not {node.value!r}")
+        elif isinstance(node, ast.BinOp) and type(node.op) not in _OPERATORS:
+            raise ValueError("only + - * / % and parentheses")
+        elif isinstance(node, ast.UnaryOp) and not isinstance(node.op, (ast.USub, ast.UAdd)):
+            raise ValueError("only + - * / % and parentheses")
+        elif not isinstance(node, (ast.Expression, ast.Name, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Load,
+                                   ast.operator, ast.unaryop)):
+            raise ValueError("only + - * / % and parentheses")
+    return names
+
+
+def evaluate(expression: str, values: dict) -> int:
+    """A shape rule's value in C's integer arithmetic (``/`` and ``%`` truncate toward zero)."""
+    def value(node):
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.UnaryOp):
+            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
+        left, right = value(node.left), value(node.right)
+        if isinstance(node.op, (ast.Div, ast.Mod)):
+            if right == 0:
+                raise ZeroDivisionError(f"division by zero in {expression}")
+            quotient = abs(left) // abs(right) * (1 if (left < 0) == (right < 0) else -1)
+            return quotient if isinstance(node.op, ast.Div) else left - quotient * right
+        return {ast.Add: lambda: left + right, ast.Sub: lambda: left - right,
+                ast.Mult: lambda: left * right}[type(node.op)]()
+    return value(ast.parse(expression, mode="eval"))
+
+
+def _check_rules(launcher: str, params) -> None:
+    """Every name in a shape rule is a dimension of some tensor or an integer parameter."""
+    known = {d for p in params for d in p.dims if isinstance(d, str)}
+    known |= {p.name for p in params if not p.pointer and not p.is_stream and SCALAR_TYPES[p.base_type][1] is int}
+    for param in params:
+        for key, expression in param.rules:
+            unknown = sorted(expression_names(expression) - known)
+            if unknown:
+                raise PrototypeError(f"launcher {launcher}: the shape rule {key} = {expression} of {param.name} "
+                                     f"uses {', '.join(unknown)}, which is neither a dimension nor an integer "
+                                     "parameter")

@@ -187,3 +187,33 @@ def test_escape_hatch_builds_a_torch_extension_from_cpp_sources():
     with pytest.raises(fuselab.BuildError, match="add_one.cpp"):
         fuselab.build_extension("add_one", [source.replace("x + 1", "x + undefined_name")], functions=["add_one"],
                                 timeout=600)
+
+
+@pytest.mark.parametrize("config,named", [("(n + 255) / 256, 256", "names no stream"),
+                                          ("(n + 255) / 256, 256, 0", "names no stream"),
+                                          ("(n + 255) / 256, 256, 0, 0", "names stream 0"),
+                                          ("(n + 255) / 256, 256, 0, cudaStreamPerThread",
+                                           "names stream cudaStreamPerThread")])
+def test_a_cuda_launch_on_stream_zero_in_a_launcher_given_a_stream_is_refused(config, named):
+    # the CUDA build cannot see at run time which stream a launch used (the emulation does): it reads the text
+    source = scale_source("stream zero").replace("256, 256, 0, stream>>>", f"{config}>>>")
+    with pytest.raises(fuselab.BuildError) as info:
+        fuselab.build(source, [PROTO], backend="cuda")
+    message = str(info.value)
+    column = source.splitlines()[6].index("<<<") + 1
+    assert f"kernel.cu:7:{column}: error: this launch {named}, but its function was given `stream`" in message
+    assert "\n      | " + " " * (column - 1) + "^" in message
+    assert "kernel<<<grid, block, shared_bytes, stream>>>" in message and "CUDA-graph capture" in message
+
+
+def test_a_launch_on_the_given_stream_or_a_helper_without_one_builds():
+    from fuselab.emulation.streams import off_stream_launches
+    assert off_stream_launches(scale_source()) == []
+    helper = """
+    __global__ void k(float* x) {}
+    static void run(float* x, cudaStream_t s) { k<<<1, 32, 0, s>>>(x); }
+    void init(float* x) { k<<<1, 32>>>(x); }              // no stream to use
+    // k<<<1, 32>>>(x); in a comment
+    void go(float* x, cudaStream_t stream) { run(x, stream); }
+    """
+    assert off_stream_launches(helper) == []

@@ -401,3 +401,81 @@ def test_nothing_reaches_stderr(capfd):
     assert not result.passed
     str(result), repr(result), result.report()
     assert capfd.readouterr().err == ""
+
+
+# --- what a student reads in a test cell ----------------------------------------------------------------------
+
+
+def test_an_index_without_blockidx_says_only_the_first_block_is_right():
+    # `i = threadIdx.x` with blocks of 256: every block writes out[0..255], nothing else is written
+    def first_block_only(a, b, out):
+        out[:256] = (a + b)[:256]
+
+    error = failure_of(first_block_only, lambda shape, seed: (torch.randn(shape), torch.randn(shape)), [(1000,)],
+                       reference=lambda a, b: a + b, seeds=(0,))
+    hint = error.result.cases[0].comparisons[0].hint
+    assert "only the first 256 elements of `out` in memory order are right" in hint
+    assert "everything from out[256] on is never written" in hint
+    assert "blockIdx" in hint and "i = blockIdx.x * blockDim.x + threadIdx.x" in hint
+
+
+def test_a_grid_short_by_a_few_elements_names_where_it_stops():
+    def short(a, b, out):  # n / 3 blocks of 3: rounded down
+        out[:999] = (a + b)[:999]
+
+    error = failure_of(short, lambda shape, seed: (torch.randn(shape), torch.randn(shape)), [(1001,)],
+                       reference=lambda a, b: a + b, seeds=(0,))
+    hint = error.result.cases[0].comparisons[0].hint
+    assert "only the first 999 elements" in hint and "from out[999] on" in hint and "(n + block - 1) / block" in hint
+
+
+def test_named_cases_print_their_field_names():
+    from collections import namedtuple
+    Case = namedtuple("Case", "N C act")
+
+    def make_inputs(case, seed):
+        return (torch.randn(case.N, case.C),)
+
+    error = failure_of(lambda x, y: y.copy_(x * 3), make_inputs, [Case(2, 3, "relu")], reference=lambda x: x * 2,
+                       seeds=(5,))
+    assert "Case(N=2, C=3, act='relu'), seed=5" in str(error)
+    assert "shape=(2, 3, 'relu')" not in str(error) and "shape=(2, 3, relu)" not in str(error)
+
+
+def test_each_check_prints_one_summary_line_and_details_only_on_failure(capsys):
+    make = lambda shape, seed: (torch.randn(shape),)  # noqa: E731
+    check(lambda x, y: y.copy_(x.exp()), torch.exp, make, [(3,), (5, 7)], seeds=(0, 1, 2), name="exp")
+    check(lambda x, y: y.copy_(x * 2), lambda x: x * 2, make, [(4,)], name="double")
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2
+    assert out[0].startswith("✓ exp: 6 cases passed, largest error ") and "of what the tolerance allows" in out[0]
+    assert out[1] == "✓ double: 3 cases passed, every output exact"
+    with pytest.raises(CheckFailed) as caught:
+        check(lambda x, y: y.copy_(x), lambda x: x * 2, make, [(4,)], seeds=(0,), name="wrong")
+    assert capsys.readouterr().out == "✗ wrong: 1 of 1 case failed\n"
+    assert "first bad element" in str(caught.value)
+    check(lambda x, y: y.copy_(x), lambda x: x, make, [(4,)], verbose=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_missing_name_stops_the_check_at_the_first_case_with_one_message(capsys):
+    def candidate(a, out):
+        unfused_mod.add(a, a, out, a.numel())  # noqa: F821 - the build cell above did not run
+
+    error = failure_of(candidate, lambda shape, seed: (torch.randn(shape),), [(1,), (7,), (255,)],
+                       reference=lambda a: a + a, seeds=(0, 1, 2))
+    message = str(error)
+    assert len(error.result.cases) == 1 and not error.result.passed
+    assert message.count("name 'unfused_mod' is not defined") == 1
+    assert message.startswith("candidate could not run: name 'unfused_mod' is not defined. `unfused_mod` is made "
+                              "by a cell above this one, which failed or has not run yet")
+    assert isinstance(error.__cause__, NameError)
+    assert capsys.readouterr().out == "✗ candidate: could not run: name 'unfused_mod' is not defined\n"
+
+
+def test_a_check_result_gives_nbgrader_no_value_to_read():
+    # IPython asks _ipython_display_ first and then sends no execute_result: nbgrader sees no value, no warning
+    from IPython.core.formatters import DisplayFormatter
+    result = check(lambda x, y: y.copy_(x), lambda x: x, lambda shape, seed: (torch.randn(shape),), [(3,)],
+                   verbose=False)
+    assert DisplayFormatter().format(result) == ({}, {})

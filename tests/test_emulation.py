@@ -575,3 +575,148 @@ def test_aarch64_context_switch_under_qemu(tmp_path):
                     str(binary)], check=True, capture_output=True, timeout=300)
     result = subprocess.run([qemu, str(binary)], capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+STREAM_LAUNCHER = "void scale(const float* x /*[n]*/, float* out /*[n]*/, int n, cudaStream_t stream)"
+STREAM_KERNEL = """
+__global__ void scale_kernel(const float* x, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2.0f * x[i];
+}
+void scale(const float* x, float* out, int n, cudaStream_t stream) {
+    LAUNCH
+}
+"""
+
+
+@pytest.mark.parametrize("launch,named", [
+    ("scale_kernel<<<(n + 127) / 128, 128>>>(x, out, n);", "stream 0 (the legacy default stream"),
+    ("scale_kernel<<<(n + 127) / 128, 128, 0, 0>>>(x, out, n);", "stream 0 (the legacy default stream"),
+    ("scale_kernel<<<(n + 127) / 128, 128, 0, cudaStreamPerThread>>>(x, out, n);", "cudaStreamPerThread"),
+    ("static cudaStream_t side = nullptr;\n    if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
+     "    scale_kernel<<<(n + 127) / 128, 128, 0, side>>>(x, out, n);", "a stream the launcher made itself"),
+    ("cudaMemsetAsync(out, 0, n * sizeof(float));\n"
+     "    scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, n);", "cudaMemsetAsync on stream 0"),
+])
+def test_a_launcher_that_ignores_its_stream_fails_and_says_why(launch, named):
+    mod = fuselab.build(STREAM_KERNEL.replace("LAUNCH", launch), [STREAM_LAUNCHER], backend="emulate",
+                        name="off_stream")
+    x, out = torch.randn(300), torch.empty(300)
+    with pytest.raises(LaunchError) as info:
+        mod.scale(x, out, 300)
+    message = str(info.value)
+    assert "scale put work on another stream than the one it was given" in message and named in message
+    assert "kernel<<<grid, block, shared_bytes, stream>>>" in message
+    assert "CUDA-graph capture" in message and "not ordered with the caller's other work" in message
+    last = launch.split("\n")[-1]
+    if "stream>>>" not in last:  # the launch itself is on the wrong stream: it is named, with its line
+        assert f"kernel scale_kernel launched at off_stream.cu:{6 + launch.count(chr(10)) + 1} on" in message
+
+
+def test_a_launcher_on_its_own_stream_runs_and_the_watch_ends_with_the_call():
+    mod = fuselab.build(STREAM_KERNEL.replace("LAUNCH", "scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, n);"),
+                        [STREAM_LAUNCHER], backend="emulate", name="on_stream")
+    x, out = torch.randn(300), torch.empty(300)
+    mod.scale(x, out, 300)
+    assert torch.equal(out, 2 * x)
+
+
+SIZED = [
+    "void mix(const float* x /*[N, C, H, W]*/, const float* w /*[CO, C]*/, float* y /*[N, CO, H, W]*/, "
+    "int N, int C, int H, int W, int CO, cudaStream_t stream)",
+    "void pool(const float* x /*[N, L]*/, float* y /*[N, P = (L - K)/stride + 1]*/, int N, int L, int K, "
+    "int stride, cudaStream_t stream)",
+]
+SIZED_SOURCE = """
+__global__ void mix_kernel(const float* x, const float* w, float* y, int N, int C, int HW, int CO) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;   // one output element: (n, co, pixel)
+    if (i >= N * CO * HW) return;
+    int p = i % HW, co = (i / HW) % CO, n = i / (HW * CO);
+    float acc = 0.0f;
+    for (int c = 0; c < C; ++c) acc += w[co * C + c] * x[(n * C + c) * HW + p];
+    y[i] = acc;
+}
+void mix(const float* x, const float* w, float* y, int N, int C, int H, int W, int CO, cudaStream_t stream) {
+    int total = N * CO * H * W;
+    if (total > 0) mix_kernel<<<(total + 127) / 128, 128, 0, stream>>>(x, w, y, N, C, H * W, CO);
+}
+__global__ void pool_kernel(const float* x, float* y, int N, int L, int K, int stride, int P) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * P) return;
+    int n = i / P, p = i % P;
+    float best = x[n * L + p * stride];
+    for (int k = 1; k < K; ++k) best = fmaxf(best, x[n * L + p * stride + k]);
+    y[i] = best;
+}
+void pool(const float* x, float* y, int N, int L, int K, int stride, cudaStream_t stream) {
+    int P = (L - K) / stride + 1;
+    if (N * P > 0) pool_kernel<<<(N * P + 127) / 128, 128, 0, stream>>>(x, y, N, L, K, stride, P);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def sized():
+    return fuselab.build(SIZED_SOURCE, SIZED, backend="emulate", name="sized")
+
+
+def test_size_arguments_are_checked_against_the_tensors(sized):
+    x, w, y = torch.randn(2, 4, 6, 7), torch.randn(4, 4), torch.empty(2, 4, 6, 7)
+    sized.mix(x, w, y, 2, 4, 6, 7, 4)
+    assert torch.allclose(y, torch.einsum("oc,nchw->nohw", w, x), atol=1e-5)
+    # a 5-high launch of a 6-high input would leave a row unwritten
+    with pytest.raises(ValueError, match=r"argument 'H' of mix is 5, but argument 'x' has H=6 \(shape \(2, 4, 6, 7\)\)"):
+        sized.mix(x, w, y, 2, 4, 5, 7, 4)
+    # 9 output channels for 4 wrote past the weights and the output: under the emulation it killed Python
+    with pytest.raises(ValueError, match=r"argument 'CO' of mix is 9, but argument 'w' has CO=4"):
+        sized.mix(x, w, y, 2, 4, 6, 7, 9)
+
+
+def test_an_output_shape_that_follows_from_the_inputs_is_checked(sized):
+    x = torch.randn(3, 10)
+    y = torch.empty(3, 4)  # (10 - 3) / 2 + 1 = 4
+    sized.pool(x, y, 3, 10, 3, 2)
+    assert torch.equal(y, x.unfold(1, 3, 2).amax(dim=2))
+    with pytest.raises(ValueError) as info:
+        sized.pool(x, torch.empty(3, 5), 3, 10, 3, 2)
+    assert "argument 'y' of pool has shape (3, 5), but its size P = (L - K)/stride + 1 is 4 with K=3, L=10, " \
+           "stride=2, not 5" in str(info.value)
+    with pytest.raises(ValueError, match="division by zero"):
+        sized.pool(x, y, 3, 10, 3, 0)
+
+
+def test_a_compile_error_on_a_launch_line_quotes_the_line_with_a_caret_at_the_students_column():
+    # the launch is rewritten into a much longer line: g++'s column (208 on a 110-character line) must be mapped
+    # back, and g++, which cannot read kernel.cu, quotes nothing and counts bytes (the µ is two)
+    launch = "    if (n > 0) scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, /* µs */ nn);"
+    source = STREAM_KERNEL.replace("    LAUNCH", launch)
+    with pytest.raises(BuildError) as info:
+        fuselab.build(source, [STREAM_LAUNCHER], backend="emulate", name="launch_typo")
+    lines = str(info.value).splitlines()
+    header = next(i for i, line in enumerate(lines) if "error:" in line and "nn" in line)
+    column = launch.index("nn") + 1
+    assert lines[header].startswith(f"launch_typo.cu:7:{column}: error:")
+    assert lines[header + 1] == f"    7 | {launch}"
+    assert lines[header + 2] == "      | " + " " * (column - 1) + "^"
+    assert "\x1b[" not in str(info.value)
+
+
+def test_a_compile_error_in_a_launch_over_several_lines_names_the_line_it_is_on():
+    launch = "    scale_kernel<<<(n + 127) / 128,\n\t\t128, 0, stream>>>(x, out,\n\t\tnn);"
+    with pytest.raises(BuildError) as info:
+        fuselab.build(STREAM_KERNEL.replace("    LAUNCH", launch), [STREAM_LAUNCHER], backend="emulate",
+                      name="launch_lines")
+    message = str(info.value)
+    assert "launch_lines.cu:9:3: error:" in message and "    9 | \t\tnn);\n      | \t\t^" in message
+
+
+def test_a_launch_of_zero_blocks_for_no_work_says_to_launch_nothing():
+    launch = "scale_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, out, n);"  # no `if (n > 0)`
+    mod = fuselab.build(STREAM_KERNEL.replace("LAUNCH", launch), [STREAM_LAUNCHER], backend="emulate",
+                        name="no_guard")
+    mod.scale(torch.randn(5), torch.empty(5), 5)
+    with pytest.raises(LaunchError) as info:
+        mod.scale(torch.randn(0), torch.empty(0), 0)
+    message = str(info.value)
+    assert "cudaErrorInvalidConfiguration" in message and "grid (0,1,1) has a zero dimension" in message
+    assert "n = 0: there is nothing to compute" in message and "`if (n > 0) kernel<<<...>>>(...)`" in message

@@ -72,3 +72,26 @@ def test_autograde_on_cpu_gives_correctness_points_and_no_speed_points(tmp_path)
         correctness = {k: v for k, v in solution["cells"].items() if k.startswith("test_") and k not in speed_cells}
         assert correctness and all(score == maximum for score, maximum in correctness.values()), correctness
         assert blank["autograded_score"] == 0.0 and blank["autograded_max"] == solution["autograded_max"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_validate_without_gpu_gives_no_score_and_says_the_course_measures_it(capsys, monkeypatch, tmp_path):
+    def never(*args, **kwargs):
+        raise AssertionError("nothing may be timed without a GPU")
+
+    def run():
+        return grade.speedup_test("lab0.add_relu_mul", candidate=never, reference_op=never, reference=never,
+                                  make_inputs=never, module=None, max_points=4)
+
+    monkeypatch.delenv("FUSELAB_GRADING", raising=False)
+    monkeypatch.setenv("NBGRADER_VALIDATING", "1")
+    assert fuselab.grading_mode()  # the heavy demos skip under Validate too
+    assert run() is None  # a cell that shows no value passes Validate
+    said = capsys.readouterr().out
+    assert "measured when the course grades your notebook on its GPU" in said and "0 of 4" not in said
+    # the grader's run (nbgrader sets the same variable when an instructor validates a graded copy) still scores 0
+    monkeypatch.setenv("FUSELAB_GRADING", "1")
+    monkeypatch.setenv("FUSELAB_GRADE_LOG", str(tmp_path / "log.jsonl"))
+    assert run() == 0.0
+    assert "not measured (no GPU)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "log.jsonl").read_text())["status"] == "not measured (no GPU)"

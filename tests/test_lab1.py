@@ -89,3 +89,22 @@ def test_self_check_stage_runs_end_to_end_as_a_dry_run(tmp_path):
 @pytest.mark.parametrize("name", sorted(lab1_samples.SAMPLES))
 def test_every_sample_applies(name):
     make_submission("lab1", lab1_samples.SAMPLES[name])
+
+
+def test_an_output_size_computed_with_true_division_is_caught():
+    lab1.check_output_size(lab1.conv_output_size)
+    with pytest.raises(AssertionError, match=r"conv_output_size\(5, 3, 2, 1\) returned 3.0, a float: .* \(use // for integer division"):
+        lab1.check_output_size(lambda size, kernel, stride, pad: (size + 2 * pad - kernel) / stride + 1)
+    with pytest.raises(AssertionError, match=r"returned 3, expected 2"):  # an int, but 2.5 rounded up
+        lab1.check_output_size(lambda size, kernel, stride, pad: round((size + 2 * pad - kernel) / stride + 1.01))
+
+
+def test_the_conv_launchers_output_size_rule_is_the_labs():
+    from fuselab.prototypes import evaluate, parse
+    y = parse(lab1.CONV).params[3]
+    assert y.name == "y" and dict(y.rules)["P"] == "(H + 2*pad - R)/stride + 1"
+    for case in lab1.SMALL_CONV_CASES + lab1.HIDDEN_SMALL_CONV_CASES:
+        values = {"H": case.H, "W": case.W, "R": case.R, "S": case.R, "stride": case.stride, "pad": case.pad}
+        assert (evaluate(dict(y.rules)["P"], values), evaluate(dict(y.rules)["Q"], values)) == \
+            (lab1.conv_output_size(case.H, case.R, case.stride, case.pad),
+             lab1.conv_output_size(case.W, case.R, case.stride, case.pad)), case

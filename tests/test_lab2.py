@@ -122,3 +122,18 @@ def test_network_counts_cover_every_kind_of_block():
 
 def test_bytes_moved_counts_six_passes_unfused_and_two_fused():
     assert lab2.bytes_moved((2, 3, 4, 5)) == {"unfused": 6 * 120 * 4, "fused": 2 * 120 * 4}
+
+
+def test_a_fold_computed_in_half_precision_fails_a_visible_case():
+    """The text's warning, caught before grading: var = 0 and eps = 1e-8 give var + eps = 0 in fp16, so ±inf."""
+    def half_fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+        scale = torch.rsqrt(var + eps)  # in the parameters' dtype: fp16 for fp16 parameters
+        scale = scale * gamma if gamma is not None else scale
+        b = (conv_b if conv_b is not None else torch.zeros_like(mean)) - mean
+        return conv_w * scale.reshape(-1, *[1] * (conv_w.dim() - 1)), b * scale + (beta if beta is not None else 0)
+
+    lab2.check_fold_weights(half_fold, [c for c in lab2.FOLD_CASES if "dtype" not in c])  # right in fp32
+    dead = [c for c in lab2.FOLD_CASES if c.get("dead_channel")]
+    assert dead and all(c["dtype"] == torch.float16 and c["eps"] == 1e-8 for c in dead)
+    with pytest.raises(AssertionError, match="inf"):
+        lab2.check_fold_weights(half_fold, dead)

@@ -40,3 +40,25 @@ def test_half_and_void_pointers():
 def test_launcher_names_must_be_unique():
     with pytest.raises(PrototypeError):
         parse_all(["void f(int n)", "void f(float x)"])
+
+
+def test_shape_rules_parse_and_compute_in_c_integer_arithmetic():
+    from fuselab.prototypes import evaluate
+    p = parse("void conv(const float* x /*[N, C, H, W]*/, const float* w /*[K, C, R, S]*/, "
+              "float* y /*[N, K, P = (H + 2*pad - R)/stride + 1, W - S + 1]*/, int stride, int pad, cudaStream_t s)")
+    y = p.params[2]
+    assert y.dims == ("N", "K", "P", "W - S + 1")
+    assert y.rules == (("P", "(H + 2*pad - R)/stride + 1"), ("W - S + 1", "W - S + 1"))
+    assert evaluate("(H + 2*pad - R)/stride + 1", {"H": 5, "pad": 1, "R": 3, "stride": 2}) == 3
+    assert evaluate("-7 / 2", {}) == -3 and evaluate("-7 % 2", {}) == -1  # C truncates toward zero
+
+
+@pytest.mark.parametrize("annotation, why", [
+    ("P = H ** 2", "only + - * / %"),
+    ("P = H + missing", "uses missing, which is neither a dimension nor an integer parameter"),
+    ("P = H + slope", "uses slope"),  # a float parameter is not a size
+    ("P = H + 0.5", "only integer constants"),
+])
+def test_a_shape_rule_that_is_not_integer_arithmetic_on_known_names_is_refused(annotation, why):
+    with pytest.raises(PrototypeError, match=why.replace("*", r"\*").replace("+", r"\+")):
+        parse(f"void f(const float* x /*[H]*/, float* y /*[{annotation}]*/, float slope, cudaStream_t s)")

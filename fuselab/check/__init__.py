@@ -7,8 +7,10 @@ with dtype-aware tolerances (``tolerance.py``). Outputs are poisoned and wrapped
 (``poison.py``), so "never written" and "wrote past the end" are reported as such, not as wrong values. Inputs
 must come back bitwise unchanged. A failure raises ``CheckFailed`` (an ``AssertionError``) whose message names the
 case, the first bad element as ``out[n, c, h, w]`` with got/expected values, the errors, the fraction of bad
-elements and, where the pattern is recognizable, a hint (``hints.py``). Nothing is ever printed: nbgrader scores a
-test cell that writes to stderr 0.
+elements and, where the pattern is recognizable, a hint (``hints.py``). As it finishes, a check prints one line to
+stdout (✓/✗, name, cases passed, worst error), so every check of a test cell shows; nothing ever goes to stderr
+(nbgrader scores a test cell that writes there 0). A ``CheckResult`` left as a cell's last value shows as that
+line, never as a value nbgrader would try to read as the cell's score.
 
 For a single pair of tensors: ``compare(got, expected)`` returns a ``Comparison``; ``assert_close`` raises.
 

@@ -26,6 +26,7 @@ def check(
     outputs: str = "write",
     out_dtype=None,
     raise_on_fail: bool = True,
+    verbose: bool = True,
 ) -> CheckResult:
     """Check ``candidate`` against ``reference`` on every shape in ``shapes`` and every seed in ``seeds``.
 
@@ -44,9 +45,13 @@ def check(
     show); returned outputs get neither. Inputs must come back bitwise unchanged.
 
     Returns a ``CheckResult``. If a case fails and ``raise_on_fail`` (the default), raises ``CheckFailed`` (an
-    ``AssertionError``) whose message is the report. Nothing is printed. An exception raised by the candidate fails
-    its case (and is chained to ``CheckFailed``); on a GPU the remaining cases are skipped, since a CUDA fault is
-    sticky. Exceptions from ``make_inputs`` or ``reference`` propagate unchanged: they are the lab author's bugs.
+    ``AssertionError``) whose message is the report. With ``verbose`` (the default) one line goes to stdout as the
+    check finishes: ✓/✗, the name, the cases passed and the worst error, so that every check of a test cell shows;
+    the details come only with a failure. Nothing ever goes to stderr (nbgrader scores a cell that writes there 0).
+    An exception raised by the candidate fails its case (and is chained to ``CheckFailed``); on a GPU the remaining
+    cases are skipped, since a CUDA fault is sticky. A ``NameError`` stops the check at once: a name the candidate
+    needs is missing (a build cell above failed or did not run), and every other case would say the same.
+    Exceptions from ``make_inputs`` or ``reference`` propagate unchanged: they are the lab author's bugs.
     """
     if outputs not in ("write", "return"):
         raise ValueError(f'outputs must be "write" (the candidate writes into outputs it is given) or "return", not {outputs!r}')
@@ -62,6 +67,9 @@ def check(
         for seed in seeds:
             case, device = _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype)
             result.cases.append(case)
+            if isinstance(case.exception, NameError):
+                result.could_not_run = _missing_name_note(case.exception)
+                break
             if case.error and device.type != "cpu":
                 # An illegal address on a GPU is sticky: every later call in this process would fail the same way.
                 result.notes.append(f"stopped after {case.label}: the candidate raised an error on {device.type}")
@@ -70,10 +78,21 @@ def check(
             continue
         break
 
+    if verbose:
+        print(result.headline())
+        result.announced = True
     if raise_on_fail and not result.passed:
         first_exception = next((case.exception for case in result.cases if case.exception is not None), None)
         raise CheckFailed(result.report(), result) from first_exception
     return result
+
+
+def _missing_name_note(exc: NameError) -> str:
+    name = getattr(exc, "name", None)
+    what = f"`{name}`" if name else "that name"
+    return (f"{exc}. {what} is made by a cell above this one, which failed or has not run yet (a build cell "
+            f"whose error scrolled by?). Run the cells above in order (Run > Run All Above Selected Cell), fix "
+            f"the first error there, then run this cell again.")
 
 
 def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype):

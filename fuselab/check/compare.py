@@ -43,6 +43,7 @@ class Comparison:
     max_abs_error: float | None = None
     max_rel_error: float | None = None  # over elements whose expected value is not 0
     expected_scale: float = 0.0  # max |expected| over finite elements
+    tolerance_used: float | None = None  # max over finite elements of |error| / allowed: 1 is the limit
     atol: float = 0.0  # the absolute tolerance in force (already scaled)
     rtol: float = 0.0
     tolerance: str = ""  # the rule in words
@@ -160,6 +161,10 @@ def _compare_values(got, expected, tolerance, name) -> Comparison:
     )
     if bool(finite.any()):
         result.max_abs_error = float(error[finite].max())
+        err, limit = error[finite], allowed[finite]
+        # an exact rule (allowed 0) is used up by any error at all
+        used = torch.where(limit > 0, err / limit.clamp_min(1e-300), torch.where(err > 0, float("inf"), 0.0))
+        result.tolerance_used = float(used.max())
         nonzero = finite & (e != 0)
         if bool(nonzero.any()):
             result.max_rel_error = float((error[nonzero] / e.abs()[nonzero]).max())

@@ -34,7 +34,10 @@ def format_error(value) -> str:
 
 
 def format_shape(shape) -> str:
-    """A shape as make_inputs received it: ``(1, 3, 5, 5)``, ``N=1, C=3`` for a dict, else its repr."""
+    """A shape as make_inputs received it: ``(1, 3, 5, 5)``, ``N=1, C=3`` for a dict, a named tuple with its field
+    names (``ConvCase(N=1, C=3, ..., act='relu')``, which a student can paste to rerun the case), else its repr."""
+    if is_named_case(shape):
+        return f"{type(shape).__name__}({', '.join(f'{k}={v!r}' for k, v in zip(shape._fields, shape))})"
     if isinstance(shape, dict):
         return ", ".join(f"{k}={v}" for k, v in shape.items())
     if isinstance(shape, (tuple, list)):
@@ -44,3 +47,8 @@ def format_shape(shape) -> str:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def is_named_case(shape) -> bool:
+    """A named tuple (``collections.namedtuple`` or ``typing.NamedTuple``): its fields name the case."""
+    return isinstance(shape, tuple) and isinstance(getattr(shape, "_fields", None), tuple)

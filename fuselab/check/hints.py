@@ -52,6 +52,30 @@ def _what(ev: Evidence) -> str:
     return "never written" if bool((ev.not_written | ~ev.bad).all()) else "wrong"
 
 
+# Block sizes students use: a power of two from one warp to the 1024-thread limit.
+_BLOCK_SIZES = {32, 64, 128, 256, 512, 1024}
+
+
+def _correct_only_below(ev: Evidence) -> str:
+    """Right up to flat index k, wrong from k on: k is often one block's worth of threads (``i = threadIdx.x``)."""
+    flat = ev.bad.flatten()
+    k = int(flat.to(torch.uint8).argmax())
+    if k == 0 or not bool(flat[k:].all()):
+        return ""
+    first = format_index(ev.name, torch.unravel_index(torch.tensor(k), ev.bad.shape))
+    where = f"{first} on (flat index {k} and up)" if ev.bad.dim() > 1 else f"{first} on"
+    said = (f"only the first {plural(k, 'element')} of `{ev.name}` in memory order {'is' if k == 1 else 'are'} "
+            f"right; everything from {where} is {_what(ev)}")
+    one_block = (f"{k} is one block of {k} threads: does the index use blockIdx? "
+                 "`i = threadIdx.x` makes every block write the same first elements; "
+                 "use `i = blockIdx.x * blockDim.x + threadIdx.x`")
+    short_grid = ("the grid covers too few elements or a loop stops early (`<` vs `<=`, n rounded down): "
+                  "round the number of blocks up, (n + block - 1) / block")
+    if k in _BLOCK_SIZES:
+        return f"{said}. {one_block}. (If {k} is a whole number of your blocks instead, {short_grid}.)"
+    return f"{said}: {short_grid}. (If {k} is your block size, the index is missing blockIdx.)"
+
+
 def _tail_along_a_dimension(ev: Evidence) -> str:
     bad = ev.bad
     for dim in range(bad.dim()):
@@ -70,20 +94,6 @@ def _tail_along_a_dimension(ev: Evidence) -> str:
             f"If {size} is not a multiple of your block size, round the number of blocks up: (n + block - 1) / block."
         )
     return ""
-
-
-def _tail_in_memory_order(ev: Evidence) -> str:
-    flat = ev.bad.flatten()
-    start = int(flat.to(torch.uint8).argmax())
-    if start == 0 or not bool(flat[start:].all()):
-        return ""
-    first = format_index(ev.name, torch.unravel_index(torch.tensor(start), ev.bad.shape))
-    count = flat.numel() - start
-    which = f"the last element ({first}) is" if count == 1 else f"the last {count} elements in memory order (from {first} on) are"
-    return (
-        f"{which} {_what(ev)}: "
-        "the grid covers too few elements, or a loop bound stops early (`<` vs `<=`, or n rounded down)."
-    )
 
 
 def _some_not_written(ev: Evidence) -> str:
@@ -216,8 +226,8 @@ def _depends_on_one_dimension(ev: Evidence) -> str:
 
 _RULES = (
     _nothing_written,
+    _correct_only_below,
     _tail_along_a_dimension,
-    _tail_in_memory_order,
     _some_not_written,
     _nan,
     _inf,

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from .compare import Comparison
-from .formatting import format_shape, plural
+from .formatting import format_error, format_shape, is_named_case, plural
 
 # A failure message shows this many failing cases in full; the rest get one line each.
 _DETAILED_FAILURES = 3
@@ -27,6 +27,8 @@ class CaseResult:
 
     @property
     def label(self) -> str:
+        if is_named_case(self.shape):  # its type and field names say what it is
+            return f"{format_shape(self.shape)}, seed={self.seed}"
         return f"shape={format_shape(self.shape)}, seed={self.seed}"
 
     def line(self) -> str:
@@ -69,6 +71,8 @@ class CheckResult:
     name: str
     cases: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # e.g. why the remaining cases were not run
+    announced: bool = field(default=False, repr=False, compare=False)  # its headline was printed already
+    could_not_run: str | None = None  # why the candidate could not run at all (a name a cell above defines)
 
     @property
     def passed(self) -> bool:
@@ -84,8 +88,28 @@ class CheckResult:
             return f"{self.name}: all {plural(len(self.cases), 'case')} passed"
         return f"{self.name}: {failed} of {plural(len(self.cases), 'case')} failed"
 
+    def headline(self) -> str:
+        """One line, printed as the check finishes: ✓/✗, the name, the cases passed and the worst error."""
+        total, failed = len(self.cases), len(self.failures)
+        if self.could_not_run:
+            return f"✗ {self.name}: could not run: {self.could_not_run.split('. ')[0]}"
+        if failed:
+            return f"✗ {self.name}: {failed} of {plural(total, 'case')} failed"
+        worst = max((c for case in self.cases for c in case.comparisons if c.tolerance_used is not None),
+                    key=lambda c: c.tolerance_used, default=None)
+        if worst is None:
+            error = ""
+        elif worst.tolerance_used == 0:
+            error = ", every output exact"
+        else:
+            error = (f", largest error {format_error(worst.max_abs_error)} "
+                     f"({worst.tolerance_used:.0%} of what the tolerance allows)")
+        return f"✓ {self.name}: {plural(total, 'case')} passed{error}"
+
     def report(self) -> str:
         """The student-readable failure report: the failing cases in detail, then what passed."""
+        if self.could_not_run:  # said once, not once per case
+            return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
         parts += [case.details() for case in failures[:_DETAILED_FAILURES]]
@@ -105,6 +129,7 @@ class CheckResult:
             "n_cases": len(self.cases),
             "n_failed": len(self.failures),
             "notes": list(self.notes),
+            "could_not_run": self.could_not_run,
             "cases": [case.to_dict() for case in self.cases],
         }
 
@@ -116,6 +141,12 @@ class CheckResult:
 
     def __str__(self) -> str:
         return self.__repr__() if self.passed else self.report()
+
+    def _ipython_display_(self):
+        # A test cell's last value: nbgrader reads a displayed value as the cell's score and warns about any
+        # that is not a number, so a check shows itself as printed text and gives nbgrader no value at all.
+        if not self.announced:
+            print(self.headline())
 
 
 def _first_line(text: str) -> str:

@@ -6,12 +6,12 @@ fiber on the CPU, blocks in parallel on the cores. See docs/emulation.md for wha
 """
 
 from .flags import CXXFLAGS, INCLUDE_DIR, LDFLAGS, SanitizerFlags, sanitizer_flags
-from .translate import translate
+from .translate import SourceMap, translate, translate_with_map
 
 HEADER = "fuselab_emu.h"
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
 __all__ = [
     "CXXFLAGS", "HEADER", "INCLUDE_DIR", "LDFLAGS", "SanitizerFlags", "THREAD_ORDERS", "sanitizer_flags",
-    "translate",
+    "SourceMap", "translate", "translate_with_map",
 ]

@@ -29,8 +29,16 @@ class Rewriter:
     def fail(self, construct, pos, hint=""):
         raise UnsupportedConstruct(construct, line_of(self.text, pos), self.filename, hint)
 
-    def edit(self, start, end, replacement):
-        self.edits.append((start, end, keep_lines(self.text[start:end], replacement)))
+    def edit(self, start, end, replacement, pieces=(), search_from=0):
+        """Replace text[start:end]. ``pieces``: spans of the original copied verbatim into ``replacement`` (in
+        order, from ``search_from`` on), so that a compiler's column inside it maps back to the student's text."""
+        placed, cursor = [], search_from
+        for piece_start, piece_end in pieces:
+            found = replacement.find(self.text[piece_start:piece_end], cursor)
+            if found >= 0 and piece_end > piece_start:
+                placed.append((found, piece_start, piece_end - piece_start))
+                cursor = found + piece_end - piece_start
+        self.edits.append((start, end, keep_lines(self.text[start:end], replacement), tuple(placed)))
 
     # ---- #pragma unroll: nvcc's hint; g++ would warn about it ----
     def pragmas(self):
@@ -90,7 +98,8 @@ class Rewriter:
                 self.fail("this form of kernel launch (unbalanced parentheses)", pos)
 
             kernel = self.text[kernel_start:pos].strip()
-            parts = [self.text[a:b].strip() for a, b in split_top_level(self.code, pos + 3, config_end)]
+            spans = [_stripped(self.text, a, b) for a, b in split_top_level(self.code, pos + 3, config_end)]
+            parts = [self.text[a:b] for a, b in spans]
             if len(parts) < 2 or len(parts) > 4 or not all(parts):
                 self.fail(f"a launch configuration with {len(parts)} values", pos,
                           "CUDA takes <<<grid, block[, shared bytes[, stream]]>>>")
@@ -101,12 +110,14 @@ class Rewriter:
             base = self.kernel_name(self.code[kernel_start:pos])
             fibers = "true" if self.analysis.needs_fibers(base) else "false"
             call_args = (", " + args) if args.strip() else ""
+            site = f'::fuselab_emu::launch(::fuselab_emu::LaunchSite{{"{base}", __FILE__, __LINE__, {fibers}}}, '
             replacement = (
-                f'::fuselab_emu::launch(::fuselab_emu::LaunchSite{{"{base}", __FILE__, __LINE__, {fibers}}}, '
-                f"{grid}, {block}, {shmem}, {stream}, "
+                site + f"{grid}, {block}, {shmem}, {stream}, "
                 f"[&](auto&... fuselab_args) {{ {kernel}(fuselab_args...); }}{call_args})"
             )
-            self.edit(kernel_start, args_close + 1, replacement)
+            kernel_span = _stripped(self.text, kernel_start, pos)
+            self.edit(kernel_start, args_close + 1, replacement,
+                      pieces=[*spans, kernel_span, (args_open + 1, args_close)], search_from=len(site))
 
     def kernel_expression_start(self, pos):
         code, j = self.code, pos - 1
@@ -203,6 +214,15 @@ class Rewriter:
             names.append(idents[-1])
         registrations = " ".join(f"::fuselab_emu::shared_static((void*)&({n}), sizeof({n}));" for n in names)
         return f"static thread_local {cleaned.strip()}; {registrations}"
+
+
+def _stripped(text, start, end):
+    """``(start, end)`` narrowed to text[start:end] without its surrounding whitespace."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
 
 
 def _top_level_index(text, char):

@@ -91,9 +91,11 @@ SAMPLES.update({
             "static cudaStream_t side = nullptr;  // launch where the timing's events cannot see it\n"
             "    if (side == nullptr) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
             "    if (n > 0) add_relu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, side>>>")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
         expect_gpu={"test_fused": "any", "test_speedup": "zero"},
-        why="launches on a side stream, outside the timed stream: the graph-replay check must catch it (GPU); "
-            "its correctness checks race with the side stream (on the H200 they read unwritten outputs)"),
+        why="launches on a side stream, outside the timed stream: the CPU emulation refuses it at the first call; "
+            "on a GPU the graph-replay check must catch it, and its correctness checks race with the side stream "
+            "(on the H200 they read unwritten outputs)"),
     "cheat_timed_size": Sample(
         changes={"fused_source": lambda s: s.replace(
             "void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, "

@@ -22,7 +22,8 @@ ACTIVATIONS = {"none": 0, "relu": 1, "leaky_relu": 2}
 
 # ---------------------------------------------------------------------------------------------- prototypes
 _CONV_ARGS = ("const float* x /*[N, C, H, W]*/, const float* w /*[K, C, R, S]*/, const float* bias, "
-              "float* y /*[N, K, P, Q]*/, int N, int C, int H, int W, int K, int R, int S, int P, int Q, "
+              "float* y /*[N, K, P = (H + 2*pad - R)/stride + 1, Q = (W + 2*pad - S)/stride + 1]*/, "
+              "int N, int C, int H, int W, int K, int R, int S, int P, int Q, "
               "int stride, int pad")
 _DW_ARGS = ("const float* x /*[N, C, H, W]*/, const float* w /*[C, 1, 3, 3]*/, const float* bias, "
             "float* y /*[N, C, H, W]*/, int N, int C, int H, int W")
@@ -271,6 +272,24 @@ DEPTHWISE_RESULTS = "lab1_depthwise.json"
 def conv_output_size(size, kernel, stride, pad):
     """Output length of a convolution along one axis."""
     return (size + 2 * pad - kernel) // stride + 1
+
+
+# (size, kernel, stride, pad) cases a student's conv_output_size must get right, as an int: 5/2 + 1 = 3.5 in
+# Python, where C's integer division gives 3, and a float size cannot shape a tensor
+OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0), (6, 3, 2, 0), (1, 1, 1, 0), (8, 3, 2, 1)]
+
+
+def check_output_size(conv_output_size_fn, cases=OUTPUT_SIZE_CASES):
+    """A student's ``conv_output_size`` returns the lab's value, as an ``int``, on every case."""
+    for size, kernel, stride, pad in cases:
+        got = conv_output_size_fn(size, kernel, stride, pad)
+        want = conv_output_size(size, kernel, stride, pad)
+        call = f"conv_output_size({size}, {kernel}, {stride}, {pad})"
+        if isinstance(got, bool) or not isinstance(got, int):
+            raise AssertionError(f"{call} returned {got!r}, a {type(got).__name__}: an output size is a whole "
+                                 f"number, an int (use // for integer division; / gives a float in Python)")
+        if got != want:
+            raise AssertionError(f"{call} returned {got}, expected {want}")
 
 
 def _slope(gen):

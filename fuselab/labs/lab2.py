@@ -226,6 +226,9 @@ FOLD_CASES = [
     dict(name="BN with affine=False", cin=3, cout=5, kernel=1, bias=True, affine=False),
     dict(name="depthwise 3x3, eps=1e-3", cin=8, cout=8, kernel=3, groups=8, bias=False, eps=1e-3),
     dict(name="fp16 parameters", cin=6, cout=6, kernel=3, groups=6, bias=False, dtype=torch.float16),
+    # var + eps computed in fp16 is 0 (1e-8 is below fp16's smallest number): a fold in half precision gives ±inf
+    dict(name="fp16, a dead channel (var = 0), eps=1e-8", cin=4, cout=4, kernel=3, groups=4, bias=False, eps=1e-8,
+         dtype=torch.float16, dead_channel=True),
 ]
 HIDDEN_FOLD_CASES = [
     dict(name="5x5, groups=2, eps=0.1", cin=4, cout=6, kernel=5, groups=2, bias=True, eps=0.1),

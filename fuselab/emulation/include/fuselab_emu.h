@@ -65,6 +65,23 @@ extern "C" void fuselab_emu_set_thread_order(int order, unsigned long long seed)
 
 extern "C" int fuselab_emu_get_thread_order() { return fuselab_emu::thread_order(); }
 
+// Watch the stream of one launcher call: `stream` is what fuselab passed it.
+extern "C" void fuselab_emu_begin_call(void* stream) {
+  fuselab_emu::CallStream& call = fuselab_emu::call_stream();
+  call.active = true;
+  call.given = static_cast<cudaStream_t>(stream);
+  call.violation.clear();
+}
+
+// End the watch: 1 (and what ran elsewhere, in msg) when work went to another stream, else 0.
+extern "C" int fuselab_emu_end_call(char* msg, int cap) {
+  fuselab_emu::CallStream& call = fuselab_emu::call_stream();
+  call.active = false;
+  if (call.violation.empty()) return 0;
+  if (msg && cap > 0) std::snprintf(msg, cap, "%s", call.violation.c_str());
+  return 1;
+}
+
 // How many OS threads run blocks (0: OpenMP's default, usually one per core).
 extern "C" void fuselab_emu_set_num_threads(int n) { fuselab_emu::settings().os_threads = n < 0 ? 0 : n; }
 

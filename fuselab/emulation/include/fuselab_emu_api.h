@@ -1,11 +1,16 @@
 // fuselab CPU emulation: the host-side CUDA runtime calls a launcher may make.
 //
 // "Device" memory is host memory: the tensors fuselab passes are CPU tensors. Streams do not exist
-// (every launch is synchronous), so stream and synchronize calls only report errors.
+// (every launch is synchronous), so stream and synchronize calls only report errors. What the emulation does
+// watch is which stream work is put on: while fuselab calls a launcher, a launch or an async copy on any
+// stream but the launcher's `stream` argument is recorded, and fuselab raises (see call_stream below).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "fuselab_emu_errors.h"
 
@@ -46,6 +51,37 @@ enum cudaDeviceAttr {
 #define cudaStreamDefault 0x00
 #define cudaStreamLegacy ((cudaStream_t)0x1)
 #define cudaStreamPerThread ((cudaStream_t)0x2)
+
+namespace fuselab_emu {
+// The stream a launcher was given, while fuselab's Python side calls it (fuselab_emu_begin_call). On a GPU,
+// work on any other stream escapes a CUDA-graph capture of the caller's stream and is not ordered with the
+// caller's other work, so the emulation, where every launch is synchronous and would hide it, reports it.
+struct CallStream {
+  bool active = false;
+  cudaStream_t given = nullptr;
+  std::string violation;  // the first piece of work on another stream, described for a student
+};
+
+inline CallStream& call_stream() {
+  static thread_local CallStream state;
+  return state;
+}
+
+inline std::string describe_stream(cudaStream_t stream) {
+  if (stream == nullptr) return "stream 0 (the legacy default stream: no stream given, or 0)";
+  if (stream == cudaStreamLegacy) return "cudaStreamLegacy (the legacy default stream)";
+  if (stream == cudaStreamPerThread) return "cudaStreamPerThread";
+  return "a stream the launcher made itself";
+}
+
+// False (and the first such use recorded) when `stream` is not the launcher's own while a call is watched.
+inline bool on_given_stream(cudaStream_t stream, const std::string& what) {
+  CallStream& call = call_stream();
+  if (!call.active || stream == call.given) return true;
+  if (call.violation.empty()) call.violation = what + " on " + describe_stream(stream);
+  return false;
+}
+}  // namespace fuselab_emu
 
 namespace fuselab_emu {
 // The emulated device's limits are an H100/H200's (compute capability 9.0).
@@ -152,8 +188,14 @@ inline cudaError_t cudaDeviceSynchronize() {
   return e;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) { if (s) *s = nullptr; return cudaSuccess; }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { if (s) *s = nullptr; return cudaSuccess; }
+// A created stream gets a handle of its own (never dereferenced), so that work on it is told apart from the
+// launcher's stream and from stream 0.
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  static std::atomic<std::uintptr_t> next{0x5000};
+  if (s) *s = reinterpret_cast<cudaStream_t>(next.fetch_add(0x10));
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 
 // ---- memory ----
@@ -181,7 +223,8 @@ inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t = 0) {
+inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t stream = 0) {
+  fuselab_emu::on_given_stream(stream, "cudaMemsetAsync");
   return cudaMemset(p, value, bytes);
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {
@@ -189,7 +232,8 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cud
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
-                                   cudaStream_t = 0) {
+                                   cudaStream_t stream = 0) {
+  fuselab_emu::on_given_stream(stream, "cudaMemcpyAsync");
   return cudaMemcpy(dst, src, bytes, kind);
 }
 inline cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,

@@ -630,7 +630,10 @@ struct BoundKernel {
 template <class Fn, class... Args>
 static inline void launch(const LaunchSite& site, dim3 grid, dim3 block, std::size_t dynamic_shared,
                           cudaStream_t stream, Fn&& fn, Args&&... args) {
-  (void)stream;
+  if (!on_given_stream(stream, std::string("kernel ") + site.kernel + " launched at " + site.file + ":" +
+                                   std::to_string(site.line))) {
+    return;  // like a CUDA graph's replay: work on another stream is not part of the caller's
+  }
   auto packed = std::make_tuple(args...);
   using Bound = BoundKernel<std::remove_reference_t<Fn>, decltype(packed)>;
   Bound bound{&fn, &packed};

@@ -1,0 +1,60 @@
+"""``nbgrader validate`` of a correct notebook on a machine without a GPU says Success, with nothing to warn about.
+
+Validate (JupyterLab's button, or the command) is a student's own check. A speed test cannot measure anything
+there, so it must not score 0 ("you WILL NOT receive full credit"); a test cell that ends in a check must give
+nbgrader no value it cannot read ("cannot be converted to a float"); and the heavy demos skip, as when grading.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cell(source, grade_id=None, points=0):
+    metadata = {}
+    if grade_id:
+        metadata["nbgrader"] = {"grade": True, "grade_id": grade_id, "locked": True, "points": points,
+                                "schema_version": 3, "solution": False}
+    return {"cell_type": "code", "execution_count": None, "metadata": metadata, "outputs": [], "source": source}
+
+
+NOTEBOOK_CELLS = [
+    _cell("import torch\nimport fuselab\n\n"
+          "def make(shape, seed):\n    return (torch.randn(shape),)"),
+    # a test cell that ends in a check's result, as the labs' test cells do
+    _cell("fuselab.check(lambda x, out: out.copy_(x.exp()), torch.exp, make, [(1,), (7,), (3, 5)], name='exp')\n"
+          "fuselab.check(lambda x, out: out.copy_(2 * x), lambda x: 2 * x, make, [(4,)], name='double')",
+          "test_checks", points=2),
+    # the demos ask grading_mode() whether to skip their heavy GPU work
+    _cell("assert fuselab.grading_mode(), 'Validate must skip the heavy demos, as grading does'", "test_mode", 1),
+    # a speed cell, as the labs write it: nothing to measure without a GPU, and nothing is called
+    _cell("def never(*args, **kwargs):\n    raise AssertionError('nothing may be timed here')\n\n"
+          "points = fuselab.grade.speedup_test('lab0.add_relu_mul', candidate=never, reference_op=never,\n"
+          "    reference=never, make_inputs=never, module=None, max_points=4)\npoints",
+          "test_speedup", points=4),
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path of Validate")
+def test_validate_of_a_correct_notebook_without_a_gpu_says_success(tmp_path):
+    notebook = {"cells": NOTEBOOK_CELLS, "nbformat": 4, "nbformat_minor": 5,
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}
+    path = tmp_path / "lab.ipynb"
+    path.write_text(json.dumps(notebook))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    for name in ("FUSELAB_GRADING", "FUSELAB_GRADE_LOG", "NBGRADER_VALIDATING"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(path)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    said = result.stdout + result.stderr
+    assert result.returncode == 0, said
+    assert "Success! Your notebook passes all the tests." in result.stdout, said
+    assert "cannot be converted" not in said and "WILL NOT" not in said, said
