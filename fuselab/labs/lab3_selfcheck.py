@@ -117,8 +117,17 @@ def run(out):
     (Path(out) / lab3.SWEEP_RESULTS).write_text(json.dumps(saved, indent=2))
 
     table = _table(rows) + "\n" + _k_table(k_rows + graded_rows)
-    grading = _graded(plain, plain_mod, reference_op)
-    samples = _sample_speed(reference_op) if "threshold" in grading.get("entry", {}) else {}
+    # the speed tests log their measured speedups (fuselab/grade.py): to this stage's own log, for its report
+    previous_log = os.environ.get("FUSELAB_GRADE_LOG")
+    os.environ["FUSELAB_GRADE_LOG"] = str(Path(out) / "lab3_grade_log.jsonl")
+    try:
+        grading = _graded(plain, plain_mod, reference_op)
+        samples = _sample_speed(reference_op) if "threshold" in grading.get("entry", {}) else {}
+    finally:
+        if previous_log is None:
+            os.environ.pop("FUSELAB_GRADE_LOG", None)
+        else:
+            os.environ["FUSELAB_GRADE_LOG"] = previous_log
     tuned_vs = _tuned_summary(cublas, ceil)
     tuned_vs["small_k_goals"] = {f"{d}: {goal}": ok for d, row in small_k["summary"].items()
                                  for goal, ok in row["goals"].items()}
@@ -344,8 +353,22 @@ def _graded(plain, plain_mod, reference_op):
         test, entry, _ = grade.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
     except KeyError as exc:
         return {"status": f"not graded: {exc}"}
-    points = _speed_points(plain, plain_mod, reference_op, test)
-    return {"status": f"plain solution graded {points:.2f}/4", "points": points, "policy": test, "entry": entry}
+    log = os.environ.get("FUSELAB_GRADE_LOG")
+    runs = []
+    for _ in range(GRADED_REPEATS):  # the speed test as a submission meets it, more than once: is it steady?
+        points = _speed_points(plain, plain_mod, reference_op, test)
+        runs.append({"points": points, "speedup": _last_logged_speedup(log)})
+    low = min(r["points"] for r in runs)
+    return {"status": f"plain solution graded {low:.2f}/4 (lowest of {len(runs)} runs)", "points": low,
+            "runs": runs, "policy": test, "entry": entry}
+
+
+def _last_logged_speedup(log):
+    """The speedup the last speed test wrote to ``FUSELAB_GRADE_LOG`` (None without a log)."""
+    if not log or not Path(log).exists():
+        return None
+    lines = Path(log).read_text().splitlines()
+    return json.loads(lines[-1]).get("speedup") if lines else None
 
 
 def _speed_points(op, module, reference_op, test):
