@@ -29,16 +29,20 @@ def _passes(source, launchers, dtype, shapes, name):
 
 
 # (M, N, K, bias, relu): skinny with and without 4-wide loads and across K chunks of 512; tiled with vector loads,
-# with scalar edges, and with several 128-blocks in both directions
+# with scalar edges, and with several 128-blocks in both directions; small K (1, 3, 8, 16: the small-K path, with
+# several column blocks and a partial one; 17: just past it)
 TUNED_SHAPES = [(1, 128, 520, False, True), (4, 64, 1024, True, True), (13, 132, 1100, True, True),
                 (16, 30, 7, True, False), (17, 36, 24, True, True), (130, 260, 64, True, True),
-                (129, 131, 9, False, True)]
+                (129, 131, 9, False, True)] + lab3.SMALL_K_SHAPES + [(70, 1030, 16, True, True)]
 
 
 @pytest.mark.parametrize("skinny_path", [0, 1], ids=["column-strips", "split-k"])
 @pytest.mark.parametrize("order", ["forward", "reverse", "random"])
 def test_tuned_kernel_paths_are_right_in_every_thread_order(order, skinny_path):
-    source = f"#define SKINNY_PATH {skinny_path}\n" + SOLUTION["TUNED_SOURCE"]
+    # the column-strips build also takes the small-K path's 256-row blocks at every size (on a GPU only large M
+    # does), so both of its block heights run here
+    tall = "#define SMALL_K_TALL_BLOCKS 1\n" if skinny_path == 0 else ""
+    source = f"#define SKINNY_PATH {skinny_path}\n" + tall + SOLUTION["TUNED_SOURCE"]
     mod = fuselab.build(source, lab3.FUSED_LAUNCHERS, name=f"tuned_{skinny_path}", backend="emulate")
     mod.set_thread_order(order, seed=7)
     shapes = TUNED_SHAPES + ([(3, 300, 4097, True, True), (2, 129, 1, True, False)] if skinny_path else [])
@@ -58,13 +62,37 @@ def test_reference_pipeline_is_right_and_each_pitfall_is_caught():
                                  raise_on_fail=False).passed, which
 
 
-@pytest.mark.parametrize("sample", ["correct", "missing_barrier", "wrong_broadcast_axis"])
+RIGHT_SAMPLES = ["correct", "small_k_columns", "unfused_in_disguise"]
+
+
+@pytest.mark.parametrize("sample", RIGHT_SAMPLES + ["missing_barrier", "wrong_broadcast_axis"])
 def test_sample_kernels_show_their_bug_under_emulation(sample):
     sources = string_assignments(make_submission("lab3", lab3_samples.SAMPLES[sample]))
     shapes = lab3.SMALL_SHAPES[3:5]
     fused_ok = _passes(sources["FUSED_SOURCE"], [lab3.FUSED_F32], torch.float32, shapes, "fused")
     template_ok = _passes(sources["TEMPLATE_SOURCE"], lab3.FUSED_LAUNCHERS, torch.float16, shapes, "template")
-    assert fused_ok == template_ok == (sample == "correct"), (fused_ok, template_ok)
+    assert fused_ok == template_ok == (sample in RIGHT_SAMPLES), (fused_ok, template_ok)
+
+
+@pytest.mark.parametrize("sample", ["small_k_columns", "unfused_in_disguise"])
+@pytest.mark.parametrize("order", ["reverse", "random"])
+def test_speed_samples_are_right_at_small_k_in_any_thread_order(sample, order):
+    """The samples the speed test tells apart by speed alone must be right, K = 1, 3, 8 and 17 included."""
+    source = string_assignments(make_submission("lab3", lab3_samples.SAMPLES[sample]))["TEMPLATE_SOURCE"]
+    mod = fuselab.build(source, lab3.FUSED_LAUNCHERS, name=sample, backend="emulate")
+    mod.set_thread_order(order, seed=5)
+    for dtype in (torch.float32, torch.float16):
+        fuselab.check(lab3.fused(mod), lab3.reference, _make(dtype), lab3.SMALL_K_SHAPES, seeds=(4,), name=sample)
+
+
+def test_disguised_sample_defines_a_second_kernel_and_launches_it_from_the_fused_launcher():
+    """The speed test's profiler sees two kernels, both the student's own: its kernel count, not a blocklist,
+    gives the 0 (on a GPU; fuselab/labs/lab3_selfcheck.py runs it there)."""
+    from fuselab import grade
+    source = string_assignments(make_submission("lab3", lab3_samples.SAMPLES["unfused_in_disguise"]))["TEMPLATE_SOURCE"]
+    assert grade.own_kernel_names(source) == {"gemm_bias_act_kernel", "bias_act_in_place"}
+    launcher = source[source.index("static void launch("):]
+    assert launcher.count("<<<") == 2
 
 
 def test_cheat_sample_rebinds_the_fused_op_in_a_python_cell():
@@ -88,3 +116,15 @@ def test_byte_counts_match_the_notebook_exercise():
     saved = (t["gemm"] + t["epilogue"]) - (t["gemm"] + 4096 * 4)
     assert saved == 2 * 8 * 4096 * 4  # one write and one read of C
     assert saved / (t["gemm"] + t["epilogue"]) < 0.01  # skinny: the bytes saved are negligible
+
+
+def test_the_graded_speed_test_is_the_small_k_shape_and_names_the_cells_that_check_its_kernel():
+    from fuselab import grade, samples
+    test, entry, note = grade.policy_entry(lab3.GRADED_TEST, "NVIDIA H200")
+    assert not note and tuple(test["shape"]) == lab3.SMALL_K and test["mode"] == "device"
+    assert entry["plain_speedup"] >= 1.3 and entry["threshold"] == pytest.approx(1 + 0.6 * (entry["plain_speedup"] - 1),
+                                                                               abs=1e-3)
+    graded = samples.graded_cells("lab3")
+    assert "test_speedup_small_k" in graded
+    # the timed kernel is the Part B template: its correctness cell is the one the speed test depends on
+    assert test["requires"] == ["test_template"] and set(test["requires"]) <= set(graded)

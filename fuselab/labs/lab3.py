@@ -3,7 +3,9 @@
 Unfused, a GEMM writes C and a second kernel reads C, adds the bias (broadcast over rows: ``bias[col]``) and
 applies the activation, writing C again. Fused, the GEMM's epilogue does it in registers before the one store.
 The saved work is one pass over C (M×N) and one launch: next to a big GEMM (compute-bound) that is nothing,
-next to a skinny inference GEMM (M = 1…16 rows, time set by reading B once) it is the launch that counts.
+next to a skinny inference GEMM (M = 1…16 rows, time set by reading B once) it is the launch that counts, and with
+K small (a LoRA up-projection, a low-rank layer, a first layer with a few input features) writing C is most of
+the GEMM's own traffic, so the unfused pass over C costs as much again: that is where the epilogue pays.
 
 Shapes are ``(M, N, K)`` or ``(M, N, K, has_bias, relu)``: A is M×K, B is K×N, bias is N (or empty: no bias),
 C is M×N, all row-major. A launcher gets ``bias == nullptr`` when there is no bias.
@@ -125,11 +127,16 @@ def pitfall_source(which: str) -> str:
 # past a tile, sizes below one tile. GPU shapes serve the hidden tests on a GPU; timing uses the shapes below.
 SMALL_SHAPES = [(1, 1, 1, True, True), (1, 17, 33, True, False), (5, 7, 3, False, True), (16, 16, 16, True, True),
                 (17, 31, 19, True, True), (33, 1, 40, False, False), (40, 50, 70, True, True)]
+# small K (1, 3, 8, 17: below, at and one past a tile) with many rows: the shapes of the graded speed test's regime
+SMALL_K_SHAPES = [(40, 130, 1, True, True), (67, 129, 3, True, False), (33, 260, 8, False, True),
+                  (50, 70, 17, True, True)]
 HIDDEN_SMALL_SHAPES = [(3, 130, 5, True, True), (70, 65, 129, True, False), (1, 100, 257, True, True),
-                       (64, 64, 64, False, True), (2, 3, 1, True, True), (129, 9, 17, False, False)]
+                       (64, 64, 64, False, True), (2, 3, 1, True, True), (129, 9, 17, False, False)] + SMALL_K_SHAPES
 GPU_SHAPES = [(1, 4096, 4096, True, True), (8, 4096, 4096, True, False), (16, 4000, 4100, False, True),
               (129, 1000, 257, True, True), (1000, 1, 1000, True, True), (1023, 1025, 513, True, True),
-              (2048, 2048, 2048, False, False), (1, 1, 1, True, True)]
+              (2048, 2048, 2048, False, False), (1, 1, 1, True, True),
+              (4099, 1030, 1, True, True), (2050, 4096, 3, True, False), (16384, 4096, 8, False, True),
+              (3001, 2049, 17, True, True), (16384, 4096, 16, True, True)]
 
 
 def random_shapes(count, high, seed):
@@ -149,6 +156,12 @@ SKINNY_NK = 4096                  # skinny inference shapes: M rows, N = K = 409
 SKINNY_MS = [1, 4, 8, 16, 64]
 SQUARE = (4096, 4096, 4096)       # compute-bound: the epilogue is nothing next to 137 GFLOP
 SWEEP_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+# the K axis: M = N = 4096 from K = 8 (C is nearly all the bytes) to K = 4096 (SQUARE, compute-bound)
+K_SWEEP_MN = (4096, 4096)
+SWEEP_KS = [8, 16, 32, 64, 128, 256, 1024, 4096]
+# the graded speed test's shape (a LoRA-like up-projection: 16384 tokens, rank 16, 4096 features), dtype and
+# mode, chosen from the GPU self-check's K sweep; the graded settings themselves live in fuselab/policy.json
+SMALL_K = (16384, 4096, 16)
 GRADED_TEST = "lab3.gemm_bias_relu"
 SWEEP_RESULTS = "lab3_sweep.json"
 
@@ -220,6 +233,11 @@ def student_unfused(fused_module, bias_act_module):
     return run
 
 
+def k_sweep_shapes(ks=SWEEP_KS, mn=K_SWEEP_MN):
+    """``(M, N, K)`` of the K sweep."""
+    return [(mn[0], mn[1], k) for k in ks]
+
+
 def traffic(m, n, k, bytes_per_element=4):
     """Minimum DRAM bytes: the GEMM reads A and B and writes C; the separate epilogue reads C and the bias and writes
     the output. Fused, the GEMM reads the bias itself: ``gemm + N`` elements."""
@@ -230,20 +248,24 @@ def traffic(m, n, k, bytes_per_element=4):
 
 # ---------------------------------------------------------------------------------------------------- timing
 def sweep(reference_op, fused_op, ms=SWEEP_MS, n=SKINNY_NK, k=SKINNY_NK, dtype=torch.float32, mode="device",
-          budget_s=0.5, device="cuda", progress=None):
-    """Fused over the unfused reference for M rows of an M×K by K×N layer: one row per M."""
+          budget_s=0.5, device="cuda", progress=None, shapes=None):
+    """Fused over the unfused reference for M rows of an M×K by K×N layer: one row per M (or per ``(M, N, K)`` of
+    ``shapes``, for the K axis)."""
     from .. import timing
     rows = []
-    for m in ms:
-        a, b, bias, relu = make_inputs((m, n, k), seed=m, device=device, dtype=dtype)
+    for m, n, k in shapes or [(m, n, k) for m in ms]:
+        a, b, bias, relu = make_inputs((m, n, k), seed=m + k, device=device, dtype=dtype)
         out = torch.empty(m, n, device=device, dtype=dtype)
         result = timing.compare({"unfused": lambda: reference_op(a, b, bias, relu, out),
                                  "fused": lambda: fused_op(a, b, bias, relu, out)},
                                 baseline="unfused", mode=mode, budget_s=budget_s, progress=progress)
         s = result.speedup("fused")
+        t = traffic(m, n, k, a.element_size())
         rows.append({"M": m, "N": n, "K": k, "dtype": str(dtype).replace("torch.", ""), "mode": mode,
                      "speedup": s.value, "low": s.low, "high": s.high,
-                     "unfused_us": result["unfused"].median * 1e6, "fused_us": result["fused"].median * 1e6})
+                     "unfused_us": result["unfused"].median * 1e6, "fused_us": result["fused"].median * 1e6,
+                     "saved_share": (t["epilogue"] - n * a.element_size()) / (t["gemm"] + t["epilogue"]),
+                     "flop_per_byte": t["flops"] / (t["gemm"] + n * a.element_size())})
         del a, b, bias, out
     return rows
 
