@@ -89,3 +89,22 @@ def test_self_check_stage_runs_end_to_end_as_a_dry_run(tmp_path):
 @pytest.mark.parametrize("name", sorted(lab1_samples.SAMPLES))
 def test_every_sample_applies(name):
     make_submission("lab1", lab1_samples.SAMPLES[name])
+
+
+def _graded_cell(lab, grade_id, hidden=True):
+    """A graded test cell of the solution notebook, with or without its hidden tests."""
+    import re
+    from fuselab import course
+    nb = json.loads((course.SOLUTIONS / lab / f"{lab}.ipynb").read_text())
+    source = next("".join(c["source"]) for c in nb["cells"]
+                  if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    return source if hidden else re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", source, flags=re.S)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_float_division_in_conv_output_size_fails_with_a_message_that_names_it(hidden):
+    cell = _graded_cell("lab1", "test_output_size", hidden)
+    exec(cell, {"lab1": lab1, "conv_output_size": lab1.conv_output_size})  # the right answer passes
+    with pytest.raises(AssertionError, match="//"):
+        exec(cell, {"lab1": lab1, "conv_output_size": lambda size, kernel, stride, pad:
+                    (size + 2 * pad - kernel) / stride + 1})
