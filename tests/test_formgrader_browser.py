@@ -5,13 +5,17 @@ Only localhost traffic: JupyterLab listens on 127.0.0.1 with a token, Chromium r
 networking.
 """
 
+import contextlib
+import json
 import os
+import re
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -29,23 +33,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path):
-    """JupyterLab on a free localhost port, with the course's nbgrader config and a scratch gradebook."""
-    workdir = tmp_path / "server"
-    workdir.mkdir()
-    (workdir / "nbgrader_config.py").write_text(
-        f"c = get_config()\nload_subconfig({str(course.GRADER / 'nbgrader_config.py')!r})\n"
-        f"c.CourseDirectory.db_url = 'sqlite:///{tmp_path / 'gradebook.db'}'\n"
-        f"c.Exchange.root = {str(tmp_path / 'exchange')!r}\n")
-    (tmp_path / "exchange").mkdir()
+@contextlib.contextmanager
+def _lab_server(tmp_path, args, cwd, env=None):
+    """``jupyter lab ARGS`` on a free localhost port, run from ``cwd``, with a scratch user config; yields (url, token)."""
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-    server = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--allow-root", "--no-browser",
-                               "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
-                               f"--ServerApp.root_dir={course.REPO}"],
-                              cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""), **(env or {}))
+    server = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", *args, "--allow-root", "--no-browser",
+                               "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"],
+                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -63,11 +59,33 @@ def jupyter_lab(tmp_path):
         server.wait()
 
 
-def _dom(url, tmp_path):
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """The instructor's JupyterLab: the course's nbgrader config and a scratch gradebook."""
+    workdir = tmp_path / "server"
+    workdir.mkdir()
+    (workdir / "nbgrader_config.py").write_text(
+        f"c = get_config()\nload_subconfig({str(course.GRADER / 'nbgrader_config.py')!r})\n"
+        f"c.CourseDirectory.db_url = 'sqlite:///{tmp_path / 'gradebook.db'}'\n"
+        f"c.Exchange.root = {str(tmp_path / 'exchange')!r}\n")
+    (tmp_path / "exchange").mkdir()
+    with _lab_server(tmp_path, [f"--ServerApp.root_dir={course.REPO}"], cwd=workdir) as server:
+        yield server
+
+
+@pytest.fixture
+def student_lab(tmp_path):
+    """The students' JupyterLab, started as the README says: from the repository root,
+    ``JUPYTER_CONFIG_PATH=student jupyter lab labs/``."""
+    with _lab_server(tmp_path, ["labs/"], cwd=course.REPO, env={"JUPYTER_CONFIG_PATH": "student"}) as server:
+        yield server
+
+
+def _dom(url, tmp_path, budget_ms=15000):
     result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                              "--disable-background-networking", "--no-first-run",
                              f"--user-data-dir={tmp_path / 'chrome'}",
-                             "--virtual-time-budget=15000", "--dump-dom", url],
+                             f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
                             capture_output=True, text=True, timeout=120)
     return result.stdout
 
@@ -85,3 +103,22 @@ def test_assignment_list_extension_is_served(jupyter_lab):
     with urllib.request.urlopen(f"{base}/lab/api/extensions?token={token}", timeout=10) as response:
         text = response.read().decode()
     assert "nbgrader" in text
+
+
+def test_students_see_validate_and_no_instructor_tools(student_lab, tmp_path):
+    base, token = student_lab
+    with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=10) as response:
+        page = response.read().decode()
+    config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                                  page, re.S).group(1))
+    hidden = {"@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:menu",
+              "@jupyter/nbgrader:course-list", "@jupyterlab/apputils-extension:announcements"}
+    assert hidden <= set(config["disabledExtensions"]), config["disabledExtensions"]
+    assert "@jupyter/nbgrader:validate-assignment" not in config["disabledExtensions"]
+    with pytest.raises(urllib.error.HTTPError, match="404"):  # the formgrader's server side is off too
+        urllib.request.urlopen(f"{base}/formgrader?token={token}", timeout=10)
+
+    dom = _dom(f"{base}/lab/tree/lab0/lab0.ipynb?token={token}", tmp_path, budget_ms=30000)
+    assert "validate-button" in dom, f"no Validate button in the student's notebook: {dom[-3000:]}"
+    for shown in (">Nbgrader<", "Create Assignment", "official Jupyter news"):  # menu, sidebar, news pop-up
+        assert shown not in dom, f"the student's JupyterLab shows {shown!r}"

@@ -108,3 +108,22 @@ def test_the_conv_launchers_output_size_rule_is_the_labs():
         assert (evaluate(dict(y.rules)["P"], values), evaluate(dict(y.rules)["Q"], values)) == \
             (lab1.conv_output_size(case.H, case.R, case.stride, case.pad),
              lab1.conv_output_size(case.W, case.R, case.stride, case.pad)), case
+
+
+def _graded_cell(lab, grade_id, hidden=True):
+    """A graded test cell of the solution notebook, with or without its hidden tests."""
+    import re
+    from fuselab import course
+    nb = json.loads((course.SOLUTIONS / lab / f"{lab}.ipynb").read_text())
+    source = next("".join(c["source"]) for c in nb["cells"]
+                  if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    return source if hidden else re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", source, flags=re.S)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_float_division_in_conv_output_size_fails_with_a_message_that_names_it(hidden):
+    cell = _graded_cell("lab1", "test_output_size", hidden)
+    exec(cell, {"lab1": lab1, "conv_output_size": lab1.conv_output_size})  # the right answer passes
+    with pytest.raises(AssertionError, match="//"):
+        exec(cell, {"lab1": lab1, "conv_output_size": lambda size, kernel, stride, pad:
+                    (size + 2 * pad - kernel) / stride + 1})

@@ -137,3 +137,28 @@ def test_a_fold_computed_in_half_precision_fails_a_visible_case():
     assert dead and all(c["dtype"] == torch.float16 and c["eps"] == 1e-8 for c in dead)
     with pytest.raises(AssertionError, match="inf"):
         lab2.check_fold_weights(half_fold, dead)
+
+
+def test_a_fold_in_half_precision_fails_the_visible_cases_and_says_why():
+    """The pitfall the text warns about must not pass the visible tests: fp16 arithmetic turns eps=1e-8 into 0,
+    so a channel whose variance is 0 gets rsqrt(0) = inf."""
+    def half_fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+        scale = torch.rsqrt(var + eps)  # in the parameters' dtype: fp16 for fp16 parameters
+        if gamma is not None:
+            scale = scale * gamma
+        w = conv_w * scale.reshape((-1,) + (1,) * (conv_w.dim() - 1))
+        b = ((torch.zeros_like(mean) if conv_b is None else conv_b) - mean) * scale
+        return w, b if beta is None else b + beta
+    with pytest.raises(AssertionError, match="fold them in float32"):
+        lab2.check_fold_weights(half_fold, lab2.FOLD_CASES)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_the_network_is_timed_both_ways_on_a_gpu():
+    net = lab2.mobilenet(**lab2.TINY_MOBILENET).cuda().eval()
+    row = lab2.time_network_both_ways(net, net, batch=1, budget_s=0.3)
+    assert set(row["speedup"]) == {"device", "stream"}
+    for mode in ("device", "stream"):
+        assert all(t > 0 for t in row["median_ms"][mode].values())
+        assert 0.8 < row["speedup"][mode] < 1.25  # the same model against itself

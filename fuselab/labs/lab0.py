@@ -4,6 +4,8 @@ Unfused, the chain is three kernels and two intermediates that go through device
 reads T1 and writes T2, mul reads T2 and E. Fused, one kernel reads A, B and E once and writes F once.
 """
 
+from pathlib import Path
+
 import torch
 
 from . import randn_where_used
@@ -130,11 +132,29 @@ def sweep(unfused_op, fused_op, sizes=SWEEP_SIZES, budget_s=1.0, device="cuda", 
     return rows
 
 
+def check_n_zero(launcher, inputs, name, device="cpu"):
+    """Call ``launcher(*inputs empty tensors, out, 0)``: an empty tensor (n = 0) must launch nothing and return
+    quietly. A launcher that launches ``(n + 255) / 256 = 0`` blocks fails on a GPU (and under the emulation)."""
+    tensors = [torch.empty(0, device=device) for _ in range(inputs + 1)]
+    try:
+        launcher(*tensors, 0)
+    except Exception as error:
+        raise AssertionError(
+            f"{name} with n = 0 failed ({type(error).__name__}: {error}). An empty tensor must launch nothing: "
+            f"a grid of 0 blocks is an invalid launch configuration, so guard the launch with `if (n > 0)`") from None
+
+
+LAUNCH_RESULTS = "lab0_launch.json"  # fuselab.launch_overhead() on the course's GPU
+# Measurements of the course's GPU that the notebooks show without a GPU. They ship inside the package, so a
+# student with only labs/ and fuselab installed has them too.
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
 def saved_results(name):
-    """Results the GPU self-check committed to docs/results/, for students without a GPU; None if absent."""
+    """A measurement the course's GPU self-check saved in fuselab/labs/results/ (for students without a GPU);
+    None if absent."""
     import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "docs" / "results" / name
+    path = RESULTS_DIR / name
     return json.loads(path.read_text()) if path.exists() else None
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import randn_where_used
-from .lab0 import saved_results  # noqa: F401 - the same docs/results/ reader, for students without a GPU
+from .lab0 import saved_results  # noqa: F401 - the same reader of the course GPU's saved measurements
 
 # Activation codes, as the kernels see them (`int act`). LeakyReLU uses `slope`; the others ignore it.
 ACTIVATIONS = {"none": 0, "relu": 1, "leaky_relu": 2}
@@ -434,9 +434,11 @@ def conv_bytes(case, dtype_size=4):
     return {"conv": conv, "activation": 2 * out}
 
 
-# The course's H200, as its GPU self-check measured it (docs/results/selfcheck-h200-59d27bd.json): the roofline
-# drawn for students without a GPU.
-H200_CEILINGS = {"device": "NVIDIA H200", "copy_bytes_per_s": 4.258e12, "fp32_flops_per_s": 51.3e12}
+# The course's H200, as its GPU self-check measured it (docs/results/selfcheck-h200-59d27bd.json; the same
+# ceilings are in results/lab1_conv.json): the roofline drawn for students without a GPU. The L2 size is the
+# device's property, as torch reports it.
+H200_CEILINGS = {"device": "NVIDIA H200", "copy_bytes_per_s": 4.258e12, "fp32_flops_per_s": 51.3e12,
+                 "l2_bytes": 62914560}
 
 
 # ---------------------------------------------------------------------------------------------- timing

@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .lab0 import saved_results  # noqa: F401 - the same reader of the course GPU's saved measurements
+
 EPS = 1e-3  # the BN eps of the kernels' inputs (MobileNet's); large enough that forgetting it shows
 
 # ------------------------------------------------------------------------------------------------ launchers
@@ -126,6 +128,7 @@ TIMED_SHAPE = (64, 96, 112, 112)      # 308 MB per activation tensor: far beyond
 LAUNCH_BOUND_SHAPE = (1, 32, 112, 112)
 CONTEXT_SHAPES = [(32, 144, 56, 56), TIMED_SHAPE, LAUNCH_BOUND_SHAPE]
 CONTEXT_RESULTS = "lab2_context.json"
+NETWORK_RESULTS = "lab2_network.json"  # the folded network at batch 1, timed both ways (time_network_both_ways)
 
 
 def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
@@ -209,12 +212,6 @@ def bytes_moved(shape, dtype_size=4):
     return {"unfused": 6 * n * dtype_size, "fused": 2 * n * dtype_size}
 
 
-def saved_results(name):
-    """Results the GPU self-check committed to docs/results/, for students without a GPU; None if absent."""
-    import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "docs" / "results" / name
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 # ------------------------------------------------------------------------------------------------ part A
@@ -226,9 +223,9 @@ FOLD_CASES = [
     dict(name="BN with affine=False", cin=3, cout=5, kernel=1, bias=True, affine=False),
     dict(name="depthwise 3x3, eps=1e-3", cin=8, cout=8, kernel=3, groups=8, bias=False, eps=1e-3),
     dict(name="fp16 parameters", cin=6, cout=6, kernel=3, groups=6, bias=False, dtype=torch.float16),
-    # var + eps computed in fp16 is 0 (1e-8 is below fp16's smallest number): a fold in half precision gives ±inf
-    dict(name="fp16, a dead channel (var = 0), eps=1e-8", cin=4, cout=4, kernel=3, groups=4, bias=False, eps=1e-8,
-         dtype=torch.float16, dead_channel=True),
+    # the pitfall the text warns about: in fp16, 1e-8 rounds to 0, so var + eps = 0 and rsqrt gives inf
+    dict(name="fp16, a dead channel (variance 0), eps=1e-8", cin=4, cout=4, kernel=3, groups=4, bias=False,
+         eps=1e-8, dtype=torch.float16, dead_channel=True),
 ]
 HIDDEN_FOLD_CASES = [
     dict(name="5x5, groups=2, eps=0.1", cin=4, cout=6, kernel=5, groups=2, bias=True, eps=0.1),
@@ -331,6 +328,13 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
                 raise AssertionError(f"{what}: folded {name} should be a {ref.dtype} tensor of shape "
                                      f"{tuple(ref.shape)}, got {getattr(value, 'dtype', type(value).__name__)} "
                                      f"of shape {tuple(getattr(value, 'shape', ()))}")
+            if not torch.isfinite(value).all() and torch.isfinite(ref).all():
+                hint = (" The parameters are fp16: fold them in float32 and cast back once at the end. In fp16, "
+                        f"eps = {args[4]:g} rounds to {float(torch.tensor(args[4], dtype=torch.float16)):g}, so "
+                        "var + eps is 0 for a channel that never varied, and rsqrt(0) = inf."
+                        if value.dtype in (torch.float16, torch.bfloat16) else "")
+                raise AssertionError(f"{what}: the folded {name} has inf or NaN entries where the exact fold is "
+                                     f"finite.{hint}")
         assert_close(w.detach(), float64_fold_exact(args)[0], name=f"folded weight ({case['name']})")
         assert_close(b.detach(), float64_fold_exact(args)[1], name=f"folded bias ({case['name']})")
         if case.get("dtype", torch.float32) == torch.float32:
@@ -711,3 +715,45 @@ def time_networks(models, batches=NETWORK_BATCHES, image=224, budget_s=2.0, prog
         rows.append({"batch": batch, "median_ms": {n: result[n].median * 1e3 for n in result.names},
                      "speedup": {n: result.speedup(n).value for n in result.names}})
     return rows
+
+
+def time_network_stream(models, batch=1, image=224, calls=20, rounds=15, device="cuda"):
+    """Throughput of a *stream* of forward passes (name -> model on the GPU, the first one the baseline): CUDA
+    events around ``calls`` back-to-back calls, no L2 flush and no synchronization between them, ms per call,
+    median over ``rounds`` rounds in rotating order.
+
+    Unlike ``fuselab.compare`` (device mode: the GPU time of one call after an L2 flush, with the whole call queued
+    before the GPU starts it), the host issues each call while the GPU runs the previous ones: where the host's
+    launch work per call exceeds the GPU's work (eager PyTorch at batch 1), this time is the host's, and it counts
+    every module call and launch that folding removed."""
+    import statistics
+    names = list(models)
+    x = torch.randn(batch, 3, image, image, device=device)
+    times = {name: [] for name in names}
+    with torch.no_grad():
+        for model in models.values():
+            model(x)  # warm-up: cuDNN's algorithm choice, allocator
+        torch.cuda.synchronize(device)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(calls):
+                    models[name](x)
+                end.record()
+                torch.cuda.synchronize(device)
+                times[name].append(start.elapsed_time(end) / calls)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    return {"batch": batch, "median_ms": median, "speedup": {n: median[names[0]] / median[n] for n in names}}
+
+
+def time_network_both_ways(unfolded, folded, batch=1, budget_s=2.0, device="cuda"):
+    """Folded over unfolded at one batch size, timed two ways: ``device`` (``fuselab.compare``: GPU time of one
+    forward pass after an L2 flush) and ``stream`` (back-to-back forward passes: what a program that runs one
+    after another gets, launch costs included where they exceed the GPU's work)."""
+    models = {"unfolded": unfolded, "folded": folded}
+    device_row = time_networks(models, batches=(batch,), budget_s=budget_s, device=device)[0]
+    stream_row = time_network_stream(models, batch=batch, device=device)
+    return {"batch": batch,
+            "median_ms": {"device": device_row["median_ms"], "stream": stream_row["median_ms"]},
+            "speedup": {"device": device_row["speedup"]["folded"], "stream": stream_row["speedup"]["folded"]}}

@@ -3,7 +3,8 @@
 Measures what the lab's policy and text need: the plain fused kernel's speedup S over the lab's fixed unfused
 reference at the graded shape (and the threshold it gives), BN applied in registers against folding, PyTorch
 eager and torch.compile at three shapes, tuned variants (rows per thread) against the copy ceiling, and
-whole-network eager inference folded against unfolded. Writes ``lab2_context.json`` (for docs/results/).
+whole-network eager inference folded against unfolded. Writes ``lab2_context.json`` and
+``lab2_network.json`` (for fuselab/labs/results/, where the notebook reads them without a GPU).
 """
 
 import copy
@@ -77,6 +78,12 @@ def run(out):
     net = lab2.mobilenet(**lab2.TIMED_MOBILENET).to(DEVICE)
     folded_net, pairs = folds["fold_network"](net)
     network = lab2.time_networks({"eager, unfolded": net, "eager, folded": folded_net}, budget_s=1.5)
+    both_ways = lab2.time_network_both_ways(net, folded_net, batch=1, budget_s=1.5)
+    (Path(out) / lab2.NETWORK_RESULTS).write_text(json.dumps(
+        {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), **both_ways,
+         "note": "eager MobileNet-style network (lab2.TIMED_MOBILENET), folded over unfolded: device = "
+                 "fuselab.compare (one call after an L2 flush), stream = events around back-to-back calls"},
+        indent=2))
     del net, folded_net
     torch.cuda.empty_cache()
 
@@ -139,7 +146,7 @@ def run(out):
             "graded": graded, "plain_speedup": s_plain, "threshold_from_plain": threshold, "graded_points_plain": points,
             "policy_used": policy_source, "ratios_at_timed_shape": ratios, "goals_per_shape": per_shape_goals,
             "goals_met": goals_met, "tuned_variants": variant_rows, "best_tuned_variant": best_variant,
-            "network_pairs_folded": pairs, "network": network, "copy_GBps": copy_rate / 1e9,
+            "network_pairs_folded": pairs, "network": network, "network_both_ways": both_ways, "copy_GBps": copy_rate / 1e9,
             "headline": (f"S={s_plain:.2f}x -> threshold {threshold if threshold is None else round(threshold, 2)}, "
                          f"plain graded {points:.1f}/4; plain {ratios['plain_vs_eager']:.2f}x eager, "
                          f"{ratios['plain_vs_compile']:.2f}x compile; BN in registers "

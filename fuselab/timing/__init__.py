@@ -3,7 +3,8 @@
 - :func:`measure` one callable: CUDA events, warm-up, an L2 flush sized from the device, median and IQR,
   repetitions until the median's relative standard error reaches a target or a time budget runs out.
 - :func:`compare` several callables interleaved, with speedups over a baseline and bootstrap intervals.
-- Three explicit modes (:class:`Mode`): ``"device"``, ``"latency"``, ``"graph"``.
+- Three explicit modes (:class:`Mode`): ``"device"``, ``"latency"``, ``"graph"``; which question each answers, and
+  why none of them is the throughput of a stream of back-to-back calls: :mod:`fuselab.timing.modes`.
 - Roofline context (:func:`ceilings`, :func:`achieved`) and :func:`launch_overhead`.
 - Without a GPU everything runs on the host clock and says so; such results never earn speed points
   (:func:`speedup_points`).

@@ -1,4 +1,21 @@
-"""The three things "how long does it take" can mean on a GPU, as an explicit choice."""
+"""The three things "how long does it take" can mean on a GPU, as an explicit choice.
+
+Each mode answers its own question, and for a program made of many small launches the answers differ:
+
+- ``device`` (what :func:`fuselab.compare` and the graded speed tests use): how much *GPU time* one call takes,
+  started from a cold L2, with the whole call queued before the GPU starts it. Host work (Python, the framework,
+  the driver) is hidden, so a speedup in this mode is the GPU work that fusion removed.
+- ``latency``: how long a program waits for *one* call started on an idle GPU, launch costs included.
+- ``graph``: the GPU time of the call replayed as one CUDA graph, with almost no launch cost per kernel.
+
+None of them is the *throughput of a stream of calls*: a loop that calls a network back to back, timed with
+events around the whole block, no flush in between. There the host issues each call while the GPU runs the
+previous one; where the host's work per call exceeds the GPU's (eager PyTorch at batch 1), the time per call is
+the host's, and every module call and launch that fusion removed counts in full. So one change can measure
+differently: folding the BatchNorms of Lab 2's eager network at batch 1 on the H200 gave 1.27x in device mode
+(less GPU work per pass) and 1.54x as a back-to-back stream (fewer module calls for the host to issue). Report
+the mode that matches the question, and say which one it is.
+"""
 
 from enum import Enum
 

@@ -1,0 +1,214 @@
+"""What the lab notebooks say, checked without running them (CPU, about a second).
+
+- Every number a notebook states about a measurement comes from a measurement it shows: markdown never states a
+  measured quantity as a literal (a small allowlist below holds the settings and rules that look like one), and
+  code cells never print one from a string literal. The cells that show the course GPU's saved results print
+  the values of the saved files.
+- The saved results a notebook reads ship inside the package, so a student with only ``labs/`` and fuselab has
+  them.
+- Every graded test cell ends in a number (a speed test's points) or in nothing, in the instructor's version and
+  in the student's (where the hidden tests are gone): nbgrader reads a test cell's last displayed value as its
+  score, and warns about (and may one day refuse) anything that is not a number.
+"""
+
+import ast
+import contextlib
+import io
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = ("lab0", "lab1", "lab2")
+
+# A number followed by a unit of measure. A product of sizes (3×3, 112x112, 32 × 8) is a shape, not a measurement.
+MEASURED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s*(?:×(?!\s*\d)|x\b(?!\s*\d)|%|µs\b|us\b|ms\b|GB/s|TB/s|TFLOP)")
+
+# Literal numbers that markdown may state because nothing measured them: (lab, phrase) -> why.
+ALLOWED = {
+    ("lab0", "under 1 %"): "fuselab.measure's default precision target (target_rse=0.01): a setting",
+    ("lab0", "partial credit between 1.0× and the threshold"): "the grading rule: credit starts above no speedup",
+    ("lab1", "partial credit between 1.0× and the threshold"): "the grading rule: credit starts above no speedup",
+    ("lab2", "partial credit between 1.0× and it"): "the grading rule: credit starts above no speedup",
+}
+
+# The cells that show the course GPU's saved results without a GPU, and what they must print from the saved file.
+SAVED_RESULT_CELLS = {
+    "lab0": ["launch_overhead", "sweep"],
+    "lab1": ["conv_timing", "roofline", "depthwise_timing"],
+    "lab2": ["context", "network_timing"],
+}
+
+
+def cells(path):
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def text(cell):
+    return "".join(cell["source"])
+
+
+def grade_id(cell):
+    return cell["metadata"].get("nbgrader", {}).get("grade_id")
+
+
+def solution(lab):
+    return ROOT / "solutions" / lab / f"{lab}.ipynb"
+
+
+def release(lab):
+    return ROOT / "labs" / lab / f"{lab}.ipynb"
+
+
+def allowed_spans(lab, source):
+    spans = []
+    for (where, phrase), _why in ALLOWED.items():
+        if where == lab:
+            spans += [(m.start(), m.end()) for m in re.finditer(re.escape(phrase), source)]
+    return spans
+
+
+def measured_literals(lab, source):
+    spans = allowed_spans(lab, source)
+    return [source[max(0, m.start() - 40):m.end() + 10].replace("\n", " ") for m in MEASURED.finditer(source)
+            if not any(start <= m.start() and m.end() <= end for start, end in spans)]
+
+
+def printed_string_literals(source):
+    """The literal text of a code cell's strings, without f-strings' format specs (``{x:.1%}``)."""
+    tree = ast.parse(source)
+    specs = {id(node.format_spec) for node in ast.walk(tree) if isinstance(node, ast.FormattedValue) and node.format_spec}
+    spec_parts = {id(part) for node in ast.walk(tree) if id(node) in specs for part in ast.walk(node)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in spec_parts]
+
+
+def is_cuda_source(source):
+    """A cell of CUDA strings (``X_SOURCE = r'''...'''``): its numbers are code, not claims."""
+    tree = ast.parse(source)
+    return all(isinstance(s, ast.Assign) and all(isinstance(t, ast.Name) and t.id.endswith("_SOURCE")
+                                                 for t in s.targets) for s in tree.body)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_markdown_states_no_measured_number(lab):
+    found = [f"cell {i}: …{snippet}…" for i, cell in enumerate(cells(solution(lab))) if cell["cell_type"] == "markdown"
+             for snippet in measured_literals(lab, text(cell))]
+    assert not found, (f"{lab}'s markdown states measured quantities as literal numbers; print them from the data the "
+                       "notebook shows (or, for a setting or a rule, add it to ALLOWED with why):\n" + "\n".join(found))
+
+
+def test_allowlist_is_used():
+    for (lab, phrase), why in ALLOWED.items():
+        assert why and any(phrase in text(c) for c in cells(solution(lab)) if c["cell_type"] == "markdown"), \
+            f"ALLOWED entry {phrase!r} for {lab} matches no markdown any more: remove it"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_code_cells_print_no_literal_measurement(lab):
+    found = []
+    for i, cell in enumerate(cells(solution(lab))):
+        if cell["cell_type"] != "code" or is_cuda_source(text(cell)):
+            continue
+        for literal in printed_string_literals(text(cell)):
+            found += [f"cell {i} ({grade_id(cell)}): …{snippet}…" for snippet in measured_literals(lab, literal)]
+    assert not found, f"{lab}'s code prints measured numbers from string literals; format them from the data:\n" + \
+        "\n".join(found)
+
+
+@pytest.mark.parametrize("lab", LABS)
+@pytest.mark.parametrize("version", ["solutions", "labs"])
+def test_graded_test_cells_end_in_a_number_or_nothing(lab, version):
+    path = solution(lab) if version == "solutions" else release(lab)
+    bad = []
+    for cell in cells(path):
+        meta = cell["metadata"].get("nbgrader", {})
+        if cell["cell_type"] != "code" or not meta.get("grade") or meta.get("solution"):
+            continue
+        source = text(cell).rstrip()
+        tree = ast.parse(source)
+        last = tree.body[-1] if tree.body else None
+        if not isinstance(last, ast.Expr):
+            continue  # an assignment, an assert, a loop: no value displayed
+        if isinstance(last.value, ast.Name) and last.value.id == "points":
+            continue  # a speed test's points: a number (None, displayed as nothing, while validating)
+        if source.splitlines()[last.end_lineno - 1][last.end_col_offset:].lstrip().startswith(";"):
+            continue  # display suppressed
+        bad.append(f"{meta['grade_id']}: ends in `{ast.unparse(last)[:70]}`")
+    assert not bad, (f"{path.relative_to(ROOT)}: graded test cells must end in a number or nothing (end the last "
+                     "call with `;`), or nbgrader scores what it displays:\n" + "\n".join(bad))
+
+
+def saved_result_names(lab):
+    module = __import__(f"fuselab.labs.{lab}", fromlist=["_"])
+    used = set(re.findall(rf"saved_results\({lab}\.(\w+)\)", "".join(text(c) for c in cells(solution(lab)))))
+    assert used, f"{lab} reads no saved results"
+    return {name: getattr(module, name) for name in used}
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_saved_results_ship_with_the_package(lab):
+    from fuselab.labs import lab0
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["fuselab"]
+    assert "labs/results/*.json" in package_data, "fuselab/labs/results/*.json must be package data"
+    for constant, filename in saved_result_names(lab).items():
+        path = lab0.RESULTS_DIR / filename
+        assert path.is_file() and path.parent == ROOT / "fuselab" / "labs" / "results", f"{lab}.{constant}: {path}"
+        saved = json.loads(path.read_text())
+        assert saved["gpu"] and saved["date"], f"{filename} must say which GPU measured it, and when"
+    for cell in cells(solution(lab)) + cells(release(lab)):
+        assert "docs/" not in text(cell) and "course notes" not in text(cell), \
+            f"{lab} points at material a student without the repository does not have: {text(cell)[:80]!r}"
+
+
+def run_saved_result_cells(lab):
+    """Run the cells that show saved results, as on a machine without a GPU, and return what they print."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+    import torch.nn.functional as F
+
+    import fuselab
+    from fuselab import plots
+    module = __import__(f"fuselab.labs.{lab}", fromlist=["_"])
+    namespace = {"plt": plt, "torch": torch, "F": F, "fuselab": fuselab, "plots": plots, lab: module,
+                 "ON_GPU": False, "GRADING": False, "DEVICE": "cpu"}
+    by_id = {grade_id(c): text(c) for c in cells(solution(lab))}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for cell in SAVED_RESULT_CELLS[lab]:
+            exec(compile(by_id[cell], f"{lab}:{cell}", "exec"), namespace)  # noqa: S102 - the course's notebook
+    plt.close("all")
+    return out.getvalue()
+
+
+def expected_prints(lab):
+    """Values of the saved files, formatted as the cells format them: each must appear in what the cells print."""
+    from fuselab.labs import lab0, lab1, lab2
+    if lab == "lab0":
+        launch = lab0.saved_results(lab0.LAUNCH_RESULTS)["launch"]
+        rows = lab0.saved_results(lab0.SWEEP_RESULTS)["rows"]
+        return ([f"{launch['host_issue_us']:.1f} µs", f"{launch['queued_device_us']:.2f} µs",
+                 f"{launch['one_from_idle_us']:.1f} µs", f"{launch['graph_per_kernel_us']:.2f} µs"]
+                + [f"speedup {r['speedup']:.2f}x" for r in rows])
+    if lab == "lab1":
+        conv = lab1.saved_results(lab1.CONV_RESULTS)
+        times = conv["times_us"]
+        return [f"{conv['speedups']['fused']:.3f}x",
+                f"{times['unfused pair'] / times['cuDNN conv + relu (eager)']:.1f}x faster",
+                f"{times['activation alone'] / times['unfused pair']:.1%}"]
+    network = lab2.saved_results(lab2.NETWORK_RESULTS)
+    rows = lab2.saved_results(lab2.CONTEXT_RESULTS)["rows"]
+    return ([f"{network['speedup']['device']:.2f}x", f"{network['speedup']['stream']:.2f}x"]
+            + [f"{r['median_us']['BN in registers'] / r['median_us']['plain fused (folded)'] - 1:+.1%}" for r in rows])
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_cells_print_the_saved_measurements(lab):
+    printed = run_saved_result_cells(lab)
+    missing = [value for value in expected_prints(lab) if value not in printed]
+    assert not missing, f"{lab}'s cells do not print these saved values: {missing}\nthey printed:\n{printed}"
