@@ -178,7 +178,7 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
     for grade_id, verdict in clean.cells.items():
         entry = {"points": verdict.points, "max_points": verdict.max_points, "status": verdict.status,
                  "message": verdict.message, "speed": verdict.speed, "seconds": verdict.seconds,
-                 "output": verdict.output}
+                 "output": verdict.output, "requires_failed": verdict.requires_failed}
         in_notebook = notebook_run["cells"].get(grade_id)
         entry["notebook_points"] = in_notebook[0] if in_notebook else None
         if in_notebook is not None and in_notebook[0] is not None:
