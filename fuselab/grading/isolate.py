@@ -330,7 +330,8 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
       ``unshare`` and remounting read-write fail;
     - the system is read-only; ``HIDDEN_SYSTEM``, the TA's home, the course's solutions and sample class
       (``HIDDEN_IN_REPO``) and ``hide`` are empty folders; ``readonly`` folders are shown again read-only;
-      ``own`` folders (the submission's) are writable, the first one is ``HOME``;
+      ``own`` folders (the submission's) are writable, the first one is ``HOME``; the working folder is the
+      caller's where it is visible inside;
     - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp`` and ``/dev/shm``;
       a minimal ``/dev`` plus the GPU's device files; killed with its parent;
     - an allow-listed environment (``ALLOWED_ENV``).
@@ -374,10 +375,7 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
         if as_root:
             _give(Path(folder), SANDBOX_UID, SANDBOX_GID)
         args += ["--fuselab-bind", str(folder), str(folder)]
-    if own:
-        args += ["--setenv", "HOME", str(own[0]), "--chdir", str(own[0])]
-    else:
-        args += ["--setenv", "HOME", "/tmp", "--chdir", "/tmp"]
+    args += ["--setenv", "HOME", str(own[0]) if own else "/tmp"]
     enter = [sys.executable, "-I", "-S", str(Path(__file__).with_name("enter_sandbox.py")),
              str(SANDBOX_UID), str(SANDBOX_GID), ALLOWED_ENV, "--"]
     return enter + args + ["--", *command]
