@@ -14,6 +14,7 @@ import html
 from pathlib import Path
 
 from . import schedule
+from .intake import printable
 
 
 def _speed(cell):
@@ -206,7 +207,8 @@ def write_report(class_result, out: Path) -> Path:
     out = Path(out)
     for lab in sorted({r["lab"] for r in class_result.results}):
         _figures(class_result.results, lab, out)
-    text = markdown(class_result)
+    # any text from a submission (a file name's undecodable bytes, a note) is written as escapes, never a crash
+    text = printable(markdown(class_result))
     (out / "report.md").write_text(text)
     try:
         import mistune
