@@ -275,3 +275,19 @@ def test_resume_keeps_only_results_graded_with_this_runs_containment(tmp_path):
     assert not pipeline._kept({"notebook_sha": sha}, sub, sandboxed)  # graded before the sandbox was the default
     assert pipeline._kept({"notebook_sha": sha, "sandbox": True}, sub, plain)
     assert not pipeline._kept({"notebook_sha": "0" * 64, "sandbox": True}, sub, sandboxed)
+
+
+def test_a_sandbox_that_breaks_mid_run_saves_nothing(tmp_path, monkeypatch):
+    from fuselab.grading import intake, nbgrader_run, recheck
+    notebook = tmp_path / "lab0.ipynb"
+    notebook.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}))
+    sub = intake.Submission("alice", "lab0", notebook, "alice/lab0.ipynb")
+    # every test failed "because of the student": in truth bubblewrap stopped starting
+    monkeypatch.setattr(recheck, "run_clean", lambda *a, **k: recheck.CleanResult(cells={
+        "test": recheck.CellVerdict("test", 0.0, 1.0, "not run", "bwrap: cannot start")}))
+    monkeypatch.setattr(nbgrader_run, "autograde_one", lambda *a, **k: {"cells": {}, "error": "bwrap failed"})
+    monkeypatch.setattr(isolate, "sandbox_problem", lambda: "bubblewrap cannot start a sandbox here")
+    settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "builds")
+    with pytest.raises(pipeline.GradingRefused, match="stopped working while alice/lab0"):
+        pipeline.grade_submission(sub, None, settings, tmp_path)
+    assert not (tmp_path / "out" / "work" / "alice" / "lab0" / "result.json").exists()

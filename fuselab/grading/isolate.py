@@ -360,15 +360,18 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     # what of the course a submission must not read.
     runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, repo]
     runtime = [p for p in dict.fromkeys(runtime) if any(p == c or c in p.parents for c in covered)]
-    for folder in [*runtime, *readonly]:
-        if folder and Path(folder).exists():
+    for folder in runtime:
+        if Path(folder).exists():
             args += ["--fuselab-ro-bind", str(folder), str(folder)]
     for name in HIDDEN_IN_REPO:
         if (repo / name).is_dir():
             args += ["--tmpfs", str(repo / name)]
     for folder in [*hide]:  # hidden again where a runtime folder showed it (a run folder inside the repository)
-        if any(Path(folder) != r and r in Path(folder).parents for r in runtime):
+        if Path(folder).is_dir() and any(Path(folder) != r and r in Path(folder).parents for r in runtime):
             args += ["--tmpfs", str(folder)]
+    for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
+        if folder and Path(folder).exists():
+            args += ["--fuselab-ro-bind", str(folder), str(folder)]
     as_root = os.geteuid() == 0
     for folder in own:
         Path(folder).mkdir(parents=True, exist_ok=True)
