@@ -32,7 +32,8 @@ cells = st.fixed_dictionaries({}, optional={
     "source": st.text(max_size=30) | st.lists(st.text(max_size=10), max_size=3) | json_values,
     "metadata": st.fixed_dictionaries({}, optional={"nbgrader": nbgrader_meta | json_values}) | json_values,
     "outputs": json_values, "execution_count": json_values}) | json_values
-notebooks = st.fixed_dictionaries({"nbformat": st.just(4) | json_values, "cells": st.lists(cells, max_size=4) | json_values},
+notebooks = st.fixed_dictionaries({"nbformat": st.just(4) | json_values,
+                                   "cells": st.lists(cells, max_size=4) | json_values},
                                   optional={"metadata": json_values, "nbformat_minor": json_values})
 
 

@@ -358,8 +358,11 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     # The Python environment and the course itself must stay visible even when they live under a hidden folder
     # (a clone in /tmp, as CI makes): show them again, read-only, on top of the empty ones; then hide again
     # what of the course a submission must not read.
-    runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, repo]
-    runtime = [p for p in dict.fromkeys(runtime) if any(p == c or c in p.parents for c in covered)]
+    # (sys.path too: a PYTHONPATH wheelhouse, as on the GPU machine)
+    runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, repo,
+               *[Path(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]]
+    runtime = [p for p in dict.fromkeys(runtime) if any(c in p.parents for c in covered)]  # never a whole /tmp
+    runtime = [p for p in runtime if not any(r in p.parents for r in runtime)]  # the outermost of nested ones
     for folder in runtime:
         if Path(folder).exists():
             args += ["--fuselab-ro-bind", str(folder), str(folder)]
