@@ -388,11 +388,15 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
 
 
 def _give(folder: Path, uid: int, gid: int) -> None:
-    """``folder`` and everything in it to the sandbox's user (links themselves, never what they point to)."""
+    """``folder`` and everything in it to the sandbox's user: links themselves, never what they point to, and
+    never a file with a second name elsewhere (a hard link to a file of the host's)."""
     os.lchown(folder, uid, gid)
     for parent, dirs, files in os.walk(folder, followlinks=False):
         for name in dirs + files:
-            os.lchown(os.path.join(parent, name), uid, gid)
+            path = os.path.join(parent, name)
+            info = os.lstat(path)
+            if info.st_uid != uid and (name in dirs or info.st_nlink == 1):
+                os.lchown(path, uid, gid)
 
 
 def sandbox_problem() -> str | None:
