@@ -20,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..course import GRADER, SOLUTIONS, nbgrader
+from ..course import GRADER, REPO, SOLUTIONS, nbgrader
 from . import isolate
 
 
@@ -76,6 +76,8 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     runtime.mkdir()
     env = dict(env, JUPYTER_RUNTIME_DIR=str(runtime), IPYTHONDIR=str(runtime / "ipython"),
                MPLCONFIGDIR=str(runtime / "mpl"), PYTHONDONTWRITEBYTECODE="1",
+               # the kernel imports the grader's own fuselab, whatever else the environment has installed
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])),
                PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
     command = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force",
                *course_args(scratch), f"--Execute.timeout={int(cell_timeout)}"]
