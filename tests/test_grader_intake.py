@@ -3,6 +3,7 @@ become problems with a clear message, never a crash."""
 
 import json
 import zipfile
+from pathlib import Path
 
 from fuselab.grading import intake
 
@@ -28,7 +29,7 @@ def test_folder_layouts(tmp_path):
     _write(root / "bob" / ".ipynb_checkpoints" / "lab0-checkpoint.ipynb")
     _write(root / "John Smith_1234_assignsubmission_file_" / "lab0.ipynb")
     subs, problems = intake.collect(root, tmp_path / "staging", LABS)
-    assert _found(subs) == [("John_Smith", "lab0"), ("alice", "lab0"), ("alice", "lab1"), ("bob", "lab0")]
+    assert _found(subs) == [("John_Smith_1234", "lab0"), ("alice", "lab0"), ("alice", "lab1"), ("bob", "lab0")]
     assert problems == []
     staged = tmp_path / "staging" / "bob" / "lab0" / "lab0.ipynb"
     assert staged.exists() and any(s.notebook == staged for s in subs)
@@ -47,7 +48,7 @@ def test_zips_per_student_and_canvas_bulk_download(tmp_path):
     subs, problems = intake.collect(root, tmp_path / "s1", LABS)
     assert _found(subs) == [("carol", "lab0")] and problems == []
     subs, problems = intake.collect(bulk, tmp_path / "s2", LABS)
-    assert _found(subs) == [("doejohn", "lab1"), ("smithjane", "lab0")] and problems == []
+    assert _found(subs) == [("doejohn_124", "lab1"), ("smithjane_123", "lab0")] and problems == []
 
 
 def test_malformed_submissions_are_problems_not_crashes(tmp_path):
@@ -83,3 +84,93 @@ def test_filters_and_student_ids(tmp_path):
     subs, _ = intake.collect(root, tmp_path / "staging", LABS, students=["b"], only_labs=["lab1"])
     assert _found(subs) == [("b", "lab1")]
     assert intake.student_id("Zoë O'Neil ") == "Zo_O_Neil"
+
+
+def test_lms_ids_keep_students_with_one_name_apart_and_one_id_is_never_two_names(tmp_path):
+    root = tmp_path / "moodle"
+    _write(root / "Wei Zhang_1001_assignsubmission_file_" / "lab0.ipynb")
+    _write(root / "Wei Zhang_1002_assignsubmission_file_" / "lab0.ipynb")
+    subs, problems = intake.collect(root, tmp_path / "s1", LABS)
+    assert _found(subs) == [("Wei_Zhang_1001", "lab0"), ("Wei_Zhang_1002", "lab0")] and problems == []
+    canvas = tmp_path / "canvas.zip"
+    with zipfile.ZipFile(canvas, "w") as zf:
+        zf.writestr("zhangwei_1001_501_lab0.ipynb", NB)
+        zf.writestr("zhangwei_1002_502_lab0.ipynb", NB)
+    subs, problems = intake.collect(canvas, tmp_path / "s2", LABS)
+    assert _found(subs) == [("zhangwei_1001", "lab0"), ("zhangwei_1002", "lab0")] and problems == []
+    clash = tmp_path / "clash"
+    _write(clash / "Zoë" / "lab0.ipynb")
+    _write(clash / "Zo_" / "lab0.ipynb")
+    subs, problems = intake.collect(clash, tmp_path / "s3", LABS)
+    assert subs == [] and "become student id 'Zo'" in problems[0].message  # both refused, never merged
+
+
+def test_a_class_zip_of_one_student_is_that_student(tmp_path):
+    one = tmp_path / "one.zip"
+    with zipfile.ZipFile(one, "w") as zf:
+        zf.writestr("alice/lab0/lab0.ipynb", NB)
+        zf.writestr("alice/lab1/lab1.ipynb", NB)
+    subs, problems = intake.collect(one, tmp_path / "s1", LABS)
+    assert _found(subs) == [("alice", "lab0"), ("alice", "lab1")] and problems == []
+    wrapped = tmp_path / "class.zip"
+    with zipfile.ZipFile(wrapped, "w") as zf:
+        zf.writestr("class/alice/lab0/lab0.ipynb", NB)
+        zf.writestr("class/bob/lab0.ipynb", NB)
+    subs, problems = intake.collect(wrapped, tmp_path / "s2", LABS)
+    assert _found(subs) == [("alice", "lab0"), ("bob", "lab0")] and problems == []
+
+
+def _encrypted(archive):
+    """Mark every member encrypted (Python's zipfile writes no encryption; the flag is what readers go by)."""
+    data = bytearray(archive.read_bytes())
+    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = data.find(signature)
+        while start != -1:
+            data[start + flag_at] |= 0x1
+            start = data.find(signature, start + 4)
+    archive.write_bytes(bytes(data))
+
+
+def test_hostile_names_members_links_and_json_are_listed_and_the_class_is_graded(tmp_path):
+    import os
+    from fuselab import course
+    root = tmp_path / "in"
+    _write(root / "ok" / "lab0.ipynb")
+    with zipfile.ZipFile(root / "mallory.zip", "w") as zf:
+        zf.writestr("x" * 300 + "/lab0.ipynb", NB)
+    with zipfile.ZipFile(root / "oscar.zip", "w") as zf:
+        zf.writestr("lab1/lab1.ipynb", NB)
+    _encrypted(root / "oscar.zip")
+    with zipfile.ZipFile(root / "trudy.zip", "w") as zf:
+        zf.writestr("lab0", "a file here")
+        zf.writestr("lab0/lab0.ipynb", NB)  # and a folder of the same name
+    _write(root / "deep" / "lab0.ipynb", "[" * 100_000 + "]" * 100_000)
+    _write(root / "shapes" / "lab0.ipynb", json.dumps({"nbformat": 4, "cells": [{"cell_type": "code",
+                                                                                  "metadata": []}]}))
+    _write(root / "..." / "lab0.ipynb")
+    os.makedirs(os.path.join(os.fsencode(root), b"caf\xe9"))
+    _write(Path(os.fsdecode(os.path.join(os.fsencode(root), b"caf\xe9"))) / "lab0.ipynb")
+    (root / "eve").mkdir()
+    (root / "eve" / "lab0.ipynb").symlink_to(course.SOLUTIONS / "lab0" / "lab0.ipynb")
+    (root / "ivan").symlink_to(course.SOLUTIONS / "lab0")
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    assert _found(subs) == [("caf", "lab0"), ("ok", "lab0")]
+    text = "\n".join(f"{p.student}: {p.where}: {p.message}" for p in problems)
+    assert text.encode("utf-8")  # printable whatever the file names were
+    assert "mallory: " in text and "could not unpack" in text and "oscar: " in text and "encrypted" in text
+    assert "trudy: " in text and "could not unpack" in text
+    assert "deep: " in text and "nested" in text
+    assert "shapes: " in text and "cell 0 has metadata that is not an object" in text
+    assert ".../lab0.ipynb: in a hidden file or folder" in text
+    assert "eve: eve/lab0.ipynb: a link that leads out of the student's own folder" in text
+    assert "ivan: ivan: a link to a folder: not followed" in text
+
+
+def test_the_report_survives_names_that_are_not_utf8(tmp_path):
+    import os
+    from fuselab.grading import report
+    from fuselab.grading.pipeline import ClassResult
+    where = os.fsdecode(b"caf\xe9/lab0.ipynb")
+    result = ClassResult(out=tmp_path, results=[], problems=[intake.Problem(where, "no notebook found", "caf")])
+    text = report.write_report(result, tmp_path).read_text()
+    assert "caf\\udce9/lab0.ipynb" in text and (tmp_path / "report.html").exists()

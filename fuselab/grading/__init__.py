@@ -4,8 +4,9 @@ nbgrader does the notebook mechanics (autograde, gradebook, feedback, export). T
 labs need on top:
 
 - ``intake``: folders and LMS zips → one notebook per (student, lab), with clear problems for malformed ones;
-- ``isolate``: run untrusted work in a child process with limits, a timeout that kills the whole process tree,
-  a memory watchdog and, where bubblewrap exists, a sandbox that sees only the submission's own folder;
+- ``isolate``: run untrusted work in a child process with limits, a timeout that kills the whole process tree
+  (``keeper`` keeps every process it starts inside that tree), a memory watchdog, and the sandbox (the default):
+  bubblewrap entered as a user without rights (``enter_sandbox``) that sees only the submission's own folder;
 - ``recheck``, ``cellrunner``, ``solution_worker``, ``wire``, ``remote``: the clean recheck. The instructor's
   notebook runs in a checker process that never runs student Python; the student's solution cells run in a
   solution worker, and what the tests need crosses back as plain data rebuilt by type; a fault or hang costs

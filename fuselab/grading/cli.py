@@ -29,8 +29,10 @@ def add_parsers(sub) -> None:
     grade.add_argument("--submission-timeout", type=float, default=1200,
                        help="seconds per submission, all of it (default 1200)")
     grade.add_argument("--memory-gb", type=float, default=16, help="resident memory per submission (default 16)")
-    grade.add_argument("--sandbox", action="store_true",
-                       help="run each submission under bubblewrap: no network, sees only its own folder")
+    grade.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=True,
+                       help="run each submission under bubblewrap as a user without rights: no network, sees only "
+                            "its own folder (the default; grading is refused where it does not work). "
+                            "--no-sandbox runs submissions with your rights")
     grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
     grade.add_argument("--expect-samples", action="store_true",
                        help="the submissions are the sample class: check every verdict against its sample")
@@ -94,7 +96,12 @@ def main_grade(args) -> int:
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
                         feedback=not args.no_feedback)
-    result = grade(args.submissions, settings)
+    from .pipeline import GradingRefused
+    try:
+        result = grade(args.submissions, settings)
+    except GradingRefused as refused:
+        print(f"fuselab grade: {refused}", file=sys.stderr)
+        return 3
     print()
     if args.expect_samples:
         rows = samplecheck.compare(result.results, on_gpu=torch.cuda.is_available())

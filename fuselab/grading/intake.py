@@ -9,23 +9,34 @@ Accepted layouts (mixed freely):
 
 The lab a notebook belongs to is the nearest folder named after a lab, else its file name (``lab0.ipynb``,
 ``lab0-1.ipynb``, ``Lab0 (2).ipynb``). A malformed submission (not a notebook, an unknown lab, two notebooks
-for one lab, an unsafe zip) becomes a ``Problem`` listed in the report; it never stops the others.
+for one lab, an unsafe zip, a zip member that cannot be unpacked, a link that leads out of the student's folder,
+a hidden folder) becomes a ``Problem`` listed in the report; it never stops the others, whatever its file names
+(any length, any bytes) or JSON (any shape, any depth).
+
+Identity: an LMS's student id is part of the student id (Canvas ``smithjane_123``, Moodle ``John_Smith_1234``), so
+two students with one display name stay two; two folders whose names clean up to one id are both refused, never
+merged. A zip holding one folder is that folder's content only when what is inside looks like students (a zip of
+``alice/lab0/...`` is alice's).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_UNZIPPED_BYTES = 500 * 2**20  # a class's notebooks are a few MB each; more is a zip bomb or a mistake
 MAX_ZIP_MEMBERS = 20_000
+MAX_JSON_DEPTH = 200  # a notebook is a few levels deep, its outputs' JSON a few dozen; more is an attack
 _IGNORED = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store")
 _CANVAS = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?\d+_\d+_(?P<rest>.+)$")
-_MOODLE = re.compile(r"^(?P<student>.+?)_\d+_assignsubmission_\w*?_?$")
+_MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_\w*?_?$")
+_CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?(?P<id>\d+)_\d+_(?P<rest>.+)$")
 
 
 @dataclass
@@ -37,6 +48,11 @@ class Submission:
     warnings: list = field(default_factory=list)
 
 
+def printable(text) -> str:
+    """``text`` safe to print and write as UTF-8: undecodable bytes of a file name (surrogates) become escapes."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass
 class Problem:
     where: str
@@ -44,11 +60,18 @@ class Problem:
     student: str | None = None
     lab: str | None = None
 
+    def __post_init__(self):
+        self.where, self.message = printable(self.where), printable(self.message)
+
 
 def student_id(raw: str) -> str:
     """An nbgrader-safe student id: letters, digits, ``_ . -``; case kept."""
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", raw.strip()).strip("._")
     return cleaned or "unnamed"
+
+
+def _id_or_none(owner):
+    return student_id(owner) if owner else None
 
 
 def lab_of(path: Path, labs: dict) -> str | None:
@@ -86,37 +109,140 @@ def safe_extract(archive: Path, target: Path) -> list:
                 if (member.external_attr >> 16) & 0o170000 == 0o120000:
                     problems.append(f"{archive.name}: skipped symbolic link {name!r}")
                     continue
-                zf.extract(member, target)
-    except zipfile.BadZipFile:
-        problems.append(f"{archive.name}: not a readable zip file")
+                if member.flag_bits & 0x1:
+                    problems.append(f"{archive.name}: skipped {name!r}: it is encrypted (password protected)")
+                    continue
+                try:
+                    zf.extract(member, target)
+                except (OSError, RuntimeError, NotImplementedError, ValueError, EOFError, zlib.error,
+                        zipfile.BadZipFile) as exc:
+                    # a name too long for the disk, a path that is a file and a folder, a broken member
+                    problems.append(f"{archive.name}: could not unpack {name!r}: {exc}")
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        problems.append(f"{archive.name}: not a readable zip file ({exc})")
     return problems
 
 
 def check_notebook(path: Path) -> str | None:
-    """Why ``path`` is not a gradable notebook, or None."""
+    """Why ``path`` is not a gradable notebook, or None. A notebook accepted here can be read by every later step
+    (its cells are objects, their sources text, their metadata objects)."""
     try:
         nb = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:
         return f"not a valid notebook (JSON: {exc})"
+    except RecursionError:
+        return "not a valid notebook (JSON nested too deeply)"
+    except OSError as exc:
+        return f"cannot read it ({exc})"
+    if _depth(nb) > MAX_JSON_DEPTH:
+        return f"not a valid notebook (JSON nested more than {MAX_JSON_DEPTH} deep)"
     if not isinstance(nb, dict) or nb.get("nbformat") != 4 or not isinstance(nb.get("cells"), list):
         return "not a Jupyter notebook in format 4"
+    if not isinstance(nb.get("metadata", {}), dict):
+        return "not a valid notebook: its metadata is not an object"
+    for number, cell in enumerate(nb["cells"]):
+        why = _cell_problem(cell)
+        if why:
+            return f"not a valid notebook: cell {number} {why}"
     return None
 
 
-def _visible(path: Path) -> bool:
-    return not any(p.startswith(".") and p not in (".", "..") or p in _IGNORED for p in path.parts)
+def _depth(value) -> int:
+    deepest, frontier = 0, [(value, 1)]
+    while frontier:
+        item, depth = frontier.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        frontier += [(child, depth + 1) for child in children if isinstance(child, (dict, list))]
+    return deepest
+
+
+def _cell_problem(cell) -> str | None:
+    if not isinstance(cell, dict):
+        return "is not an object"
+    if not isinstance(cell.get("cell_type"), str):
+        return "has no cell_type"
+    source = cell.get("source", "")
+    if not isinstance(source, str) and not (isinstance(source, list) and all(isinstance(s, str) for s in source)):
+        return "has a source that is not text"
+    metadata = cell.get("metadata", {})
+    if not isinstance(metadata, dict):
+        return "has metadata that is not an object"
+    nbgrader = metadata.get("nbgrader", {})
+    if nbgrader is not None and not isinstance(nbgrader, dict):
+        return "has nbgrader metadata that is not an object"
+    if isinstance(nbgrader, dict):
+        if not isinstance(nbgrader.get("grade_id", ""), (str, type(None))):
+            return "has a grade_id that is not text"
+        points = nbgrader.get("points", 0)
+        if points is not None and (isinstance(points, bool) or not isinstance(points, (int, float))):
+            return "has points that are not a number"
+    return None
+
+
+def _staged_copy(path: Path, target: Path) -> None:
+    """Copy a checked notebook, filling in what Jupyter always writes and some tools leave out (a cell's
+    ``source`` and ``metadata``), so no later step trips on a missing key."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        cell.setdefault("source", "")
+        cell.setdefault("metadata", {})
+    target.write_text(json.dumps(nb))
+
+
+def _hidden(path: Path) -> str | None:
+    """``"junk"`` for what editors and archivers leave (checkpoints, ``__MACOSX``), ``"hidden"`` for any other name
+    starting with a dot (``...`` included: listed as not graded), None for the rest."""
+    if any(p in _IGNORED for p in path.parts):
+        return "junk"
+    if any(p.startswith(".") for p in path.parts):
+        return "hidden"
+    return None
 
 
 def _owner(relative: Path):
-    """Student name of a file at ``relative`` (from the root) and the part of the path below the student."""
+    """Student id of a file at ``relative`` (from the root) and the part of the path below the student."""
     first = relative.parts[0]
     if len(relative.parts) == 1:
-        match = _CANVAS.match(first)
+        match = _CANVAS_ID.match(first)
         if match:
-            return match["student"], Path(match["rest"])
+            return f"{match['student']}_{match['id']}", Path(match["rest"])
         return None, relative
     moodle = _MOODLE.match(first)
-    return (moodle["student"] if moodle else first), Path(*relative.parts[1:])
+    return (f"{moodle['student']}_{moodle['id']}" if moodle else first), Path(*relative.parts[1:])
+
+
+def _files(root: Path):
+    """Every file under ``root``, as paths below it; links are yielded, never followed into folders."""
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        for name in sorted(names + [d for d in dirs if os.path.islink(os.path.join(folder, d))]):
+            yield Path(folder, name).relative_to(root)
+        dirs.sort()
+
+
+def _escapes(path: Path, within: Path) -> bool:
+    """A link (anywhere along ``path`` below ``within``, ``within`` itself included) that leads out of ``within``
+    (a path without links)."""
+    try:
+        return Path(within) not in Path(path).resolve().parents
+    except (OSError, RuntimeError):  # a loop of links
+        return True
+
+
+def _class_folder(root: Path, labs: dict) -> Path:
+    """The folder the students are in: a zip of the class folder itself holds one folder of students; a zip of
+    one student's folder (``alice/lab0/...``) is not that."""
+    entries = list(root.iterdir()) if root.is_dir() else []
+    if len(entries) != 1 or not entries[0].is_dir() or entries[0].is_symlink():
+        return root
+    single = entries[0]
+    if _CANVAS.match(single.name) or _MOODLE.match(single.name) or single.name.lower() in labs:
+        return root
+    inside = list(single.iterdir())
+    looks_like_a_student = any(p.name.lower() in labs or p.suffix.lower() == ".ipynb" for p in inside)
+    return single if any(p.is_dir() for p in inside) and not looks_like_a_student else root
 
 
 def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None):
@@ -134,36 +260,75 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     if source.is_file():
         root = unpacked / "root"
         problems += [Problem(str(source), p) for p in safe_extract(source, root)]
-        entries = [p for p in root.iterdir()] if root.exists() else []
-        if len(entries) == 1 and entries[0].is_dir() and not _CANVAS.match(entries[0].name) \
-                and entries[0].name.lower() not in labs and any(p.is_dir() for p in entries[0].iterdir()):
-            root = entries[0]  # a zip of the submissions folder itself
+        root = _class_folder(root.resolve(), labs)
     else:
-        root = source
+        root = source.resolve()
 
     found: dict = {}
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root)
-        if not path.is_file() or not _visible(relative):
-            continue
+    raw_owners: dict = {}   # student id → the folder/file names it came from (two names, one id: refused)
+    for relative in _files(root):
+        path = root / relative
         owner, below = _owner(relative)
-        if path.suffix.lower() == ".zip":
-            if owner is None:  # <student>.zip at the top
-                owner, below = path.stem, Path()
-            inner = unpacked / "zips" / student_id(owner) / path.stem
-            problems += [Problem(str(relative), p, student=student_id(owner)) for p in safe_extract(path, inner)]
-            for nb in sorted(inner.rglob("*.ipynb")):
-                if _visible(nb.relative_to(inner)):
-                    found.setdefault(student_id(owner), []).append((nb, f"{relative}:{nb.relative_to(inner)}",
-                                                                  below / nb.relative_to(inner)))
+        hidden = _hidden(relative)
+        if hidden == "junk":
             continue
-        if path.suffix.lower() != ".ipynb":
+        if hidden == "hidden":
+            if path.suffix.lower() in (".ipynb", ".zip"):
+                problems.append(Problem(str(relative), "in a hidden file or folder (its name starts with '.'): "
+                                                       "not graded; rename it", student=_id_or_none(owner)))
+            continue
+        if path.is_symlink() and path.is_dir():
+            problems.append(Problem(str(relative), "a link to a folder: not followed (submit the files "
+                                                   "themselves)", student=_id_or_none(owner or relative.name)))
+            continue
+        if owner is None and path.suffix.lower() == ".zip":  # <student>.zip at the top
+            owner, below = path.stem, Path()
+        if owner is not None:
+            raw_owners.setdefault(student_id(owner), set()).add(owner)
+        if path.suffix.lower() not in (".ipynb", ".zip"):
             continue
         if owner is None:
             problems.append(Problem(str(relative), "a notebook at the top level: put it in a folder named after "
                                                    "the student (<student>/<lab>/<notebook>.ipynb)"))
             continue
-        found.setdefault(student_id(owner), []).append((path, str(relative), below))
+        student = student_id(owner)
+        own_folder = root / relative.parts[0] if len(relative.parts) > 1 else root
+        if path.is_symlink() or any(p.is_symlink() for p in path.parents if own_folder in p.parents or p == own_folder):
+            if _escapes(path, own_folder) or not path.is_file():
+                problems.append(Problem(str(relative), "a link that leads out of the student's own folder: not "
+                                                       "graded (submit the notebook itself)", student=student))
+                continue
+        if not path.is_file():
+            continue
+        if path.suffix.lower() == ".zip":
+            inner = unpacked / "zips" / student / f"{len(found.get(student, []))}-{path.stem}"[:100]
+            problems += [Problem(str(relative), p, student=student) for p in safe_extract(path, inner)]
+            for nb_relative in _files(inner) if inner.exists() else []:
+                nb = inner / nb_relative
+                if nb.suffix.lower() != ".ipynb" or nb.is_symlink() or not nb.is_file():
+                    continue
+                hidden = _hidden(nb_relative)
+                if hidden == "hidden":
+                    problems.append(Problem(f"{relative}:{nb_relative}", "in a hidden file or folder (its name "
+                                            "starts with '.'): not graded; rename it", student=student))
+                if hidden:
+                    continue
+                found.setdefault(student, []).append((nb, f"{relative}:{nb_relative}", below / nb_relative))
+            continue
+        found.setdefault(student, []).append((path, str(relative), below))
+
+    for student, names in sorted(raw_owners.items()):
+        if len(names) > 1:
+            listed = ", ".join(sorted(printable(n) for n in names))
+            problems.append(Problem(listed, f"these folders all become student id {student!r}: none of them was "
+                                            "graded (rename them so their ids differ)", student=student))
+            found.pop(student, None)
+    for student in sorted(set(raw_owners) - set(found)):
+        if students and student not in students:
+            continue
+        if len(raw_owners[student]) == 1 and not any(p.student == student for p in problems):
+            problems.append(Problem(printable(next(iter(raw_owners[student]))), "no notebook found",
+                                    student=student))
 
     submissions = []
     for student, notebooks in sorted(found.items()):
@@ -193,7 +358,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                 continue
             target = staging / student / lab / labs[lab]
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-            submissions.append(Submission(student, lab, target, origin))
+            _staged_copy(path, target)
+            submissions.append(Submission(student, lab, target, printable(origin)))
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems

@@ -6,15 +6,21 @@
   limit.
 - **Timeouts** kill the whole tree, descendants first: a Jupyter kernel runs in a session of its own, so killing
   a process group alone would leave an endless kernel spinning.
+- **Every process a child starts ends with it**: each child runs under ``keeper`` (a child subreaper that the
+  grader's death signals too), so a double-forked daemon stays in the tree that is killed; the kill repeats until
+  nothing is left, and a last sweep of /proc finds anything carrying the child's marker. The child's output goes
+  to files, never pipes: a process that keeps a copy of its stdout cannot make the grader wait.
 - **Network**: the clean recheck's runner gets a network namespace of its own where the platform allows
-  (root, or unprivileged user namespaces); ``sandbox=True`` uses bubblewrap, which also hides every folder but
-  the submission's own.
+  (root, or unprivileged user namespaces); ``sandboxed`` wraps a command in bubblewrap (see there).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
+import secrets
+import tempfile
 import resource
 import shutil
 import sys
@@ -63,9 +69,17 @@ class Outcome:
         return f"exit status {self.returncode}"
 
 
+PR_SET_PDEATHSIG = 1
+KEEPER = Path(__file__).with_name("keeper.py")
+MARKER_ENV = "FUSELAB_CHILD_MARKER"
+OUTPUT_TAIL_BYTES = 4 * 2**20  # what is read back of a child's stdout/stderr (the files may be far larger)
+
+
 def _set_limits(limits: Limits):
     def apply():
         os.setsid()
+        # the keeper hears when the grader dies, even by SIGKILL, and ends everything below it
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting kernel must not fill the disk
         if limits.cpu_s:
             resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
@@ -128,17 +142,50 @@ def process_trees(roots) -> dict:
 
 
 def kill_tree(pid: int):
-    """SIGKILL ``pid`` and all its descendants (collected first, so none is reparented away)."""
-    victims = children_of(pid) + [pid]
-    for victim in victims:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """SIGKILL ``pid``'s descendants, round after round until none is left (a fork bomb forks while it is being
+    killed; below a keeper, nothing escapes to init), then ``pid`` itself and its process group."""
+    for _ in range(200):
+        victims = children_of(pid)
+        if not victims:
+            break
+        for victim in victims:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def marked(marker: str) -> list:
+    """Processes whose environment carries ``MARKER_ENV=marker``: a child's, wherever they were reparented."""
+    needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def sweep(marker: str) -> None:
+    """Kill every process carrying the child's marker, with its descendants (the last resort of a child's end)."""
+    for _ in range(20):
+        victims = marked(marker)
+        if not victims:
+            return
+        for victim in victims:
+            kill_tree(victim)
 
 
 def tree_rss(pid: int) -> int:
@@ -153,8 +200,18 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def _tail(handle) -> str:
+    handle.flush()
+    size = handle.seek(0, os.SEEK_END)
+    handle.seek(max(0, size - OUTPUT_TAIL_BYTES))
+    return handle.read().decode("utf-8", errors="replace")
+
+
 class Child:
-    """A started child process with its limits; ``wait`` or ``stop`` it."""
+    """A started child process with its limits; ``wait`` or ``stop`` it.
+
+    ``process`` is the child's keeper (``keeper.py``), the parent of everything the command starts.
+    """
 
     def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
                  pass_fds=()):
@@ -163,9 +220,15 @@ class Child:
         self.started = time.monotonic()
         self.out_of_memory = False
         self.timed_out = False
-        self.process = subprocess.Popen(command, cwd=cwd, env=env, preexec_fn=_set_limits(limits),
-                                        stdin=subprocess.DEVNULL, stdout=stdout or subprocess.PIPE,
-                                        stderr=stderr or subprocess.PIPE, text=True, pass_fds=tuple(pass_fds))
+        self.marker = secrets.token_hex(8)
+        env = dict(os.environ if env is None else env, **{MARKER_ENV: self.marker})
+        # files, not pipes: a daemon holding a copy of a pipe would keep the grader waiting for its end
+        self._stdout = None if stdout else tempfile.TemporaryFile()
+        self._stderr = None if stderr else tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), "--", *command], cwd=cwd,
+                                        env=env, preexec_fn=_set_limits(limits), stdin=subprocess.DEVNULL,
+                                        stdout=stdout or self._stdout, stderr=stderr or self._stderr,
+                                        pass_fds=tuple(pass_fds))
         self._done = threading.Event()
         if registry is not None:
             registry.register(self)
@@ -205,19 +268,25 @@ class Child:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                stdout, stderr = self.process.communicate(timeout=max(0.0, min(self._time_left(deadline), 1.0)))
+                self.process.wait(timeout=max(0.0, min(self._time_left(deadline), 1.0)))
                 break
             except subprocess.TimeoutExpired:
                 if self._time_left(deadline) <= 0:
                     self.stop()
-                    stdout, stderr = self.process.communicate()
+                    self.process.wait()
                     break
         self._done.set()
         kill_tree(self.process.pid)  # leftovers a finished child may have started (a kernel, a compiler)
+        sweep(self.marker)
         if self.registry is not None:
             self.registry.unregister(self)
+        stdout = _tail(self._stdout) if self._stdout else ""
+        stderr = _tail(self._stderr) if self._stderr else ""
+        for handle in (self._stdout, self._stderr):
+            if handle:
+                handle.close()
         code = self.process.returncode
-        return Outcome(returncode=code, stdout=stdout or "", stderr=stderr or "", seconds=self.elapsed(),
+        return Outcome(returncode=code, stdout=stdout, stderr=stderr, seconds=self.elapsed(),
                        timed_out=self.timed_out, out_of_memory=self.out_of_memory,
                        signal=-code if code is not None and code < 0 else None)
 
@@ -233,42 +302,126 @@ def bubblewrap() -> str | None:
     return shutil.which("bwrap")
 
 
-def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True) -> list:
-    """``command`` inside bubblewrap: the system read-only, ``hide`` folders replaced by empty ones,
-    ``readonly`` folders shown again read-only, ``own`` folders (the submission's) writable, no network, its own
-    PID namespace, killed with its parent.
+SANDBOX_UID = int(os.environ.get("FUSELAB_SANDBOX_UID", 65534))  # who student code runs as when grading as root
+SANDBOX_GID = int(os.environ.get("FUSELAB_SANDBOX_GID", 65534))
+# The environment inside: what Python, CUDA, torch, Jupyter and the grader need; never the TA's other variables
+# (tokens, keys, proxies).
+ALLOWED_ENV = (r"PATH|HOME|LANG|LANGUAGE|LC_[A-Z_]+|TZ|TERM|LD_LIBRARY_PATH|VIRTUAL_ENV|PYTHONPATH|PYTHONUNBUFFERED|"
+               r"PYTHONDONTWRITEBYTECODE|PYTHONHASHSEED|MPLBACKEND|MPLCONFIGDIR|IPYTHONDIR|JUPYTER_[A-Z_]+|"
+               r"OMP_NUM_THREADS|MKL_NUM_THREADS|FUSELAB_[A-Z0-9_]+|CUDA_[A-Z0-9_]+|NVIDIA_[A-Z0-9_]+|"
+               r"TORCH_[A-Z0-9_]+|TORCHINDUCTOR_[A-Z0-9_]+|TRITON_[A-Z0-9_]+")
+# System folders that hold other programs' sockets, scratch files or the TA's things: each replaced by an empty one
+# (the host's Unix sockets live in /run, /tmp and /var/run; homes hold keys and tokens).
+HIDDEN_SYSTEM = ("/tmp", "/var/tmp", "/run", "/var/run", "/root", "/home", "/mnt", "/media", "/srv")
+# the course's folders a submission must never read: the solutions (and their history), the sample class,
+# other runs of the grader
+HIDDEN_IN_REPO = ("solutions", ".git", "grader/examples", "grader/runs")
 
-    GPU device files stay visible (``--dev-bind /dev /dev``): the kernel must reach the GPU.
+
+def gpu_device_nodes() -> list:
+    """The GPU's device files that exist here (``/dev/nvidia0``, ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
+    ``/dev/nvidia-caps``, ...): the only ones shown inside the sandbox besides the basic ones."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+
+
+def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True) -> list:
+    """``command`` inside bubblewrap.
+
+    - it runs as a user without rights: run as root, the grader enters the sandbox as ``SANDBOX_UID`` (chowning
+      ``own`` to it); every capability is gone (``CapEff`` 0), no user namespace can be made inside, so ``mount``,
+      ``unshare`` and remounting read-write fail;
+    - the system is read-only; ``HIDDEN_SYSTEM``, the TA's home, the course's solutions and sample class
+      (``HIDDEN_IN_REPO``) and ``hide`` are empty folders; ``readonly`` folders are shown again read-only;
+      ``own`` folders (the submission's) are writable, the first one is ``HOME``; the working folder is the
+      caller's where it is visible inside;
+    - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp`` and ``/dev/shm``;
+      a minimal ``/dev`` plus the GPU's device files; killed with its parent;
+    - an allow-listed environment (``ALLOWED_ENV``).
+
+    ``writable_tmp`` is kept for callers; ``/tmp`` is always a private, empty one.
     """
     bwrap = bubblewrap()
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    args = [bwrap, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
-            "--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session"]
-    if writable_tmp:
-        args += ["--tmpfs", "/tmp"]
-    for folder in hide:
-        args += ["--tmpfs", str(folder)]
+    repo = Path(__file__).resolve().parents[2]
+    home = Path.home()
+    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--unshare-user", "--disable-userns", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+            "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--tmpfs", "/dev/shm"]
+    for node in gpu_device_nodes():
+        args += ["--dev-bind", node, node]
+    covered = []
+    for folder in [*HIDDEN_SYSTEM, home, *hide]:
+        folder = Path(folder)
+        if folder.is_dir() and not folder.is_symlink() and folder not in covered:
+            args += ["--tmpfs", str(folder)]
+            covered.append(folder)
     # The Python environment and the course itself must stay visible even when they live under a hidden folder
-    # (a clone in /tmp, as CI makes): show them again, read-only, on top of the empty ones.
-    runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parents[2]]
-    covered = [Path("/tmp")] * writable_tmp + [Path(h) for h in hide]
-    runtime = [p for p in runtime if any(p == c or c in p.parents for c in covered)]
-    for folder in [*runtime, *readonly]:  # shown again, read-only, inside a hidden folder
+    # (a clone in /tmp, as CI makes): show them again, read-only, on top of the empty ones; then hide again
+    # what of the course a submission must not read.
+    # (sys.path too: a PYTHONPATH wheelhouse, as on the GPU machine)
+    runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, repo,
+               *[Path(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]]
+    runtime = [p for p in dict.fromkeys(runtime) if any(c in p.parents for c in covered)]  # never a whole /tmp
+    runtime = [p for p in runtime if not any(r in p.parents for r in runtime)]  # the outermost of nested ones
+    for folder in runtime:
+        if Path(folder).exists():
+            args += ["--fuselab-ro-bind", str(folder), str(folder)]
+    for name in HIDDEN_IN_REPO:
+        if (repo / name).is_dir():
+            args += ["--tmpfs", str(repo / name)]
+    for folder in [*hide]:  # hidden again where a runtime folder showed it (a run folder inside the repository)
+        if Path(folder).is_dir() and any(Path(folder) != r and r in Path(folder).parents for r in runtime):
+            args += ["--tmpfs", str(folder)]
+    for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():
-            args += ["--ro-bind", str(folder), str(folder)]
+            args += ["--fuselab-ro-bind", str(folder), str(folder)]
+    as_root = os.geteuid() == 0
     for folder in own:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        args += ["--bind", str(folder), str(folder)]
-    return args + ["--", *command]
+        if as_root:
+            _give(Path(folder), SANDBOX_UID, SANDBOX_GID)
+        args += ["--fuselab-bind", str(folder), str(folder)]
+    args += ["--setenv", "HOME", str(own[0]) if own else "/tmp"]
+    enter = [sys.executable, "-I", "-S", str(Path(__file__).with_name("enter_sandbox.py")),
+             str(SANDBOX_UID), str(SANDBOX_GID), ALLOWED_ENV, "--"]
+    return enter + args + ["--", *command]
+
+
+def _give(folder: Path, uid: int, gid: int) -> None:
+    """``folder`` and everything in it to the sandbox's user: links themselves, never what they point to, and
+    never a file with a second name elsewhere (a hard link to a file of the host's)."""
+    os.lchown(folder, uid, gid)
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = os.path.join(parent, name)
+            info = os.lstat(path)
+            if info.st_uid != uid and (name in dirs or info.st_nlink == 1):
+                os.lchown(path, uid, gid)
+
+
+def sandbox_problem() -> str | None:
+    """Why the sandbox cannot run here, or None: bubblewrap is installed, starts, and what runs inside has no
+    capabilities and is not root."""
+    if bubblewrap() is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    probe_cmd = ["/bin/sh", "-c", "id -u; grep CapEff /proc/self/status"]
+    try:
+        probe = subprocess.run(sandboxed(probe_cmd, own=[], hide=[]), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap could not start: {exc}"
+    if probe.returncode != 0:
+        return f"bubblewrap cannot start a sandbox here ({(probe.stderr or probe.stdout).strip()[-300:]})"
+    lines = probe.stdout.split()
+    if len(lines) < 3 or lines[0] == "0" or set(lines[2]) != {"0"}:
+        return f"inside bubblewrap the code would keep rights (uid, CapEff: {' '.join(lines)})"
+    return None
 
 
 def sandbox_works() -> bool:
-    """bubblewrap is installed and can start a process here (containers may forbid its namespaces)."""
-    if bubblewrap() is None:
-        return False
-    probe = subprocess.run(sandboxed(["/bin/true"], own=[], hide=[]), capture_output=True)
-    return probe.returncode == 0
+    """bubblewrap is installed and can start a rightless process here (containers may forbid its namespaces)."""
+    return sandbox_problem() is None
 
 
 # --- GPU --------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..course import GRADER, SOLUTIONS, nbgrader
+from ..course import GRADER, REPO, SOLUTIONS, nbgrader
 from . import isolate
 
 
@@ -76,12 +76,16 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     runtime.mkdir()
     env = dict(env, JUPYTER_RUNTIME_DIR=str(runtime), IPYTHONDIR=str(runtime / "ipython"),
                MPLCONFIGDIR=str(runtime / "mpl"), PYTHONDONTWRITEBYTECODE="1",
+               # the kernel imports the grader's own fuselab, whatever else the environment has installed
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])),
                PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
     command = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force",
                *course_args(scratch), f"--Execute.timeout={int(cell_timeout)}"]
     if sandbox:
-        command = isolate.sandboxed(command, own=[workdir, Path(env["FUSELAB_CACHE_DIR"])], hide=list(hide),
-                                        readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+        # only its scratch course and build cache: the submission's folder holds result.json, which it must not
+        # write; nbgrader and its kernel talk over the sandbox's own loopback
+        command = isolate.sandboxed(command, own=[scratch, Path(env["FUSELAB_CACHE_DIR"])], hide=list(hide),
+                                    readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
     # nbgrader talks to its kernel over loopback: a bare network namespace (loopback down) would stop it, so
     # only bubblewrap (which brings loopback up) takes the network away here.
     limits = isolate.Limits(**{**limits.__dict__, "wall_s": wall_timeout, "no_network": False})
@@ -89,9 +93,16 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER), registry=lease)
     result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds, "phases": {}}
     graded = scratch / "autograded" / student / lab / notebook_name(lab)
+    if not _own_file(graded, scratch) or not _own_file(scratch / "gradebook.db", scratch):
+        result["error"] = ("nbgrader's output was replaced by a link or a folder; not read "
+                           f"(nbgrader {outcome.describe()})")
+        return result
     if graded.exists():
         result["autograded"] = str(graded)
-        result["phases"] = phases(json.loads(graded.read_text()), started, started + outcome.seconds)
+        try:
+            result["phases"] = phases(json.loads(graded.read_text()), started, started + outcome.seconds)
+        except (ValueError, RecursionError):  # written by the student's run: any bytes at all
+            pass
     if not graded.exists():
         result["error"] = ("nbgrader could not run the notebook to the end (its kernel died or a cell hit the time "
                            f"limit; nbgrader {outcome.describe()})")
@@ -111,6 +122,14 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
         result["error"] = (result["error"] or "nbgrader did not grade the notebook") + ": " + \
             (outcome.stdout + outcome.stderr).strip()[-800:]
     return result
+
+
+def _own_file(path: Path, folder: Path) -> bool:
+    """``path`` (which the child's run may have replaced) is missing, or a plain file really inside ``folder``:
+    never a link the grader would follow elsewhere."""
+    if not os.path.lexists(path):
+        return True
+    return path.is_file() and not path.is_symlink() and Path(folder).resolve() in path.resolve().parents
 
 
 def execution_span(cell) -> tuple | None:

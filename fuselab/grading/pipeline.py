@@ -2,16 +2,24 @@
 
 Every submission's outcome is written to ``<out>/work/<student>/<lab>/result.json`` as soon as it is graded, so
 a run that stops resumes where it stopped (``force=True`` regrades). A submission whose notebook changed since
-its result was written is graded again.
+its result was written is graded again, and so is one graded with less containment than this run's (a result
+graded without the sandbox is not kept by a sandboxed run).
+
+Grading is sandboxed by default (``isolate.sandboxed``): a run whose sandbox does not work is refused before
+anything is written (``GradingRefused``), and a sandbox that stops working during the run stops it before the
+submission's result is saved. One run at a time per ``--out`` (a lock file naming the other run's pid); an
+``--out`` inside the course's folders or the submissions is refused.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +44,7 @@ class Settings:
     cell_timeout: float = 300.0
     submission_timeout: float = 1200.0
     memory_bytes: int = 16 * 2**30
-    sandbox: bool = False
+    sandbox: bool = True               # False only on an explicit --no-sandbox
     progress: bool = True
     feedback: bool = True
     shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
@@ -57,6 +65,69 @@ class ClassResult:
     phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
     graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
     workers: list = field(default_factory=list)  # the worker slots (``schedule.workers_for``): a device each
+
+
+class GradingRefused(RuntimeError):
+    """The run cannot start (or go on) safely: nothing was graded or saved for what it refused."""
+
+
+LOCK_NAME = ".fuselab-grading.lock"
+
+
+def lock_out(out: Path):
+    """Hold ``<out>/.fuselab-grading.lock`` for this run (released when the process ends, however it ends)."""
+    handle = open(out / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        other = handle.read().strip() or "unknown"
+        handle.close()
+        raise GradingRefused(f"another grading run (pid {other}) is using {out}: wait for it to finish, or give "
+                             "this one another --out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def check_out(out: Path, source: Path) -> None:
+    """Refuse an ``--out`` inside the course's folders or the submissions (grading would write into what it
+    reads, and recurse)."""
+    out = Path(out).resolve()
+    source = Path(source).resolve()
+    course_folders = {"solutions/": course.SOLUTIONS, "labs/": course.LABS,
+                      "the submissions": source if source.is_dir() else None}
+    for name, folder in course_folders.items():
+        if folder is not None and (out == folder.resolve() or folder.resolve() in out.parents):
+            raise GradingRefused(f"--out {out} is inside {name} ({folder}): choose a folder outside the course's "
+                                 "folders and the submissions (the default is grader/runs/<date-time>)")
+
+
+def check_sandbox(settings: Settings) -> None:
+    if not settings.sandbox:
+        return
+    problem = isolate.sandbox_problem()
+    if problem:
+        raise GradingRefused(f"the sandbox does not work here, so nothing was graded: {problem}. Fix it (a "
+                             "bubblewrap that can create user namespaces), or grade with --no-sandbox, where "
+                             "submissions run with your rights (README: trust model)")
+
+
+def _write_result(path: Path, result: dict) -> None:
+    """Written whole or not at all, replacing (never following) whatever is at ``path``."""
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)
+    temporary.write_text(json.dumps(result, indent=1))
+    os.replace(temporary, path)
+
+
+def _kept(previous: dict, sub, settings: Settings) -> bool:
+    """Whether resume keeps a saved result: same notebook, graded with at least this run's containment."""
+    if previous.get("notebook_sha") != _sha(sub.notebook):
+        return False
+    return previous.get("sandbox") is True or not settings.sandbox
 
 
 def default_out() -> Path:
@@ -128,8 +199,12 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
     for cell in result["cells"].values():
         cell["message"] = scrub(cell["message"] or "")
     result.update(device=device, seconds=time.monotonic() - started, notebook_sha=graded_sha,
-                  notebook=str(sub.notebook), origin=sub.origin)
-    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+                  notebook=str(sub.notebook), origin=sub.origin, sandbox=settings.sandbox)
+    if settings.sandbox:
+        problem = isolate.sandbox_problem()
+        if problem:  # what ran may have failed for the sandbox, not the student: nothing is saved
+            raise GradingRefused(f"the sandbox stopped working while {sub.student}/{sub.lab} was graded: {problem}")
+    _write_result(workdir / "result.json", result)
     return result
 
 
@@ -237,7 +312,20 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
 
 
 def grade(source, settings: Settings) -> ClassResult:
-    """Grade every submission under ``source`` (a folder or a zip); see the module doc."""
+    """Grade every submission under ``source`` (a folder or a zip); see the module doc. Raises ``GradingRefused``
+    (before anything is graded) for a sandbox that does not work, an ``--out`` in use or in the wrong place."""
+    check_out(settings.out, Path(source))
+    check_sandbox(settings)
+    settings.out = Path(settings.out).resolve()
+    settings.out.mkdir(parents=True, exist_ok=True)
+    lock = lock_out(settings.out)
+    try:
+        return _grade(source, settings)
+    finally:
+        lock.close()
+
+
+def _grade(source, settings: Settings) -> ClassResult:
     clock = time.monotonic()
     phases, spans = {}, {}
 
@@ -246,8 +334,6 @@ def grade(source, settings: Settings) -> ClassResult:
         phases[name], spans[name] = now - since, (since, now)
         return now
 
-    settings.out = Path(settings.out).resolve()
-    settings.out.mkdir(parents=True, exist_ok=True)
     settings.shared_builds = Path(settings.shared_builds or settings.out / "shared-builds").resolve()
     labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
     unknown = sorted(set(settings.labs or []) - set(labs))
@@ -278,8 +364,11 @@ def grade(source, settings: Settings) -> ClassResult:
     for sub in submissions:
         saved = settings.out / "work" / sub.student / sub.lab / "result.json"
         if saved.exists() and not settings.force:
-            previous = json.loads(saved.read_text())
-            if previous.get("notebook_sha") == _sha(sub.notebook):
+            try:
+                previous = json.loads(saved.read_text())
+            except (OSError, ValueError):
+                previous = {}
+            if isinstance(previous, dict) and _kept(previous, sub, settings):
                 results[(sub.student, sub.lab)] = previous
                 continue
         todo.append(sub)
@@ -296,11 +385,21 @@ def grade(source, settings: Settings) -> ClassResult:
             bar.set_postfix_str(f"{sub.student}/{sub.lab}")
             bar.update(1)
 
-    outcomes = schedule.run_jobs(
-        todo, workers, lambda sub, device: grade_submission(sub, device, settings, source, leases.get(device)),
-        on_done=done)
+    stop = threading.Event()
+
+    def work(sub, device):
+        try:
+            return grade_submission(sub, device, settings, source, leases.get(device))
+        except GradingRefused:
+            stop.set()  # no other submission is graded by a broken sandbox either
+            raise
+
+    outcomes = schedule.run_jobs(todo, workers, work, on_done=done, stop=stop)
     if bar is not None:
         bar.close()
+    refused = next((o for o in outcomes if isinstance(o, GradingRefused)), None)
+    if refused is not None:
+        raise refused
     clock = phase_done("submissions", clock)
     for sub, outcome in zip(todo, outcomes):
         if isinstance(outcome, Exception):

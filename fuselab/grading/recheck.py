@@ -221,6 +221,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     gpu_holds: list = []
     timeline: dict = {}
     while True:
+        plan_path.unlink(missing_ok=True)  # a link the last child left there is removed, never written through
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
         events_path = workdir / f"clean-events-{restarts}.jsonl"
         events_path.unlink(missing_ok=True)

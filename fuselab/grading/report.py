@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from . import schedule
+from .intake import printable
 
 
 def _md(text, limit: int | None = None) -> str:
@@ -226,7 +227,8 @@ def write_report(class_result, out: Path) -> Path:
     out = Path(out)
     for lab in sorted({r["lab"] for r in class_result.results}):
         _figures(class_result.results, lab, out)
-    text = markdown(class_result)
+    # any text from a submission (a file name's undecodable bytes, a note) is written as escapes, never a crash
+    text = printable(markdown(class_result))
     (out / "report.md").write_text(text, encoding="utf-8", errors="backslashreplace")
     try:
         import mistune

@@ -1,0 +1,92 @@
+"""The first step into the sandbox (``isolate.sandboxed``): an allow-listed environment, then a user without
+rights, then bubblewrap.
+
+``python -I -S enter_sandbox.py UID GID ALLOWED_NAMES_REGEX -- bwrap ...``
+
+- The environment is cut down to the names the regular expression allows *before* bubblewrap starts: bubblewrap's
+  own ``--clearenv`` would leave the grader's environment in its pid 1, which the sandbox could read.
+- The folders bubblewrap binds (``--fuselab-bind SRC DEST``, ``--fuselab-ro-bind SRC DEST``) are first shown, as
+  root, in a private mount namespace under ``/run/fuselab-sandbox/N`` (a fresh tmpfs over ``/run``), and bubblewrap
+  binds them from there: the user without rights could not reach a Python that lives under ``/root``, or a run
+  folder under a private one. (bubblewrap hides ``/run`` again inside.)
+- Run as root, it drops to ``UID``/``GID`` with no supplementary groups (which also drops every capability), so
+  bubblewrap runs unprivileged: its user namespace then maps to that uid, not to root, and files the host's root
+  owns stay the host root's. Run as another user, it stays that user.
+
+Standard library only, run with ``-I -S``: nothing from the environment it is filtering decides how it runs.
+"""
+
+import ctypes
+import os
+import re
+import sys
+
+
+STAGE = "/run/fuselab-sandbox"
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _private_mounts() -> None:
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    _check(_libc.mount(b"tmpfs", b"/run", b"tmpfs", 0, b"mode=0755"), "mount tmpfs /run")
+    os.mkdir(STAGE, 0o755)
+
+
+def _stage(source: str, number: int) -> str:
+    staged = f"{STAGE}/{number}"
+    if os.path.isdir(source):
+        os.mkdir(staged, 0o755)
+    else:
+        open(staged, "w").close()
+    _check(_libc.mount(source.encode(), staged.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
+    return staged
+
+
+def main(argv) -> int:
+    uid, gid, allowed = int(argv[0]), int(argv[1]), re.compile(argv[2])
+    command = argv[argv.index("--") + 1:]
+    bind = {"--fuselab-bind": "--bind", "--fuselab-ro-bind": "--ro-bind"}
+    as_root = os.geteuid() == 0
+    if as_root:
+        _private_mounts()
+    args, i = [], 0
+    while i < len(command):
+        if command[i] == "--":
+            args += command[i:]
+            break
+        if command[i] in bind:
+            source = command[i + 1]
+            if as_root:
+                source = _stage(source, len(args))
+            args += [bind[command[i]], source, command[i + 2]]
+            i += 3
+            continue
+        args.append(command[i])
+        i += 1
+    command = args
+    env = {name: value for name, value in os.environ.items() if allowed.fullmatch(name)}
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        # a change of user makes a process undumpable, which hides its /proc/self/fd from itself: bubblewrap
+        # reads the folders handed over there
+        ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        if os.geteuid() == 0 or os.getegid() == 0:
+            print("enter_sandbox: could not give up root", file=sys.stderr)
+            return 126
+    os.execve(command[0], command, env)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
