@@ -49,8 +49,12 @@ class Submission:
 
 
 def printable(text) -> str:
-    """``text`` safe to print and write as UTF-8: undecodable bytes of a file name (surrogates) become escapes."""
-    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    """``text`` safe to print and write as UTF-8: undecodable bytes of a file name (surrogates) become ``\\xNN``."""
+    text = str(text)
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass

@@ -21,12 +21,7 @@ from .intake import printable
 def _md(text, limit: int | None = None) -> str:
     """Any text (a student's folder name, a flag, a path) as one line of markdown that shows as written: bytes
     that are not UTF-8 as ``\\xNN``, markdown's and HTML's punctuation (tables' ``|`` too) backslashed."""
-    text = text if isinstance(text, str) else str(text)
-    try:
-        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    text = " ".join(text.split())
+    text = " ".join(printable(text).split())
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
     # ``_`` stays: student ids are full of it, and at worst it italicises a word
