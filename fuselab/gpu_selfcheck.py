@@ -182,19 +182,29 @@ def stage_grade(out):
     return {"seconds": time.perf_counter() - started, "scores": scores, "notebooks": notebooks}
 
 
+def _sandbox():
+    """``(sandbox, why)``: grade in the sandbox where it works on this machine (the grader's default); where it
+    does not, the self-check grades without it and every stage that graded says so in its headline."""
+    from .grading import isolate
+    problem = isolate.sandbox_problem()
+    return (False, f"sandbox off: {problem}") if problem else (True, "sandboxed")
+
+
 def stage_samples(out):
     """The grader's sample class on this GPU (``FUSELAB_SAMPLES``: only these, comma-separated): every sample
     must get the grade it deserves."""
     from .grading.samplecheck import grade_examples
     work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
     chosen = [name for name in os.environ.get("FUSELAB_SAMPLES", "").split(",") if name] or None  # default: all
-    result = grade_examples(work, samples=chosen, cell_timeout=30, submission_timeout=240, progress=False)
+    sandbox, sandboxed = _sandbox()
+    result = grade_examples(work, samples=chosen, cell_timeout=30, submission_timeout=240, progress=False,
+                            sandbox=sandbox)
     _pack(out, "samples-run.tar.gz", work / "run",
           ["report.*", "grades.csv", "work/*/*/result.json", "reference/*/reference.json", "feedback/c*/*.html"])
     print(result["table"], flush=True)
     n = len(result["rows"])
     result["headline"] = (f"{sum(r['ok'] for r in result['rows'])}/{n} samples graded as they deserve, "
-                          f"{result['seconds']:.0f} s")
+                          f"{result['seconds']:.0f} s, {sandboxed}")
     return result
 
 
@@ -255,10 +265,12 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
     from .grading.report import median_steps
     from .grading.schedule import describe
     from .load_sampler import LoadSampler
+    sandbox, sandboxed = _sandbox()
     started = time.perf_counter()
     with LoadSampler() as load:
         result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120, gpus=gpus,
-                                                submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True))
+                                                submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True,
+                                                sandbox=sandbox))
     wall = time.perf_counter() - started
     phases = result.phase_seconds
     grading = phases.get("submissions", 0.0)
@@ -282,7 +294,8 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
         "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
         "seconds_per_submission": wall / max(n, 1), "full_marks": full,
         "headline": f"{describe(result.workers)}: {n} submissions graded in {grading:.0f} s = "
-                    f"{grading / max(n, 1):.1f} s each (target 7), {wall:.0f} s in all; {full}/{n} full marks"}
+                    f"{grading / max(n, 1):.1f} s each (target 4), {wall:.0f} s in all; {full}/{n} full marks; "
+                    f"{sandboxed}", "sandbox": sandboxed}
     return summary, result
 
 
