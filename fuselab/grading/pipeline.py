@@ -411,14 +411,19 @@ def _grade(source, settings: Settings) -> ClassResult:
     class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
                                reference=reference, phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
                                workers=workers)
-    return write_outputs(class_result, settings, clock)
+    return write_outputs(class_result, settings, clock, lab_pages=lab_pages)
 
 
-def write_outputs(class_result: ClassResult, settings: Settings, clock: float | None = None) -> ClassResult:
+def write_outputs(class_result: ClassResult, settings: Settings, clock: float | None = None,
+                  lab_pages: dict | None = None) -> ClassResult:
     """The class's outputs from its graded results: the gradebook of ``<out>/course``, feedback, the nbgrader
     export, grades.csv and the report. ``grade``'s last step, and the Slurm merge's (``slurm.merge``), so a class
-    graded in shards ends exactly as one graded on one host. ``class_result.results`` in (student, lab) order."""
+    graded in shards ends exactly as one graded on one host. ``class_result.results`` in (student, lab) order.
+    ``lab_pages``: the labs' release cells for feedback, as ``grade`` read them before any student code ran
+    (read now where not given: the Slurm merge runs no student code)."""
     clock = time.monotonic() if clock is None else clock
+    if lab_pages is None and settings.feedback:
+        lab_pages = feedback.lab_sources(sorted({r["lab"] for r in class_result.results}))
 
     def phase_done(name, since):
         now = time.monotonic()
