@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 from .errors import BuildError
 
@@ -42,8 +43,9 @@ LIBC = {"memcpy", "memmove", "memset", "memcmp", "strlen", "strcmp", "strncmp", 
         "__stack_chk_fail", "__printf_chk", "__fprintf_chk", "__snprintf_chk", "__vsnprintf_chk", "__memcpy_chk",
         "__memset_chk", "__memmove_chk", "__cxa_atexit", "__cxa_finalize", "__cxa_thread_atexit", "__gmon_start__",
         "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable", "__tls_get_addr", "_Unwind_Resume",
-        "__gxx_personality_v0", "qsort", "div", "ldiv", "abs", "labs", "llabs"}
-CXX_PREFIXES = ("__cxa_", "_Znw", "_Zna", "_Zdl", "_Zda", "_ZSt", "_ZTI", "_ZTV", "_ZTS", "_ZNSt", "_ZNKSt",
+        "__gxx_personality_v0", "atexit", "qsort", "div", "ldiv", "abs", "labs", "llabs"}
+# ``_Unwind_``: libgcc's exception unwinding, which some toolchains' C++ links import by name
+CXX_PREFIXES = ("_Unwind_", "__cxa_", "_Znw", "_Zna", "_Zdl", "_Zda", "_ZSt", "_ZTI", "_ZTV", "_ZTS", "_ZNSt", "_ZNKSt",
                 "_ZNSo", "_ZNKSo", "_ZN9__gnu_cxx", "__gxx_", "__cxa")
 # the C++ library's files, threads and processes: under the prefixes above, and never what a kernel needs
 CXX_REFUSED = ("fstream", "filebuf", "filesystem", "6thread", "10this_thread", "stdio_filebuf")
@@ -92,16 +94,38 @@ def source_problems(source: str) -> list:
     return problems
 
 
-def imported_symbols(library) -> list:
-    out = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True, text=True,
-                         timeout=60)
+def _nm(*args) -> list:
+    out = subprocess.run(["nm", *map(str, args)], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise NativeCodeRefused(f"the grader could not read the library's symbols: {out.stderr.strip()[:300]}")
-    return sorted({line.split()[-1].split("@")[0] for line in out.stdout.splitlines() if line.split()})
+    return [line.split() for line in out.stdout.splitlines() if line.split()]
+
+
+def imported_symbols(library) -> list:
+    """What the student's compiled code calls outside itself.
+
+    Read from the object files the build left beside the library (what the source's own code references), not
+    from the linked library alone: how a toolchain links the C++ and CUDA runtimes (a static ``libstdc++`` or
+    ``cudart`` brings their own imports: unwinding, threads, the loader) differs between machines and even
+    between environments of one machine, and says nothing about the student's code. Without object files, the
+    library's dynamic imports.
+    """
+    objects = sorted(Path(library).parent.glob("*.o"))
+    if not objects:
+        return sorted({row[-1].split("@")[0] for row in _nm("-D", "--undefined-only", library)})
+    undefined, defined = set(), set()
+    for row in _nm("-A", *objects):  # "file.o: [address] TYPE name"
+        kind, name = row[-2], row[-1]
+        (undefined if kind in ("U", "w") else defined).add(name.split("@")[0])
+    return sorted(undefined - defined)
+
+
+# what the static linker itself defines for any shared object (object files name them; libraries do not import them)
+LINKER = {"_GLOBAL_OFFSET_TABLE_", "__dso_handle", "_DYNAMIC", "__TMC_END__", "__ehdr_start"}
 
 
 def symbol_allowed(name: str, backend: str) -> bool:
-    if name in MATH or name in LIBC:
+    if name in MATH or name in LIBC or name in LINKER:
         return True
     if name.startswith(CXX_PREFIXES):
         return not any(part in name for part in CXX_REFUSED)

@@ -310,3 +310,23 @@ def test_in_the_sandbox_the_worker_never_sees_the_checkers_folder(tmp_path):
     result = recheck.run_clean(nb, student, tmp_path / "work", cell_timeout=30, total_timeout=120, sandbox=True,
                                hide=[tmp_path], limits=isolate.Limits(memory_bytes=3 * 2**30))
     assert result.cells["test_peek"].points == 1, result.cells["test_peek"]
+
+
+def test_what_a_library_calls_is_read_from_the_students_objects_not_from_how_the_runtime_was_linked(tmp_path):
+    """A toolchain that links the C++ runtime statically (seen on a GPU machine's default environment) gives the
+    library imports of its own (unwinding, threads, the loader); the student's code still calls only what its
+    object files reference."""
+    import shutil
+    import subprocess
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed")
+    (tmp_path / "k.cpp").write_text('#include <stdexcept>\nextern "C" float twice(float x) {\n'
+                                    '    if (x != x) throw std::runtime_error("nan");\n    return 2 * x;\n}\n')
+    subprocess.run(["g++", "-O2", "-fPIC", "-c", "k.cpp", "-o", "k.o"], cwd=tmp_path, check=True)
+    subprocess.run(["g++", "-shared", "-static-libstdc++", "k.o", "-o", "k.so"], cwd=tmp_path, check=True)
+    linked = subprocess.run(["nm", "-D", "--undefined-only", "k.so"], cwd=tmp_path, capture_output=True,
+                            text=True, check=True).stdout
+    assert "_Unwind_RaiseException" in linked  # the static C++ runtime's own import
+    calls = native_check.imported_symbols(tmp_path / "k.so")
+    assert "_Unwind_RaiseException" not in calls and "__cxa_throw" in calls
+    assert all(native_check.symbol_allowed(name, "cuda") for name in calls), calls

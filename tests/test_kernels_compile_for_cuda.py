@@ -7,6 +7,7 @@ __host__ __device__ function), so a kernel that only ever ran emulated could fai
 import pytest
 
 import fuselab
+from fuselab import native_check
 from fuselab.labs import lab_modules
 from fuselab.notebook_sources import string_assignments
 
@@ -39,6 +40,10 @@ def test_every_solution_kernel_compiles_and_links_for_the_gpu(lab, name):
     source = string_assignments(REPO / "solutions" / module.NOTEBOOK)[name]
     mod = fuselab.build(source, launchers, name=name.lower(), backend="cuda")
     assert set(mod.launchers) == {l.split("(")[0].split()[-1] for l in launchers}
+    # the grader's check of native code passes the instructor's kernels, real CUDA build and emulated alike
+    native_check.check_library(mod.library_path, source, "cuda", f"{name}.cu")
+    emulated = fuselab.build(source, launchers, name=name.lower(), backend="emulate")
+    native_check.check_library(emulated.library_path, source, "emulate", f"{name}.cu")
 
 
 @pytest.mark.parametrize("lab", [lab for lab, m in LABS.items() if hasattr(m, "REFERENCE_SOURCES")])
