@@ -127,4 +127,4 @@ def test_the_graded_speed_test_is_the_small_k_shape_and_names_the_cells_that_che
     graded = samples.graded_cells("lab3")
     assert "test_speedup_small_k" in graded
     # the timed kernel is the Part B template: its correctness cell is the one the speed test depends on
-    assert test["requires"] == ["test_template"] and set(test["requires"]) <= set(graded)
+    assert test["speed_requires"] == ["test_template"] and set(test["speed_requires"]) <= set(graded)

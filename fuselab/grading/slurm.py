@@ -505,6 +505,11 @@ def merge_outputs(out: Path, plan: dict) -> int:
 
 # --- the commands -----------------------------------------------------------------------------------------------
 
+def _merged(out: Path, plan: dict) -> bool:
+    """The class's outputs were merged from the shards' current completions."""
+    return (read_json(slurm_dir(out) / "merged.json") or {}).get("from") == merged_from(out, plan)
+
+
 def submit(source, out: Path, options: Options, force: bool = False) -> str:
     """``fuselab grade SUBMISSIONS --slurm``: plan (once) and submit what is missing; what was done, in words."""
     out = Path(out).resolve()
@@ -514,6 +519,9 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
         in_queue = queued(out) if plan else {"shards": {}, "merge": {}}
         busy = in_queue["shards"] or in_queue["merge"]
         if plan and busy:
+            if not force and not in_queue["shards"] and _merged(out, plan):
+                # the merge is written (merged.json comes last); its job is only still leaving the queue
+                return f"every shard is graded and merged: {out / 'grades.csv'}"
             return "this folder's jobs are still queued or running; nothing submitted\n" + status_text(out)
         if plan and force:
             for index in range(plan["shards"]):
@@ -539,8 +547,7 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
             return (f"{len(plan['submissions'])} submission(s) in {plan['shards']} shard(s); submitted shard(s) "
                     f"{_ranges(missing)} as array job {record['array']}, merge job {record['merge']} after it.\n"
                     f"Follow it with `fuselab grade --status {out}`.")
-        merged = (read_json(slurm_dir(out) / "merged.json") or {}).get("from") == merged_from(out, plan)
-        if merged:
+        if _merged(out, plan):
             return f"every shard is graded and merged: {out / 'grades.csv'}"
         record = submit_merge(out, plan)
         return f"every shard is graded; submitted the merge job {record['merge']}"
