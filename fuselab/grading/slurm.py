@@ -518,6 +518,10 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
         plan = read_json(slurm_dir(out) / "plan.json")
         in_queue = queued(out) if plan else {"shards": {}, "merge": {}}
         busy = in_queue["shards"] or in_queue["merge"]
+        if plan and not force:  # a rerun must not mix two classes, whatever the queue holds
+            why = same_class(plan, source, options)
+            if why:
+                raise ValueError(f"{why}: grade them into a new --out, or add --force to regrade the class in {out}")
         if plan and busy:
             if not force and not in_queue["shards"] and _merged(out, plan):
                 # the merge is written (merged.json comes last); its job is only still leaving the queue
@@ -533,9 +537,6 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
             (slurm_dir(out) / "plan.json").unlink()
             plan = None
         if plan:
-            why = same_class(plan, source, options)
-            if why:
-                raise ValueError(f"{why}: grade them into a new --out, or add --force to regrade the class in {out}")
             plan["options"].update({k: v for k, v in asdict(options).items() if k not in options.grading()})
             write_json(slurm_dir(out) / "plan.json", plan)  # sbatch options may change between runs
         else:
