@@ -76,6 +76,11 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         _refuse_stream_zero(source, filename)  # the emulation sees every launch's stream when it runs
     job = _emulate_job(source, protos, filename, extra_cflags, sanitize) if backend == "emulate" \
         else _cuda_job(source, protos, filename, extra_cflags)
+    if _kernel_host is not None and not _in_shared_builds(job):
+        # the grader's checker: a student's library is built and loaded in the solution worker, never here
+        return _kernel_host.build(dict(source=source, launchers=launchers, name=name, backend=backend,
+                                       extra_cflags=tuple(extra_cflags), timeout=timeout, sanitize=sanitize),
+                                  protos, backend, source, name)
     library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
                                               verbose)
     # the grader's checker: look at what a student's library calls before loading it (the instructor's kernels,
@@ -89,6 +94,21 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         return Module(library, protos, backend, source, log=log, build_seconds=seconds, cached=cached, name=name)
     except (OSError, AttributeError) as exc:
         raise _missing_launcher_error(exc, protos, filename) from None
+
+
+_kernel_host = None  # set in the grader's checker (``grading.kernels.KernelHost``): where student kernels run
+
+
+def use_kernel_host(host) -> None:
+    """Build and load every library that is not in the shared builds through ``host`` (the grader's checker)."""
+    global _kernel_host
+    _kernel_host = host
+
+
+def _in_shared_builds(job) -> bool:
+    shared = config.shared_builds_dir()
+    return shared is not None and (shared / job.name / "fuselab-complete").exists() \
+        and (shared / job.name / f"{job.name}.so").exists()
 
 
 def _from_shared_builds(library: Path) -> bool:
@@ -201,8 +221,7 @@ def _emulate_job(source, protos, filename, extra_cflags, sanitize):
 def _compile(job: _Job, timeout: float, verbose: bool):
     """Return ``(library path, log, seconds, cached)``, compiling only when no finished build exists."""
     shared = config.shared_builds_dir()
-    if shared is not None and (shared / job.name / "fuselab-complete").exists() \
-            and (shared / job.name / f"{job.name}.so").exists():
+    if _in_shared_builds(job):
         return shared / job.name / f"{job.name}.so", "", 0.0, True
     build_dir = config.builds_dir() / job.name
     library = build_dir / f"{job.name}.so"

@@ -39,6 +39,8 @@ from .quiet import captured_output
 
 POLICY_PATH = Path(__file__).with_name("policy.json")
 REFERENCE_GPU = "NVIDIA H200"
+LAST_TIMED = None   # the last graded timing's rotating call of the student's op
+LAST_RECORD = None  # the last speed test's record
 SPEED_IN_RECHECK_ENV = "FUSELAB_SPEED_IN_RECHECK"  # set by the grader for its nbgrader run of a notebook
 _OWN_KERNEL = re.compile(r"__global__\s+[\w:<>,\s]*?\b(\w+)\s*\(")
 
@@ -101,6 +103,18 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
     module: the student's built module (its source names the kernels allowed to run).
     """
     say = print if verbose else (lambda *a, **k: None)
+    host = getattr(module, "kernel_host", None)
+    if host is not None and not os.environ.get(SPEED_IN_RECHECK_ENV):
+        # the grader's checker: the student's kernel lives in the solution worker, which times it; the checker
+        # bounds that by its own clock (``grading.kernels.SpeedCheck``) and computes the points
+        test, entry, _ = policy_entry(test_id, torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                                      policy)
+        record = host.measure_speedup(
+            test_id, max_points, dict(reference_op=reference_op, make_inputs=make_inputs, reference=reference,
+                                      shape=test["shape"], threshold=entry["threshold"]),
+            expected_kernels=expected_kernels, input_sets=input_sets, budget_s=budget_s)
+        say(_said(record))
+        return _finish(record)
     gpu_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     record = {"test": test_id, "max_points": max_points, "points": 0.0, "speedup": None}
     if gpu_name is None or getattr(module, "emulated", False):
@@ -164,11 +178,14 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             op(*sets[k], outs[name][k])
         return call
 
+    global LAST_TIMED
+    LAST_TIMED = rotating(candidate, "student")  # the grader's checker times a batch of it from outside
     with exclusive_gpu():  # while the grader shares this GPU among submissions, only the timing gets it alone
         result = timing.compare({"reference": rotating(reference_op, "reference"),
-                                 "student": rotating(candidate, "student")},
+                                 "student": LAST_TIMED},
                                 baseline="reference", mode=mode, budget_s=budget_s)
     speedup = result.graded_speedup("student")
+    record.update(student_s=result["student"].median, reference_s=result["reference"].median)
 
     # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
     for k, inputs in enumerate(sets):
@@ -210,7 +227,22 @@ def _escapes_stream(candidate, inputs, out, reference):
     return None
 
 
+def _said(record) -> str:
+    """The checker's line for a speed record the solution worker measured."""
+    test, points, top = record["test"], record["points"], record["max_points"]
+    if record.get("status") == "not measured (no GPU)":
+        return f"{test}: speedup not measured (no GPU): 0 of {top} points. Speed points are only given on a GPU."
+    if record.get("status") != "measured":
+        return f"{test}: 0 of {top} points: {record.get('status', 'not measured')}"
+    line = (f"{test}: {record['graded_speedup']:.2f}x faster than the lab's unfused reference "
+            f"({record.get('mode', '')} time at shape {record.get('shape')}); full points from "
+            f"{record['threshold']:.2f}x → {points:.2f} of {top} points")
+    return line + (f" ({record['flag']})" if record.get("flag") else "")
+
+
 def _finish(record):
+    global LAST_RECORD
+    LAST_RECORD = dict(record)  # the solution worker sends it to the grader's checker
     path = os.environ.get("FUSELAB_GRADE_LOG")
     if path:
         with open(path, "a") as log:

@@ -10,7 +10,8 @@ poisoned CUDA context (a sticky fault) ends the process with a ``poisoned`` even
 next cell in a fresh process.
 
 Solution cells never run here: the solution worker (``solution_worker``) runs them, and the names they define
-arrive as plain values or as proxies (``remote``); the setup cell runs in both processes. The worker's pipes
+arrive as plain values or as proxies (``remote``); the cells that are not tests run in both processes. Nor do
+a student's kernels: ``fuselab.build`` hands them to the worker (``kernels``). The worker's pipes
 are inherited file descriptors, named in ``FUSELAB_SOLUTION_FDS`` ("to,from").
 
 A cell's result follows nbgrader's rules: an exception or anything on stderr (fd 2, so C code counts too) fails
@@ -32,6 +33,7 @@ import time
 import warnings
 
 MAX_TEXT = 4000
+HIDDEN_MARK = "BEGIN HIDDEN TESTS"
 
 
 class _Events:
@@ -101,6 +103,18 @@ def _cuda_poisoned() -> bool:
         return True
 
 
+def _unusable(host) -> str:
+    """Why the next cells cannot run in these processes, or "": a poisoned CUDA context (here or in the worker,
+    where the student's kernels run), or a solution worker that died (a kernel's segfault, say)."""
+    if _cuda_poisoned():
+        return "the CUDA context was poisoned (a fault such as an illegal memory access)"
+    if host is not None and host.poisoned:
+        return "the kernel left the solution process's CUDA context unusable (a fault such as an illegal memory access)"
+    if host is not None and host.process.gone:
+        return "the process that runs your solution cells and kernels ended (a crash in your kernel, say)"
+    return ""
+
+
 def _display(*objects, **_):
     for obj in objects:
         print(repr(obj))
@@ -145,6 +159,12 @@ def _run_cell(cell, namespace, worker):
 def main(plan_path, events_path) -> int:
     plan = json.loads(open(plan_path).read())
     worker = _solution_process()
+    host = None
+    if worker is not None:
+        from ..build import use_kernel_host
+        from .kernels import KernelHost
+        host = KernelHost(worker)
+        use_kernel_host(host)  # a student's kernels are built and launched in the worker, never here
     events = _Events(events_path)
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
@@ -155,6 +175,8 @@ def main(plan_path, events_path) -> int:
         if index < plan.get("start", 0) and cell["graded"]:
             continue
         events.write(event="start", index=index, grade_id=cell["grade_id"])
+        if host is not None:  # a speed test runs this cell's source in the worker: never one with hidden tests
+            host.current_source = "" if HIDDEN_MARK in cell["source"] else cell["source"]
         started = time.perf_counter()
         value, error = None, None
         with _captured_fds() as output:
@@ -168,9 +190,11 @@ def main(plan_path, events_path) -> int:
                      shown=None if value is None or number is not None else repr(value)[:200],
                      stdout=output["stdout"][-MAX_TEXT:], stderr=output["stderr"][-MAX_TEXT:],
                      seconds=time.perf_counter() - started, speed=records)
-        if error is not None and _cuda_poisoned():
-            events.write(event="poisoned", index=index, grade_id=cell["grade_id"])
-            return 3
+        if error is not None:
+            why = _unusable(host)
+            if why:  # the next cells get a fresh checker and a fresh solution worker
+                events.write(event="poisoned", index=index, grade_id=cell["grade_id"], why=why)
+                return 3
     events.write(event="done")
     return 0
 

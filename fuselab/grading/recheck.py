@@ -113,10 +113,12 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
                 flags += [f"{grade_id}: {flag}" for flag in clean.flags]
                 if clean.error:
                     flags.append(f"{grade_id}: {clean.error}")
-        # the first cell (imports, DEVICE...) runs in the solution worker too: solution cells use its names
+        # the cells that are not tests (imports, builds, helpers) run in the solution worker too: solution cells
+        # use their names, and a speed test runs there with them
+        graded = bool(meta.get("grade"))
         cells.append({"index": len(cells), "grade_id": grade_id, "source": source, "solution": solution,
                       "exports": exports,
-                      "shared": not cells and not solution,
+                      "shared": not solution and not graded,
                       "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
     last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
     return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
@@ -293,7 +295,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             break
         culprit = by_index[last["index"]]
         if last["event"] == "poisoned":
-            why = "the CUDA context was poisoned (a fault such as an illegal memory access)"
+            why = last.get("why") or "the CUDA context was poisoned (a fault such as an illegal memory access)"
         else:
             why = stop_reason or f"the process {outcome.describe()}"
         if culprit["graded"]:

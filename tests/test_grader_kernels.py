@@ -1,0 +1,109 @@
+"""A student's kernels in the clean recheck run in the solution worker: the checker never loads their library.
+
+Launches cross the boundary with their tensors' whole storages, so a kernel is judged here exactly as in the
+student's own process (guard bands catch a write past the end); a kernel that crashes its process costs its
+own test, and the tests after it run in fresh processes."""
+
+import json
+
+import pytest
+import torch
+
+from fuselab.grading import isolate, kernels, recheck
+
+LAUNCHER = "void scale(const float* x, float* out, int64_t n, cudaStream_t stream)"
+SCALE = ("__global__ void scale_kernel(const float* x, float* out, int64_t n) {{\n"
+         "    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;\n    if (i < n{tail}) out[i] = 2.0f * x[i];\n}}\n"
+         "void scale(const float* x, float* out, int64_t n, cudaStream_t stream) {{\n{crash}"
+         "    if (n > 0) scale_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, out, n);\n}}\n")
+HONEST = SCALE.format(tail="", crash="")
+
+
+def _cell(source, grade_id, graded=False, solution=False, points=0):
+    meta = {"nbgrader": {"grade_id": grade_id, "grade": graded, "solution": solution, "locked": not solution,
+                         "schema_version": 3, **({"points": points} if graded else {})}}
+    return {"cell_type": "code", "metadata": meta, "source": source, "outputs": [], "execution_count": None}
+
+
+CHECKED = ("fuselab.check(lambda x, out: {mod}.scale(x, out, x.numel()), lambda x: 2 * x,\n"
+           "              lambda s, seed: (torch.randn(s, generator=torch.Generator().manual_seed(seed)),),\n"
+           "              [(1,), (255,), (1000,), (4097,)], name='scale')\n")
+# the checker's own view of itself: no library from the builds folder is mapped into this process
+NOT_HERE = ("assert type({mod}).__name__ == 'WorkerModule', type({mod})\n"
+            "assert str(fuselab.config.builds_dir()) not in open('/proc/self/maps').read()\n")
+
+INSTRUCTOR = [
+    _cell("import torch\nimport fuselab\n", "setup"),
+    _cell(f"FIRST = r'''{HONEST}'''", "sol_first", solution=True),
+    _cell("first = fuselab.build(FIRST, [LAUNCHER], name='first', backend='emulate')", "build_first"),
+    _cell(CHECKED.format(mod="first") + NOT_HERE.format(mod="first"), "test_first", graded=True, points=2),
+    _cell(f"SECOND = r'''{HONEST}'''", "sol_second", solution=True),
+    _cell("second = fuselab.build(SECOND, [LAUNCHER], name='second', backend='emulate')", "build_second"),
+    _cell(CHECKED.format(mod="second") + NOT_HERE.format(mod="second"), "test_second", graded=True, points=3),
+]
+
+
+def _run(tmp_path, first=HONEST, second=HONEST):
+    for cell in INSTRUCTOR:
+        cell["source"] = cell["source"].replace("[LAUNCHER]", json.dumps([LAUNCHER]))
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": INSTRUCTOR}
+    student = json.loads(json.dumps(nb))
+    student["cells"][1]["source"] = f"FIRST = r'''{first}'''"
+    student["cells"][4]["source"] = f"SECOND = r'''{second}'''"
+    return recheck.run_clean(nb, student, tmp_path, cell_timeout=120, total_timeout=400,
+                             limits=isolate.Limits(memory_bytes=4 * 2**30))
+
+
+def test_kernels_run_in_the_worker_and_are_judged_as_in_the_students_own_process(tmp_path):
+    result = _run(tmp_path)
+    assert {k: (v.points, v.status) for k, v in result.cells.items()} == \
+        {"test_first": (2.0, "passed"), "test_second": (3.0, "passed")}, result.cells
+    assert result.restarts == 0
+
+
+def test_a_write_past_the_end_lands_in_the_guard_bands_the_checker_sent(tmp_path):
+    result = _run(tmp_path, first=SCALE.format(tail=" + 3", crash=""))
+    first = result.cells["test_first"]
+    assert first.points == 0.0 and "past the end" in first.message, first.message
+    assert result.cells["test_second"].points == 3.0
+
+
+def test_a_kernel_that_crashes_its_process_costs_only_its_own_test(tmp_path):
+    crash = "    if (n == 255) { volatile int* nowhere = 0; *nowhere = 1; }\n"
+    result = _run(tmp_path, first=SCALE.format(tail="", crash=crash))
+    first = result.cells["test_first"]
+    assert first.points == 0.0 and first.status in ("failed", "crashed"), first
+    assert result.cells["test_second"].points == 3.0, result.cells["test_second"]
+    assert result.restarts == 1
+
+
+def test_a_build_error_from_the_worker_keeps_its_type_and_the_students_line(tmp_path):
+    cells = [INSTRUCTOR[0], _cell("SRC = ''", "sol", solution=True),
+             _cell(f"try:\n    fuselab.build(SRC, {json.dumps([LAUNCHER])}, name='broken', backend='emulate')\n"
+                   "except fuselab.BuildError as exc:\n    assert 'y[i]' in str(exc) and '^' in str(exc), str(exc)\n"
+                   "else:\n    raise AssertionError('it built')", "test_build", graded=True, points=1)]
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}
+    student = json.loads(json.dumps(nb))
+    student["cells"][1]["source"] = "SRC = r\'\'\'" + HONEST.replace("2.0f * x[i]", "2.0f * y[i]") + "\'\'\'"
+    result = recheck.run_clean(nb, student, tmp_path, cell_timeout=120, total_timeout=300)
+    assert result.cells["test_build"].points == 1.0, result.cells
+
+
+def test_a_kernel_stub_fails_the_tests_that_use_it(tmp_path):
+    stub = HONEST.replace("if (i < n) out[i] = 2.0f * x[i];", "// YOUR CODE HERE\n    throw NotImplementedError();")
+    result = _run(tmp_path, first=stub)
+    assert result.cells["test_first"].points == 0.0 and "is not defined" in result.cells["test_first"].message
+    assert result.cells["test_second"].points == 3.0
+
+
+def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer():
+    base = torch.arange(12, dtype=torch.float32)
+    a, b = base[2:5], base[6:]
+    storages, args, _ = kernels._pack((a, b, 7), {})
+    assert len(storages) == 1 and storages[0][0].numel() == 48
+    assert args[0] == ("tensor", 0, "float32", 2, (3,), (1,)) and args[1][3] == 6 and args[2] == 7
+    returned = [storages[0][0].clone().fill_(0)]
+    kernels._unpack(storages, returned, "scale")
+    assert torch.equal(base, torch.zeros(12))
+    with pytest.raises(Exception, match="another size"):
+        kernels._unpack(storages, [torch.zeros(47, dtype=torch.uint8)], "scale")
