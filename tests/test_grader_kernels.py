@@ -5,6 +5,7 @@ student's own process (guard bands catch a write past the end); a kernel that cr
 own test, and the tests after it run in fresh processes."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -107,3 +108,60 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer():
     assert torch.equal(base, torch.zeros(12))
     with pytest.raises(Exception, match="another size"):
         kernels._unpack(storages, [torch.zeros(47, dtype=torch.uint8)], "scale")
+
+
+class _Host:
+    """A kernel host whose worker takes ``per_call`` seconds a call, whatever speed it reports."""
+
+    def __init__(self, per_call):
+        self.per_call, self.launches, self.batches = per_call, 0, []
+        self.process = self
+
+    def request(self, message):
+        assert message[0] == "speed_batch"
+        self.batches.append(message[1])
+        time.sleep(message[1] * self.per_call)
+        return ["ok", ["v", None]]
+
+    def result(self, reply):
+        return None
+
+
+def _side(per_call):
+    def reference_op(x, out):
+        time.sleep(per_call)
+        out.copy_(x)
+    return dict(reference_op=reference_op, make_inputs=lambda shape, seed: (torch.randn(shape),),
+                reference=lambda x: x, shape=[8], threshold=1.3)
+
+
+def _worker_record(speedup, reference_s, student_s):
+    return kernels._record({"status": "measured", "speedup": speedup, "reference_s": reference_s,
+                            "student_s": student_s, "shape": [8], "mode": "device", "points": 4.0,
+                            "extra": object.__name__})
+
+
+def test_a_speedup_the_checkers_clock_cannot_see_is_capped_and_flagged(monkeypatch):
+    monkeypatch.setattr(kernels, "WALL_BATCH_S", 0.2)
+    # the worker claims 6x; from outside its calls take twice as long as the reference's: graded at the bound
+    check = kernels.SpeedCheck(_Host(per_call=0.008), _worker_record(6.0, 0.004, 0.004 / 6), _side(0.004), 3)
+    record = check.verdict("lab0.add_relu_mul", 4)
+    assert 0.35 < record["wall_speedup"] < 0.65, record
+    assert record["graded_speedup"] == pytest.approx(record["wall_speedup"] * (1 + kernels.WALL_TOLERANCE))
+    assert "grader's own clock" in record["flag"] and record["points"] == 0.0
+    assert "extra" not in record
+
+
+def test_an_honest_speedup_the_clock_confirms_is_graded_as_measured(monkeypatch):
+    monkeypatch.setattr(kernels, "WALL_BATCH_S", 0.2)
+    check = kernels.SpeedCheck(_Host(per_call=0.002), _worker_record(1.9, 0.004, 0.0021), _side(0.004), 3)
+    record = check.verdict("lab0.add_relu_mul", 4)
+    assert record["graded_speedup"] == 1.9 and "flag" not in record and record["points"] == 4.0
+    assert record["wall_speedup"] > 1.5
+
+
+def test_a_record_that_was_not_measured_earns_nothing():
+    check = kernels.SpeedCheck(_Host(0.0), kernels._record({"status": "not measured (no GPU)", "points": 4.0}),
+                               _side(0.0), 3)
+    record = check.verdict("lab0.add_relu_mul", 4)
+    assert record["points"] == 0.0 and record["status"] == "not measured (no GPU)"

@@ -183,9 +183,9 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
                               total_timeout=settings.submission_timeout, limits=limits,
                               env=_base_env(settings, workdir / "clean", device), device=device,
                               sandbox=settings.sandbox, hide=hide, lease=lease)
-    # The notebook run builds the same kernels: it starts from a copy of the clean recheck's builds (a copy,
-    # so nothing the student's Python does there can reach what the clean recheck used).
-    _copy_builds(workdir / "clean" / "cache", workdir / "cache")
+    # The notebook run builds the same kernels: it starts from a copy of the solution worker's builds (a copy,
+    # so nothing the notebook run does reaches what the clean recheck used).
+    _copy_builds(workdir / "clean" / "solution-process" / "cache", workdir / "cache")
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
     notebook_env = dict(_base_env(settings, workdir, device), **{speed_grade.SPEED_IN_RECHECK_ENV: "1"})
     notebook_run = nbgrader_run.autograde_one(
@@ -300,7 +300,7 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
     env.pop("FUSELAB_SHARED_BUILDS", None)
     clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
                               total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
-                              lease=lease)
+                              lease=lease, kernels_in_worker=False)  # the instructor's: they fill the shared builds
     cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")

@@ -78,6 +78,9 @@ class CleanResult:
                    timeline=data.get("timeline", {}))
 
 
+KERNELS_HERE_ENV = "FUSELAB_KERNELS_IN_CHECKER"  # the reference run: the instructor's kernels load in the checker
+
+
 def _source(cell) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
@@ -202,8 +205,11 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
 
 def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
               limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=(),
-              lease=None) -> CleanResult:
+              lease=None, kernels_in_worker=True) -> CleanResult:
     """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
+
+    ``kernels_in_worker``: a student's kernels are built, loaded and launched in the solution worker (into its
+    own build cache). Off only for the instructor's reference run, whose kernels fill the shared builds.
 
     ``lease``: the ``lease.DeviceLease`` of a GPU shared with other submissions; graded timings then ask it for
     the GPU to themselves (time spent waiting for it is not held against a test's time limit).
@@ -217,6 +223,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     env = runner_env(env if env is not None else os.environ, workdir, device)
     if lease is not None:
         env["FUSELAB_GPU_LEASE"] = str(workdir)
+    if not kernels_in_worker:
+        env[KERNELS_HERE_ENV] = "1"
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
@@ -339,6 +347,8 @@ def _start_solution_worker(workdir: Path, restarts: int, env: dict, limits, sand
         command = isolate.sandboxed(command, own=[folder], hide=[*hide, workdir],
                                     readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
     worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
+    if not env.get(KERNELS_HERE_ENV):
+        worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")  # the student's builds: theirs, in their folder
     with open(folder / f"output-{restarts}.txt", "w") as log:  # what the student's cells print: never read back
         worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), stdout=log,
                                stderr=subprocess.STDOUT, registry=lease, pass_fds=(to_worker_r, from_worker_w))
