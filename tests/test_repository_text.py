@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DESIGN = ROOT / "docs" / "design.md"
+DESIGN_DOC = ROOT / "docs" / "design.md"
 TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".json", ".yml", ".yaml", ".toml", ".cfg"}
 
 # Built from pieces, so that this file does not match its own patterns.
@@ -67,7 +67,7 @@ def test_no_text_speaks_of_the_tools_used_to_reach_a_machine():
 
 
 def design_sections() -> set:
-    return set(HEADING.findall(DESIGN.read_text(encoding="utf-8")))
+    return set(HEADING.findall(DESIGN_DOC.read_text(encoding="utf-8")))
 
 
 def test_design_sections_are_numbered():
