@@ -3,7 +3,7 @@
 The student writes plain CUDA: kernels plus host launchers that take raw pointers, sizes and a ``cudaStream_t``,
 with no torch headers. fuselab compiles only that text, through ``torch.utils.cpp_extension.load_inline`` as a
 plain shared library (``is_python_module=False, no_implicit_headers=True``): about a second with nvcc, against
-50 s for a module that includes ``<torch/extension.h>`` (DESIGN.md §4). The tensor glue is Python generated from
+50 s for a module that includes ``<torch/extension.h>`` (docs/design.md §4.1). The tensor glue is Python generated from
 the launcher prototypes (``fuselab.module``), so it is never recompiled.
 
 Two backends share this path: ``cuda`` (nvcc) and ``emulate`` (the same text translated for g++ and run on the
@@ -123,7 +123,7 @@ def build_extension(name: str, cpp_sources, cuda_sources=None, functions=None, *
     For anyone who wants to write torch C++ directly (``torch::Tensor`` arguments, ``<torch/extension.h>``).
     fuselab adds what it adds to every build: a name and folder hashed from the sources, safe concurrent and
     killed builds, a time limit, nothing on stderr and readable errors. Expect tens of seconds per build: torch's
-    headers dominate (DESIGN.md §4); ``fuselab.build`` avoids them.
+    headers dominate (docs/design.md §4.1); ``fuselab.build`` avoids them.
     """
     import importlib.util
     cpp = "\n".join([cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources))

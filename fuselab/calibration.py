@@ -1,4 +1,4 @@
-"""Turn measured plain-solution speedups into policy entries (DESIGN.md §3).
+"""Turn measured plain-solution speedups into policy entries (docs/design.md §3).
 
 A lab's GPU self-check stage reports, for each graded speedup test, the fixed settings (mode, shape, dtype) and the
 plain fused solution's speedup S over the lab's unfused reference on this GPU, under ``result["graded"]``. This

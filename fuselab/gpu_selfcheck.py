@@ -1,4 +1,4 @@
-"""The GPU self-check: everything that needs a GPU, in stages that fit one 8-minute command.
+"""The GPU self-check: everything that needs a GPU, in stages that can run alone (``--stages``).
 
     bash .ci/gpu-selfcheck                   # all stages
     bash .ci/gpu-selfcheck --stages lab0     # some
@@ -107,7 +107,8 @@ def _cell_seconds(cell) -> float:
 
 
 def _pack(out, name, folder, patterns):
-    """Files of ``folder`` matching ``patterns`` into ``$OUT/name`` (the device tool brings back 8 files)."""
+    """Files of ``folder`` matching ``patterns`` into one archive, ``$OUT/name``: a stage leaves a few files, not
+    one per submission."""
     import tarfile
     with tarfile.open(Path(out) / name, "w:gz") as tar:
         for pattern in patterns:

@@ -2,7 +2,7 @@
 
 The instructor's solution notebook of each lab runs through the clean recheck (as a submission would), a few
 times; each graded speedup test logs the plain solution's speedup S over the lab's fixed unfused reference.
-The median S gives this GPU's threshold, 1 + 0.6 (S - 1) (DESIGN.md §3). A test whose S is below 1.3 on this GPU
+The median S gives this GPU's threshold, 1 + 0.6 (S - 1) (docs/design.md §3). A test whose S is below 1.3 on this GPU
 is recorded as not gradable on this GPU (grading then falls back to the H200's entry, and says so).
 """
 

@@ -261,7 +261,7 @@ GPU_DEPTHWISE_CASES = random_depthwise_cases(10, seed=202, max_n=4, max_c=97, ma
 CONV_TIMED = ConvCase(16, 64, 56, 56, 64, 3, 1, 1, True, "relu")
 DEPTHWISE_TIMED = (64, 96, 112, 112)
 DEPTHWISE_SMALL_TIMED = (1, 32, 112, 112)
-DEPTHWISE_L2_TIMED = (32, 144, 56, 56)  # DESIGN.md §4's first shape: an output of 58 MB, about the L2
+DEPTHWISE_L2_TIMED = (32, 144, 56, 56)  # L2-sized: an output of 58 MB, about the L2 (docs/design.md §4.2)
 GRADED_TEST = "lab1.depthwise_relu"
 
 CONV_RESULTS = "lab1_conv.json"

@@ -1,7 +1,7 @@
 """Lab 3 on the GPU: the instructor's kernels, built from solutions/, checked, timed, and graded where a policy
 entry exists.
 
-What it measures, to pick the graded configuration from real numbers (DESIGN.md §3):
+What it measures, to pick the graded configuration from real numbers (docs/design.md §3):
 - S = lab reference / plain fused (the Part B template kernel) at M in {1, 4, 8, 16, 64} with N = K = 4096, in
   device, graph and latency modes, fp32 and fp16, and at 4096³ in device mode;
 - the K axis: S at M = N = 4096, K = 8 … 4096, fp32 and fp16, device time; at the graded small-K shape
@@ -37,7 +37,7 @@ from . import lab3
 NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / lab3.NOTEBOOK
 MODES = ("device", "graph", "latency")
 DTYPES = (torch.float32, torch.float16)
-GRADED_FLOOR = MIN_GRADABLE_SPEEDUP  # DESIGN.md §3: graded only where the plain solution's S clears 1.3
+GRADED_FLOOR = MIN_GRADABLE_SPEEDUP  # docs/design.md §3: graded only where the plain solution's S clears 1.3
 CHECK_SHAPES = [(1, 4096, 4096, True, True), (8, 4096, 4096, True, False), (16, 4000, 4100, False, True),
                 (129, 1000, 257, True, True), (1023, 1025, 513, True, True), (1, 1, 1, True, True),
                 (4099, 1030, 1, True, True), (2050, 4096, 3, True, False), (3001, 2049, 17, True, True),

@@ -1,4 +1,4 @@
-"""How a measured speedup turns into points (DESIGN §3). Pure functions: the grader builds on them."""
+"""How a measured speedup turns into points (docs/design.md §3). Pure functions: the grader builds on them."""
 
 import math
 
