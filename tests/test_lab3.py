@@ -99,9 +99,9 @@ def test_cheat_sample_rebinds_the_fused_op_in_a_python_cell():
     nb = make_submission("lab3", lab3_samples.SAMPLES["cheat_cublas"])
     cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "dram_bytes")
     namespace = {}
-    exec("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"], namespace)
-    original = lab3.fused
+    original = lab3.fused  # before the cell rebinds it, so that later tests get the real one back
     try:
+        exec("".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"], namespace)
         op = lab3.fused(None)  # the cheat ignores the student's module altogether
         a, b, bias, relu = lab3.make_inputs((3, 5, 7), seed=0)
         out = torch.empty(3, 5)

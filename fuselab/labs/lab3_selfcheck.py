@@ -11,6 +11,10 @@ What it measures, to pick the graded configuration from real numbers (docs/desig
   ReLU, cuBLASLt's fused bias+ReLU epilogue (``torch._addmm_activation``), ``torch.compile`` (default mode) of
   ``relu(a @ b + bias)`` and eager, side by side in one comparison (``FUSELAB_LAB3_VARIANTS=1`` adds the small-K
   kernel's block-layout variants);
+- in fp16 at the small-K shape, in that same comparison: the tensor-core kernel that is not in the lab yet
+  (``fuselab/labs/lab3_tensorcore.py``: one mma.sync per 16×8 tile, 16-byte stores of C) and its block layouts,
+  each checked first against the float64 reference at awkward shapes (K = 1, 3, 8, 17, 4096; M = 1; M and N off
+  the tiles) in a child process; a layout that fails its check is not timed and the stage's status is FAIL;
 - the sample submissions' speed verdicts: the unfused-in-disguise sample scores 0, the different small-K kernel
   full points;
 - cuBLAS context at the skinny shapes and at 4096³ (fp32, TF32 off): addmm + relu, F.linear + relu, the plain
@@ -23,16 +27,18 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .. import build, check, ceilings, compare, grade
+from .. import CheckFailed, build, check, ceilings, compare, grade
 from ..notebook_sources import string_assignments
 from ..timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
-from . import lab3
+from . import lab3, lab3_tensorcore
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / lab3.NOTEBOOK
 MODES = ("device", "graph", "latency")
@@ -75,6 +81,7 @@ def run(out):
     check(lab3.fused(fused_f32_mod), lab3.reference, maker(torch.float32), CHECK_SHAPES, seeds=(1,), name="part A")
     check(lab3.student_unfused(fused_f32_mod, bias_act_mod), lab3.reference, maker(torch.float32), CHECK_SHAPES,
           seeds=(1,), name="student unfused")
+    tc_ops, tc_problems = _tensor_core_ops()
     checked_s = time.perf_counter() - started
 
     # S of the plain fused kernel over the lab's reference, per dtype, mode and M
@@ -103,13 +110,14 @@ def run(out):
 
     compiled = _torch_compile_context(plain, reference_op)
     variants = _variant_ops(sources["TUNED_SOURCE"]) if os.environ.get("FUSELAB_LAB3_VARIANTS") else {}
-    small_k = _small_k_context(plain, tuned, reference_op, {**variants, **_sample_ops()})
+    small_k = _small_k_context(plain, tuned, reference_op, {**variants, **_sample_ops()}, fp16_only=tc_ops)
     small_k_s = time.perf_counter() - started - checked_s - swept_s - context_s
 
     best = _graded_config(graded_rows)
     gradable = best["low"] >= GRADED_FLOOR
     saved = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "rows": rows,
-             "k_rows": k_rows, "graded_rows": graded_rows, "small_k": small_k, "cublas": cublas,
+             "k_rows": k_rows, "graded_rows": graded_rows, "small_k": _without_tensor_cores(small_k),
+             "cublas": cublas,
              "torch_compile": compiled,
              "note": "plain fused (template) kernel vs the lab's unfused reference (tiled GEMM, then bias+ReLU); "
                      "rows: N = K = 4096; k_rows: M = N = 4096; graded_rows and small_k: M, N, K = "
@@ -141,21 +149,27 @@ def run(out):
                                  "dtype": best["dtype"], "plain_speedup": best["speedup"]}}
     goals = list(tuned_vs["goals"].values()) + list(tuned_vs["small_k_goals"].values())
     samples_ok = all(v.get("as_expected", True) for v in samples.values())
-    return {"status": "ok" if gradable and all(goals) and samples_ok else "MISS", "table": table,
-            "small_k_table": small_k["table"], "rows": rows, "k_rows": k_rows, "graded_rows": graded_rows,
+    tensor_cores = _tensor_core_summary(small_k, tc_problems)
+    status = "ok" if gradable and all(goals) and samples_ok else "MISS"
+    return {"status": "FAIL" if tc_problems else status, "table": table,
+            "small_k_table": "\n".join(filter(None, (small_k["table"], small_k["tensor_core_table"]))),
+            "rows": rows, "k_rows": k_rows, "graded_rows": graded_rows,
             "small_k": small_k, "cublas": cublas, "torch_compile": compiled, "tuned": tuned_vs, "graded": graded,
-            "graded_points_plain": grading, "samples_speed": samples,
+            "graded_points_plain": grading, "samples_speed": samples, "tensor_cores": tensor_cores,
             "fp32_ceiling_TFLOPs": ceil.fp32_flops_per_s / 1e12, "copy_GBps": ceil.copy_bytes_per_s / 1e9,
             "seconds": {"checks": checked_s, "sweep": swept_s, "context": context_s, "small_k": small_k_s,
                         "total": time.perf_counter() - started},
-            "headline": f"{candidate}; tuned at {list(lab3.SMALL_K)}: " +
+            # a tensor-core layout that failed its check heads the line: the summary table shows 90 characters
+            "headline": (f"{tensor_cores['headline']}; " if tc_problems else "") +
+                        f"{candidate}; tuned at {list(lab3.SMALL_K)}: " +
                         ", ".join(f"{d} {r['tuned_fraction_of_floor']:.0%} of the C-write floor, "
                                   f"{r['tuned_vs_best_library']:.2f}x the best library's speed"
                                   for d, r in small_k["summary"].items()) +
                         f"; tuned {tuned_vs.get('square_fraction_of_cublas', float('nan')):.0%} of cuBLAS "
                         f"at 4096^3, skinny worst {tuned_vs.get('skinny_worst_vs_linear', float('nan')):.2f}x "
                         f"F.linear+relu time; {grading.get('status')}; samples: " +
-                        ", ".join(f"{k} {v.get('points', '?')}" for k, v in samples.items())}
+                        ", ".join(f"{k} {v.get('points', '?')}" for k, v in samples.items()) +
+                        ("" if tc_problems else f"; {tensor_cores['headline']}")}
 
 
 def _graded_candidates(reference_op, plain):
@@ -218,10 +232,12 @@ def _variant_ops(tuned_source):
     return ops
 
 
-def _small_k_context(plain, tuned, reference_op, variants):
+def _small_k_context(plain, tuned, reference_op, variants, fp16_only=None):
     """At the small-K shape, per dtype, one interleaved comparison: the C-write floor, the lab's kernels, the
-    libraries' best (addmm + ReLU, cuBLASLt's fused epilogue, torch.compile) and eager."""
-    rows, summary, lines = [], {}, []
+    libraries' best (addmm + ReLU, cuBLASLt's fused epilogue, torch.compile) and eager; in fp16 also the
+    ``fp16_only`` kernels (the tensor-core layouts, already checked), whose rows go to ``tensor_core_rows``."""
+    fp16_only = fp16_only or {}
+    rows, tc_rows, summary, lines, tc_lines = [], [], {}, [], []
     m, n, k = lab3.SMALL_K
     relu_layer = torch.compile(lambda a, b, bias: torch.relu(a @ b + bias))
     for dtype in DTYPES:
@@ -241,6 +257,9 @@ def _small_k_context(plain, tuned, reference_op, variants):
                       "eager a @ b + bias, relu": lambda: torch.relu(a @ b + bias)}
         for name, variant in variants.items():
             candidates[name] = lambda v=variant: v(a, b, bias, relu, out)
+        if dtype == torch.float16:
+            for name, op in fp16_only.items():
+                candidates[name] = lambda v=op: v(a, b, bias, relu, out)
         result = compare(candidates, baseline="lab reference", mode="device", budget_s=0.4 * len(candidates),
                          progress=False)
         floor = result["C-write floor (fill_)"].median
@@ -249,20 +268,107 @@ def _small_k_context(plain, tuned, reference_op, variants):
         lines.append(f"{name_} {list(lab3.SMALL_K)}: C is {c_bytes / 1e6:.0f} MB")
         for name in result.names:
             t = result[name].median
-            rows.append({"dtype": name_, "shape": list(lab3.SMALL_K), "name": name, "median_us": t * 1e6,
-                         "fraction_of_floor": floor / t, "c_write_GBps": c_bytes / t / 1e9,
-                         "speedup_vs_reference": result.speedup(name).value})
-            lines.append(f"  {name:38s} {t * 1e6:8.1f} us  {floor / t:6.0%} of floor  "
-                         f"{result.speedup(name).value:5.2f}x the reference")
+            (tc_rows if name in fp16_only else rows).append(
+                {"dtype": name_, "shape": list(lab3.SMALL_K), "name": name, "median_us": t * 1e6,
+                 "fraction_of_floor": floor / t, "c_write_GBps": c_bytes / t / 1e9,
+                 "speedup_vs_reference": result.speedup(name).value})
+            (tc_lines if name in fp16_only else lines).append(
+                f"  {name:38s} {t * 1e6:8.1f} us  {floor / t:6.0%} of floor  "
+                f"{result.speedup(name).value:5.2f}x the reference")
         libraries = {x: result[x].median for x in ("torch.addmm + relu", "torch._addmm_activation", "torch.compile")}
         tuned_t = result["tuned fused"].median
         summary[name_] = {"tuned_fraction_of_floor": floor / tuned_t,
                           "tuned_vs_best_library": min(libraries.values()) / tuned_t,
-                          "goals": {">= 60% of the C-write floor": floor / tuned_t >= 0.6,
-                                    **{f"faster than {x}": tuned_t < t for x, t in libraries.items()}}}
+                          "goals": _goals(floor, tuned_t, libraries)}
+        if dtype == torch.float16 and fp16_only:
+            times = {x: result[x].median for x in fp16_only}
+            best = min(times, key=times.get)
+            default = lab3_tensorcore.variant_label(lab3_tensorcore.DEFAULT)
+            kernel = default if default in times else best
+            summary[name_]["tensor_cores"] = {
+                "kernel": kernel, "median_us": times[kernel] * 1e6, "fraction_of_floor": floor / times[kernel],
+                "vs_best_library": min(libraries.values()) / times[kernel], "vs_tuned": tuned_t / times[kernel],
+                "goals": _goals(floor, times[kernel], libraries),
+                "best_layout": best, "best_median_us": times[best] * 1e6,
+                "best_fraction_of_floor": floor / times[best], "best_goals": _goals(floor, times[best], libraries)}
         del a, b, bias, out
         torch.cuda.empty_cache()
-    return {"rows": rows, "summary": summary, "table": "\n".join(lines)}
+    if tc_lines:
+        tc_lines.insert(0, f"float16 {list(lab3.SMALL_K)}, tensor-core kernel (same comparison as above):")
+    return {"rows": rows, "tensor_core_rows": tc_rows, "summary": summary, "table": "\n".join(lines),
+            "tensor_core_table": "\n".join(tc_lines)}
+
+
+def _without_tensor_cores(small_k):
+    """``small_k`` as the notebook may see it: the tensor-core kernel is not in the lab yet."""
+    kept = {k: v for k, v in small_k.items() if k not in ("tensor_core_rows", "tensor_core_table")}
+    kept["summary"] = {d: {k: v for k, v in row.items() if k != "tensor_cores"}
+                       for d, row in small_k["summary"].items()}
+    return kept
+
+
+def _goals(floor, t, libraries):
+    """The small-K goals for a kernel that takes ``t``: 60 % of the C-write floor, faster than each library."""
+    return {">= 60% of the C-write floor": floor / t >= 0.6,
+            **{f"faster than {x}": t < library_t for x, library_t in libraries.items()}}
+
+
+def _tensor_core_ops():
+    """The fp16 tensor-core kernel's layouts (``fuselab/labs/lab3_tensorcore.py``) that passed their check:
+    ``({label: op}, {label: problem})``.
+
+    The check (every layout at ``lab3_tensorcore.CHECK_SHAPES``, fp16 against the float64 reference) runs in a
+    child process: a layout that faults there cannot take this stage's CUDA context, and the rest of the stage
+    still measures. Only layouts that passed are timed; every other one is a problem, which fails the stage.
+    """
+    if torch.cuda.get_device_capability() < (8, 0):
+        return {}, {}  # mma.sync.m16n8k16 needs compute capability 8.0: nothing to measure here
+    labels = [lab3_tensorcore.variant_label(v) for v in lab3_tensorcore.VARIANTS]
+    try:
+        child = subprocess.run([sys.executable, "-m", "fuselab.labs.lab3_tensorcore"], cwd=NOTEBOOK.parents[2],
+                               capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {}, {label: "its check did not finish in 300 s" for label in labels}
+    found = [line[len(lab3_tensorcore.VERDICTS_MARKER):] for line in child.stdout.splitlines()
+             if line.startswith(lab3_tensorcore.VERDICTS_MARKER)]
+    if not found:
+        why = f"the checking process exited with {child.returncode}: {(child.stdout + child.stderr)[-2000:]}"
+        return {}, {label: why for label in labels}
+    verdicts = json.loads(found[-1])
+    problems = {label: verdicts.get(label, "not checked: the check stopped at an earlier layout's CUDA error")
+                for label in labels if verdicts.get(label) != "ok"}
+    module = lab3_tensorcore.build("cuda")  # the build the child made, from the cache
+    ops = {lab3_tensorcore.variant_label(v): lab3_tensorcore.variant_op(module, v)
+           for v in lab3_tensorcore.VARIANTS if verdicts.get(lab3_tensorcore.variant_label(v)) == "ok"}
+    # and once more here, at the timed shape, in the process that times it
+    for label in list(ops):
+        try:
+            check(ops[label], lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, "cuda", torch.float16),
+                  [lab3.SMALL_K + (True, True)], seeds=(4,), name=label)
+        except CheckFailed as exc:
+            problems[label] = f"in the timing process: {exc}"[:3000]
+            del ops[label]
+    return ops, problems
+
+
+def _tensor_core_summary(small_k, problems):
+    """The tensor-core kernel in the stage's result: its fp16 small-K numbers and goals, or why it has none."""
+    row = small_k["summary"].get("float16", {}).get("tensor_cores")
+    parts = []
+    if problems:
+        first = next(iter(problems.items()))
+        parts.append(f"fp16 tensor cores FAILED its check ({len(problems)} of {len(lab3_tensorcore.VARIANTS)} "
+                     f"layouts, not timed): {first[0]}: {first[1].splitlines()[0][:200]}")
+    if row is not None:  # the layouts that passed were timed
+        met = all(row["goals"].values())
+        parts.append(f"{row['kernel']} {row['median_us']:.1f} us = {row['fraction_of_floor']:.0%} "
+                     f"of the C-write floor, {row['vs_best_library']:.2f}x the best library's speed, "
+                     f"{row['vs_tuned']:.2f}x tuned (goals {'met' if met else 'missed'}; best layout "
+                     f"{row['best_layout']} {row['best_median_us']:.1f} us)")
+    elif not problems:
+        parts.append("fp16 tensor cores not measured (compute capability < 8.0)")
+    return {"status": "FAIL" if problems else "ok" if row is not None else "skipped", "problems": problems,
+            **(row or {}), "headline": "; ".join(parts)}
 
 
 def _table(rows):

@@ -1,0 +1,118 @@
+"""Lab 3's fp16 tensor-core kernel (fuselab/labs/lab3_tensorcore.py) without a GPU.
+
+The CPU emulation runs no PTX, so the kernel runs here with ``mma_16816`` written out in CUDA C++; everything else
+(the column and k orders, the A and B fragments, bias, ReLU, rounding, the 16-byte and element stores, the row,
+column and k edges, K > 16) is the GPU kernel's own text. What is left to the GPU is the mma instruction itself:
+the emulated mma is pinned to the PTX ISA's fragment table below, on the GPU the real one is (requires_gpu), and
+the GPU self-check's lab3 stage checks the real kernel before it times it.
+"""
+
+import pytest
+import torch
+
+import fuselab
+from fuselab.labs import lab3, lab3_tensorcore
+
+from .conftest import requires_gpu, requires_nvcc
+
+
+def _make(shape, seed):
+    return lab3.make_inputs(shape, seed, dtype=torch.float16)
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    return lab3_tensorcore.build("emulate")
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "random"])
+def test_default_kernel_is_right_at_awkward_shapes_under_emulation(emulated, order):
+    emulated.set_thread_order(order, seed=5)
+    fuselab.check(lab3.fused(emulated), lab3.reference, _make, lab3_tensorcore.EMULATED_SHAPES, seeds=(2,),
+                  name="fp16 tensor cores (emulated mma)")
+
+
+@pytest.mark.parametrize("variant", lab3_tensorcore.VARIANTS, ids=lab3_tensorcore.variant_name)
+def test_every_timed_layout_is_right_under_emulation(emulated, variant):
+    emulated.set_thread_order("random", seed=11)
+    fuselab.check(lab3_tensorcore.variant_op(emulated, variant), lab3.reference, _make,
+                  lab3_tensorcore.EMULATED_SHAPES, seeds=(3,), name=lab3_tensorcore.variant_label(variant))
+
+
+def test_output_off_a_16_byte_boundary_is_right(emulated):
+    # C one element past a 16-byte boundary: N % 8 == 0, so only the pointer sends the launcher to element stores
+    a, b, bias, relu = _make((40, 264, 16, True, True), seed=4)
+    buffer = torch.full((40 * 264 + 2,), float("nan"), dtype=torch.float16)
+    out = buffer[1:-1].view(40, 264)
+    lab3.fused(emulated)(a, b, bias, relu, out)
+    fuselab.assert_close(out, lab3.reference(a.double(), b.double(), bias.double(), relu))
+    assert torch.isnan(buffer[0]) and torch.isnan(buffer[-1])
+
+
+# One m16n8k16 tile with fragments filled straight from the PTX ISA's table for .f16 A/B and .f32 C/D ("Matrix
+# Fragments for mma.m16n8k16 with floating point type"): groupID g = lane >> 2, threadID_in_group t = lane % 4;
+# A element i (of 8) at row g + 8·(i % 4 >= 2), column 2t + (i & 1) + 8·(i >= 4); B element i (of 4) at row
+# 2t + (i & 1) + 8·(i >= 2), column g; C element i at row g + 8·(i >= 2), column 2t + (i & 1); element 2r sits in
+# the lower 16 bits of register r.
+_TILE_KERNEL = r"""
+__global__ void mma_tile_kernel(const __half* a, const __half* b, const float* c, float* d) {
+    int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    const unsigned short* a16 = reinterpret_cast<const unsigned short*>(a);
+    const unsigned short* b16 = reinterpret_cast<const unsigned short*>(b);
+    uint32_t af[4] = {0u, 0u, 0u, 0u}, bf[2] = {0u, 0u};
+    float cf[4], df[4];
+    for (int i = 0; i < 8; ++i) {
+        int row = g + 8 * (i % 4 >= 2), col = 2 * t + (i & 1) + 8 * (i >= 4);
+        af[i / 2] |= (uint32_t)a16[row * 16 + col] << (16 * (i & 1));
+    }
+    for (int i = 0; i < 4; ++i) {
+        int row = 2 * t + (i & 1) + 8 * (i >= 2), col = g;
+        bf[i / 2] |= (uint32_t)b16[row * 8 + col] << (16 * (i & 1));
+    }
+    for (int i = 0; i < 4; ++i) cf[i] = c[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)];
+    mma_16816(df, af, bf, cf);
+    for (int i = 0; i < 4; ++i) d[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)] = df[i];
+}
+
+void mma_tile(const __half* a, const __half* b, const float* c, float* d, cudaStream_t stream) {
+    mma_tile_kernel<<<1, 32, 0, stream>>>(a, b, c, d);
+}
+"""
+_TILE_LAUNCHER = "void mma_tile(const __half* a, const __half* b, const float* c, float* d, cudaStream_t stream)"
+
+
+@pytest.mark.parametrize("backend", ["emulate", pytest.param("cuda", marks=requires_gpu)])
+def test_mma_follows_the_ptx_fragment_table(backend):
+    mma = {"emulate": lab3_tensorcore._MMA_EMULATED, "cuda": lab3_tensorcore._MMA_PTX}[backend]
+    mod = fuselab.build(mma + _TILE_KERNEL, [_TILE_LAUNCHER], name=f"mma_tile_{backend}", backend=backend)
+    device = "cuda" if backend == "cuda" else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    # distinct small integers: every product and sum exact in fp16 and fp32, and any misplaced element shows
+    a = torch.randint(-8, 9, (16, 16), generator=gen).half()
+    b = torch.randint(-8, 9, (16, 8), generator=gen).half()
+    c = torch.randint(-64, 65, (16, 8), generator=gen).float()
+    d = torch.full((16, 8), float("nan"))
+    a, b, c, d = (x.to(device) for x in (a, b, c, d))
+    mod.mma_tile(a, b, c, d)
+    expected = a.double() @ b.double() + c.double()
+    assert torch.equal(d.double().cpu(), expected.cpu())
+
+
+@requires_nvcc
+def test_gpu_source_compiles_for_the_default_architecture():
+    # no GPU needed: nvcc compiles for TORCH_CUDA_ARCH_LIST's first entry, else the H200's sm_90 (toolchain)
+    mod = fuselab.build(lab3_tensorcore.TUNED_FP16_TC_SOURCE, lab3_tensorcore.LAUNCHERS, name="tuned_fp16_tc",
+                        backend="cuda")
+    assert mod.backend == "cuda"
+    assert set(mod.launchers) == {"gemm_bias_act_f16"} | {f"{lab3_tensorcore.variant_name(v)}_f16"
+                                                          for v in lab3_tensorcore.VARIANTS}
+
+
+def test_saved_small_k_results_leave_the_tensor_core_kernel_out():
+    # the notebook prints every saved small-K row to students without a GPU; the kernel is not in the lab yet
+    from fuselab.labs.lab3_selfcheck import _without_tensor_cores
+    label = lab3_tensorcore.variant_label(lab3_tensorcore.DEFAULT)
+    small_k = {"rows": [{"name": "tuned fused"}], "tensor_core_rows": [{"name": label}], "table": "tuned fused",
+               "tensor_core_table": label, "summary": {"float16": {"goals": {}, "tensor_cores": {"kernel": label}}}}
+    assert label not in str(_without_tensor_cores(small_k))
+    assert _without_tensor_cores(small_k)["rows"] == small_k["rows"]
