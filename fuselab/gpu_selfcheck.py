@@ -204,9 +204,29 @@ def stage_samples(out):
           ["report.*", "grades.csv", "work/*/*/result.json", "reference/*/reference.json", "feedback/c*/*.html"])
     print(result["table"], flush=True)
     n = len(result["rows"])
+    result["wall_bound"] = wall_bound_summary(work / "run")
     result["headline"] = (f"{sum(r['ok'] for r in result['rows'])}/{n} samples graded as they deserve, "
-                          f"{result['seconds']:.0f} s, {sandboxed}")
+                          f"{result['seconds']:.0f} s, {sandboxed}; {result['wall_bound']['line']}")
     return result
+
+
+def wall_bound_summary(run: Path) -> dict:
+    """How the speedups the solution worker measured compare with the checker's own wall-clock bound, over every
+    graded speed test of a run (``grading.kernels.SpeedCheck``): the numbers that set ``WALL_TOLERANCE``."""
+    rows = []
+    for path in sorted(Path(run).glob("work/*/*/result.json")):
+        result = json.loads(path.read_text())
+        for cell in result.get("cells", {}).values():
+            for record in cell.get("speed") or []:
+                if record.get("wall_speedup") and record.get("worker_speedup"):
+                    rows.append({"submission": "/".join(path.parts[-3:-1]), "test": record.get("test"),
+                                 "worker": record["worker_speedup"], "wall": record["wall_speedup"],
+                                 "ratio": record["worker_speedup"] / record["wall_speedup"],
+                                 "capped": bool(record.get("flag"))})
+    ratios = [r["ratio"] for r in rows]
+    line = (f"worker/wall speedup ratio {min(ratios):.2f}-{max(ratios):.2f} over {len(rows)} speed tests, "
+            f"{sum(r['capped'] for r in rows)} capped") if rows else "no speed test bounded by the wall clock"
+    return {"rows": rows, "line": line}
 
 
 def stage_throughput(out, copies=int(os.environ.get("FUSELAB_THROUGHPUT_COPIES", "3"))):

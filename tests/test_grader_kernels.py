@@ -156,7 +156,8 @@ def test_an_honest_speedup_the_clock_confirms_is_graded_as_measured(monkeypatch)
     monkeypatch.setattr(kernels, "WALL_BATCH_S", 0.2)
     check = kernels.SpeedCheck(_Host(per_call=0.002), _worker_record(1.9, 0.004, 0.0021), _side(0.004), 3)
     record = check.verdict("lab0.add_relu_mul", 4)
-    assert record["graded_speedup"] == 1.9 and "flag" not in record and record["points"] == 4.0
+    assert record["graded_speedup"] == record["speedup"] == record["worker_speedup"] == 1.9
+    assert "flag" not in record and record["points"] == 4.0
     assert record["wall_speedup"] > 1.5
 
 
@@ -165,3 +166,16 @@ def test_a_record_that_was_not_measured_earns_nothing():
                                _side(0.0), 3)
     record = check.verdict("lab0.add_relu_mul", 4)
     assert record["points"] == 0.0 and record["status"] == "not measured (no GPU)"
+
+
+def test_the_self_check_summarises_how_worker_speedups_compare_with_the_wall_clock(tmp_path):
+    from fuselab.gpu_selfcheck import wall_bound_summary
+    for name, worker, wall, flag in [("a", 1.5, 1.4, None), ("b", 3.0, 1.0, "capped")]:
+        folder = tmp_path / "work" / name / "lab0"
+        folder.mkdir(parents=True)
+        record = {"test": "lab0.add_relu_mul", "worker_speedup": worker, "wall_speedup": wall, "flag": flag}
+        (folder / "result.json").write_text(json.dumps({"cells": {"test_speedup": {"speed": [record]}}}))
+    summary = wall_bound_summary(tmp_path)
+    assert [r["submission"] for r in summary["rows"]] == ["a/lab0", "b/lab0"]
+    assert summary["line"] == "worker/wall speedup ratio 1.07-3.00 over 2 speed tests, 1 capped"
+    assert wall_bound_summary(tmp_path / "none")["line"] == "no speed test bounded by the wall clock"

@@ -330,6 +330,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     refused = sorted({g for g, v in verdicts.items() if REFUSED_MARK in v.message})
     if refused:
         flags.append(f"a kernel library was {REFUSED_MARK} (see the message of {', '.join(refused)})")
+    flags += [f"{grade_id}: {record['flag']}" for grade_id, verdict in verdicts.items()
+              for record in verdict.speed if isinstance(record, dict) and record.get("flag")]
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
