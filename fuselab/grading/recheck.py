@@ -307,6 +307,11 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         else:
             why = stop_reason or f"the process {outcome.describe()}"
         if culprit["graded"]:
+            if last["event"] == "poisoned" and culprit["grade_id"] in verdicts:
+                # the cell ended in an error because its kernel crashed the process it ran in (the worker's,
+                # or this one's CUDA context): a crash, said as one
+                failed = verdicts[culprit["grade_id"]]
+                failed.status, failed.message = "crashed", f"{why}: {failed.message}"[:4000]
             if last["event"] == "start":
                 verdicts[culprit["grade_id"]] = CellVerdict(
                     culprit["grade_id"], 0.0, culprit["points"],
