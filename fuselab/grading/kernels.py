@@ -311,20 +311,11 @@ def serve_launch(worker, handle, launcher, storages, args, kwargs) -> list:
         if module.backend == "cuda":
             torch.cuda.synchronize()
     except BaseException as exc:  # noqa: BLE001
-        if module.backend == "cuda" and _poisoned():
+        from .cellrunner import _cuda_poisoned
+        if module.backend == "cuda" and _cuda_poisoned():
             return ["poisoned", f"{type(exc).__name__}: {exc}"[:500]]
         return _error_record(exc)
     return ["ok", wire.encode(list(storages))]
-
-
-def _poisoned() -> bool:
-    try:
-        torch.cuda.synchronize()
-        torch.empty(1, device="cuda").add_(1)
-        torch.cuda.synchronize()
-        return False
-    except Exception:  # noqa: BLE001 - any failure here means the context is gone
-        return True
 
 
 def serve_thread_order(worker, handle, order, seed) -> list:
