@@ -104,15 +104,15 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
     """
     say = print if verbose else (lambda *a, **k: None)
     host = getattr(module, "kernel_host", None)
-    if host is not None and not os.environ.get(SPEED_IN_RECHECK_ENV):
-        # the grader's checker: the student's kernel lives in the solution worker, which times it; the checker
-        # bounds that by its own clock (``grading.kernels.SpeedCheck``) and computes the points
-        test, entry, _ = policy_entry(test_id, torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                                      policy)
+    if host is not None and torch.cuda.is_available() and not module.emulated:
+        # the grader's checker: the student's kernel lives in the kernel worker, which times it; the checker
+        # bounds that by its own clock and computes the points (``grading.kernels.SpeedCheck``)
+        gpu_name = torch.cuda.get_device_name()
+        test, entry, note = policy_entry(test_id, gpu_name, policy)
         record = host.measure_speedup(
             test_id, max_points, dict(reference_op=reference_op, make_inputs=make_inputs, reference=reference,
-                                      shape=test["shape"], threshold=entry["threshold"]),
-            expected_kernels=expected_kernels, input_sets=input_sets, budget_s=budget_s)
+                                      shape=test["shape"], mode=test["mode"], threshold=entry["threshold"],
+                                      gpu=gpu_name, policy_note=note), input_sets=input_sets)
         say(_said(record))
         return _finish(record)
     gpu_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -232,7 +232,7 @@ def _said(record) -> str:
     test, points, top = record["test"], record["points"], record["max_points"]
     if record.get("status") == "not measured (no GPU)":
         return f"{test}: speedup not measured (no GPU): 0 of {top} points. Speed points are only given on a GPU."
-    if record.get("status") != "measured":
+    if record.get("status") != "measured" or "graded_speedup" not in record:
         return f"{test}: 0 of {top} points: {record.get('status', 'not measured')}"
     line = (f"{test}: {record['graded_speedup']:.2f}x faster than the lab's unfused reference "
             f"({record.get('mode', '')} time at shape {record.get('shape')}); full points from "

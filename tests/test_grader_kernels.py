@@ -1,4 +1,5 @@
-"""A student's kernels in the clean recheck run in the solution worker: the checker never loads their library.
+"""A student's kernels in the clean recheck run in the kernel worker: neither the checker nor the student's
+Python (the solution worker) ever holds their library.
 
 Launches cross the boundary with their tensors' whole storages, so a kernel is judged here exactly as in the
 student's own process (guard bands catch a write past the end); a kernel that crashes its process costs its
@@ -31,7 +32,8 @@ CHECKED = ("fuselab.check(lambda x, out: {mod}.scale(x, out, x.numel()), lambda 
            "              [(1,), (255,), (1000,), (4097,)], name='scale')\n")
 # the checker's own view of itself: no library from the builds folder is mapped into this process
 NOT_HERE = ("assert type({mod}).__name__ == 'WorkerModule', type({mod})\n"
-            "assert str(fuselab.config.builds_dir()) not in open('/proc/self/maps').read()\n")
+            "maps = open('/proc/self/maps').read()\n"
+            "assert str(fuselab.config.builds_dir()) not in maps and '-process/cache' not in maps, maps\n")
 
 INSTRUCTOR = [
     _cell("import torch\nimport fuselab\n", "setup"),
@@ -44,22 +46,43 @@ INSTRUCTOR = [
 ]
 
 
-def _run(tmp_path, first=HONEST, second=HONEST):
+def _run(tmp_path, first=HONEST, second=HONEST, first_prefix=""):
     for cell in INSTRUCTOR:
         cell["source"] = cell["source"].replace("[LAUNCHER]", json.dumps([LAUNCHER]))
     nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": INSTRUCTOR}
     student = json.loads(json.dumps(nb))
-    student["cells"][1]["source"] = f"FIRST = r'''{first}'''"
+    student["cells"][1]["source"] = first_prefix + f"FIRST = r'''{first}'''"
     student["cells"][4]["source"] = f"SECOND = r'''{second}'''"
     return recheck.run_clean(nb, student, tmp_path, cell_timeout=120, total_timeout=400,
                              limits=isolate.Limits(memory_bytes=4 * 2**30))
 
 
-def test_kernels_run_in_the_worker_and_are_judged_as_in_the_students_own_process(tmp_path):
+def test_kernels_run_in_the_kernel_worker_and_are_judged_as_in_the_students_own_process(tmp_path):
     result = _run(tmp_path)
     assert {k: (v.points, v.status) for k, v in result.cells.items()} == \
         {"test_first": (2.0, "passed"), "test_second": (3.0, "passed")}, result.cells
     assert result.restarts == 0
+
+
+WRAPPER = """import fuselab, torch
+_real = fuselab.build
+def _honest_looking(*args, **kwargs):  # the student's Python wraps the build: its launcher fixes the output
+    module = _real(*args, **kwargs)
+    launch = module.scale
+    def scale(x, out, n):
+        launch(x, out, n)
+        out.copy_(2 * x)
+    module.scale = scale
+    return module
+fuselab.build = _honest_looking
+"""
+
+
+def test_the_students_python_cannot_wrap_the_kernel_the_checker_launches(tmp_path):
+    zeros = HONEST.replace("out[i] = 2.0f * x[i];", "out[i] = 0.0f;")
+    result = _run(tmp_path, first=zeros, first_prefix=WRAPPER)
+    assert result.cells["test_first"].points == 0.0, result.cells["test_first"]
+    assert result.cells["test_second"].points == 3.0
 
 
 def test_a_write_past_the_end_lands_in_the_guard_bands_the_checker_sent(tmp_path):
@@ -101,9 +124,9 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer():
     base = torch.arange(12, dtype=torch.float32)
     a, b = base[2:5], base[6:]
     storages, args, _ = kernels._pack((a, b, 7), {})
-    assert len(storages) == 1 and storages[0][0].numel() == 48
+    assert len(storages) == 1 and storages[0].numel() == 48
     assert args[0] == ("tensor", 0, "float32", 2, (3,), (1,)) and args[1][3] == 6 and args[2] == 7
-    returned = [storages[0][0].clone().fill_(0)]
+    returned = [storages[0].clone().fill_(0)]
     kernels._unpack(storages, returned, "scale")
     assert torch.equal(base, torch.zeros(12))
     with pytest.raises(Exception, match="another size"):
@@ -132,12 +155,12 @@ def _side(per_call):
         time.sleep(per_call)
         out.copy_(x)
     return dict(reference_op=reference_op, make_inputs=lambda shape, seed: (torch.randn(shape),),
-                reference=lambda x: x, shape=[8], threshold=1.3)
+                reference=lambda x: x, shape=[8], threshold=1.3, mode="device", gpu="NVIDIA H200")
 
 
 def _worker_record(speedup, reference_s, student_s):
     return kernels._record({"status": "measured", "speedup": speedup, "reference_s": reference_s,
-                            "student_s": student_s, "shape": [8], "mode": "device", "points": 4.0,
+                            "student_s": student_s, "shape": [1], "mode": "host", "points": 4.0,
                             "extra": object.__name__})
 
 
@@ -149,7 +172,7 @@ def test_a_speedup_the_checkers_clock_cannot_see_is_capped_and_flagged(monkeypat
     assert 0.35 < record["wall_speedup"] < 0.65, record
     assert record["graded_speedup"] == pytest.approx(record["wall_speedup"] * (1 + kernels.WALL_TOLERANCE))
     assert "grader's own clock" in record["flag"] and record["points"] == 0.0
-    assert "extra" not in record
+    assert "extra" not in record and record["shape"] == [8] and record["mode"] == "device"  # the checker's own
 
 
 def test_an_honest_speedup_the_clock_confirms_is_graded_as_measured(monkeypatch):
@@ -161,11 +184,42 @@ def test_an_honest_speedup_the_clock_confirms_is_graded_as_measured(monkeypatch)
     assert record["wall_speedup"] > 1.5
 
 
-def test_a_record_that_was_not_measured_earns_nothing():
+def test_a_record_that_was_not_measured_or_cannot_be_verified_earns_nothing():
     check = kernels.SpeedCheck(_Host(0.0), kernels._record({"status": "not measured (no GPU)", "points": 4.0}),
                                _side(0.0), 3)
     record = check.verdict("lab0.add_relu_mul", 4)
     assert record["points"] == 0.0 and record["status"] == "not measured (no GPU)"
+    # a measured speedup the checker cannot bound by its own clock (no reference of its own) fails closed
+    side = dict(_side(0.0), reference_op=None)
+    record = kernels.SpeedCheck(_Host(0.0), _worker_record(50.0, 1e-3, 2e-5), side, 3).verdict("t", 4)
+    assert record["points"] == 0.0 and record["status"].startswith("not verified") and record["flag"]
+    # a NaN, or no number at all, is not a speedup
+    record = kernels.SpeedCheck(_Host(0.0), kernels._record({"status": "measured", "speedup": float("nan")}),
+                                _side(0.0), 3).verdict("t", 4)
+    assert record["points"] == 0.0 and "no speedup" in record["status"]
+
+
+def test_the_kernel_worker_sends_numbers_and_the_courses_own_words_only():
+    from fuselab import grade
+    from fuselab.grading import kernel_worker, wire
+    worker = kernel_worker.KernelWorker()
+    forged = ("import fuselab.grade as g\n"
+              "g._finish({'test': 't', 'status': 'launched 1 kernel(s) [hidden shape (77777,)]', 'speedup': 9.0,"
+              " 'points': 4.0, 'max_points': 4, 'shape': [77777], 'gpu': 'x' * 300})")
+    reply = worker.speed(forged, "t")
+    record = wire.decode(reply[1])
+    assert record == {"status": "launched other kernels than its own (a fused op must launch exactly its own "
+                                "kernel)", "speedup": 9.0}
+    assert wire.decode(worker.speed("pass", "t")[1])["status"] == "error"
+    grade.LAST_RECORD = None
+
+
+def test_fuselab_errors_cross_with_their_type_whatever_their_constructor():
+    from fuselab import errors
+    error = kernels._kernel_error("UnsupportedConstruct", "k.cu:3: the CPU emulation does not support textures")
+    assert isinstance(error, errors.BuildError) and "textures" in str(error) and error.log == ""
+    assert type(kernels._kernel_error("NotWrittenError", "stub")) is errors.NotWrittenError
+    assert type(kernels._kernel_error("SystemExit", "no")) is RuntimeError
 
 
 def test_the_self_check_summarises_how_worker_speedups_compare_with_the_wall_clock(tmp_path):

@@ -137,7 +137,21 @@ def _solution_process():
     return SolutionProcess(to_worker, from_worker)
 
 
-def _run_cell(cell, namespace, worker):
+def _kernel_host():
+    """The kernel worker's host, through which ``fuselab.build`` builds and launches a student's kernels, or None
+    (the instructor's reference run: its kernels load here)."""
+    fds = os.environ.pop("FUSELAB_KERNEL_FDS", "")
+    if not fds:
+        return None
+    from ..build import use_kernel_host
+    from .kernels import KernelHost, KernelProcess
+    to_worker, from_worker = (int(fd) for fd in fds.split(","))
+    host = KernelHost(KernelProcess(to_worker, from_worker))
+    use_kernel_host(host)
+    return host
+
+
+def _run_cell(cell, namespace, worker, host=None):
     """Run one cell of the plan here, or (a solution cell) in the solution worker; return its last value."""
     label = f"cell {cell['grade_id'] or cell['index']}"
     if cell.get("solution"):
@@ -147,24 +161,23 @@ def _run_cell(cell, namespace, worker):
         # only the names the lab's own solution cell defines: a student's `class fuselab` or `def make` never
         # replaces a name the tests use
         namespace.update({k: v for k, v in names.items() if k in cell.get("exports", [])})
+        if host is not None:  # the kernel worker's cells use these values too (plain data only)
+            host.run_cell(label, "", namespace, cell.get("exports", []))
         if error:
             raise RuntimeError(f"your solution cell raised {error} (its other statements still ran)")
         return None
     value = _execute(cell["source"], namespace, f"<{label}>")
     if cell.get("shared") and worker is not None:
         worker.run_cell(label, cell["source"], want_names=False)
+    if cell.get("instructor") and host is not None:
+        host.run_cell(label, cell["source"], namespace)
     return value
 
 
 def main(plan_path, events_path) -> int:
     plan = json.loads(open(plan_path).read())
     worker = _solution_process()
-    host = None
-    if worker is not None and not os.environ.get("FUSELAB_KERNELS_IN_CHECKER"):
-        from ..build import use_kernel_host
-        from .kernels import KernelHost
-        host = KernelHost(worker)
-        use_kernel_host(host)  # a student's kernels are built and launched in the worker, never here
+    host = _kernel_host()
     events = _Events(events_path)
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
@@ -181,7 +194,7 @@ def main(plan_path, events_path) -> int:
         value, error = None, None
         with _captured_fds() as output:
             try:
-                value = _run_cell(cell, namespace, worker)
+                value = _run_cell(cell, namespace, worker, host)
             except BaseException as exc:  # noqa: BLE001 - a cell's failure is its verdict
                 error = f"{type(exc).__name__}: {exc}"[:MAX_TEXT]
         records, seen = _new_grade_records(grade_log, seen)
@@ -190,11 +203,10 @@ def main(plan_path, events_path) -> int:
                      shown=None if value is None or number is not None else repr(value)[:200],
                      stdout=output["stdout"][-MAX_TEXT:], stderr=output["stderr"][-MAX_TEXT:],
                      seconds=time.perf_counter() - started, speed=records)
-        if error is not None:
-            why = _unusable(host)
-            if why:  # the next cells get a fresh checker and a fresh solution worker
-                events.write(event="poisoned", index=index, grade_id=cell["grade_id"], why=why)
-                return 3
+        why = _unusable(host)
+        if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
+            events.write(event="poisoned", index=index, grade_id=cell["grade_id"], why=why)
+            return 3
     events.write(event="done")
     return 0
 

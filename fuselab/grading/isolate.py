@@ -217,6 +217,7 @@ class Child:
                  pass_fds=()):
         self.limits = limits
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
+        self.companions = ()  # children that run for this one (its kernel worker): never stopped for its timing
         self.started = time.monotonic()
         self.out_of_memory = False
         self.timed_out = False

@@ -104,7 +104,10 @@ def main(argv) -> int:
     kill_everything_below()
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        signal.signal(number, signal.SIG_DFL)
+        try:
+            signal.signal(number, signal.SIG_DFL)  # SIGKILL's cannot be set (nor needs to be)
+        except (OSError, ValueError):
+            pass
         os.kill(os.getpid(), number)
         return 128 + number
     return os.waitstatus_to_exitcode(status)

@@ -120,7 +120,7 @@ class DeviceLease:
         """A child process (``isolate.Child``) started on this GPU; stopped at once if a timing is running."""
         with self._lock:
             self._children.add(child)
-            if self._holder is not None and child is not self._holder:
+            if self._holder is not None and child is not self._holder and child not in getattr(self._holder, "companions", ()):
                 self._stop(child)
 
     def _stop(self, child) -> None:
@@ -172,7 +172,7 @@ class DeviceLease:
                 with self._lock:
                     self._holder = holder
                     for child in self._children:
-                        if child is not holder:
+                        if child is not holder and child not in getattr(holder, "companions", ()):
                             self._stop(child)
                 busy = wait_until_idle(self.device, self.settle_s)
                 if not busy:
@@ -202,7 +202,8 @@ class DeviceLease:
         with self._lock:
             roots = {child: child.process.pid for child in self._children}
         trees = process_trees(roots.values())  # one scan of /proc for every tree
-        sharing_pids = set().union(*(trees[pid] for child, pid in roots.items() if child is not holder))
+        own = {holder, *getattr(holder, "companions", ())}
+        sharing_pids = set().union(*(trees[pid] for child, pid in roots.items() if child not in own))
         ours = set().union(*trees.values()) | {os.getpid()}
         on_gpu = gpu_processes(self.device)
         sharing = [p for p in on_gpu if p in sharing_pids]

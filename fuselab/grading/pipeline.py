@@ -185,7 +185,7 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
                               sandbox=settings.sandbox, hide=hide, lease=lease)
     # The notebook run builds the same kernels: it starts from a copy of the solution worker's builds (a copy,
     # so nothing the notebook run does reaches what the clean recheck used).
-    _copy_builds(workdir / "clean" / "solution-process" / "cache", workdir / "cache")
+    _copy_builds(workdir / "clean" / "kernel-process" / "cache", workdir / "cache")
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
     notebook_env = dict(_base_env(settings, workdir, device), **{speed_grade.SPEED_IN_RECHECK_ENV: "1"})
     notebook_run = nbgrader_run.autograde_one(

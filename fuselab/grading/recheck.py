@@ -116,12 +116,14 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
                 flags += [f"{grade_id}: {flag}" for flag in clean.flags]
                 if clean.error:
                     flags.append(f"{grade_id}: {clean.error}")
-        # the cells that are not tests (imports, builds, helpers) run in the solution worker too: solution cells
-        # use their names, and a speed test runs there with them
+        # the first cell (imports, DEVICE...) runs in the solution worker too: solution cells use its names; every
+        # cell that is not a test or a solution (setup, builds, helpers) runs in the kernel worker too, where a
+        # speed test runs with its names
         graded = bool(meta.get("grade"))
         cells.append({"index": len(cells), "grade_id": grade_id, "source": source, "solution": solution,
                       "exports": exports,
-                      "shared": not solution and not graded,
+                      "shared": not cells and not solution,
+                      "instructor": not solution and not graded,
                       "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
     last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
     return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
@@ -242,13 +244,21 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         clear_files(workdir)  # a request left by a killed child is never served
         tag = f"{restarts}-{secrets.token_hex(4)}"
         spawned = time.time()
-        worker, fds = _start_solution_worker(workdir, restarts, env, limits, sandbox, hide, lease)
+        worker, fds = _start_worker("solution", workdir, restarts, env, limits, sandbox, hide, lease)
+        kernel_worker, kernel_fds = None, ()
         try:
-            child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease,
-                                  env=dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}"),
-                                  pass_fds=(fds[1], fds[2]))
+            if not env.get(KERNELS_HERE_ENV):
+                kernel_worker, kernel_fds = _start_worker("kernel", workdir, restarts, env, limits, sandbox, hide,
+                                                          lease)
+            child_env = dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
+            if kernel_fds:
+                child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
+            child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3]))
+            # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
+            child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
-            for fd in fds:
+            for fd in (*fds, *kernel_fds):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, workdir, child, tag)
         stop_reason, cell_started = None, None   # (index, paused seconds when it started)
@@ -276,8 +286,10 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             raise
         finally:
             server.finish()  # the GPU goes back to the others whatever happened here
-            worker.stop(timed_out=False)
-            worker.wait(timeout=10)
+            for helper in (worker, kernel_worker):
+                if helper is not None:
+                    helper.stop(timed_out=False)
+                    helper.wait(timeout=10)
         paused_before += server.paused_s()
         flags += server.notes
         gpu_wait += server.waited_s
@@ -342,21 +354,21 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
 
 
-def _start_solution_worker(workdir: Path, restarts: int, env: dict, limits, sandbox: bool, hide, lease):
-    """Start the solution worker; return it and the pipe ends ``(worker's in, checker's out, checker's in,
-    worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden tests or events."""
-    folder = workdir / "solution-process"
+def _start_worker(kind: str, workdir: Path, restarts: int, env: dict, limits, sandbox: bool, hide, lease):
+    """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
+    out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
+    tests or events, nor the other worker's folder; its builds go to its own cache there."""
+    folder = workdir / f"{kind}-process"
     folder.mkdir(parents=True, exist_ok=True)
     to_worker_r, to_worker_w = os.pipe()
     from_worker_r, from_worker_w = os.pipe()
-    command = [sys.executable, "-m", "fuselab.grading.solution_worker", str(to_worker_r), str(from_worker_w)]
+    command = [sys.executable, "-m", f"fuselab.grading.{kind}_worker", str(to_worker_r), str(from_worker_w)]
     if sandbox:
         command = isolate.sandboxed(command, own=[folder], hide=[*hide, workdir],
                                     readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
     worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
-    if not env.get(KERNELS_HERE_ENV):
-        worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")  # the student's builds: theirs, in their folder
-    with open(folder / f"output-{restarts}.txt", "w") as log:  # what the student's cells print: never read back
+    worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
+    with open(folder / f"output-{restarts}.txt", "w") as log:  # what its cells print: never read back
         worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), stdout=log,
                                stderr=subprocess.STDOUT, registry=lease, pass_fds=(to_worker_r, from_worker_w))
     return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)

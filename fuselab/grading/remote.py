@@ -24,6 +24,8 @@ class SolutionProcessGone(RuntimeError):
 class SolutionProcess:
     """The pipes to the worker; every request waits for its reply."""
 
+    GONE = "the process that runs your solution cells ended (it crashed, or your code ended it)"
+
     def __init__(self, to_worker: int, from_worker: int):
         self.to_worker, self.from_worker = to_worker, from_worker
         self.gone = None
@@ -37,8 +39,7 @@ class SolutionProcess:
             wire.send(self.to_worker, buffer.getvalue())
             blob = wire.receive(self.from_worker)
         except (EOFError, BrokenPipeError, OSError) as exc:
-            self.gone = ("the process that runs your solution cells ended (it crashed, or your code ended it): "
-                         f"{type(exc).__name__}")
+            self.gone = f"{self.GONE}: {type(exc).__name__}"
             raise SolutionProcessGone(self.gone) from None
         return wire.load_tree(blob)
 

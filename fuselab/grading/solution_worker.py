@@ -3,17 +3,15 @@
     python -m fuselab.grading.solution_worker IN_FD OUT_FD
 
 The grader starts it next to the checker (``cellrunner``), connected by two pipes it inherits. It runs the
-notebook's cells that are not tests (setup, builds, helpers) and the student's solution cells as written,
-then answers the checker's calls of the functions those cells defined. The student's kernels are built, loaded
-and launched here too (``kernels``): native code never runs in the checker. What it sends back is plain data
-(``wire``); objects that are not (a student's own module class) stay here as handles the checker calls by
-number. It never sees a hidden test or a test's
-reference values: the checker has them, and only sends inputs. The one test cell it runs is a speed test
-(which holds no hidden test), whose measurement the checker bounds by its own clock.
+notebook's setup cell and the student's solution cells as written, then answers the checker's calls of the
+functions those cells defined. What it sends back is plain data (``wire``); objects that are not (a student's
+own module class) stay here as handles the checker calls by number. It never sees a test cell, a hidden test or
+a reference: the checker has them, and only sends inputs. The student's kernels are not launched here either:
+the kernel worker (``kernel_worker``), which runs no student Python, builds and launches them for the checker.
 
 Requests (pickles from the checker): ``("run", label, source, want_names)``, ``("call", handle, args, kwargs)``,
-``("method", handle, name, args)``, and the kernel requests of ``kernels`` (build, launch, speed). Replies
-(``wire.dump_tree``): ``["ran", [[name, value]...], error]``, ``["ok", value]`` or ``["raise", type, message]``.
+``("method", handle, name, args)``. Replies (``wire.dump_tree``): ``["ran", [[name, value]...], error]``,
+``["ok", value]`` or ``["raise", type, message]``.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import sys
 import time
 import types
 
-from . import kernels, wire
+from . import wire
 
 MODULE_METHODS = ("train", "count_batchnorm_calls")
 CELL_SECONDS = float(os.environ.get("FUSELAB_SOLUTION_CELL_S", "60"))
@@ -109,15 +107,6 @@ class Worker:
                     continue  # only the student's own functions use it; they run here
         return ["ran", names, error]
 
-    def run_speed_cell(self, source):
-        """Run a speed test cell the checker is running (its kernel is here); its first error, or None."""
-        from .cellrunner import _execute
-        try:
-            _execute(source, self.namespace, "<speed test>")
-        except BaseException as exc:  # noqa: BLE001 - the checker reads the record, or its absence
-            return f"{type(exc).__name__}: {exc}"[:500]
-        return None
-
     def call(self, handle, args, kwargs):
         fn = self.handles[handle]
         try:
@@ -150,12 +139,6 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001
             return wire.exception_record(exc)
         return ["raise", "AttributeError", f"no method {name}"]
-
-
-# the student's kernels: built, loaded and launched only here (``kernels``)
-KERNEL_REQUESTS = {"build": kernels.serve_build, "launch": kernels.serve_launch,
-                   "thread_order": kernels.serve_thread_order, "speed": kernels.serve_speed,
-                   "speed_batch": lambda worker, calls: kernels.serve_speed_batch(calls)}
 
 
 def _is_module(obj) -> bool:
@@ -197,8 +180,6 @@ def main(in_fd: int, out_fd: int) -> int:
             reply = worker.call(*request[1:])
         elif kind == "method" and request[2] in MODULE_METHODS:
             reply = worker.method(*request[1:])
-        elif kind in KERNEL_REQUESTS:
-            reply = KERNEL_REQUESTS[kind](worker, *request[1:])
         else:
             reply = ["raise", "RuntimeError", f"unknown request {kind!r}"]
         try:

@@ -1,0 +1,173 @@
+"""The clean recheck's kernel worker: the only process of the recheck that loads a student's kernel library.
+
+    python -m fuselab.grading.kernel_worker IN_FD OUT_FD
+
+The grader starts it next to the checker (``cellrunner``) and the solution worker, connected to the checker by
+two pipes it inherits. It never runs a line of the student's Python: it runs the notebook's own cells that are
+not tests (setup, builds, helpers), with the values the student's solution cells defined given to it by the
+checker as plain data (the ``*_SOURCE`` texts), builds the student's kernels, launches them on the tensors the
+checker sends (``kernels``), and runs a speed test cell when the checker asks. It never sees a hidden test: a
+test cell that holds one is never sent (``cellrunner``), and the checker keeps every verdict.
+
+What a student's native code can still do here is the worker's word and nothing more: the checker compares the
+buffers a launch sends back in its own memory, and bounds a speed measured here by its own clock.
+
+Requests (pickles from the checker): ``("cell", label, source, values)``, ``("build", kwargs)``,
+``("launch", handle, launcher, storages, args, kwargs)``, ``("thread_order", handle, order, seed)``,
+``("speed", source, test_id)``, ``("speed_batch", calls)``. Replies (``wire.dump_tree``): ``["ok", value]``,
+``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
+or ``["raise", "fuselab", type, message]``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import sys
+
+import torch
+
+from . import wire
+from .cellrunner import _cuda_poisoned, _execute
+from .kernels import KERNEL_ERRORS
+
+SPEED_STATUSES = ("measured", "not measured (no GPU)")
+
+
+class KernelWorker:
+    def __init__(self):
+        self.namespace = {"__name__": "__main__", "display": lambda *objects, **_: None}
+        self.modules: dict = {}
+
+    def cell(self, label, source, values):
+        """An instructor's cell that is not a test, after the solution values it may use; its error or None."""
+        self.namespace.update(values)
+        try:
+            _execute(source, self.namespace, f"<{label}>")
+        except BaseException as exc:  # noqa: BLE001 - the checker ran the same cell and has its own verdict
+            return ["ok", ["v", f"{type(exc).__name__}: {exc}"[:500]]]
+        return ["ok", ["v", None]]
+
+    def build(self, kwargs) -> list:
+        from .. import native_check
+        from ..build import build
+        try:
+            module = build(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - crosses as its type and message
+            return _error_record(exc)
+        if isinstance(module, native_check.RefusedModule):
+            return ["refused", str(module.error)]
+        handle = len(self.modules) + 1
+        self.modules[handle] = module
+        return ["built", handle, {"cached": bool(module.cached), "build_seconds": float(module.build_seconds)}]
+
+    def launch(self, handle, launcher, storages, args, kwargs) -> list:
+        module = self.modules.get(handle)
+        if module is None or launcher not in getattr(module, "launchers", {}):
+            return ["raise", "AttributeError", f"no launcher {launcher!r}"]
+        buffers = [s.untyped_storage() for s in storages]
+
+        def one(value):
+            if type(value) is tuple and len(value) == 6 and value[0] == "tensor":
+                _, index, dtype, offset, size, stride = value
+                view = torch.empty(0, dtype=getattr(torch, dtype), device=storages[index].device)
+                return view.set_(buffers[index], offset, size, stride)  # offset in elements of `dtype`
+            if type(value) in (list, tuple):
+                return type(value)(one(v) for v in value)
+            return value
+        try:
+            module.launchers[launcher](*[one(a) for a in args], **{k: one(v) for k, v in kwargs.items()})
+            if module.backend == "cuda":
+                torch.cuda.synchronize()
+        except BaseException as exc:  # noqa: BLE001
+            if module.backend == "cuda" and _cuda_poisoned():
+                return ["poisoned", f"{type(exc).__name__}: {exc}"[:500]]
+            return _error_record(exc)
+        return ["ok", wire.encode(list(storages))]
+
+    def thread_order(self, handle, order, seed) -> list:
+        try:
+            self.modules[handle].set_thread_order(order, seed)
+        except BaseException as exc:  # noqa: BLE001
+            return _error_record(exc)
+        return ["ok", ["v", None]]
+
+    def speed(self, source, test_id) -> list:
+        """Run the speed test cell the checker is running; send the numbers of its record the checker reads."""
+        from .. import grade
+        grade.LAST_RECORD = grade.LAST_TIMED = None
+        try:
+            _execute(source, self.namespace, "<speed test>")
+            error = None
+        except BaseException as exc:  # noqa: BLE001 - the checker reads the record, or its absence
+            error = f"{type(exc).__name__}: {exc}"
+        record = grade.LAST_RECORD
+        if record is None or record.get("test") != test_id:
+            return ["ok", wire.encode({"status": "error", "error": (error or "no record")[:300]})]
+        status = record.get("status")
+        reply = {"status": status if status in SPEED_STATUSES else _why_not(status)}
+        for key in ("speedup", "reference_s", "student_s"):
+            value = record.get(key)
+            if type(value) in (int, float) and math.isfinite(value):
+                reply[key] = float(value)
+        if type(record.get("ci")) is list:
+            reply["ci"] = [float(v) for v in record["ci"][:2] if type(v) in (int, float) and math.isfinite(v)]
+        return ["ok", wire.encode(reply)]
+
+    def speed_batch(self, calls) -> list:
+        from .. import grade
+        if grade.LAST_TIMED is None:
+            return ["raise", "RuntimeError", "no timed call to repeat"]
+        for _ in range(max(1, int(calls))):
+            grade.LAST_TIMED()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return ["ok", ["v", None]]
+
+
+def _why_not(status) -> str:
+    """A speed test's failure, said in the course's own words (never a text the kernel could have shaped)."""
+    status = status if isinstance(status, str) else ""
+    if status.startswith("launched"):
+        return "launched other kernels than its own (a fused op must launch exactly its own kernel)"
+    if "stream" in status or "captured" in status:
+        return "its work is not on the stream it is given (it escapes a CUDA graph's capture, and the timing)"
+    return "error"
+
+
+def _error_record(exc: BaseException) -> list:
+    from .. import errors
+    if isinstance(exc, errors.FuselabError) and type(exc).__name__ in KERNEL_ERRORS:
+        return ["raise", "fuselab", type(exc).__name__, str(exc)[-20000:]]
+    return wire.exception_record(exc)
+
+
+REQUESTS = {"cell": KernelWorker.cell, "build": KernelWorker.build, "launch": KernelWorker.launch,
+            "thread_order": KernelWorker.thread_order, "speed": KernelWorker.speed,
+            "speed_batch": KernelWorker.speed_batch}
+
+
+def main(in_fd: int, out_fd: int) -> int:
+    worker = KernelWorker()
+    while True:
+        try:
+            blob = wire.receive(in_fd)
+        except EOFError:
+            return 0
+        try:
+            request = pickle.load(io.BytesIO(blob))  # the checker's own pickles: the trusted direction
+            serve = REQUESTS.get(request[0])
+            reply = serve(worker, *request[1:]) if serve else ["raise", "RuntimeError", "unknown request"]
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory while loading the checker's tensors
+            reply = wire.exception_record(exc)
+        try:
+            blob = wire.dump_tree(reply)
+        except Exception as exc:  # noqa: BLE001
+            blob = wire.dump_tree(["raise", "TypeError", f"the reply could not be sent: {exc}"[:500]])
+        sys.stdout.flush()
+        wire.send(out_fd, blob)
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
