@@ -10,9 +10,10 @@ poisoned CUDA context (a sticky fault) ends the process with a ``poisoned`` even
 next cell in a fresh process.
 
 Solution cells never run here: the solution worker (``solution_worker``) runs them, and the names they define
-arrive as plain values or as proxies (``remote``); the cells that are not tests run in both processes. Nor do
-a student's kernels: ``fuselab.build`` hands them to the worker (``kernels``). The worker's pipes
-are inherited file descriptors, named in ``FUSELAB_SOLUTION_FDS`` ("to,from").
+arrive as plain values or as proxies (``remote``); the setup cell runs in both. Nor do a student's kernels:
+``fuselab.build`` hands them to the kernel worker (``kernels``), which runs the cells that are not tests too.
+The workers' pipes are inherited file descriptors, named in ``FUSELAB_SOLUTION_FDS`` and ``FUSELAB_KERNEL_FDS``
+("to,from").
 
 A cell's result follows nbgrader's rules: an exception or anything on stderr (fd 2, so C code counts too) fails
 it; its last expression's value is reported when it is a number. Tracebacks are not reported (they would show

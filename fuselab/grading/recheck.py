@@ -1,19 +1,22 @@
 """The clean recheck: the instructor's notebook, hidden tests included, checking the student's solution cells.
 
 Test cells run in the student's own Python during nbgrader's autograde, so nothing computed there can be trusted.
-The clean recheck runs two processes, both started here and connected by pipes they inherit:
+The clean recheck runs three processes, all started here and connected by pipes they inherit:
 
 - the *checker* (``cellrunner``): the instructor's notebook from ``solutions/`` (setup cells, builds, test
   cells, hidden tests, references) and every verdict. It never runs the student's Python;
 - the *solution worker* (``solution_worker``): the setup cell and the student's solution cells, as written.
   Names those cells define reach the checker as plain values (the ``*_SOURCE`` texts) or as proxies whose
-  calls send inputs by value and rebuild results from exact types only (``wire``, ``remote``).
+  calls send inputs by value and rebuild results from exact types only (``wire``, ``remote``);
+- the *kernel worker* (``kernel_worker``): the only process that loads a student's kernels; it runs no student
+  Python, only the notebook's cells that are not tests, and the launches and speed tests the checker asks for
+  (``kernels``). The instructor's reference run keeps its kernels in the checker (``kernels_in_worker``).
 
 Cells the student added are dropped. ``sanitize`` only *flags* solution cells that look like tampering, for a
 teaching assistant: it decides nothing about what runs.
 
-The checker runs with limits. A graded cell that crashes it, hangs past the per-test timeout or poisons the
-CUDA context scores 0, and the run resumes from the next cell in a fresh pair of processes (the setup cells
+The checker runs with limits. A graded cell that crashes it (or its kernel worker), hangs past the per-test timeout or poisons the
+CUDA context scores 0, and the run resumes from the next cell in fresh processes (the setup cells
 rerun; builds come from the cache), so a fault costs only the test that touched it. A crash, hang or poisoned
 context in a cell that is *not* graded (a demo) stops the run: every later test scores 0 and says why, never
 full marks.
