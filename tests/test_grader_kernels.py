@@ -120,17 +120,30 @@ def test_a_kernel_stub_fails_the_tests_that_use_it(tmp_path):
     assert result.cells["test_second"].points == 3.0
 
 
-def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer():
+def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
+    from fuselab.grading.transfer import Transfer
     base = torch.arange(12, dtype=torch.float32)
     a, b = base[2:5], base[6:]
-    storages, args, _ = kernels._pack((a, b, 7), {})
-    assert len(storages) == 1 and storages[0].numel() == 48
+    storages, args, _ = kernels._pack((a, b, 7, [torch.ones(3, dtype=torch.int64)]), {})
+    assert [s.numel() for s in storages] == [48, 24]
     assert args[0] == ("tensor", 0, "float32", 2, (3,), (1,)) and args[1][3] == 6 and args[2] == 7
-    returned = [storages[0].clone().fill_(0)]
-    kernels._unpack(storages, returned, "scale")
-    assert torch.equal(base, torch.zeros(12))
-    with pytest.raises(Exception, match="another size"):
-        kernels._unpack(storages, [torch.zeros(47, dtype=torch.uint8)], "scale")
+    assert args[3][0][:3] == ("tensor", 1, "int64")
+    checker, worker = Transfer(tmp_path / "t.bin"), Transfer(tmp_path / "t.bin")
+    regions = checker.regions([s.numel() for s in storages])
+    assert regions[1][0] % 256 == 0
+    for storage, (offset, size) in zip(storages, regions):
+        checker.region(offset, size).copy_(storage)
+    worker.attach(regions[-1][0] + regions[-1][1])
+    mine = torch.empty(48, dtype=torch.uint8).copy_(worker.region(*regions[0]))
+    view = torch.empty(0, dtype=torch.float32).set_(mine.untyped_storage(), 6, (6,), (1,))  # b, in the worker
+    assert torch.equal(view, b)
+    view.fill_(-1.0)
+    worker.region(*regions[0]).copy_(mine)
+    storages[0].copy_(checker.region(*regions[0]))
+    assert torch.equal(base[6:], torch.full((6,), -1.0)) and torch.equal(base[:6], torch.arange(6.0))
+    (tmp_path / "link.bin").symlink_to(tmp_path / "t.bin")
+    with pytest.raises(OSError):
+        Transfer(tmp_path / "link.bin").regions([8])  # a link the worker left is never followed
 
 
 class _Host:

@@ -147,7 +147,8 @@ def _kernel_host():
     from ..build import use_kernel_host
     from .kernels import KernelHost, KernelProcess
     to_worker, from_worker = (int(fd) for fd in fds.split(","))
-    host = KernelHost(KernelProcess(to_worker, from_worker))
+    from .transfer import ENV
+    host = KernelHost(KernelProcess(to_worker, from_worker), os.environ[ENV])
     use_kernel_host(host)
     return host
 

@@ -13,7 +13,7 @@ What a student's native code can still do here is the worker's word and nothing 
 buffers a launch sends back in its own memory, and bounds a speed measured here by its own clock.
 
 Requests (pickles from the checker): ``("cell", label, source, values)``, ``("build", kwargs)``,
-``("launch", handle, launcher, storages, args, kwargs)``, ``("thread_order", handle, order, seed)``,
+``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s file), ``("thread_order", handle, order, seed)``,
 ``("speed", source, test_id)``, ``("speed_batch", calls)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
 or ``["raise", "fuselab", type, message]``.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 import sys
 
@@ -31,14 +32,16 @@ import torch
 from . import wire
 from .cellrunner import _cuda_poisoned, _execute
 from .kernels import KERNEL_ERRORS
+from .transfer import ENV as TRANSFER_ENV, Transfer
 
 SPEED_STATUSES = ("measured", "not measured (no GPU)")
 
 
 class KernelWorker:
-    def __init__(self):
+    def __init__(self, transfer_path=None):
         self.namespace = {"__name__": "__main__", "display": lambda *objects, **_: None}
         self.modules: dict = {}
+        self.transfer = Transfer(transfer_path or os.environ.get(TRANSFER_ENV, "transfer.bin"))
 
     def cell(self, label, source, values):
         """An instructor's cell that is not a test, after the solution values it may use; its error or None."""
@@ -62,10 +65,14 @@ class KernelWorker:
         self.modules[handle] = module
         return ["built", handle, {"cached": bool(module.cached), "build_seconds": float(module.build_seconds)}]
 
-    def launch(self, handle, launcher, storages, args, kwargs) -> list:
+    def launch(self, handle, launcher, places, args, kwargs) -> list:
         module = self.modules.get(handle)
         if module is None or launcher not in getattr(module, "launchers", {}):
             return ["raise", "AttributeError", f"no launcher {launcher!r}"]
+        self.transfer.attach(max((offset + size for offset, size, _ in places), default=0))
+        # copies of the checker's storages, in this process's own memory (a write past one stays in it)
+        storages = [torch.empty(size, dtype=torch.uint8, device=device).copy_(self.transfer.region(offset, size))
+                    for offset, size, device in places]
         buffers = [s.untyped_storage() for s in storages]
 
         def one(value):
@@ -84,7 +91,9 @@ class KernelWorker:
             if module.backend == "cuda" and _cuda_poisoned():
                 return ["poisoned", f"{type(exc).__name__}: {exc}"[:500]]
             return _error_record(exc)
-        return ["ok", wire.encode(list(storages))]
+        for storage, (offset, size, _) in zip(storages, places):
+            self.transfer.region(offset, size).copy_(storage)
+        return ["ok", ["v", None]]
 
     def thread_order(self, handle, order, seed) -> list:
         try:

@@ -5,9 +5,10 @@ kernel library is native code: loaded into the checker it could rewrite any of t
 walked to the interpreter), and loaded next to the student's Python (the solution worker) it could be wrapped
 by it. So ``fuselab.build`` in the checker hands a student's source to the kernel worker (``kernel_worker``),
 which runs no student Python, and returns a ``WorkerModule``. Its launchers send their tensors' whole storages
-(guard bands included: a write past the end lands in them, as it would here) and views; the worker launches the
-kernel on its copies and sends every storage back; the checker copies those bytes into its own tensors and
-checks them in its own memory. What crosses back is bytes of the size that was sent, nothing else.
+(guard bands included: a write past the end lands in them, as it would here) through a file both map
+(``transfer``) and their views through the pipe; the worker launches the kernel on its own copies and writes
+every storage back; the checker copies those bytes into its own tensors and checks them in its own memory.
+What crosses back is bytes where, and as many as, the checker sent.
 
 The instructor's kernels (the labs' fixed references, built before any student ran into the read-only shared
 builds) stay in the checker: they are trusted, and the speed test times the reference here.
@@ -30,6 +31,7 @@ import torch
 
 from . import wire
 from .remote import RemoteFunction, RemoteModule, SolutionProcess
+from .transfer import Transfer, as_bytes
 
 # fuselab's own errors a kernel request may raise in the worker; they cross by name and keep their type here,
 # so a cell's `except fuselab.NotWrittenError` and the feedback's wording work as in a student's own run
@@ -51,8 +53,9 @@ class KernelProcess(SolutionProcess):
 class KernelHost:
     """The checker's handle on the kernel worker: ``fuselab.build`` calls ``build`` for a student's source."""
 
-    def __init__(self, process):
+    def __init__(self, process, transfer_path):
         self.process = process
+        self.transfer = Transfer(transfer_path)  # the launches' buffers (``transfer``)
         self.poisoned = False        # a launch left the worker's CUDA context unusable
         self.current_source = ""     # the cell the checker is running (a speed test runs it in the worker)
         self.launches = 0
@@ -81,13 +84,18 @@ class KernelHost:
     def launch(self, module: "WorkerModule", launcher: str, args, kwargs):
         self.launches += 1
         storages, packed_args, packed_kwargs = _pack(args, kwargs)
-        reply = self.request(("launch", module.handle, launcher, storages, packed_args, packed_kwargs))
+        regions = self.transfer.regions([s.numel() for s in storages])
+        for storage, (offset, size) in zip(storages, regions):
+            self.transfer.region(offset, size).copy_(storage)
+        places = [(offset, size, storage.device.type) for storage, (offset, size) in zip(storages, regions)]
+        reply = self.request(("launch", module.handle, launcher, places, packed_args, packed_kwargs))
         if type(reply) is list and reply and reply[0] == "poisoned":
             self.poisoned = True
             raise RuntimeError(f"{launcher}: the kernel left the GPU context unusable ({str(reply[1])[:300]}); "
                                "the grader goes on in a fresh process")
-        returned = self.process.result(reply)
-        _unpack(storages, returned, launcher)
+        self.process.result(reply)  # raises what the launch raised
+        for storage, (offset, size) in zip(storages, regions):  # only where, and as much as, the checker sent
+            storage.copy_(self.transfer.region(offset, size))
 
     def run_cell(self, label: str, source: str, namespace: dict, exports=()):
         """Run an instructor's cell that is not a test in the kernel worker too, after the solution values it may
@@ -172,9 +180,8 @@ def _pack(args, kwargs):
             storage = value.untyped_storage()
             key = (value.device.type, value.device.index, storage.data_ptr(), storage.nbytes())
             if key not in by_pointer:
-                mine = torch.empty(0, dtype=torch.uint8, device=value.device).set_(storage)
                 by_pointer[key] = len(storages)
-                storages.append(mine)
+                storages.append(as_bytes(value))
             return ("tensor", by_pointer[key], str(value.dtype).replace("torch.", ""), value.storage_offset(),
                     tuple(value.shape), tuple(value.stride()))
         if isinstance(value, (list, tuple)):
@@ -184,17 +191,6 @@ def _pack(args, kwargs):
     packed_args = tuple(one(a) for a in args)
     packed_kwargs = {k: one(v) for k, v in kwargs.items()}
     return storages, packed_args, packed_kwargs
-
-
-def _unpack(storages, returned, launcher):
-    """Copy the storages the worker sent back into the checker's tensors, after checking they are the same size."""
-    if type(returned) is not list or len(returned) != len(storages):
-        raise wire.WireError(f"{launcher}: the kernel process sent back the wrong number of buffers")
-    for mine, theirs in zip(storages, returned):
-        if type(theirs) is not torch.Tensor or theirs.dtype != torch.uint8 or theirs.dim() != 1 \
-                or theirs.numel() != mine.numel() or theirs.device.type != mine.device.type:
-            raise wire.WireError(f"{launcher}: the kernel process sent back a buffer of another size or kind")
-        mine.copy_(theirs)
 
 
 def _kernel_error(name, message):

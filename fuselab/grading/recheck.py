@@ -37,7 +37,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import isolate
+from . import isolate, transfer
 from .lease import LeaseServer, clear_files
 from .sanitize import sanitize_cell
 
@@ -256,6 +256,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             child_env = dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
             if kernel_fds:
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
+                child_env[transfer.ENV] = str(_transfer_file(workdir))
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
                                   pass_fds=(fds[1], fds[2], *kernel_fds[1:3]))
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
@@ -344,6 +345,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         _fail_rest(verdicts, graded, f"the notebook stopped in {label} (not a graded cell) before this test: {why}",
                    status="not run")
         break
+    _transfer_file(workdir).unlink(missing_ok=True)  # as large as the largest launch's buffers: not kept
     _fail_rest(verdicts, graded, "", status="not run")
     speed_needs_correctness(verdicts)
     from ..native_check import REFUSED_MARK
@@ -355,6 +357,10 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
+
+
+def _transfer_file(workdir: Path) -> Path:
+    return workdir / "kernel-process" / "transfer.bin"
 
 
 def _start_worker(kind: str, workdir: Path, restarts: int, env: dict, limits, sandbox: bool, hide, lease):
@@ -371,6 +377,9 @@ def _start_worker(kind: str, workdir: Path, restarts: int, env: dict, limits, sa
                                     readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
     worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
     worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
+    if kind == "kernel":
+        worker_env[transfer.ENV] = str(_transfer_file(workdir))
+        _transfer_file(workdir).unlink(missing_ok=True)  # whatever the last worker left there is never mapped
     with open(folder / f"output-{restarts}.txt", "w") as log:  # what its cells print: never read back
         worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), stdout=log,
                                stderr=subprocess.STDOUT, registry=lease, pass_fds=(to_worker_r, from_worker_w))
