@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import course
+from .results import SubmissionResult
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20     # a lab notebook with its outputs is a few MB
 MAX_SOURCE_CHARS = 20_000           # per cell
@@ -665,8 +666,11 @@ def _safe_part(name: str) -> str:
 
 
 def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None) -> tuple:
-    """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises."""
-    results = [r for r in _list(results) if isinstance(r, dict)]
+    """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises.
+
+    ``results``: ``SubmissionResult``s, or result.json dicts of any shape (read defensively, as JSON)."""
+    results = [r.to_json() if isinstance(r, SubmissionResult) else r for r in _list(results)]
+    results = [r for r in results if isinstance(r, dict)]
     if sources is None:
         sources = lab_sources(sorted({str(r.get("lab")) for r in results}))
     manual = written_answers(gradebook_db) if gradebook_db else {}
