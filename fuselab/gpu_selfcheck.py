@@ -124,6 +124,7 @@ def stage_notebooks(out, cell_timeout=420):
     """
     import nbformat
     from nbclient import NotebookClient
+    from . import notebook as ipynb
     from .course import SOLUTIONS, lab_names
     results = {}
     executed = Path(tempfile.mkdtemp(prefix="fuselab-notebooks-"))
@@ -146,7 +147,7 @@ def stage_notebooks(out, cell_timeout=420):
                 crash = f"{type(exc).__name__}: {str(exc)[:300]}"
             target = executed / f"executed-{lab}.ipynb"
             nbformat.write(nb, target)
-            slowest = sorted(((round(_cell_seconds(c), 1), c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            slowest = sorted(((round(_cell_seconds(c), 1), ipynb.grade_id(c)
                                or f"cell {i}") for i, c in enumerate(nb.cells) if c.cell_type == "code"),
                              reverse=True)[:4]
             results[lab] = {**_problems(target), "crash": crash, "seconds": time.perf_counter() - started,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from fuselab import notebook as ipynb
+
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ("lab0", "lab1", "lab2")
 
@@ -47,12 +49,8 @@ def cells(path):
     return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
-def text(cell):
-    return "".join(cell["source"])
-
-
-def grade_id(cell):
-    return cell["metadata"].get("nbgrader", {}).get("grade_id")
+text = ipynb.source
+grade_id = ipynb.grade_id
 
 
 def solution(lab):
@@ -125,8 +123,7 @@ def test_graded_test_cells_end_in_a_number_or_nothing(lab, version):
     path = solution(lab) if version == "solutions" else release(lab)
     bad = []
     for cell in cells(path):
-        meta = cell["metadata"].get("nbgrader", {})
-        if cell["cell_type"] != "code" or not meta.get("grade") or meta.get("solution"):
+        if cell["cell_type"] != "code" or not ipynb.is_graded(cell) or ipynb.is_solution(cell):
             continue
         source = text(cell).rstrip()
         tree = ast.parse(source)
