@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+from .course import REPO
 
 
 def stage_env(out):

@@ -2,14 +2,13 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from fuselab import notebook as ipynb
 from fuselab.grading import isolate, nbgrader_run, pipeline, recheck
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import REPO as ROOT
 
 
 @pytest.mark.slow

@@ -17,13 +17,12 @@ import io
 import json
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from fuselab import notebook as ipynb
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import REPO as ROOT
 LABS = ("lab0", "lab1", "lab2")
 
 # A number followed by a unit of measure. A product of sizes (3×3, 112x112, 32 × 8) is a shape, not a measurement.

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import proctree
+from .. import course, proctree
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
@@ -306,7 +306,7 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     bwrap = bubblewrap()
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    repo = Path(__file__).resolve().parents[2]
+    repo = course.REPO
     home = Path.home()
     args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-user", "--disable-userns", "--unshare-ipc", "--unshare-pid", "--unshare-net",

@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import course
 from .. import notebook as ipynb
 from . import isolate
 from .lease import LeaseServer, clear_files
@@ -189,7 +190,7 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = dict(base_env)
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(course.REPO)
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
