@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import config, diagnostics, native_check, prototypes, toolchain
+from . import config, diagnostics, native_check, proctree, prototypes, toolchain
 from .errors import BuildError, BuildTimeout, NotWrittenError
 from .module import Module
 from .quiet import captured_output
@@ -353,32 +353,14 @@ def _environment(values):
 
 def _kill_compilers(build_dir: Path):
     """Kill this process's descendants that run in ``build_dir`` (ninja), and theirs (nvcc, cc1plus)."""
-    import signal
-    children = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
+    parent_of = proctree.parents()
     roots = []
-    for pid in _descendants(os.getpid(), children):
+    for pid in proctree.descendants(os.getpid(), parent_of):
         with contextlib.suppress(OSError):
             if Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == build_dir.resolve():
                 roots.append(pid)
     for root in roots:
-        for pid in [root, *_descendants(root, children)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _descendants(pid, children):
-    stack, seen = list(children.get(pid, [])), []
-    while stack:
-        child = stack.pop()
-        seen.append(child)
-        stack.extend(children.get(child, []))
-    return seen
+        proctree.kill([root, *proctree.descendants(root, parent_of)])
 
 
 # ------------------------------------------------------------------------------------------- errors

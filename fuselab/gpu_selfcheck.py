@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+from .course import REPO
 
 
 def stage_env(out):
@@ -124,6 +124,7 @@ def stage_notebooks(out, cell_timeout=420):
     """
     import nbformat
     from nbclient import NotebookClient
+    from . import notebook as ipynb
     from .course import SOLUTIONS, lab_names
     results = {}
     executed = Path(tempfile.mkdtemp(prefix="fuselab-notebooks-"))
@@ -146,7 +147,7 @@ def stage_notebooks(out, cell_timeout=420):
                 crash = f"{type(exc).__name__}: {str(exc)[:300]}"
             target = executed / f"executed-{lab}.ipynb"
             nbformat.write(nb, target)
-            slowest = sorted(((round(_cell_seconds(c), 1), c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            slowest = sorted(((round(_cell_seconds(c), 1), ipynb.grade_id(c)
                                or f"cell {i}") for i, c in enumerate(nb.cells) if c.cell_type == "code"),
                              reverse=True)[:4]
             results[lab] = {**_problems(target), "crash": crash, "seconds": time.perf_counter() - started,
@@ -295,13 +296,13 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
     wall = time.perf_counter() - started
     phases = result.phase_seconds
     grading = phases.get("submissions", 0.0)
-    per = [{k: r.get(k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
-                                  "clean_seconds", "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline",
-                                  "nbgrader_phases")}
+    per = [{k: getattr(r, k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
+                                       "clean_seconds", "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline",
+                                       "nbgrader_phases")}
            for r in result.results]
     for r, full_result in zip(per, result.results):
-        r["cell_seconds"] = {k: round(c.get("seconds") or 0.0, 2) for k, c in full_result["cells"].items()}
-    full = sum(r["total"] == r["max_total"] for r in result.results)
+        r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}
+    full = sum(r.full_marks for r in result.results)
     n = len(per)
     sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
     summary = {

@@ -36,6 +36,7 @@ from .check import assert_close, check
 from .grading import graded_by_the_course, validating
 from .grading.lease import exclusive_gpu
 from .quiet import captured_output
+from .timing.policy import MIN_GRADABLE_SPEEDUP
 
 POLICY_PATH = Path(__file__).with_name("policy.json")
 REFERENCE_GPU = "NVIDIA H200"
@@ -63,7 +64,8 @@ def policy_entry(test_id, gpu_name=None, policy=None):
     note = ""
     entry = gpus.get(gpu_name)
     if entry is None or entry.get("gradable") is False:
-        why = "no policy entry" if entry is None else "too small a plain speedup to grade (S < 1.3)"
+        why = "no policy entry" if entry is None else \
+            f"too small a plain speedup to grade (S < {MIN_GRADABLE_SPEEDUP})"
         note = (f"{why} for {gpu_name or 'this machine'}: using the {REFERENCE_GPU}'s threshold "
                 f"(`fuselab calibrate` on this GPU makes one)")
         entry = gpus.get(REFERENCE_GPU)

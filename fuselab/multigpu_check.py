@@ -20,31 +20,37 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from .grading.results import SubmissionResult
+
 WALL_RATIO = 0.6       # the issue's target for two GPUs
 SPEED_TOLERANCE = 1.0  # points: two measurements of the same kernel on two (identical) GPUs
 
 
-def _key(result) -> tuple:
-    return result["student"], result["lab"]
+def _key(result: SubmissionResult) -> tuple:
+    return result.student, result.lab
+
+
+def _typed(results) -> list:
+    return [SubmissionResult.of(r) for r in results]
 
 
 def graded_once(results, label) -> list:
     """Problems: a submission graded more than once."""
-    return [f"{label}: {s}/{lab} graded {n} times" for (s, lab), n in Counter(map(_key, results)).items() if n > 1]
+    return [f"{label}: {s}/{lab} graded {n} times" for (s, lab), n in Counter(map(_key, _typed(results))).items() if n > 1]
 
 
 def _is_speed_cell(cell) -> bool:
-    return bool(cell.get("speed"))
+    return bool(cell.speed)
 
 
 def same_grades(single, several) -> list:
     """Problems: a submission graded in one run only, a correctness point that differs, a speed point off by
     more than ``SPEED_TOLERANCE``."""
-    one, many = {_key(r): r for r in single}, {_key(r): r for r in several}
+    one, many = {_key(r): r for r in _typed(single)}, {_key(r): r for r in _typed(several)}
     problems = [f"{s}/{lab} graded on one GPU only" for s, lab in sorted(set(one) - set(many))]
     problems += [f"{s}/{lab} graded on several GPUs only" for s, lab in sorted(set(many) - set(one))]
     for key in sorted(set(one) & set(many)):
-        cells_one, cells_many = one[key]["cells"], many[key]["cells"]
+        cells_one, cells_many = one[key].cells, many[key].cells
         for grade_id in sorted(set(cells_one) | set(cells_many)):
             a, b = cells_one.get(grade_id), cells_many.get(grade_id)
             if a is None or b is None:
@@ -52,10 +58,10 @@ def same_grades(single, several) -> list:
                 continue
             speed = _is_speed_cell(a) or _is_speed_cell(b)
             allowed = SPEED_TOLERANCE if speed else 0.0
-            if abs(a["points"] - b["points"]) > allowed + 1e-9:
+            if abs(a.points - b.points) > allowed + 1e-9:
                 kind = "speed points differ by more than 1" if speed else "correctness points differ"
-                problems.append(f"{'/'.join(key)}: {grade_id}: {kind}: {a['points']:g} on one GPU, "
-                                f"{b['points']:g} on several")
+                problems.append(f"{'/'.join(key)}: {grade_id}: {kind}: {a.points:g} on one GPU, "
+                                f"{b.points:g} on several")
     return problems
 
 
@@ -65,9 +71,10 @@ def timings(results, reference=None) -> list:
     ``reference``: the instructor's reference runs (lab → result), graded side by side on the first GPU before
     the students, their timings taking turns through its lease (student "reference").
     """
-    runs = list(results) + [dict(r, student="reference", lab=lab) for lab, r in (reference or {}).items()]
-    rows = [{"device": r.get("device"), "student": r["student"], "lab": r["lab"], "start": start, "end": end}
-            for r in runs for start, end in r.get("gpu_holds") or []]
+    runs = [(r.device, r.student, r.lab, r.gpu_holds) for r in _typed(results)]
+    runs += [(r.get("device"), "reference", lab, r.get("gpu_holds")) for lab, r in (reference or {}).items()]
+    rows = [{"device": device, "student": student, "lab": lab, "start": start, "end": end}
+            for device, student, lab, holds in runs for start, end in holds or []]
     return sorted(rows, key=lambda row: (row["start"], row["end"]))
 
 
@@ -89,11 +96,11 @@ def overlapping_timings(results, reference=None) -> list:
 def physical_gpus(results) -> dict:
     """Worker device → the GPU UUIDs its speed measurements ran on."""
     seen = defaultdict(set)
-    for r in results:
-        for cell in r["cells"].values():
-            for record in cell.get("speed") or []:
+    for r in _typed(results):
+        for cell in r.cells.values():
+            for record in cell.speed or []:
                 if record.get("gpu_uuid"):
-                    seen[r.get("device")].add(record["gpu_uuid"])
+                    seen[r.device].add(record["gpu_uuid"])
     return {device: sorted(uuids) for device, uuids in seen.items()}
 
 
@@ -133,7 +140,7 @@ def verdict(single, several, expected: int | None = None) -> dict:
         walls[name] = {"one_gpu": one, "several": many, "ratio": many / one if one else None}
     ratio = walls["submissions"]["ratio"]
     met = ratio is not None and ratio <= WALL_RATIO
-    speed_moves = [abs(a["points"] - b["points"]) for a, b in _speed_pairs(single.results, several.results)]
+    speed_moves = [abs(a.points - b.points) for a, b in _speed_pairs(single.results, several.results)]
     return {"status": "ok" if not problems and met else "MISS", "problems": problems, "wall": walls,
             "wall_ratio_target": WALL_RATIO, "gpus": devices, "physical_gpus": physical_gpus(several.results),
             "largest_speed_point_change": max(speed_moves, default=0.0),
@@ -149,9 +156,9 @@ def _seconds(class_result, name) -> float:
 
 
 def _speed_pairs(single, several):
-    many = {_key(r): r for r in several}
-    for r in single:
+    many = {_key(r): r for r in _typed(several)}
+    for r in _typed(single):
         other = many.get(_key(r))
-        for grade_id, cell in r["cells"].items() if other else ():
-            if _is_speed_cell(cell) and grade_id in other["cells"]:
-                yield cell, other["cells"][grade_id]
+        for grade_id, cell in r.cells.items() if other else ():
+            if _is_speed_cell(cell) and grade_id in other.cells:
+                yield cell, other.cells[grade_id]

@@ -8,14 +8,12 @@ student's kernels from the submitted notebook the same way, outside the student'
 from __future__ import annotations
 
 import ast
-import json
-from pathlib import Path
+
+from . import notebook as ipynb
 
 
 def cell_sources(notebook) -> list:
-    nb = json.loads(Path(notebook).read_text()) if not isinstance(notebook, dict) else notebook
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            for c in nb["cells"] if c["cell_type"] == "code"]
+    return ipynb.code_sources(notebook)
 
 
 def string_assignments(notebook, suffix="_SOURCE") -> dict:

@@ -1,11 +1,11 @@
 """The nbgrader wiring: labs/ is generated from solutions/, and a blank lab fails clearly, never confusingly."""
 
-import json
 import re
 
 import pytest
 
 from fuselab import course
+from fuselab import notebook as ipynb
 
 from .notebook_runner import errors, run_cells, streams
 
@@ -22,9 +22,7 @@ def test_release_hides_solutions_and_hidden_tests(lab):
 
 
 def _code_cells(path):
-    nb = json.loads(path.read_text())
-    return [("".join(c["source"]) if isinstance(c["source"], list) else c["source"])
-            for c in nb["cells"] if c["cell_type"] == "code"]
+    return ipynb.code_sources(path)
 
 
 @pytest.mark.parametrize("lab", course.lab_names())

@@ -2,11 +2,10 @@
 
 import re
 import tomllib
-from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from .conftest import REPO
 # conda names that differ from pip's
 CONDA_NAME = {"torch": "pytorch"}
 CUDA_TOOLCHAIN = {"cuda-nvcc", "pytorch-cuda"}

@@ -18,6 +18,8 @@ import pytest
 from fuselab import course
 from fuselab.grading import isolate, pipeline
 
+from .conftest import REPO
+
 ATTACK = textwrap.dedent(r'''
     import ctypes, json, os, socket, subprocess, sys
     target = json.loads(sys.argv[1])
@@ -226,7 +228,7 @@ def test_kill_9_of_the_grader_ends_what_its_submission_started(tmp_path, sandbox
         _sandbox_or_fail()
     grader = subprocess.Popen([sys.executable, "-c", GRADER, KERNEL, "sandbox" if sandbox else "plain",
                                str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parent.parent)
+                              cwd=REPO)
     marker = grader.stdout.readline().strip()
     deadline = time.monotonic() + 30
     while len(isolate.marked(marker)) < 3 and time.monotonic() < deadline:  # keeper, its command, the kernel

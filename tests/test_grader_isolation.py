@@ -14,6 +14,8 @@ import pytest
 from fuselab.grading import isolate, recheck, schedule
 from fuselab.grading.sanitize import sanitize_cell
 
+from .conftest import REPO
+
 
 def _cell(source, grade_id=None, graded=False, solution=False, points=0):
     meta = {}
@@ -201,7 +203,7 @@ def test_bubblewrap_sandbox_sees_only_its_own_folder(tmp_path):
 
 def test_command_line_entry_points():
     import subprocess
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     fuselab_command = str(Path(sys.executable).parent / "fuselab")
     for command in ([sys.executable, "-m", "grader", "--help"], [fuselab_command, "grade", "--help"],
                     [fuselab_command, "calibrate", "--help"], [fuselab_command, "samples", "--help"]):

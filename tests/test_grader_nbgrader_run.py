@@ -2,13 +2,13 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
+from fuselab import notebook as ipynb
 from fuselab.grading import isolate, nbgrader_run, pipeline, recheck
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import REPO as ROOT
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_a_notebook_nbgrader_cannot_finish_scores_nothing_rather_than_zero(tmp_p
     nbgrader_run.prepare_course(course, ["lab0"])
     nbgrader_run.add_students(course / "gradebook.db", ["s"])
     notebook = json.loads((ROOT / "grader" / "examples" / "correct" / "lab0" / "lab0.ipynb").read_text())
-    hung = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "unfused_source"]
+    hung = [c for c in notebook["cells"] if ipynb.grade_id(c) == "unfused_source"]
     assert hung, "the lab 0 notebook lost its unfused_source cell"
     # after test_dram_bytes, which passes; deaf to the interrupt nbgrader sends at the time limit, like a kernel
     # that never ends (an interruptible cell would just fail and nbgrader would go on)

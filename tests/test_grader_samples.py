@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fuselab import course, samples
+from fuselab import notebook as ipynb
 from fuselab.grading import pipeline, samplecheck
 
 from . import test_grader_feedback
@@ -100,12 +101,11 @@ def _hidden_lines(lab):
     """Lines that appear only inside hidden test blocks (a visible test may share a line with a hidden one)."""
     nb = json.loads((course.SOLUTIONS / lab / next((course.SOLUTIONS / lab).glob("*.ipynb")).name).read_text())
     hidden, visible = set(), []
-    pattern = r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS"
     for cell in nb["cells"]:
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        for block in re.findall(pattern, source, re.S):
+        source = ipynb.source(cell)
+        for block in ipynb.hidden_test_blocks(source):
             hidden |= {line.strip() for line in block.splitlines() if len(line.strip()) > 12}
-        visible.append(re.sub(pattern, "", source, flags=re.S))
+        visible.append(ipynb.without_hidden_tests(source))
     visible_text = "\n".join(visible)
     return sorted(line for line in hidden if line not in visible_text)
 

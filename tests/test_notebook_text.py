@@ -17,11 +17,12 @@ import io
 import json
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from fuselab import notebook as ipynb
+
+from .conftest import REPO as ROOT
 LABS = ("lab0", "lab1", "lab2")
 
 # A number followed by a unit of measure. A product of sizes (3×3, 112x112, 32 × 8) is a shape, not a measurement.
@@ -47,12 +48,8 @@ def cells(path):
     return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
-def text(cell):
-    return "".join(cell["source"])
-
-
-def grade_id(cell):
-    return cell["metadata"].get("nbgrader", {}).get("grade_id")
+text = ipynb.source
+grade_id = ipynb.grade_id
 
 
 def solution(lab):
@@ -125,8 +122,7 @@ def test_graded_test_cells_end_in_a_number_or_nothing(lab, version):
     path = solution(lab) if version == "solutions" else release(lab)
     bad = []
     for cell in cells(path):
-        meta = cell["metadata"].get("nbgrader", {})
-        if cell["cell_type"] != "code" or not meta.get("grade") or meta.get("solution"):
+        if cell["cell_type"] != "code" or not ipynb.is_graded(cell) or ipynb.is_solution(cell):
             continue
         source = text(cell).rstrip()
         tree = ast.parse(source)

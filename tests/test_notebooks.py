@@ -6,15 +6,13 @@ Without a GPU this runs the kernels under the CPU emulation; the GPU self-check 
 import pytest
 
 from fuselab import course
+from fuselab import notebook as ipynb
 
 from .notebook_runner import errors, run_cells, streams
 
 
 def _code_cells(path):
-    import json
-    nb = json.loads(path.read_text())
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            for c in nb["cells"] if c["cell_type"] == "code"]
+    return ipynb.code_sources(path)
 
 
 @pytest.mark.parametrize("lab", course.lab_names())

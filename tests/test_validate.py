@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import REPO
 
 
 def _cell(source, grade_id=None, points=0):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import calibration, course
 from ..grade import POLICY_PATH, load_policy
+from ..timing.policy import MIN_GRADABLE_SPEEDUP
 from . import nbgrader_run, recheck
 
 
@@ -60,8 +61,8 @@ def calibrate(labs=None, repeats=3, policy_path=None, write=True) -> list:
             lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} → full points from "
                          f"{entry['threshold']:.2f}x")
         else:  # recorded as not gradable: grading falls back to the H200's entry and says so
-            lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} is below the 1.3x floor: "
-                         f"not gradable on this GPU")
+            lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} is below the "
+                         f"{MIN_GRADABLE_SPEEDUP}x floor: not gradable on this GPU")
     if write:
         path.write_text(json.dumps(policy, indent=2) + "\n")
         lines.append(f"written to {path}")

@@ -33,8 +33,9 @@ import tempfile
 import time
 import warnings
 
+from ..notebook import HIDDEN_MARK
+
 MAX_TEXT = 4000
-HIDDEN_MARK = "BEGIN HIDDEN TESTS"
 
 
 class _Events:

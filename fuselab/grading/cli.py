@@ -118,11 +118,12 @@ def main_grade(args) -> int:
 
 
 def grade_table(results) -> str:
+    from .results import SubmissionResult
     lines = []
-    for r in results:
-        tests = " ".join(f"{k.replace('test_', '')}={c['points']:g}/{c['max_points']:g}" for k, c in r["cells"].items())
-        flags = len(r["flags"]) + len(r["disagreements"])
-        lines.append(f"{r['student'] + '/' + r['lab']:<32} {r['total']:>5g}/{r['max_total']:<4g} {tests}"
+    for r in map(SubmissionResult.of, results):
+        tests = " ".join(f"{k.replace('test_', '')}={c.points:g}/{c.max_points:g}" for k, c in r.cells.items())
+        flags = r.attention
+        lines.append(f"{r.student + '/' + r.lab:<32} {r.total:>5g}/{r.max_total:<4g} {tests}"
                      f"{'  [' + str(flags) + ' flag(s)]' if flags else ''}")
     return "\n".join(lines)
 

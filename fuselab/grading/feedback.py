@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import course
+from .. import notebook as ipynb
+from .results import SubmissionResult
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20     # a lab notebook with its outputs is a few MB
 MAX_SOURCE_CHARS = 20_000           # per cell
@@ -84,13 +86,7 @@ class LabSources:
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _text(value) -> str:
-    """A notebook field as text: a string, or a list of strings joined; anything else is empty."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(v for v in value if isinstance(v, str))
-    return ""
+_text = ipynb.text   # a notebook field as text, whatever the notebook's shape
 
 
 def clean_text(text, limit: int) -> str:
@@ -118,14 +114,11 @@ def _flat(text, limit: int) -> str:
     return clean_text(" ".join(str(text).split()), limit)
 
 
-def _meta(cell) -> dict:
-    metadata = cell.get("metadata") if isinstance(cell, dict) else None
-    nbgrader = metadata.get("nbgrader") if isinstance(metadata, dict) else None
-    return nbgrader if isinstance(nbgrader, dict) else {}
+_meta = ipynb.nbgrader
 
 
 def _grade_id(cell):
-    grade_id = _meta(cell).get("grade_id")
+    grade_id = ipynb.grade_id(cell)
     return grade_id if isinstance(grade_id, str) and grade_id else None
 
 
@@ -209,7 +202,7 @@ def hidden_test_lines(instructor_nb: dict) -> frozenset:
     lines = set()
     for cell in instructor_nb.get("cells", []) if isinstance(instructor_nb, dict) else []:
         source = _text(cell.get("source")) if isinstance(cell, dict) else ""
-        for block in re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS", source, re.S):
+        for block in ipynb.hidden_test_blocks(source):
             lines |= {line.strip() for line in block.splitlines() if len(line.strip()) >= 12}
     return frozenset(lines)
 
@@ -223,7 +216,7 @@ def lab_sources(labs) -> dict:
         try:
             release = json.loads(next((course.LABS / lab).glob("*.ipynb")).read_text())
             cells = [c for c in release.get("cells", []) if isinstance(c, dict)]
-            if any("BEGIN HIDDEN TESTS" in _text(c.get("source")) for c in cells):
+            if any(ipynb.has_hidden_tests(_text(c.get("source"))) for c in cells):
                 raise ValueError("labs/ holds hidden tests: run `fuselab release`")
             found.release = {_grade_id(c): c for c in cells if _grade_id(c)}
             found.uses = test_uses(cells)
@@ -665,8 +658,11 @@ def _safe_part(name: str) -> str:
 
 
 def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None) -> tuple:
-    """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises."""
-    results = [r for r in _list(results) if isinstance(r, dict)]
+    """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises.
+
+    ``results``: ``SubmissionResult``s, or result.json dicts of any shape (read defensively, as JSON)."""
+    results = [r.to_json() if isinstance(r, SubmissionResult) else r for r in _list(results)]
+    results = [r for r in results if isinstance(r, dict)]
     if sources is None:
         sources = lab_sources(sorted({str(r.get("lab")) for r in results}))
     manual = written_answers(gradebook_db) if gradebook_db else {}

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import course, proctree
+
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 
@@ -107,53 +109,14 @@ def network_isolation_available() -> bool:
     return probe.returncode == 0
 
 
-def _parents() -> dict:
-    """pid → parent pid of every process (one scan of /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    return parents
-
-
-def _descendants(pid: int, parents: dict) -> list:
-    found, frontier = [], [pid]
-    while frontier:
-        current = frontier.pop()
-        kids = [p for p, parent in parents.items() if parent == current]
-        found += kids
-        frontier += kids
-    return found
-
-
-def children_of(pid: int) -> list:
-    """Every descendant of ``pid`` (from /proc), deepest last."""
-    return _descendants(pid, _parents())
-
-
-def process_trees(roots) -> dict:
-    """root → the set of it and its descendants, for several roots from one scan of /proc."""
-    parents = _parents()
-    return {root: {root, *_descendants(root, parents)} for root in roots}
+children_of = proctree.descendants    # every descendant of a pid (from /proc), deepest last
+process_trees = proctree.trees        # root → the set of it and its descendants, from one scan of /proc
 
 
 def kill_tree(pid: int):
     """SIGKILL ``pid``'s descendants, round after round until none is left (a fork bomb forks while it is being
     killed; below a keeper, nothing escapes to init), then ``pid`` itself and its process group."""
-    for _ in range(200):
-        victims = children_of(pid)
-        if not victims:
-            break
-        for victim in victims:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.005)
+    proctree.kill_below(pid)
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -344,7 +307,7 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     bwrap = bubblewrap()
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    repo = Path(__file__).resolve().parents[2]
+    repo = course.REPO
     home = Path.home()
     args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-user", "--disable-userns", "--unshare-ipc", "--unshare-pid", "--unshare-net",

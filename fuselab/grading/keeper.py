@@ -10,37 +10,31 @@
   round until nothing is left (a fork bomb forks while it is being killed), then exits with the command's status
   (a command killed by a signal: the keeper kills itself with it).
 
-Run as a script with the standard library only: it must start fast and import nothing of the course.
+Run as a script with the standard library only: it must start fast and import nothing of the course but
+``fuselab/proctree.py`` (the standard library only too), loaded by its path before the command starts.
 """
 
 import ctypes
+import importlib.util
 import os
 import signal
 import sys
-import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _below(root: int) -> list:
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as handle:
-                    stat = handle.read()
-                parents[int(name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [root]
-    while frontier:
-        current = frontier.pop()
-        kids = [p for p, parent in parents.items() if parent == current]
-        found += kids
-        frontier += kids
-    return found
+def _load_proctree():
+    """``fuselab/proctree.py``, by its path (``-I`` puts no folder of the course on ``sys.path``)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "proctree.py")
+    spec = importlib.util.spec_from_file_location("fuselab_keeper_proctree", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+proctree = _load_proctree()
 
 
 def _reap() -> None:
@@ -54,18 +48,7 @@ def _reap() -> None:
 
 
 def kill_everything_below() -> None:
-    me = os.getpid()
-    for _ in range(200):
-        victims = _below(me)
-        if not victims:
-            return
-        for victim in victims:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.005)
-        _reap()
+    proctree.kill_below(os.getpid(), after_round=_reap)
 
 
 def main(argv) -> int:

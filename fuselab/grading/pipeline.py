@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import course, grade as speed_grade
 from . import feedback, intake, isolate, nbgrader_run, recheck, report, schedule
 from .lease import DeviceLease
+from .results import CellResult, SubmissionResult
 
 RUNS = course.GRADER / "runs"
 
@@ -54,7 +55,7 @@ class Settings:
 @dataclass
 class ClassResult:
     out: Path
-    results: list                 # result dicts (see grade_submission)
+    results: list                 # SubmissionResults (see grade_submission)
     problems: list                # intake problems
     reference: dict = field(default_factory=dict)   # lab → the instructor's own solution through the clean recheck
     report: Path | None = None
@@ -115,11 +116,11 @@ def check_sandbox(settings: Settings) -> None:
                              "submissions run with your rights (README: trust model)")
 
 
-def _write_result(path: Path, result: dict) -> None:
+def _write_result(path: Path, result: SubmissionResult) -> None:
     """Written whole or not at all, replacing (never following) whatever is at ``path``."""
     temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
     temporary.unlink(missing_ok=True)
-    temporary.write_text(json.dumps(result, indent=1))
+    temporary.write_text(json.dumps(result.to_json(), indent=1))
     os.replace(temporary, path)
 
 
@@ -161,8 +162,9 @@ def _hidden_folders(settings: Settings, source: Path) -> list:
     return [settings.out, Path(source).resolve() if Path(source).is_dir() else Path(source).resolve().parent]
 
 
-def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path, lease=None) -> dict:
-    """Autograde one submission with nbgrader, recheck it cleanly, and combine: the result dict.
+def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
+                     lease=None) -> SubmissionResult:
+    """Autograde one submission with nbgrader, recheck it cleanly, and combine: its result.
 
     ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU.
     """
@@ -196,10 +198,10 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
     # a failed test's message is text the student's code can shape: what it quotes of the hidden tests or of this
     # environment (which the runs had) is cut before anything keeps it (the feedback page checks again)
     scrub = feedback.MessageScrub(feedback.hidden_test_lines(instructor), environ=os.environ)
-    for cell in result["cells"].values():
-        cell["message"] = scrub(cell["message"] or "")
-    result.update(device=device, seconds=time.monotonic() - started, notebook_sha=graded_sha,
-                  notebook=str(sub.notebook), origin=sub.origin, sandbox=settings.sandbox)
+    for cell in result.cells.values():
+        cell.message = scrub(cell.message or "")
+    result.device, result.seconds, result.notebook_sha = device, time.monotonic() - started, graded_sha
+    result.notebook, result.origin, result.sandbox = str(sub.notebook), sub.origin, settings.sandbox
     if settings.sandbox:
         problem = isolate.sandbox_problem()
         if problem:  # what ran may have failed for the sandbox, not the student: nothing is saved
@@ -247,15 +249,12 @@ def _idle(device, lease=None) -> str:
     return "" if idle else note
 
 
-def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) -> dict:
+def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) -> SubmissionResult:
     """The final result: the clean recheck's points, with the notebook's where they differ flagged."""
     cells, disagreements = {}, []
     for grade_id, verdict in clean.cells.items():
-        entry = {"points": verdict.points, "max_points": verdict.max_points, "status": verdict.status,
-                 "message": verdict.message, "speed": verdict.speed, "seconds": verdict.seconds,
-                 "output": verdict.output, "requires_failed": verdict.requires_failed}
         in_notebook = notebook_run["cells"].get(grade_id)
-        entry["notebook_points"] = in_notebook[0] if in_notebook else None
+        entry = CellResult.from_verdict(verdict, notebook_points=in_notebook[0] if in_notebook else None)
         if in_notebook is not None and in_notebook[0] is not None:
             if verdict.speed and in_notebook[0] > 1e-6:
                 # the notebook run measures no speed (it leaves that to the clean recheck) and scores such a cell 0
@@ -268,15 +267,13 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
     manual = sorted(k for k, v in notebook_run["cells"].items() if k not in cells)
     if notebook_run.get("error"):
         notes.append(notebook_run["error"])
-    return {"student": sub.student, "lab": sub.lab, "cells": cells,
-            "total": sum(c["points"] for c in cells.values()),
-            "max_total": sum(c["max_points"] for c in cells.values()),
-            "manual_cells": manual, "flags": clean.flags, "disagreements": disagreements, "notes": notes,
-            "restarts": clean.restarts, "notebook_autograded": notebook_run.get("autograded"),
-            "nbgrader_seconds": notebook_run.get("seconds"), "clean_seconds": clean.seconds,
-            "gpu_wait_seconds": clean.gpu_wait_s, "gpu_held_seconds": clean.gpu_held_s,
-            "gpu_holds": clean.gpu_holds,
-            "clean_timeline": clean.timeline, "nbgrader_phases": notebook_run.get("phases", {})}
+    return SubmissionResult(
+        student=sub.student, lab=sub.lab, cells=cells, total=sum(c.points for c in cells.values()),
+        max_total=sum(c.max_points for c in cells.values()), manual_cells=manual, flags=clean.flags,
+        disagreements=disagreements, notes=notes, restarts=clean.restarts,
+        notebook_autograded=notebook_run.get("autograded"), nbgrader_seconds=notebook_run.get("seconds"),
+        clean_seconds=clean.seconds, gpu_wait_seconds=clean.gpu_wait_s, gpu_held_seconds=clean.gpu_held_s,
+        gpu_holds=clean.gpu_holds, clean_timeline=clean.timeline, nbgrader_phases=notebook_run.get("phases", {}))
 
 
 def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict:
@@ -369,7 +366,7 @@ def _grade(source, settings: Settings) -> ClassResult:
             except (OSError, ValueError):
                 previous = {}
             if isinstance(previous, dict) and _kept(previous, sub, settings):
-                results[(sub.student, sub.lab)] = previous
+                results[(sub.student, sub.lab)] = SubmissionResult.from_json(previous)
                 continue
         todo.append(sub)
 
@@ -423,7 +420,7 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     (read now where not given: the Slurm merge runs no student code)."""
     clock = time.monotonic() if clock is None else clock
     if lab_pages is None and settings.feedback:
-        lab_pages = feedback.lab_sources(sorted({r["lab"] for r in class_result.results}))
+        lab_pages = feedback.lab_sources(sorted({r.lab for r in class_result.results}))
 
     def phase_done(name, since):
         now = time.monotonic()
@@ -431,11 +428,10 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
         return now
 
     course_root = settings.out / "course"
-    ordered = class_result.results
+    ordered = class_result.results = [SubmissionResult.of(r) for r in class_result.results]
     for result in ordered:
-        notebook_copy = result.get("notebook_autograded") or result["notebook"]
-        nbgrader_run.record(course_root, result["student"], result["lab"],
-                            {k: v["points"] for k, v in result["cells"].items()}, Path(notebook_copy))
+        notebook_copy = result.notebook_autograded or result.notebook
+        nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy))
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
         # ran) and the verdicts; never from what nbgrader's run printed

@@ -37,6 +37,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import course
+from .. import notebook as ipynb
 from . import isolate, transfer
 from .lease import LeaseServer, clear_files
 from .sanitize import sanitize_cell
@@ -84,28 +86,20 @@ class CleanResult:
 KERNELS_HERE_ENV = "FUSELAB_KERNELS_IN_CHECKER"  # the reference run: the instructor's kernels load in the checker
 
 
-def _source(cell) -> str:
-    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-
-
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
-
-
 def clean_plan(instructor_nb: dict, student_nb: dict):
     """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged."""
     student = {}
     for cell in student_nb.get("cells", []):
-        grade_id = _meta(cell).get("grade_id")
+        grade_id = ipynb.nbgrader(cell).get("grade_id")
         if grade_id and cell.get("cell_type") == "code":
             student.setdefault(grade_id, cell)
     cells, flags = [], []
     for cell in instructor_nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        meta = _meta(cell)
+        meta = ipynb.nbgrader(cell)
         grade_id = meta.get("grade_id")
-        source = _source(cell)
+        source = ipynb.source(cell)
         solution = bool(meta.get("solution"))
         exports = _defined_names(source) if solution else []
         if solution:
@@ -114,7 +108,7 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
                 flags.append(f"{grade_id}: the solution cell is missing from the submission")
                 source = ""
             else:
-                source = _source(mine)  # as written: it runs in the solution worker, never in the checker
+                source = ipynb.source(mine)  # as written: it runs in the solution worker, never in the checker
                 clean = sanitize_cell(source)
                 flags += [f"{grade_id}: {flag}" for flag in clean.flags]
                 if clean.error:
@@ -201,7 +195,7 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = dict(base_env)
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(course.REPO)
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device

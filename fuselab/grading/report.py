@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import schedule
 from .intake import printable
+from .results import SubmissionResult
 
 
 def _md(text, limit: int | None = None) -> str:
@@ -28,15 +29,16 @@ def _md(text, limit: int | None = None) -> str:
     return re.sub(r"([\\`*\[\]!|~<>&])", r"\\\1", text)
 
 
-def _speed(cell):
-    return next((r for r in cell.get("speed", []) if r.get("speedup") is not None), None)
+def _typed(results) -> list:
+    return [SubmissionResult.of(r) for r in results]
 
 
 def write_grades_csv(results: list, path: Path) -> Path:
-    labs = sorted({r["lab"] for r in results})
-    tests = {lab: list(next(r for r in results if r["lab"] == lab)["cells"]) for lab in labs}
-    speed_tests = {lab: [t for t in tests[lab] if any(c["cells"].get(t, {}).get("speed") for c in results
-                                                      if c["lab"] == lab)] for lab in labs}
+    results = _typed(results)
+    labs = sorted({r.lab for r in results})
+    tests = {lab: list(next(r for r in results if r.lab == lab).cells) for lab in labs}
+    speed_tests = {lab: [t for t in tests[lab] if any(t in c.cells and c.cells[t].speed for c in results
+                                                      if c.lab == lab)] for lab in labs}
     header = ["student"]
     for lab in labs:
         header += [f"{lab} total", f"{lab} max"] + [f"{lab}/{t}" for t in tests[lab]] + \
@@ -44,18 +46,18 @@ def write_grades_csv(results: list, path: Path) -> Path:
     header += ["total", "max", "flags"]
     rows = {}
     for r in results:
-        row = rows.setdefault(r["student"], {"student": r["student"], "total": 0.0, "max": 0.0, "flags": 0})
-        row[f"{r['lab']} total"] = f"{r['total']:g}"
-        row[f"{r['lab']} max"] = f"{r['max_total']:g}"
-        for test, cell in r["cells"].items():
-            row[f"{r['lab']}/{test}"] = f"{cell['points']:g}"
-            if test in speed_tests[r["lab"]]:
-                measured = _speed(cell)
-                row[f"{r['lab']}/{test} speedup"] = f"{measured['speedup']:.3f}" if measured else \
-                    ("not measured (no GPU)" if cell["status"] == "not measured (no GPU)" else "")
-        row["total"] += r["total"]
-        row["max"] += r["max_total"]
-        row["flags"] += len(r["flags"]) + len(r["disagreements"])
+        row = rows.setdefault(r.student, {"student": r.student, "total": 0.0, "max": 0.0, "flags": 0})
+        row[f"{r.lab} total"] = f"{r.total:g}"
+        row[f"{r.lab} max"] = f"{r.max_total:g}"
+        for test, cell in r.cells.items():
+            row[f"{r.lab}/{test}"] = f"{cell.points:g}"
+            if test in speed_tests[r.lab]:
+                measured = cell.measured_speedup()
+                row[f"{r.lab}/{test} speedup"] = f"{measured['speedup']:.3f}" if measured else \
+                    ("not measured (no GPU)" if cell.status == "not measured (no GPU)" else "")
+        row["total"] += r.total
+        row["max"] += r.max_total
+        row["flags"] += r.attention
     # a name the file system gave as bytes that are not UTF-8 is written as \\xNN, not a crash
     with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as handle:
         writer = csv.DictWriter(handle, fieldnames=header)
@@ -71,16 +73,16 @@ def _figures(results, lab, folder: Path) -> list:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    mine = [r for r in results if r["lab"] == lab]
+    mine = [r for r in results if r.lab == lab]
     made = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-    maximum = max(r["max_total"] for r in mine) or 1
-    axes[0].hist([r["total"] for r in mine], bins=min(20, max(5, len(mine))), range=(0, maximum), color="#4c72b0")
+    maximum = max(r.max_total for r in mine) or 1
+    axes[0].hist([r.total for r in mine], bins=min(20, max(5, len(mine))), range=(0, maximum), color="#4c72b0")
     axes[0].set_xlabel("points"); axes[0].set_ylabel("students"); axes[0].set_title(f"{lab}: score distribution")
     speeds, thresholds = [], []
     for r in mine:
-        for cell in r["cells"].values():
-            measured = _speed(cell)
+        for cell in r.cells.values():
+            measured = cell.measured_speedup()
             if measured:
                 speeds.append(measured["speedup"])
                 thresholds.append(measured.get("threshold"))
@@ -95,8 +97,8 @@ def _figures(results, lab, folder: Path) -> list:
         axes[1].text(0.5, 0.5, "speedups not measured\n(no GPU)", ha="center", va="center", fontsize=12)
         axes[1].set_xticks([]); axes[1].set_yticks([])
     axes[1].set_title(f"{lab}: speedups against the threshold")
-    tests = list(mine[0]["cells"])
-    failed = [sum(1 for r in mine if r["cells"][t]["points"] < r["cells"][t]["max_points"]) / len(mine) for t in tests]
+    tests = list(mine[0].cells)
+    failed = [sum(1 for r in mine if r.cells[t].points < r.cells[t].max_points) / len(mine) for t in tests]
     order = sorted(range(len(tests)), key=lambda i: -failed[i])
     axes[2].barh([tests[i] for i in order][::-1], [failed[i] for i in order][::-1], color="#c44e52")
     axes[2].set_xlim(0, 1); axes[2].set_xlabel("fraction of submissions short of full points")
@@ -110,9 +112,8 @@ def _figures(results, lab, folder: Path) -> list:
 
 
 def _gpu_line(results) -> str:
-    gpus = sorted({s.get("gpu") for r in results for c in r["cells"].values() for s in c.get("speed", [])
-                   if s.get("gpu")})
-    notes = sorted({s.get("policy_note") for r in results for c in r["cells"].values() for s in c.get("speed", [])
+    gpus = sorted({s.get("gpu") for r in results for c in r.cells.values() for s in c.speed if s.get("gpu")})
+    notes = sorted({s.get("policy_note") for r in results for c in r.cells.values() for s in c.speed
                     if s.get("policy_note")})
     if not gpus:
         return "No GPU: correctness was graded through the CPU emulation; speed tests are **not measured (no GPU)** " \
@@ -124,9 +125,9 @@ def _gpu_line(results) -> str:
 
 
 def markdown(class_result) -> str:
-    results = class_result.results
+    results = _typed(class_result.results)
     lines = [f"# Grading report", "", f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {len(results)} submission(s), "
-             f"{len({r['student'] for r in results})} student(s).", "", _gpu_line(results), ""]
+             f"{len({r.student for r in results})} student(s).", "", _gpu_line(results), ""]
     if class_result.reference:
         lines += ["## The instructor's solution on this machine", ""]
         for lab, ref in class_result.reference.items():
@@ -136,36 +137,36 @@ def markdown(class_result) -> str:
                 if ref["broken"] else "all correctness tests pass"
             lines.append(f"- {lab}: {total:g} / {maximum:g} ({state})")
         lines.append("")
-    for lab in sorted({r["lab"] for r in results}):
-        mine = [r for r in results if r["lab"] == lab]
-        tests = list(mine[0]["cells"])
+    for lab in sorted({r.lab for r in results}):
+        mine = [r for r in results if r.lab == lab]
+        tests = list(mine[0].cells)
         lines += [f"## {lab}", "", f"![{lab}]({lab}-figures.png)", "",
                   "| student | " + " | ".join(tests) + " | total | time |",
                   "| --- | " + " | ".join("---" for _ in tests) + " | --- | --- |"]
         for r in mine:
             cells = []
             for t in tests:
-                c = r["cells"][t]
-                measured = _speed(c)
-                text = f"{c['points']:g}" + (f" ({measured['speedup']:.2f}x)" if measured else "")
-                if c["status"] not in ("passed",):
-                    text += f" *{_md(c['status'])}*"
+                c = r.cells[t]
+                measured = c.measured_speedup()
+                text = f"{c.points:g}" + (f" ({measured['speedup']:.2f}x)" if measured else "")
+                if c.status not in ("passed",):
+                    text += f" *{_md(c.status)}*"
                 cells.append(text)
-            lines.append(f"| {_md(r['student'])} | " + " | ".join(cells) +
-                         f" | **{r['total']:g}** / {r['max_total']:g} | {r.get('seconds', 0):.0f} s |")
+            lines.append(f"| {_md(r.student)} | " + " | ".join(cells) +
+                         f" | **{r.total:g}** / {r.max_total:g} | {r.seconds or 0:.0f} s |")
         lines.append("")
     attention = []
     for r in results:
-        who = _md(f"{r['student']}/{r['lab']}")
-        attention += [f"- {who}: **disagreement**: {_md(d, 500)}" for d in r["disagreements"]]
-        attention += [f"- {who}: **flag**: {_md(f, 500)}" for f in r["flags"]]
+        who = _md(f"{r.student}/{r.lab}")
+        attention += [f"- {who}: **disagreement**: {_md(d, 500)}" for d in r.disagreements]
+        attention += [f"- {who}: **flag**: {_md(f, 500)}" for f in r.flags]
         # what the grader noticed about the run itself (a GPU other programs kept busy, a notebook nbgrader could
         # not finish, which of two notebooks was graded), as in the student's feedback; flattened and cut, as a
         # note may end with nbgrader's output: text the student's run printed
-        attention += [f"- {who}: note: {_md(n, 300)}" for n in r.get("notes", [])]
-        attention += [f"- {who}: {_md(c['status'])} in {_md(t)}: "
-                      f"{_md(c['message'].splitlines()[0], 200) if c['message'] else ''}"
-                      for t, c in r["cells"].items() if c["status"] in ("crashed", "timed out")]
+        attention += [f"- {who}: note: {_md(n, 300)}" for n in r.notes]
+        attention += [f"- {who}: {_md(c.status)} in {_md(t)}: "
+                      f"{_md(c.message.splitlines()[0], 200) if c.message else ''}"
+                      for t, c in r.cells.items() if c.status in ("crashed", "timed out")]
     attention += [f"- {_md(p.student or '?')}{'/' + _md(p.lab) if p.lab else ''}: **not graded**: "
                   f"{_md(p.where, 300)}: {_md(p.message, 500)}" for p in class_result.problems]
     attention += [f"- {_md(student)}/{_md(lab)}: feedback: {_md(problem, 300)}"
@@ -180,20 +181,20 @@ def median_steps(results) -> dict:
     (``clean_timeline``), nbgrader's phases, and both runs' totals."""
     import statistics
     by_lab = {}
-    for r in results:
-        steps = by_lab.setdefault(r["lab"], {})
-        for label, seconds in {**(r.get("clean_timeline") or {}),
-                               **{f"nbgrader {k}": v for k, v in (r.get("nbgrader_phases") or {}).items()},
-                               "clean total": r.get("clean_seconds") or 0.0,
-                               "nbgrader total": r.get("nbgrader_seconds") or 0.0}.items():
+    for r in _typed(results):
+        steps = by_lab.setdefault(r.lab, {})
+        for label, seconds in {**(r.clean_timeline or {}),
+                               **{f"nbgrader {k}": v for k, v in (r.nbgrader_phases or {}).items()},
+                               "clean total": r.clean_seconds or 0.0,
+                               "nbgrader total": r.nbgrader_seconds or 0.0}.items():
             steps.setdefault(label, []).append(seconds)
     return {lab: {label: round(statistics.median(v), 2) for label, v in steps.items()} for lab, steps in by_lab.items()}
 
 
 def _throughput(class_result) -> list:
     """The report's throughput section: the class's pace, each submission's time, and where it goes."""
-    results = class_result.results
-    seconds = [r.get("seconds", 0) for r in results if r.get("seconds")]
+    results = _typed(class_result.results)
+    seconds = [r.seconds for r in results if r.seconds]
     if not seconds:
         return []
     lines = ["## Throughput", ""]
@@ -220,8 +221,9 @@ def _throughput(class_result) -> list:
 
 def write_report(class_result, out: Path) -> Path:
     out = Path(out)
-    for lab in sorted({r["lab"] for r in class_result.results}):
-        _figures(class_result.results, lab, out)
+    results = _typed(class_result.results)
+    for lab in sorted({r.lab for r in results}):
+        _figures(results, lab, out)
     # any text from a submission (a file name's undecodable bytes, a note) is written as escapes, never a crash
     text = printable(markdown(class_result))
     (out / "report.md").write_text(text, encoding="utf-8", errors="backslashreplace")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .. import samples as sample_recipes
+from .results import SubmissionResult
 
 
 def verdict_class(points: float, maximum: float) -> str:
@@ -27,23 +28,23 @@ def compare(results: list, on_gpu: bool) -> list:
     """One row per graded sample: ``(sample, lab, total, max, ok, mismatches, why)``."""
     recipes = sample_recipes.all_samples()
     rows = []
-    for r in results:
-        sample = recipes.get((r["student"], r["lab"]))
+    for r in map(SubmissionResult.of, results):
+        sample = recipes.get((r.student, r.lab))
         if sample is None:
             continue
-        expected = sample_recipes.expected(r["lab"], sample, on_gpu)
+        expected = sample_recipes.expected(r.lab, sample, on_gpu)
         mismatches = []
         for grade_id, want in expected.items():
-            cell = r["cells"].get(grade_id)
-            got = verdict_class(cell["points"], cell["max_points"]) if cell else "missing"
+            cell = r.cells.get(grade_id)
+            got = verdict_class(cell.points, cell.max_points) if cell else "missing"
             if want != "any" and got != want:
-                mismatches.append(f"{grade_id}: got {got} ({cell['status'] if cell else ''}), expected {want}")
-        rows.append({"sample": r["student"], "lab": r["lab"], "total": r["total"], "max": r["max_total"],
+                mismatches.append(f"{grade_id}: got {got} ({cell.status if cell else ''}), expected {want}")
+        rows.append({"sample": r.student, "lab": r.lab, "total": r.total, "max": r.max_total,
                      "ok": not mismatches, "mismatches": mismatches, "why": sample.why,
-                     "cells": {k: (c["points"], c["max_points"], c["status"]) for k, c in r["cells"].items()},
-                     "flags": len(r["flags"]) + len(r["disagreements"]), "seconds": r.get("seconds", 0.0),
-                     "nbgrader_seconds": r.get("nbgrader_seconds"), "clean_seconds": r.get("clean_seconds"),
-                     "gpu_wait_seconds": r.get("gpu_wait_seconds")})
+                     "cells": {k: (c.points, c.max_points, c.status) for k, c in r.cells.items()},
+                     "flags": r.attention, "seconds": r.seconds if r.seconds is not None else 0.0,
+                     "nbgrader_seconds": r.nbgrader_seconds, "clean_seconds": r.clean_seconds,
+                     "gpu_wait_seconds": r.gpu_wait_seconds})
     return rows
 
 

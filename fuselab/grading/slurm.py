@@ -51,6 +51,7 @@ from .. import course
 from . import intake, nbgrader_run, pipeline, schedule
 from .isolate import nvidia_smi
 from .lease import DeviceLease
+from .results import SubmissionResult
 
 SUBMISSIONS_PER_SHARD = 40   # default shard size: ~4 min on an H200 at 10 sharing it (5 s each, docs/RESULTS.md)
 MAX_ATTEMPTS = 3             # tasks per shard (the first and two resubmissions) before the merge gives up on it
@@ -396,7 +397,7 @@ def run_shard(out: Path, index: int) -> int:
         "job": job,
         "host": socket.gethostname(), "gpu_model": model, "graded_now": result.graded_now,
         "seconds": result.phase_seconds, "workers": result.workers,
-        "results": [[r["student"], r["lab"]] for r in result.results],
+        "results": [[r.student, r.lab] for r in result.results],
         "problems": [asdict(p) for p in result.problems]})
     print(f"shard {index}: {len(result.results)} submission(s) graded ({result.graded_now} now) on {model}")
     return 0
@@ -479,10 +480,11 @@ def merge_outputs(out: Path, plan: dict) -> int:
                                    "--force")
             seen.add((student, lab))
             saved = shard_dir(out, index) / "work" / student / lab / "result.json"
-            results[(student, lab)] = read_json(saved)
-            if results[(student, lab)] is None:
+            saved_result = read_json(saved)
+            if saved_result is None:
                 raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
                                    f"{done_file(out, index)} and rerun the command to regrade it")
+            results[(student, lab)] = SubmissionResult.from_json(saved_result)
     reference = {}
     for model in sorted(models):
         for lab in sorted({lab for _, lab in results}):

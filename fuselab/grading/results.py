@@ -1,0 +1,141 @@
+"""A graded submission, typed: what ``pipeline.combine`` builds and ``<out>/work/<student>/<lab>/result.json`` holds.
+
+``SubmissionResult.to_json()`` is the dict written to result.json (the same keys, in the same order, as the
+untyped dicts of earlier runs); ``SubmissionResult.from_json()`` reads any saved result back, older ones
+included (a key an older grader did not write takes its default; a key this one does not know is kept, and
+written back after the known ones). The report, the sample check, the CLI's table and the self-checks read
+attributes; ``result["key"]`` still answers with the JSON's value for code (and tests) that read the dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+class _ReadsAsJson:
+    """``obj["key"]`` / ``obj.get("key")`` read a field by its result.json name (every field is named so)."""
+
+    def _names(self):
+        return [f.name for f in fields(self) if f.name != "extra"]
+
+    def __getitem__(self, key):
+        if key in self._names():
+            return getattr(self, key)
+        if key in self.extra:
+            return self.extra[key]
+        raise KeyError(key)
+
+    def __contains__(self, key):
+        return key in self._names() or key in self.extra
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def keys(self):
+        return list(self.to_json())
+
+
+@dataclass
+class CellResult(_ReadsAsJson):
+    """One graded test cell: the clean recheck's verdict (which counts) and the notebook run's score beside it."""
+    points: float = 0.0
+    max_points: float = 0.0
+    status: str = ""
+    message: str = ""
+    speed: list = field(default_factory=list)   # records of fuselab.grade.speedup_test
+    seconds: float = 0.0
+    output: str = ""
+    requires_failed: list = field(default_factory=list)
+    notebook_points: float | None = None        # None: the notebook run gave this cell no score
+    extra: dict = field(default_factory=dict)   # keys of a result.json this grader does not know
+
+    @classmethod
+    def from_verdict(cls, verdict, notebook_points=None) -> "CellResult":
+        """From the clean recheck's ``recheck.CellVerdict``."""
+        return cls(points=verdict.points, max_points=verdict.max_points, status=verdict.status,
+                   message=verdict.message, speed=verdict.speed, seconds=verdict.seconds, output=verdict.output,
+                   requires_failed=verdict.requires_failed, notebook_points=notebook_points)
+
+    def measured_speedup(self):
+        """The first speed record with a measured speedup, or None."""
+        return next((r for r in self.speed or [] if r.get("speedup") is not None), None)
+
+    def to_json(self) -> dict:
+        return {"points": self.points, "max_points": self.max_points, "status": self.status,
+                "message": self.message, "speed": self.speed, "seconds": self.seconds, "output": self.output,
+                "requires_failed": self.requires_failed, "notebook_points": self.notebook_points, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CellResult":
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
+
+
+@dataclass
+class SubmissionResult(_ReadsAsJson):
+    """One student's graded lab. The field names are result.json's keys, in its order."""
+    student: str
+    lab: str
+    cells: dict = field(default_factory=dict)            # grade_id → CellResult
+    total: float = 0.0
+    max_total: float = 0.0
+    manual_cells: list = field(default_factory=list)     # graded by hand in nbgrader (written answers)
+    flags: list = field(default_factory=list)            # the clean recheck's: what looks like tampering
+    disagreements: list = field(default_factory=list)    # the notebook run's scores where they differ
+    notes: list = field(default_factory=list)
+    restarts: int = 0
+    notebook_autograded: str | None = None               # nbgrader's autograded copy (None: it did not finish)
+    nbgrader_seconds: float | None = None
+    clean_seconds: float | None = None
+    gpu_wait_seconds: float | None = None
+    gpu_held_seconds: float | None = None
+    gpu_holds: list = field(default_factory=list)        # [start, end] each time a timing had the GPU alone
+    clean_timeline: dict = field(default_factory=dict)
+    nbgrader_phases: dict = field(default_factory=dict)
+    # set by pipeline.grade_submission once the runs are combined
+    device: object = None
+    seconds: float | None = None
+    notebook_sha: str | None = None
+    notebook: str | None = None
+    origin: str | None = None
+    sandbox: bool | None = None
+    extra: dict = field(default_factory=dict)            # keys of a result.json this grader does not know
+
+    @property
+    def points(self) -> dict:
+        """grade_id → the points that count."""
+        return {k: c.points for k, c in self.cells.items()}
+
+    @property
+    def attention(self) -> int:
+        """How many things a teaching assistant should look at: flags and disagreements."""
+        return len(self.flags) + len(self.disagreements)
+
+    @property
+    def full_marks(self) -> bool:
+        return self.total == self.max_total
+
+    def to_json(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        data["cells"] = {k: c.to_json() if isinstance(c, CellResult) else c for k, c in self.cells.items()}
+        return {**data, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SubmissionResult":
+        """A saved result.json (or the dict of an older grader's run): missing keys take their defaults."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["cells"] = {k: c if isinstance(c, CellResult) else CellResult.from_json(c)
+                           for k, c in (data.get("cells") or {}).items()}
+        values.setdefault("total", sum(c.points for c in values["cells"].values()))
+        values.setdefault("max_total", sum(c.max_points for c in values["cells"].values()))
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    @classmethod
+    def of(cls, result) -> "SubmissionResult":
+        """``result`` itself, or the SubmissionResult a result dict holds."""
+        return result if isinstance(result, cls) else cls.from_json(result)
