@@ -56,7 +56,6 @@ SMALL_SHAPES = [(1,), (7,), (255,), (256,), (257,), (1000,), (4099,)]
 GPU_SHAPES = [(1,), (31,), (257,), (65_537,), (1_000_003,), (16_777_216 + 3,)]
 TIMED_SHAPE = (64 * 2**20,)  # 64M fp32: each tensor 256 MB, far beyond the H200's 60 MB L2
 GRADED_TEST = "lab0.add_relu_mul"
-GRADED_SETTINGS = {"mode": "device", "shape": list(TIMED_SHAPE), "dtype": "float32"}
 
 
 def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
@@ -173,3 +172,4 @@ LAB = Lab(
     graded_tests=(GradedTest(GRADED_TEST, "test_speedup", mode="device", shape=TIMED_SHAPE, dtype="float32",
                              speed_requires=("test_fused",)),),
 )
+GRADED_SETTINGS = LAB.graded_test(GRADED_TEST).timed()  # {mode, shape, dtype}, as declared
