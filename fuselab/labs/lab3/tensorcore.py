@@ -352,7 +352,7 @@ def build(backend=None):
 def check_on_gpu():
     """Every layout checked at ``CHECK_SHAPES`` (fp16, float64 reference): ``{label: "ok" or the failure}``.
 
-    The self-check runs this in a child process (``python -m fuselab.labs.lab3_tensorcore``), so that a kernel
+    The self-check runs this in a child process (``python -m fuselab.labs.lab3.tensorcore``), so that a kernel
     that faults (a CUDA error is sticky) leaves the stage's own CUDA context alive; layouts after a fault are
     left out of the answer, unchecked.
     """
