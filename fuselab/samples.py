@@ -1,6 +1,6 @@
 """Sample submissions: a student's filled-in release notebook, made from the instructor's solution plus changes.
 
-Each lab lists its samples in ``fuselab/labs/labN_samples.py`` as ``SAMPLES = {name: Sample(...)}``: what to
+Each lab lists its samples in ``fuselab/labs/labN/samples.py`` as ``SAMPLES = {name: Sample(...)}``: what to
 change in which solution cell (by nbgrader ``grade_id``) and what grade each graded cell should then get. A
 submission starts from the *release* notebook (what a student downloads) with every solution cell filled in with
 the instructor's code (its BEGIN/END SOLUTION marker lines dropped, as a student would write it), then the
@@ -85,31 +85,24 @@ def graded_cells(lab: str) -> list:
 
 def expected(lab: str, sample: Sample, on_gpu: bool) -> dict:
     """grade_id → "full" | "zero" | "partial" | "any" for every graded code cell of ``lab``."""
+    from .labs.registry import speed_grade_ids
+    speed_cells = speed_grade_ids(lab)
     result = {}
     for grade_id in graded_cells(lab):
         verdict = sample.expect.get(grade_id, "full")
         if on_gpu:
             verdict = sample.expect_gpu.get(grade_id, verdict)
-        elif grade_id.startswith("test_speedup"):
+        elif grade_id in speed_cells:
             verdict = "zero"  # no GPU, no speed points
         result[grade_id] = verdict
     return result
 
 
 def all_samples() -> dict:
-    """``{(sample, lab): Sample}`` over every lab's samples module."""
-    import importlib
-    import pkgutil
-
-    from . import labs
-    found = {}
-    for info in pkgutil.iter_modules(labs.__path__):
-        if info.name.endswith("_samples"):
-            lab = info.name[: -len("_samples")]
-            module = importlib.import_module(f"{labs.__name__}.{info.name}")
-            for name, sample in module.SAMPLES.items():
-                found[(name, lab)] = sample
-    return found
+    """``{(sample, lab): Sample}`` over every registered lab's samples module."""
+    from .labs.registry import all_labs
+    return {(name, lab): sample for lab, declared in all_labs().items()
+            for name, sample in declared.samples_module().SAMPLES.items()}
 
 
 def write_examples(root: Path = EXAMPLES) -> list:

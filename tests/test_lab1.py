@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import fuselab
-from fuselab.labs import lab1, lab1_samples, lab1_selfcheck
+from fuselab.labs import lab1
+from fuselab.labs.lab1 import samples as lab1_samples, selfcheck as lab1_selfcheck
 from fuselab.samples import make_submission
 
 

@@ -13,7 +13,7 @@ import torch
 import fuselab
 from fuselab import course
 from fuselab.labs import lab2
-from fuselab.labs.lab2_samples import SAMPLES
+from fuselab.labs.lab2.samples import SAMPLES
 from fuselab.samples import expected, make_submission
 
 NOTEBOOK = course.SOLUTIONS / lab2.NOTEBOOK

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import fuselab
-from fuselab.labs import lab3, lab3_samples
+from fuselab.labs import lab3
+from fuselab.labs.lab3 import samples as lab3_samples
 from fuselab.notebook_sources import string_assignments
 from fuselab.samples import make_submission
 
@@ -87,7 +88,7 @@ def test_speed_samples_are_right_at_small_k_in_any_thread_order(sample, order):
 
 def test_disguised_sample_defines_a_second_kernel_and_launches_it_from_the_fused_launcher():
     """The speed test's profiler sees two kernels, both the student's own: its kernel count, not a blocklist,
-    gives the 0 (on a GPU; fuselab/labs/lab3_selfcheck.py runs it there)."""
+    gives the 0 (on a GPU; fuselab/labs/lab3/selfcheck.py runs it there)."""
     from fuselab import grade
     source = string_assignments(make_submission("lab3", lab3_samples.SAMPLES["unfused_in_disguise"]))["TEMPLATE_SOURCE"]
     assert grade.own_kernel_names(source) == {"gemm_bias_act_kernel", "bias_act_in_place"}

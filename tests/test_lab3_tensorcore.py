@@ -1,4 +1,4 @@
-"""Lab 3's fp16 tensor-core kernel (fuselab/labs/lab3_tensorcore.py) without a GPU.
+"""Lab 3's fp16 tensor-core kernel (fuselab/labs/lab3/tensorcore.py) without a GPU.
 
 The CPU emulation runs no PTX, so the kernel runs here with ``mma_16816`` written out in CUDA C++; everything else
 (the column and k orders, the A and B fragments, bias, ReLU, rounding, the 16-byte and element stores, the row,
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fuselab
-from fuselab.labs import lab3, lab3_tensorcore
+from fuselab.labs import lab3
+from fuselab.labs.lab3 import tensorcore as lab3_tensorcore
 
 from .conftest import requires_gpu, requires_nvcc
 
@@ -110,7 +111,7 @@ def test_gpu_source_compiles_for_the_default_architecture():
 
 def test_saved_small_k_results_leave_the_tensor_core_kernel_out():
     # the notebook prints every saved small-K row to students without a GPU; the kernel is not in the lab yet
-    from fuselab.labs.lab3_selfcheck import _without_tensor_cores
+    from fuselab.labs.lab3.selfcheck import _without_tensor_cores
     label = lab3_tensorcore.variant_label(lab3_tensorcore.DEFAULT)
     small_k = {"rows": [{"name": "tuned fused"}], "tensor_core_rows": [{"name": label}], "table": "tuned fused",
                "tensor_core_table": label, "summary": {"float16": {"goals": {}, "tensor_cores": {"kernel": label}}}}

@@ -3,7 +3,7 @@
     from fuselab.grading.samplecheck import grade_examples
     summary = grade_examples(out)          # {"status": "ok" | "MISS", "rows": [...], "table": "...", ...}
 
-The students of the sample class are named after the samples (``fuselab/labs/labN_samples.py``), so each
+The students of the sample class are named after the samples (``fuselab/labs/labN/samples.py``), so each
 result can be checked against its ``Sample.expect`` (``expect_gpu`` on a GPU).
 """
 

@@ -1,25 +1,23 @@
 """Per-lab definitions shared by the notebooks, the tests, the GPU self-check and the grader.
 
-Each lab ``labN`` has a module ``fuselab/labs/labN.py`` (launcher prototypes, the lab's fixed unfused reference
-kernels, input makers, float64 references, the small and GPU shape sets, ``NOTEBOOK`` and ``SOLUTION_SOURCES``)
-and a module ``labN_selfcheck.py`` whose ``run(out)`` is the lab's stage of the GPU self-check.
-docs/LAB_AUTHORING.md describes the conventions.
+Each lab ``labN`` is a package ``fuselab/labs/labN/``: its ``__init__.py`` holds what the notebook imports
+(launcher prototypes, the lab's fixed unfused reference kernels, input makers, float64 references, the small and
+GPU shape sets, ``NOTEBOOK`` and ``SOLUTION_SOURCES``) and declares the lab as ``LAB = Lab(...)``; ``selfcheck.py``'s
+``run(out)`` is the lab's stage of the GPU self-check and ``samples.py``'s ``SAMPLES`` its sample submissions.
+``registry.py`` lists the labs: everything that goes over all labs asks it. docs/LAB_AUTHORING.md describes a lab.
 """
 
-import importlib
-import pkgutil
+from .registry import all_labs
 
 
 def lab_modules() -> dict:
-    """``{"lab0": module, ...}`` for every lab module in this package."""
-    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("lab")
-                   and m.name[3:].isdigit())
-    return {name: importlib.import_module(f"{__name__}.{name}") for name in names}
+    """``{"lab0": module, ...}`` for every registered lab."""
+    return {name: declared.module() for name, declared in all_labs().items()}
 
 
 def selfcheck_modules() -> dict:
-    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.endswith("_selfcheck"))
-    return {name[: -len("_selfcheck")]: importlib.import_module(f"{__name__}.{name}") for name in names}
+    """``{"lab0": module, ...}``: every registered lab's GPU self-check stage (``run(out)``)."""
+    return {name: declared.selfcheck_module() for name, declared in all_labs().items()}
 
 
 def randn_where_used(shape, gen, seed, device):

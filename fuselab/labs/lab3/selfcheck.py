@@ -12,7 +12,7 @@ What it measures, to pick the graded configuration from real numbers (docs/desig
   ``relu(a @ b + bias)`` and eager, side by side in one comparison (``FUSELAB_LAB3_VARIANTS=1`` adds the small-K
   kernel's block-layout variants);
 - in fp16 at the small-K shape, in that same comparison: the tensor-core kernel that is not in the lab yet
-  (``fuselab/labs/lab3_tensorcore.py``: one mma.sync per 16×8 tile, 16-byte stores of C) and its block layouts,
+  (``fuselab/labs/lab3/tensorcore.py``: one mma.sync per 16×8 tile, 16-byte stores of C) and its block layouts,
   each checked first against the float64 reference at awkward shapes (K = 1, 3, 8, 17, 4096; M = 1; M and N off
   the tiles) in a child process; a layout that fails its check is not timed and the stage's status is FAIL;
 - the sample submissions' speed verdicts: the unfused-in-disguise sample scores 0, the different small-K kernel
@@ -35,12 +35,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import CheckFailed, build, check, ceilings, compare, grade
-from ..notebook_sources import string_assignments
-from ..timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
-from . import lab3, lab3_tensorcore
+from ... import CheckFailed, build, check, ceilings, compare, grade
+from ...notebook_sources import string_assignments
+from ...timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
+from .. import lab3
+from . import tensorcore as lab3_tensorcore
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / lab3.NOTEBOOK
+NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab3.NOTEBOOK
 MODES = ("device", "graph", "latency")
 DTYPES = (torch.float32, torch.float16)
 GRADED_FLOOR = MIN_GRADABLE_SPEEDUP  # docs/design.md §3: graded only where the plain solution's S clears 1.3
@@ -314,7 +315,7 @@ def _goals(floor, t, libraries):
 
 
 def _tensor_core_ops():
-    """The fp16 tensor-core kernel's layouts (``fuselab/labs/lab3_tensorcore.py``) that passed their check:
+    """The fp16 tensor-core kernel's layouts (``fuselab/labs/lab3/tensorcore.py``) that passed their check:
     ``({label: op}, {label: problem})``.
 
     The check (every layout at ``lab3_tensorcore.CHECK_SHAPES``, fp16 against the float64 reference) runs in a
@@ -325,7 +326,7 @@ def _tensor_core_ops():
         return {}, {}  # mma.sync.m16n8k16 needs compute capability 8.0: nothing to measure here
     labels = [lab3_tensorcore.variant_label(v) for v in lab3_tensorcore.VARIANTS]
     try:
-        child = subprocess.run([sys.executable, "-m", "fuselab.labs.lab3_tensorcore"], cwd=NOTEBOOK.parents[2],
+        child = subprocess.run([sys.executable, "-m", "fuselab.labs.lab3.tensorcore"], cwd=NOTEBOOK.parents[2],
                                capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         return {}, {label: "its check did not finish in 300 s" for label in labels}
@@ -486,8 +487,8 @@ def _speed_points(op, module, reference_op, test):
 
 def _sample_modules():
     """``{name: built module}`` of the template kernels of the samples in ``lab3_samples.SPEED_SAMPLES``."""
-    from ..samples import make_submission
-    from . import lab3_samples
+    from ...samples import make_submission
+    from . import samples as lab3_samples
     return {name: build(string_assignments(make_submission("lab3", lab3_samples.SAMPLES[name]))["TEMPLATE_SOURCE"],
                         lab3.FUSED_LAUNCHERS, name=f"sample_{name}") for name in lab3_samples.SPEED_SAMPLES}
 
@@ -497,10 +498,10 @@ def _sample_ops():
 
 
 def _sample_speed(reference_op):
-    """The speed test on the sample submissions whose kernels differ from the solution's (fuselab/labs/lab3_samples.py):
+    """The speed test on the sample submissions whose kernels differ from the solution's (fuselab/labs/lab3/samples.py):
     their expected verdict on a GPU against the points they get."""
-    from ..samples import expected
-    from . import lab3_samples
+    from ...samples import expected
+    from . import samples as lab3_samples
     test, _, _ = grade.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
     found = {}
     for name, mod in _sample_modules().items():

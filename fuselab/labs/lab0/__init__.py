@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import randn_where_used
+from .. import randn_where_used
 
 N = "n"
 ADD = "void add(const float* a /*[n]*/, const float* b /*[n]*/, float* out /*[n]*/, int64_t n, cudaStream_t stream)"
@@ -56,7 +56,6 @@ SMALL_SHAPES = [(1,), (7,), (255,), (256,), (257,), (1000,), (4099,)]
 GPU_SHAPES = [(1,), (31,), (257,), (65_537,), (1_000_003,), (16_777_216 + 3,)]
 TIMED_SHAPE = (64 * 2**20,)  # 64M fp32: each tensor 256 MB, far beyond the H200's 60 MB L2
 GRADED_TEST = "lab0.add_relu_mul"
-GRADED_SETTINGS = {"mode": "device", "shape": list(TIMED_SHAPE), "dtype": "float32"}
 
 
 def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
@@ -115,7 +114,7 @@ SWEEP_RESULTS = "lab0_sweep.json"
 
 def sweep(unfused_op, fused_op, sizes=SWEEP_SIZES, budget_s=1.0, device="cuda", progress=None):
     """Fused over unfused across sizes: speedup (with its interval) and achieved bandwidth of each."""
-    from .. import timing
+    from ... import timing
     rows = []
     for n in sizes:
         a, b, e = make_inputs((n,), seed=n % 1000, device=device)
@@ -147,7 +146,7 @@ def check_n_zero(launcher, inputs, name, device="cpu"):
 LAUNCH_RESULTS = "lab0_launch.json"  # fuselab.launch_overhead() on the course's GPU
 # Measurements of the course's GPU that the notebooks show without a GPU. They ship inside the package, so a
 # student with only labs/ and fuselab installed has them too.
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
 def saved_results(name):
@@ -160,3 +159,17 @@ def saved_results(name):
 
 # The lab's fixed reference kernels, compiled by CI for the GPU too (tests/test_kernels_compile_for_cuda.py).
 REFERENCE_SOURCES = {"lab0_reference": (REFERENCE_UNFUSED_SOURCE, UNFUSED_LAUNCHERS), "lab0_tiny": (TINY_SOURCE, TINY_LAUNCHERS)}
+
+
+# ------------------------------------------------------------------------------------------------ declaration
+from ..registry import GradedTest, Lab  # noqa: E402 - the declaration closes the module
+
+LAB = Lab(
+    name="lab0", title="Why fusion pays", notebook=NOTEBOOK, package=__name__,
+    launchers=SOLUTION_SOURCES, reference_sources=REFERENCE_SOURCES,
+    graded_cells={"test_dram_bytes": 1, "test_unfused": 3, "test_fused": 2, "test_speedup": 4},
+    written_answers={"answer_naive_timing": 1, "answer_sweep": 1},
+    graded_tests=(GradedTest(GRADED_TEST, "test_speedup", mode="device", shape=TIMED_SHAPE, dtype="float32",
+                             speed_requires=("test_fused",)),),
+)
+GRADED_SETTINGS = LAB.graded_test(GRADED_TEST).timed()  # {mode, shape, dtype}, as declared

@@ -1,7 +1,7 @@
 """Lab 3's fp16 small-K kernel on the tensor cores: C = relu(A·B + bias) with one mma.sync per 16×8 output tile.
 
 Not part of the student notebook or the graded path: it is measured by the GPU self-check's lab3 stage
-(``fuselab/labs/lab3_selfcheck.py``) side by side with the tuned kernel and the libraries, after a check against
+(``fuselab/labs/lab3/selfcheck.py``) side by side with the tuned kernel and the libraries, after a check against
 the float64 reference at awkward shapes, and only then considered for the lab.
 
 Why a separate kernel: at 16384 × 4096 × 16 in fp16 the tuned kernel's small-K path takes its fp32 time (72.9 µs,
@@ -16,7 +16,7 @@ from the PTX ISA's fragment layouts: the tests run every index, guard and K step
 the mma instruction itself is left to the GPU self-check.
 """
 
-from . import lab3
+from .. import lab3
 
 # ------------------------------------------------------------------------------------------ the mma itself
 _MMA_PTX = r"""
@@ -343,7 +343,7 @@ def variant_op(module, variant):
 
 def build(backend=None):
     """The module with the default launcher (``gemm_bias_act_f16``) and every layout's; emulated on the CPU."""
-    from .. import build as build_
+    from ... import build as build_
     emulated = (backend or "").lower() in ("emulate", "emulation", "cpu")
     return build_(EMULATED_SOURCE if emulated else TUNED_FP16_TC_SOURCE, LAUNCHERS,
                   name="tuned_fp16_tc_emulated" if emulated else "tuned_fp16_tc", backend=backend)
@@ -352,13 +352,13 @@ def build(backend=None):
 def check_on_gpu():
     """Every layout checked at ``CHECK_SHAPES`` (fp16, float64 reference): ``{label: "ok" or the failure}``.
 
-    The self-check runs this in a child process (``python -m fuselab.labs.lab3_tensorcore``), so that a kernel
+    The self-check runs this in a child process (``python -m fuselab.labs.lab3.tensorcore``), so that a kernel
     that faults (a CUDA error is sticky) leaves the stage's own CUDA context alive; layouts after a fault are
     left out of the answer, unchecked.
     """
     import torch
 
-    from .. import check
+    from ... import check
     module = build("cuda")
     verdicts = {}
     for variant in VARIANTS:

@@ -17,13 +17,13 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import build, ceilings, check, compare, grade
-from ..notebook_sources import string_assignments
-from ..timing import full_points_threshold
-from . import lab2
+from ... import build, ceilings, check, compare, grade
+from ...notebook_sources import string_assignments
+from ...timing import full_points_threshold
+from .. import lab2
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / lab2.NOTEBOOK
-TEST_ID = "lab2.conv_bn_relu"
+NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab2.NOTEBOOK
+TEST_ID = lab2.GRADED_TEST
 TILE_ROWS = (1, 2, 4, 8)  # the tuned kernel's TILE_H candidates
 DEVICE = "cuda"
 NAMES = {"reference": "lab reference (3 kernels)", "plain": "plain fused (folded)", "registers": "BN in registers",
@@ -140,8 +140,7 @@ def run(out):
                                 make_inputs=make, module=plain_mod, max_points=4, policy=policy, verbose=False)
     net_rows = {row["batch"]: row["speedup"]["eager, folded"] for row in network}
     best_variant = max((n for n in variant_rows if n.startswith("tuned")), key=lambda n: variant_rows[n]["speedup_vs_plain"])
-    graded = {TEST_ID: {"mode": "device", "shape": list(lab2.TIMED_SHAPE), "dtype": "float32",
-                        "plain_speedup": s_plain}}
+    graded = {TEST_ID: {**lab2.LAB.graded_test(TEST_ID).timed(), "plain_speedup": s_plain}}
     return {"status": "ok" if goals_met else "ok (tuned below its goal: >= 2x eager and > torch.compile)",
             "graded": graded, "plain_speedup": s_plain, "threshold_from_plain": threshold, "graded_points_plain": points,
             "policy_used": policy_source, "ratios_at_timed_shape": ratios, "goals_per_shape": per_shape_goals,

@@ -5,7 +5,7 @@ written answers are graded by hand and not listed. The speed test times the Part
 shape of the policy (fuselab/policy.json) against the lab's unfused reference.
 """
 
-from ..samples import Sample
+from ...samples import Sample
 
 
 def _replace(old, new):

@@ -251,7 +251,7 @@ def sweep(reference_op, fused_op, ms=SWEEP_MS, n=SKINNY_NK, k=SKINNY_NK, dtype=t
           budget_s=0.5, device="cuda", progress=None, shapes=None):
     """Fused over the unfused reference for M rows of an M×K by K×N layer: one row per M (or per ``(M, N, K)`` of
     ``shapes``, for the K axis)."""
-    from .. import timing
+    from ... import timing
     rows = []
     for m, n, k in shapes or [(m, n, k) for m in ms]:
         a, b, bias, relu = make_inputs((m, n, k), seed=m + k, device=device, dtype=dtype)
@@ -274,8 +274,22 @@ def saved_results(name):
     """Results the GPU self-check committed to docs/results/, for students without a GPU; None if absent."""
     import json
     from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "docs" / "results" / name
+    path = Path(__file__).resolve().parents[3] / "docs" / "results" / name
     return json.loads(path.read_text()) if path.exists() else None
 
 
 REFERENCE_SOURCES = {"lab3_reference": (REFERENCE_UNFUSED_SOURCE, UNFUSED_LAUNCHERS)}
+
+
+# ------------------------------------------------------------------------------------------------ declaration
+from ..registry import GradedTest, Lab  # noqa: E402 - the declaration closes the module
+
+LAB = Lab(
+    name="lab3", title="MatMul + bias-Add: where fusing the epilogue pays", notebook=NOTEBOOK, package=__name__,
+    launchers=SOLUTION_SOURCES, reference_sources=REFERENCE_SOURCES,
+    graded_cells={"test_bias_act": 1, "test_fused": 3, "test_template": 3, "test_dram_bytes": 1,
+                  "test_speedup_small_k": 4},
+    written_answers={"answer_cublas": 1, "answer_where": 1},
+    graded_tests=(GradedTest(GRADED_TEST, "test_speedup_small_k", mode="device", shape=SMALL_K, dtype="float16",
+                             speed_requires=("test_template",)),),
+)

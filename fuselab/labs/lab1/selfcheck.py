@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from .. import build, ceilings, check, grade
-from ..notebook_sources import string_assignments
-from ..timing import full_points_threshold
-from . import lab1
+from ... import build, ceilings, check, grade
+from ...notebook_sources import string_assignments
+from ...timing import full_points_threshold
+from .. import lab1
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / lab1.NOTEBOOK
+NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab1.NOTEBOOK
 GRADED_FLOOR = 1.3  # docs/design.md §3: a speedup is graded only where the plain solution reaches it
 
 
@@ -190,8 +190,7 @@ def run(out, plan=None):
                  f"{tuned_vs_compile:.2f}x compile, part A {part_a:.3f}x")
     if points is not None:
         headline += f", graded {points:.1f}/4"
-    graded = {lab1.GRADED_TEST: {"mode": "device", "shape": list(lab1.DEPTHWISE_TIMED), "dtype": "float32",
-                                 "plain_speedup": s_plain}}
+    graded = {lab1.GRADED_TEST: {**lab1.LAB.graded_test(lab1.GRADED_TEST).timed(), "plain_speedup": s_plain}}
     return {"status": "ok" if all(goals.values()) else "MISS", "goals": goals, "headline": headline, "graded": graded,
             "plain_speedup": s_plain, "threshold_from_plain": threshold, "graded_points_plain": points,
             "speedup_by_pipeline": s_by_pipeline, "plain_fraction_of_copy": plain_fraction,
@@ -207,7 +206,7 @@ def _returning(fn):
 
 
 def _h200_ceilings():
-    from ..timing import Ceilings
+    from ...timing import Ceilings
     return Ceilings("NVIDIA H200 (course self-check)", torch.__version__, lab1.H200_CEILINGS["copy_bytes_per_s"],
                     lab1.H200_CEILINGS["fp32_flops_per_s"], 0.0)
 

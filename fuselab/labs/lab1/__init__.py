@@ -14,8 +14,8 @@ from collections import namedtuple
 import torch
 import torch.nn.functional as F
 
-from . import randn_where_used
-from .lab0 import saved_results  # noqa: F401 - the same reader of the course GPU's saved measurements
+from .. import randn_where_used
+from ..lab0 import saved_results  # noqa: F401 - the same reader of the course GPU's saved measurements
 
 # Activation codes, as the kernels see them (`int act`). LeakyReLU uses `slope`; the others ignore it.
 ACTIVATIONS = {"none": 0, "relu": 1, "leaky_relu": 2}
@@ -445,7 +445,7 @@ H200_CEILINGS = {"device": "NVIDIA H200", "copy_bytes_per_s": 4.258e12, "fp32_fl
 def time_conv_epilogue(conv_mod, conv_act_mod, case=CONV_TIMED, budget_s=3.0, progress=None, device="cuda"):
     """Part A on the GPU: the unfused pair against the fused kernel, the conv and the activation alone, and
     cuDNN's conv + ReLU (eager, TF32 as torch's default). Returns (Comparison, summary dict)."""
-    from .. import timing
+    from ... import timing
     case = ConvCase(*case)
     x, w, bias, stride, pad, act, slope = make_conv_inputs(case, seed=5, device=device)
     P, Q = conv_output_size(case.H, case.R, stride, pad), conv_output_size(case.W, case.R, stride, pad)
@@ -470,7 +470,7 @@ def time_depthwise(ops, shape=DEPTHWISE_TIMED, baseline=None, budget_s=3.0, dtyp
                    device="cuda"):
     """Time depthwise ops ``op(x, w, bias, act, slope, out)`` (name -> op) interleaved at ``shape`` (with bias and
     ReLU unless the shape says otherwise). Returns (Comparison, summary dict with effective bandwidths)."""
-    from .. import timing
+    from ... import timing
     x, w, bias, act, slope = make_depthwise_inputs(shape, seed=6, device=device, dtype=dtype)
     out = torch.empty_like(x)
     result = timing.compare({name: (lambda op=op: op(x, w, bias, act, slope, out)) for name, op in ops.items()},
@@ -488,3 +488,17 @@ def time_depthwise(ops, shape=DEPTHWISE_TIMED, baseline=None, budget_s=3.0, dtyp
 # The lab's fixed kernels, compiled by CI for the GPU too (tests/test_kernels_compile_for_cuda.py).
 REFERENCE_SOURCES = {"lab1_reference": (REFERENCE_SOURCE, REFERENCE_LAUNCHERS),
                      "lab1_candidates": (CANDIDATE_SOURCE, CANDIDATE_LAUNCHERS)}
+
+
+# ------------------------------------------------------------------------------------------------ declaration
+from ..registry import GradedTest, Lab  # noqa: E402 - the declaration closes the module
+
+LAB = Lab(
+    name="lab1", title="Conv + ReLU: fusing the epilogue", notebook=NOTEBOOK, package=__name__,
+    launchers=SOLUTION_SOURCES, reference_sources=REFERENCE_SOURCES,
+    graded_cells={"test_output_size": 1, "test_conv_unfused": 3, "test_conv_fused": 3, "test_depthwise_bytes": 1,
+                  "test_depthwise": 3, "test_speedup_depthwise": 4},
+    written_answers={"answer_roofline": 1, "answer_in_place": 1},
+    graded_tests=(GradedTest(GRADED_TEST, "test_speedup_depthwise", mode="device", shape=DEPTHWISE_TIMED,
+                             dtype="float32", speed_requires=("test_depthwise",)),),
+)

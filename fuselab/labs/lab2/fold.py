@@ -1,0 +1,226 @@
+"""Lab 2, part A: the Conv/BN pairs to fold and the checks of a fold (weights, module, refusals)."""
+
+import copy
+
+import torch
+import torch.nn as nn
+
+# ------------------------------------------------------------------------------------------------ part A
+# Conv/BN pairs to fold. Visible cases teach; hidden ones add other spatial sizes, eps values, groups, fp16 and a
+# dead channel (running variance 0) whose eps fp16 cannot even represent.
+FOLD_CASES = [
+    dict(name="3x3 conv with bias", cin=4, cout=6, kernel=3, bias=True),
+    dict(name="conv without bias", cin=4, cout=6, kernel=3, bias=False),
+    dict(name="BN with affine=False", cin=3, cout=5, kernel=1, bias=True, affine=False),
+    dict(name="depthwise 3x3, eps=1e-3", cin=8, cout=8, kernel=3, groups=8, bias=False, eps=1e-3),
+    dict(name="fp16 parameters", cin=6, cout=6, kernel=3, groups=6, bias=False, dtype=torch.float16),
+    # the pitfall the text warns about: in fp16, 1e-8 rounds to 0, so var + eps = 0 and rsqrt gives inf
+    dict(name="fp16, a dead channel (variance 0), eps=1e-8", cin=4, cout=4, kernel=3, groups=4, bias=False,
+         eps=1e-8, dtype=torch.float16, dead_channel=True),
+]
+HIDDEN_FOLD_CASES = [
+    dict(name="5x5, groups=2, eps=0.1", cin=4, cout=6, kernel=5, groups=2, bias=True, eps=0.1),
+    dict(name="Conv1d without bias", dims=1, cin=3, cout=7, kernel=3, bias=False),
+    dict(name="Conv3d, no bias, affine=False", dims=3, cin=2, cout=4, kernel=3, bias=False, affine=False),
+    dict(name="a single channel", cin=1, cout=1, kernel=3, bias=False, eps=1e-2),
+    dict(name="stride 2, dilation 2", cin=5, cout=3, kernel=3, stride=2, dilation=2, padding=2, eps=1.0),
+    dict(name="fp16, dead channel, eps=1e-8", cin=8, cout=8, kernel=3, groups=8, bias=False, eps=1e-8,
+         dtype=torch.float16, dead_channel=True),
+    dict(name="fp16 with bias, affine=False", cin=4, cout=4, kernel=1, bias=True, affine=False,
+         dtype=torch.float16, eps=1e-5),
+    dict(name="1x1 pointwise, 32 channels", cin=16, cout=32, kernel=1, bias=False, eps=1e-5),
+]
+
+_CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_BNS = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+
+
+def randomize_bn(bn, gen):
+    """Trained-looking BN state: running statistics and affine parameters away from their 0/1 initial values,
+    so that forgetting the mean, the bias or eps shows. Variances are small enough (0.05 and up) for eps to matter."""
+    c = bn.num_features
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(c, generator=gen) * 0.5)
+        bn.running_var.copy_(torch.rand(c, generator=gen) * 1.45 + 0.05)
+        if bn.affine:
+            bn.weight.copy_(torch.randn(c, generator=gen) * 0.5 + 1.0)
+            bn.bias.copy_(torch.randn(c, generator=gen) * 0.3)
+    return bn
+
+
+def make_conv_bn(case, seed=0):
+    """(conv, bn) for a case of FOLD_CASES, both in eval mode, with random weights and BN state."""
+    gen = torch.Generator().manual_seed(seed)
+    dims = case.get("dims", 2)
+    torch.manual_seed(seed)
+    conv = _CONVS[dims](case["cin"], case["cout"], case["kernel"], stride=case.get("stride", 1),
+                        padding=case.get("padding", case["kernel"] // 2), dilation=case.get("dilation", 1),
+                        groups=case.get("groups", 1), bias=case.get("bias", True))
+    if conv.bias is not None:
+        with torch.no_grad():
+            conv.bias.copy_(torch.randn(case["cout"], generator=gen) * 0.3)
+    bn = randomize_bn(_BNS[dims](case["cout"], eps=case.get("eps", 1e-5), affine=case.get("affine", True)), gen)
+    if case.get("dead_channel"):
+        bn.running_var[0] = 0.0  # a channel that was constant over the training data
+    dtype = case.get("dtype", torch.float32)
+    return conv.to(dtype).eval(), bn.to(dtype).eval()
+
+
+def conv_bn_tensors(conv, bn):
+    """The arguments of a weight fold, in torch's order: conv_w, conv_b, mean, var, eps, gamma, beta."""
+    return conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias
+
+
+def float64_fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+    """The fold computed in float64 and rounded once to the parameters' dtype: the reference for part A."""
+    d = torch.float64
+    scale = 1.0 / torch.sqrt(var.to(d) + eps)
+    if gamma is not None:
+        scale = scale * gamma.to(d)
+    w = conv_w.to(d) * scale.reshape((-1,) + (1,) * (conv_w.dim() - 1))
+    b = ((conv_b.to(d) if conv_b is not None else 0.0) - mean.to(d)) * scale
+    if beta is not None:
+        b = b + beta.to(d)
+    return w.to(conv_w.dtype), b.to(conv_b.dtype if conv_b is not None else conv_w.dtype)
+
+
+def _unchanged(before: dict, module, what):
+    for key, value in module.state_dict().items():
+        if not torch.equal(value, before[key]):
+            raise AssertionError(f"{what}: the original {type(module).__name__}'s {key} was modified; "
+                                 "a fold must leave the original modules alone (work on copies)")
+
+
+def _snapshot(module):
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
+    """Check ``fold(conv_w, conv_b, mean, var, eps, gamma, beta) -> (w, b)`` on every case: against a float64
+    fold rounded to the parameters' dtype, against torch.nn.utils.fusion.fuse_conv_bn_weights where that is
+    exact enough (fp32), with the right dtypes and shapes, leaving its inputs alone."""
+    from ...check import assert_close
+    for case in cases:
+        conv, bn = make_conv_bn(case, seed)
+        args = conv_bn_tensors(conv, bn)
+        before = [a.clone() if torch.is_tensor(a) else a for a in args]
+        what = f"case {case['name']!r}"
+        with torch.no_grad():
+            got = fold(*args)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise AssertionError(f"{what}: return (folded_weight, folded_bias), got {type(got).__name__}")
+        w, b = got
+        if b is None:
+            raise AssertionError(f"{what}: the folded bias is None. After folding every conv has a bias, "
+                                 "b' = (b − μ)·γ/√(σ² + ε) + β, even when the conv had none (take b = 0)")
+        w_ref, b_ref = float64_fold(*args)
+        for name, value, ref in (("weight", w, w_ref), ("bias", b, b_ref)):
+            if not torch.is_tensor(value) or value.shape != ref.shape or value.dtype != ref.dtype:
+                raise AssertionError(f"{what}: folded {name} should be a {ref.dtype} tensor of shape "
+                                     f"{tuple(ref.shape)}, got {getattr(value, 'dtype', type(value).__name__)} "
+                                     f"of shape {tuple(getattr(value, 'shape', ()))}")
+            if not torch.isfinite(value).all() and torch.isfinite(ref).all():
+                hint = (" The parameters are fp16: fold them in float32 and cast back once at the end. In fp16, "
+                        f"eps = {args[4]:g} rounds to {float(torch.tensor(args[4], dtype=torch.float16)):g}, so "
+                        "var + eps is 0 for a channel that never varied, and rsqrt(0) = inf."
+                        if value.dtype in (torch.float16, torch.bfloat16) else "")
+                raise AssertionError(f"{what}: the folded {name} has inf or NaN entries where the exact fold is "
+                                     f"finite.{hint}")
+        assert_close(w.detach(), float64_fold_exact(args)[0], name=f"folded weight ({case['name']})")
+        assert_close(b.detach(), float64_fold_exact(args)[1], name=f"folded bias ({case['name']})")
+        if case.get("dtype", torch.float32) == torch.float32:
+            w_torch, b_torch = torch.nn.utils.fusion.fuse_conv_bn_weights(*args)
+            assert_close(w.detach(), w_torch.detach(), name=f"folded weight vs torch ({case['name']})")
+            assert_close(b.detach(), b_torch.detach(), name=f"folded bias vs torch ({case['name']})")
+        for arg, old, name in zip(args, before, ("conv_w", "conv_b", "mean", "var", "eps", "gamma", "beta")):
+            if torch.is_tensor(arg) and not torch.equal(arg, old):
+                raise AssertionError(f"{what}: the fold modified its input {name} in place")
+
+
+def float64_fold_exact(args):
+    """The float64 fold, not rounded: what a fold's result is compared with."""
+    conv_w, conv_b, mean, var, eps, gamma, beta = args
+    d = torch.float64
+    w, b = float64_fold(conv_w.to(d), None if conv_b is None else conv_b.to(d), mean.to(d), var.to(d), eps,
+                        None if gamma is None else gamma.to(d), None if beta is None else beta.to(d))
+    return w.detach(), b.detach()
+
+
+def _input_for(conv, seed, batch=2):
+    gen = torch.Generator().manual_seed(seed + 100)
+    spatial = {1: (13,), 2: (9, 11), 3: (5, 6, 7)}[conv.weight.dim() - 2]
+    return torch.randn((batch, conv.in_channels) + spatial, generator=gen).to(conv.weight.dtype)
+
+
+def check_fold_module(fold_conv_bn, cases=FOLD_CASES, seed=0):
+    """Check ``fold_conv_bn(conv, bn) -> conv'``: same kind of conv and geometry, a bias, outputs equal to
+    bn(conv(x)) in eval mode (computed in float64), and the original modules untouched."""
+    from ...check import assert_close
+    for case in cases:
+        conv, bn = make_conv_bn(case, seed)
+        what = f"case {case['name']!r}"
+        saved = (_snapshot(conv), _snapshot(bn))
+        with torch.no_grad():
+            folded = fold_conv_bn(conv, bn)
+        if type(folded) is not type(conv):
+            raise AssertionError(f"{what}: expected a new {type(conv).__name__}, got {type(folded).__name__}")
+        if folded is conv:
+            raise AssertionError(f"{what}: return a new conv module, not the original one changed in place")
+        for attr in ("stride", "padding", "dilation", "groups", "in_channels", "out_channels", "padding_mode"):
+            if getattr(folded, attr) != getattr(conv, attr):
+                raise AssertionError(f"{what}: the folded conv's {attr} is {getattr(folded, attr)}, "
+                                     f"the original's {getattr(conv, attr)}")
+        if folded.bias is None:
+            raise AssertionError(f"{what}: the folded conv has no bias. After folding every conv needs one, "
+                                 "b' = (b − μ)·γ/√(σ² + ε) + β, even when the original conv had none")
+        if folded.weight.dtype != conv.weight.dtype:
+            raise AssertionError(f"{what}: folded weights are {folded.weight.dtype}, expected {conv.weight.dtype}")
+        _unchanged(saved[0], conv, what)
+        _unchanged(saved[1], bn, what)
+        x = _input_for(conv, seed)
+        conv64, bn64 = copy.deepcopy(conv).double().eval(), copy.deepcopy(bn).double().eval()
+        with torch.no_grad():
+            expected = bn64(conv64(x.double()))
+            got = folded.eval()(x)
+        low_precision = conv.weight.dtype != torch.float32
+        atol = 1e-2 * float(expected.abs().max()) if low_precision else None  # fp16 weights and inputs
+        assert_close(got, expected, atol=atol, name=f"folded conv output ({case['name']})")
+
+
+def check_refusals(fold_conv_bn=None, fold_network=None):
+    """Folding must refuse a BN in training mode and a BN without running statistics, with a ValueError that
+    says why (``fold_conv_bn``); so must the network pass on a model in training mode (``fold_network``)."""
+    if fold_conv_bn is not None:
+        _check_pair_refusals(fold_conv_bn)
+    if fold_network is not None:
+        from .networks import TINY_MOBILENET, mobilenet  # part B builds on part A
+
+        model = mobilenet(**TINY_MOBILENET).train()
+        try:
+            fold_network(model)
+        except ValueError:
+            return
+        raise AssertionError("fold_network folded a model in training mode instead of raising ValueError")
+
+
+def _check_pair_refusals(fold_conv_bn):
+    conv, bn = make_conv_bn(FOLD_CASES[0])
+    situations = [("a BatchNorm in training mode", conv, bn.train(), "eval")]
+    conv2, _ = make_conv_bn(FOLD_CASES[0])
+    no_stats = nn.BatchNorm2d(conv2.out_channels, track_running_stats=False).eval()
+    situations.append(("a BatchNorm without running statistics (track_running_stats=False)", conv2, no_stats, None))
+    for what, c, b, word in situations:
+        try:
+            fold_conv_bn(c, b)
+        except NotImplementedError:
+            raise
+        except ValueError as exc:
+            if word and word not in str(exc).lower():
+                raise AssertionError(f"folding {what} raised ValueError({str(exc)!r}); say in the message that "
+                                     "folding is valid only in eval mode") from None
+            continue
+        except Exception as exc:  # noqa: BLE001 - any other exception is the wrong kind of refusal
+            raise AssertionError(f"folding {what} raised {type(exc).__name__}: {exc}; expected a ValueError "
+                                 "that says why it cannot be folded") from exc
+        raise AssertionError(f"folding {what} returned a conv instead of raising ValueError: BN folding is valid "
+                             "only in eval mode, with running statistics")

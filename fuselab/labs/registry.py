@@ -1,0 +1,129 @@
+"""The course's labs, declared: one ``LAB = Lab(...)`` per lab package, and the one list of them.
+
+Every lab is a package ``fuselab/labs/labN/`` whose ``__init__.py`` holds what its notebook imports (launcher
+prototypes, the fixed unfused reference kernels, input makers, float64 references, shapes) and ends in a
+declaration ``LAB = Lab(...)``: its notebook, the launchers each CUDA source of the notebook must define, its
+reference kernels, its graded cells and its graded speedup tests (``GradedTest``). Beside it, ``selfcheck.py``
+(``run(out) -> dict``, the lab's stage of the GPU self-check) and ``samples.py`` (``SAMPLES``, its sample
+submissions).
+
+``LAB_NAMES`` is the registry: what the course releases (``course.lab_names``), what the GPU self-check runs
+(``labs.selfcheck_modules``), what the sample class holds (``samples.all_samples``) and what the kernel tests build
+(``labs.lab_modules``) all come from it. ``tests/test_registry.py`` fails when a ``solutions/labN`` is not listed
+here, when a declaration disagrees with its notebook, or when ``fuselab/policy.json`` disagrees with a
+``GradedTest``. docs/LAB_AUTHORING.md lists what a new lab needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+# Every lab of the course, in order: the package fuselab/labs/<name>/ and the notebook solutions/<name>/<name>.ipynb.
+LAB_NAMES = ("lab0", "lab1", "lab2", "lab3")
+
+
+@dataclass(frozen=True)
+class GradedTest:
+    """One graded speedup test, as ``fuselab.grade.speedup_test(id, ...)`` runs it in the cell ``grade_id``.
+
+    id: its key in ``fuselab/policy.json`` ("lab0.add_relu_mul"), where ``fuselab calibrate`` writes each GPU's
+        plain speedup and threshold.
+    grade_id: the nbgrader grade_id of its test cell. Without a GPU it scores 0 ("not measured").
+    mode, shape, dtype: the fixed timing settings (the policy file's copy must agree).
+    speed_requires: the graded test cells the timed kernel must pass in the same clean recheck for the speed test
+        to score at all.
+    """
+
+    id: str
+    grade_id: str
+    mode: str
+    shape: tuple
+    dtype: str
+    speed_requires: tuple = ()
+
+    def settings(self) -> dict:
+        """The policy file's per-test settings of this test (its GPU entries aside)."""
+        return {"mode": self.mode, "shape": list(self.shape), "dtype": self.dtype,
+                "speed_requires": list(self.speed_requires)}
+
+    def timed(self) -> dict:
+        """``{mode, shape, dtype}``: what a self-check stage reports under ``result["graded"][id]``."""
+        return {"mode": self.mode, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab, declared in its package as ``LAB``.
+
+    name: "labN": the package ``fuselab/labs/labN/``, ``solutions/labN/``, ``labs/labN/``.
+    title: one line.
+    notebook: the notebook's path under ``solutions/`` (and ``labs/``), "labN/labN.ipynb".
+    package: the lab's module ("fuselab.labs.labN").
+    launchers: the notebook's CUDA source variables (``*_SOURCE``) and the launcher prototypes each must define.
+    reference_sources: the lab's fixed kernels, ``{build name: (CUDA source, launchers)}``.
+    graded_cells: grade_id → points of every autograded (code) cell, the speed tests' included.
+    written_answers: grade_id → points of the written answers (markdown cells, graded by hand).
+    graded_tests: its graded speedup tests.
+    selfcheck, samples: the modules of the package holding ``run(out)`` and ``SAMPLES``.
+    """
+
+    name: str
+    title: str
+    notebook: str
+    package: str
+    launchers: dict = field(default_factory=dict)
+    reference_sources: dict = field(default_factory=dict)
+    graded_cells: dict = field(default_factory=dict)
+    written_answers: dict = field(default_factory=dict)
+    graded_tests: tuple = ()
+    selfcheck: str = "selfcheck"
+    samples: str = "samples"
+
+    def module(self):
+        return importlib.import_module(self.package)
+
+    def selfcheck_module(self):
+        return importlib.import_module(f"{self.package}.{self.selfcheck}")
+
+    def samples_module(self):
+        return importlib.import_module(f"{self.package}.{self.samples}")
+
+    def speed_grade_ids(self) -> set:
+        """The grade_ids of the graded speedup test cells (0 points without a GPU)."""
+        return {test.grade_id for test in self.graded_tests}
+
+    def graded_test(self, test_id: str) -> GradedTest:
+        found = [test for test in self.graded_tests if test.id == test_id]
+        if not found:
+            raise KeyError(f"{self.name} has no graded speedup test {test_id!r}")
+        return found[0]
+
+
+def lab_names() -> list:
+    return sorted(LAB_NAMES)
+
+
+def lab(name: str) -> Lab:
+    """The declaration ``LAB`` of the registered lab ``name``."""
+    if name not in LAB_NAMES:
+        raise KeyError(f"no lab {name!r} in the registry (fuselab/labs/registry.py: {', '.join(LAB_NAMES)})")
+    declared = importlib.import_module(f"{__package__}.{name}").LAB
+    if declared.name != name:
+        raise ValueError(f"fuselab.labs.{name} declares LAB.name={declared.name!r}")
+    return declared
+
+
+def all_labs() -> dict:
+    """``{"lab0": Lab, ...}`` over every registered lab, in order."""
+    return {name: lab(name) for name in lab_names()}
+
+
+def graded_tests() -> dict:
+    """``{test id: GradedTest}`` over every lab: the keys ``fuselab/policy.json`` holds."""
+    return {test.id: test for declared in all_labs().values() for test in declared.graded_tests}
+
+
+def speed_grade_ids(name: str) -> set:
+    """The grade_ids of lab ``name``'s graded speedup test cells."""
+    return lab(name).speed_grade_ids()
