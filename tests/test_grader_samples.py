@@ -91,6 +91,9 @@ def test_cheats_and_disagreements_are_flagged(graded):
     assert by[("edge_bug", "lab0")]["cells"]["test_fused"]["notebook_points"] == 0.0
     report = (graded["result"].out / "report.md").read_text()
     assert "cheat_monkeypatch/lab0: **flag**" in report
+    wrapped = by[("cheat_wrap_launcher", "lab0")]  # Python that fixes a zero kernel's output never meets it
+    assert wrapped["cells"]["test_fused"]["points"] == 0.0 and wrapped["cells"]["test_fused"]["notebook_points"] == 2.0
+    assert any("test_fused" in d for d in wrapped["disagreements"])
     fault = by[("fault", "lab0")]
     assert fault["cells"]["test_unfused"]["points"] == fault["cells"]["test_unfused"]["max_points"]
     assert fault["cells"]["test_fused"]["status"] == "crashed"

@@ -60,6 +60,26 @@ SAMPLES = {
         expect={"test_fused": "zero", "test_speedup": "zero"},
         why="a kernel that computes nothing, and the fused op rerouted to PyTorch from a solution cell: the "
             "notebook run is fooled (on a GPU its profiler sees PyTorch's kernels), the clean recheck is not"),
+    "cheat_wrap_launcher": Sample(
+        changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "0.0f"),
+                 "dram_bytes": lambda s: s + (
+            "\n\n# wrap every module built from now on: PyTorch rewrites the output after the kernel ran\n"
+            "import torch as _torch\n"
+            "import fuselab as _fl\n"
+            "_build = _fl.build\n"
+            "def _wrapped(*args, **kwargs):\n"
+            "    module = _build(*args, **kwargs)\n"
+            "    launch = getattr(module, 'add_relu_mul', None)\n"
+            "    if launch is not None:\n"
+            "        def add_relu_mul(a, b, e, out, n):\n"
+            "            launch(a, b, e, out, n)\n"
+            "            out.copy_(_torch.relu(a + b) * e)\n"
+            "        module.add_relu_mul = add_relu_mul\n"
+            "    return module\n"
+            "_fl.build = _wrapped\n")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="a kernel that writes zeros, its module wrapped from a solution cell so that PyTorch fixes the output: "
+            "the notebook run is fooled; the clean recheck launches the kernel where no student Python runs"),
     "cheat_monkeypatch": Sample(
         changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "a[i] * e[i]"),
                  "dram_bytes": lambda s: s + (
