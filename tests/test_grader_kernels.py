@@ -246,3 +246,10 @@ def test_the_self_check_summarises_how_worker_speedups_compare_with_the_wall_clo
     assert [r["submission"] for r in summary["rows"]] == ["a/lab0", "b/lab0"]
     assert summary["line"] == "worker/wall speedup ratio 1.07-3.00 over 2 speed tests, 1 capped"
     assert wall_bound_summary(tmp_path / "none")["line"] == "no speed test bounded by the wall clock"
+
+
+def test_hidden_tests_outside_a_test_cell_are_refused_they_would_reach_the_kernel_worker():
+    hidden = _cell("### BEGIN HIDDEN TESTS\nassert True\n### END HIDDEN TESTS", "helper")
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [INSTRUCTOR[0], hidden, INSTRUCTOR[3]]}
+    with pytest.raises(ValueError, match="cell helper .* holds hidden tests but is not a graded test cell"):
+        recheck.clean_plan(nb, nb)

@@ -117,6 +117,10 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
         # cell that is not a test or a solution (setup, builds, helpers) runs in the kernel worker too, where a
         # speed test runs with its names
         graded = bool(meta.get("grade"))
+        if not graded and not solution and ipynb.has_hidden_tests(source):
+            # such a cell would run in the kernel worker, next to a student's native code
+            raise ValueError(f"cell {grade_id or len(cells)} of the instructor's notebook holds hidden tests but is "
+                             "not a graded test cell: make it a test cell (nbgrader's 'Autograder tests')")
         cells.append({"index": len(cells), "grade_id": grade_id, "source": source, "solution": solution,
                       "exports": exports,
                       "shared": not cells and not solution,

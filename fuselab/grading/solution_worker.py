@@ -172,9 +172,14 @@ def main(in_fd: int, out_fd: int) -> int:
             blob = wire.receive(in_fd)
         except EOFError:
             return 0
-        request = _Unpickler(blob, worker).load()
+        try:
+            request = _Unpickler(blob, worker).load()
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the checker's tensors: said, not a death
+            request = ("unreadable", exc)
         kind = request[0]
-        if kind == "run":
+        if kind == "unreadable":
+            reply = wire.exception_record(request[1])
+        elif kind == "run":
             reply = worker.run(*request[1:])
         elif kind == "call":
             reply = worker.call(*request[1:])
