@@ -27,7 +27,7 @@ def main(argv=None) -> int:
         from .doctor import main as doctor
         return doctor()
     if args.command == "demo":
-        from .demo import main as demo_main
+        from .tools.demo import main as demo_main
         return demo_main(backend=args.backend, size=args.size)
     if args.command == "release":
         from .course import main_release

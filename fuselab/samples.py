@@ -1,6 +1,7 @@
 """Sample submissions: a student's filled-in release notebook, made from the instructor's solution plus changes.
 
-Each lab lists its samples in ``fuselab/labs/labN/samples.py`` as ``SAMPLES = {name: Sample(...)}``: what to
+Each lab lists its samples in ``fuselab/labs/labN/samples.py`` as ``SAMPLES = {name: Sample(...)}``
+(``fuselab/labs/sample.py``): what to
 change in which solution cell (by nbgrader ``grade_id``) and what grade each graded cell should then get. A
 submission starts from the *release* notebook (what a student downloads) with every solution cell filled in with
 the instructor's code (its BEGIN/END SOLUTION marker lines dropped, as a student would write it), then the
@@ -12,75 +13,46 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
 
-from .course import LABS, SOLUTIONS
+from .course import LABS, REPO, SOLUTIONS
+from .labs.sample import Sample
+from .notebook import grade_id, is_graded, is_solution, source
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "grader" / "examples"
+EXAMPLES = REPO / "grader" / "examples"
 _MARKER = re.compile(r"^.*(BEGIN|END) SOLUTION.*\n?", re.M)
-
-Change = Union[str, Callable[[str], str]]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sample submission of one lab.
-
-    changes: grade_id → new cell source, or a function of the filled-in source.
-    expect: grade_id → "full", "zero", "partial" or "any" (speed cells are "zero" without a GPU whatever this says
-        about the GPU; see ``expect_gpu``). Graded cells not listed are expected "full".
-    expect_gpu: overrides of ``expect`` on a GPU (for speed cells).
-    why: one line a teaching assistant reads in the sample class's report.
-    """
-
-    changes: dict = field(default_factory=dict)
-    expect: dict = field(default_factory=dict)
-    expect_gpu: dict = field(default_factory=dict)
-    why: str = ""
-
-
-def _source(cell) -> str:
-    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-
-
-def _grade_id(cell):
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
 def filled_release(lab: str) -> dict:
     """The release notebook of ``lab`` with every solution cell filled in from the instructor's notebook."""
     release = json.loads(next((LABS / lab).glob("*.ipynb")).read_text())
     solution = json.loads(next((SOLUTIONS / lab).glob("*.ipynb")).read_text())
-    answers = {_grade_id(c): _MARKER.sub("", _source(c)) for c in solution["cells"]
-               if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    answers = {grade_id(c): _MARKER.sub("", source(c)) for c in solution["cells"] if is_solution(c)}
     filled = copy.deepcopy(release)
     for cell in filled["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and _grade_id(cell) in answers:
-            cell["source"] = answers[_grade_id(cell)]
+        if is_solution(cell) and grade_id(cell) in answers:
+            cell["source"] = answers[grade_id(cell)]
     return filled
 
 
 def make_submission(lab: str, sample: Sample) -> dict:
     nb = filled_release(lab)
-    cells = {_grade_id(c): c for c in nb["cells"] if _grade_id(c)}
-    for grade_id, change in sample.changes.items():
-        if grade_id not in cells:
-            raise KeyError(f"{lab} has no cell {grade_id!r} to change")
-        old = _source(cells[grade_id])
+    cells = {grade_id(c): c for c in nb["cells"] if grade_id(c)}
+    for cell_id, change in sample.changes.items():
+        if cell_id not in cells:
+            raise KeyError(f"{lab} has no cell {cell_id!r} to change")
+        old = source(cells[cell_id])
         new = change(old) if callable(change) else change
         if new == old:
-            raise ValueError(f"sample change to {lab}/{grade_id} changed nothing: its pattern no longer matches")
-        cells[grade_id]["source"] = new
+            raise ValueError(f"sample change to {lab}/{cell_id} changed nothing: its pattern no longer matches")
+        cells[cell_id]["source"] = new
     return nb
 
 
 def graded_cells(lab: str) -> list:
     nb = json.loads(next((SOLUTIONS / lab).glob("*.ipynb")).read_text())
     # written answers (markdown) are graded by hand: samples make no claim about them
-    return [_grade_id(c) for c in nb["cells"] if c["cell_type"] == "code"
-            and c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    return [grade_id(c) for c in nb["cells"] if c["cell_type"] == "code" and is_graded(c)]
 
 
 def expected(lab: str, sample: Sample, on_gpu: bool) -> dict:
@@ -88,13 +60,13 @@ def expected(lab: str, sample: Sample, on_gpu: bool) -> dict:
     from .labs.registry import speed_grade_ids
     speed_cells = speed_grade_ids(lab)
     result = {}
-    for grade_id in graded_cells(lab):
-        verdict = sample.expect.get(grade_id, "full")
+    for cell_id in graded_cells(lab):
+        verdict = sample.expect.get(cell_id, "full")
         if on_gpu:
-            verdict = sample.expect_gpu.get(grade_id, verdict)
-        elif grade_id in speed_cells:
+            verdict = sample.expect_gpu.get(cell_id, verdict)
+        elif cell_id in speed_cells:
             verdict = "zero"  # no GPU, no speed points
-        result[grade_id] = verdict
+        result[cell_id] = verdict
     return result
 
 

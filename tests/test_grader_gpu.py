@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fuselab
-from fuselab import grade
+from fuselab import speed
 from fuselab.grading import isolate, lease, recheck
 from fuselab.labs import lab0
 
@@ -41,7 +41,7 @@ def test_side_stream_launches_are_caught_by_graph_replay(setup, stream, escapes)
     op = lab0.fused(module)
     op(*inputs, out)  # first call outside the capture (a launcher may set itself up)
     torch.cuda.synchronize()
-    verdict = grade._escapes_stream(op, inputs, out, lab0.reference)
+    verdict = speed.graded._escapes_stream(op, inputs, out, lab0.reference)
     assert (verdict is not None) == escapes, verdict
 
 
@@ -57,7 +57,7 @@ while True:  # another submission's heavy GPU work, synchronizing as checks do
 TIMER = """
 import json, sys, torch
 import fuselab
-from fuselab.grading.lease import exclusive_gpu
+from fuselab.speed.lease import exclusive_gpu
 a = torch.randn(4096, 4096, device="cuda")
 op = lambda: torch.mm(a, a)
 shared = fuselab.measure(op, mode="device", budget_s=1.0).median

@@ -188,7 +188,7 @@ def test_speed_counts_only_when_the_timed_kernels_correctness_tests_passed():
     right = verdicts(2.0)
     recheck.speed_needs_correctness(right)
     assert right["test_speedup"].points == 3.5 and right["test_speedup"].requires_failed == []
-    policy = fuselab.grade.load_policy()
+    policy = fuselab.speed.load_policy()
     assert all(entry.get("speed_requires") for entry in policy["tests"].values())
 
 

@@ -213,10 +213,10 @@ def test_a_record_that_was_not_measured_or_cannot_be_verified_earns_nothing():
 
 
 def test_the_kernel_worker_sends_numbers_and_the_courses_own_words_only():
-    from fuselab import grade
+    from fuselab import speed
     from fuselab.grading import kernel_worker, wire
     worker = kernel_worker.KernelWorker()
-    forged = ("import fuselab.grade as g\n"
+    forged = ("import fuselab.speed.graded as g\n"
               "g._finish({'test': 't', 'status': 'launched 1 kernel(s) [hidden shape (77777,)]', 'speedup': 9.0,"
               " 'points': 4.0, 'max_points': 4, 'shape': [77777], 'gpu': 'x' * 300})")
     reply = worker.speed(forged, "t")
@@ -224,7 +224,7 @@ def test_the_kernel_worker_sends_numbers_and_the_courses_own_words_only():
     assert record == {"status": "launched other kernels than its own (a fused op must launch exactly its own "
                                 "kernel)", "speedup": 9.0}
     assert wire.decode(worker.speed("pass", "t")[1])["status"] == "error"
-    grade.LAST_RECORD = None
+    speed.graded.LAST_RECORD = None
 
 
 def test_fuselab_errors_cross_with_their_type_whatever_their_constructor():
@@ -236,7 +236,7 @@ def test_fuselab_errors_cross_with_their_type_whatever_their_constructor():
 
 
 def test_the_self_check_summarises_how_worker_speedups_compare_with_the_wall_clock(tmp_path):
-    from fuselab.gpu_selfcheck import wall_bound_summary
+    from fuselab.tools.gpu_selfcheck import wall_bound_summary
     for name, worker, wall, flag in [("a", 1.5, 1.4, None), ("b", 3.0, 1.0, "capped")]:
         folder = tmp_path / "work" / name / "lab0"
         folder.mkdir(parents=True)

@@ -25,7 +25,7 @@ while True:
 
 TIMED = """
 import sys, time
-from fuselab.grading.lease import exclusive_gpu
+from fuselab.speed.lease import exclusive_gpu
 counter, report = sys.argv[1], sys.argv[2]
 def read():
     return int(open(counter).read() or 0)
@@ -149,16 +149,16 @@ def test_idle_check_leaves_submissions_sharing_the_gpu_alone(monkeypatch):
 def test_the_notebook_run_leaves_speed_tests_to_the_clean_recheck(tmp_path, monkeypatch):
     import torch
 
-    from fuselab import grade
+    from fuselab import speed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
-    monkeypatch.setenv(grade.SPEED_IN_RECHECK_ENV, "1")
+    monkeypatch.setenv(speed.graded.SPEED_IN_RECHECK_ENV, "1")
     monkeypatch.setenv("FUSELAB_GRADE_LOG", str(tmp_path / "log.jsonl"))
 
     def never(*args, **kwargs):
         raise AssertionError("the notebook run must not time anything")
 
-    points = grade.speedup_test("lab0.add_relu_mul", candidate=never, reference_op=never, make_inputs=never,
+    points = speed.speedup_test("lab0.add_relu_mul", candidate=never, reference_op=never, make_inputs=never,
                                 reference=never, module=object(), max_points=4)
     assert points == 0.0
     record = json.loads((tmp_path / "log.jsonl").read_text())

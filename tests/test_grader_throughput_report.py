@@ -8,7 +8,7 @@ import pytest
 
 from fuselab.grading import isolate, nbgrader_run, schedule
 from fuselab import load_sampler
-from fuselab.load_sampler import LoadSampler
+from fuselab.tools.load_sampler import LoadSampler
 
 
 def _executed(*spans):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import fuselab
-from fuselab import autograde, course, grade
+from fuselab import course, speed
+from fuselab.grading.nbgrader_run import autograde
 from fuselab.labs import lab0
 
 
@@ -31,7 +32,7 @@ def test_speedup_without_gpu_is_zero_and_marked_not_measured(emulated_modules, c
     fused_mod, reference_mod = emulated_modules
     log = tmp_path / "grades.jsonl"
     monkeypatch.setenv("FUSELAB_GRADE_LOG", str(log))
-    points = grade.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(fused_mod),
+    points = speed.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(fused_mod),
                                 reference_op=lab0.unfused(reference_mod), reference=lab0.reference,
                                 make_inputs=lambda s, seed: lab0.make_inputs(s, seed), module=fused_mod, max_points=4)
     assert points == 0.0 and isinstance(points, float)
@@ -41,12 +42,12 @@ def test_speedup_without_gpu_is_zero_and_marked_not_measured(emulated_modules, c
 
 
 def test_policy_threshold_follows_the_rule_and_falls_back_to_the_h200():
-    test, entry, note = grade.policy_entry("lab0.add_relu_mul", "Some Other GPU")
+    test, entry, note = speed.policy_entry("lab0.add_relu_mul", "Some Other GPU")
     assert "H200" in note and "fuselab calibrate" in note
     assert entry["threshold"] == pytest.approx(1 + 0.6 * (entry["plain_speedup"] - 1), abs=0.01)
     assert test["mode"] == "device" and test["shape"] == [64 * 2**20]
     with pytest.raises(KeyError):
-        grade.policy_entry("no.such.test", "NVIDIA H200")
+        speed.policy_entry("no.such.test", "NVIDIA H200")
 
 
 def test_own_kernel_names_are_read_from_the_source():
@@ -55,7 +56,7 @@ def test_own_kernel_names_are_read_from_the_source():
     template <typename T> __global__ void __launch_bounds__(256) gemm_kernel(const T* a) {}
     __global__ void add_kernel(float* x) {}
     """
-    assert grade.own_kernel_names(source) == {"gemm_kernel", "add_kernel"}
+    assert speed.own_kernel_names(source) == {"gemm_kernel", "add_kernel"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU grading path")
@@ -63,7 +64,7 @@ def test_autograde_on_cpu_gives_correctness_points_and_no_speed_points(tmp_path)
     """nbgrader runs the solution and the blank lab: full correctness, 0 speed points, blank all zero."""
     submissions = {"solution": {lab: next((course.SOLUTIONS / lab).glob("*.ipynb")) for lab in course.lab_names()},
                    "blank": {lab: next((course.LABS / lab).glob("*.ipynb")) for lab in course.lab_names()}}
-    scores = autograde.autograde(submissions, tmp_path)
+    scores = autograde(submissions, tmp_path)
     for lab in course.lab_names():
         solution, blank = scores["solution"][lab], scores["blank"][lab]
         # every lab's speed cell, Lab 3's small-K one included, gives 0 without a GPU
@@ -80,7 +81,7 @@ def test_validate_without_gpu_gives_no_score_and_says_the_course_measures_it(cap
         raise AssertionError("nothing may be timed without a GPU")
 
     def run():
-        return grade.speedup_test("lab0.add_relu_mul", candidate=never, reference_op=never, reference=never,
+        return speed.speedup_test("lab0.add_relu_mul", candidate=never, reference_op=never, reference=never,
                                   make_inputs=never, module=None, max_points=4)
 
     monkeypatch.delenv("FUSELAB_GRADING", raising=False)

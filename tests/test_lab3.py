@@ -89,9 +89,9 @@ def test_speed_samples_are_right_at_small_k_in_any_thread_order(sample, order):
 def test_disguised_sample_defines_a_second_kernel_and_launches_it_from_the_fused_launcher():
     """The speed test's profiler sees two kernels, both the student's own: its kernel count, not a blocklist,
     gives the 0 (on a GPU; fuselab/labs/lab3/selfcheck.py runs it there)."""
-    from fuselab import grade
+    from fuselab import speed
     source = string_assignments(make_submission("lab3", lab3_samples.SAMPLES["unfused_in_disguise"]))["TEMPLATE_SOURCE"]
-    assert grade.own_kernel_names(source) == {"gemm_bias_act_kernel", "bias_act_in_place"}
+    assert speed.own_kernel_names(source) == {"gemm_bias_act_kernel", "bias_act_in_place"}
     launcher = source[source.index("static void launch("):]
     assert launcher.count("<<<") == 2
 
@@ -120,8 +120,8 @@ def test_byte_counts_match_the_notebook_exercise():
 
 
 def test_the_graded_speed_test_is_the_small_k_shape_and_names_the_cells_that_check_its_kernel():
-    from fuselab import grade, samples
-    test, entry, note = grade.policy_entry(lab3.GRADED_TEST, "NVIDIA H200")
+    from fuselab import samples, speed
+    test, entry, note = speed.policy_entry(lab3.GRADED_TEST, "NVIDIA H200")
     assert not note and tuple(test["shape"]) == lab3.SMALL_K and test["mode"] == "device"
     assert entry["plain_speedup"] >= 1.3 and entry["threshold"] == pytest.approx(1 + 0.6 * (entry["plain_speedup"] - 1),
                                                                                abs=1e-3)

@@ -5,7 +5,7 @@
 - A lab's ``LAB`` agrees with its notebook: the graded cells and their points, the written answers, the CUDA
   source variables and their launchers, and each graded speedup test's cell, which calls ``speedup_test`` with
   the test's id.
-- ``fuselab/policy.json`` holds exactly the declared speedup tests, with the declared settings.
+- ``fuselab/speed/policy.json`` holds exactly the declared speedup tests, with the declared settings.
 - docs/LAB_AUTHORING.md's checklist names every file a lab has, and those files exist for every lab.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fuselab import course, grade
+from fuselab import course, speed
 from fuselab.labs import lab_modules, registry, selfcheck_modules
 from fuselab.notebook_sources import string_assignments
 from fuselab.samples import EXAMPLES, all_samples
@@ -105,14 +105,14 @@ def test_each_graded_speedup_test_is_its_cell(lab):
 
 
 def test_the_policy_holds_exactly_the_declared_speedup_tests():
-    policy = grade.load_policy(grade.POLICY_PATH)["tests"]
+    policy = speed.load_policy(speed.policy.POLICY_PATH)["tests"]
     declared = registry.graded_tests()
-    assert sorted(policy) == sorted(declared), "fuselab/policy.json's tests are the labs' GradedTests"
+    assert sorted(policy) == sorted(declared), "fuselab/speed/policy.json's tests are the labs' GradedTests"
     for test_id, test in declared.items():
         settings = {key: policy[test_id].get(key) for key in test.settings()}
         assert settings == test.settings(), f"policy.json's {test_id} disagrees with its GradedTest"
-        assert policy[test_id]["gpus"].get(grade.REFERENCE_GPU, {}).get("threshold"), \
-            f"{test_id}: run `fuselab calibrate` on the {grade.REFERENCE_GPU}"
+        assert policy[test_id]["gpus"].get(speed.REFERENCE_GPU, {}).get("threshold"), \
+            f"{test_id}: run `fuselab calibrate` on the {speed.REFERENCE_GPU}"
 
 
 def test_every_sample_submission_is_written():
@@ -131,7 +131,7 @@ def checklist():
 
 def test_the_authoring_checklist_names_every_file_of_a_lab():
     listed = checklist()
-    assert {"fuselab/labs/registry.py", "fuselab/policy.json"} <= set(listed)
+    assert {"fuselab/labs/registry.py", "fuselab/speed/policy.json"} <= set(listed)
     # what every lab's package holds, in the checklist's spelling: a module only some labs have is their own affair
     common = set.intersection(*({str(p.relative_to(ROOT)).replace(lab, "labN")
                                  for p in (ROOT / "fuselab" / "labs" / lab).glob("*.py")} for lab in LABS))

@@ -52,7 +52,7 @@ def hits(pattern) -> list:
 
 def test_the_files_are_found():
     files = {str(p) for p in tracked_text_files()}
-    assert {"README.md", "docs/design.md", "fuselab/policy.json", ".ci/gpu-selfcheck"} <= files
+    assert {"README.md", "docs/design.md", "fuselab/speed/policy.json", ".ci/gpu-selfcheck"} <= files
 
 
 @pytest.mark.parametrize("what", sorted(OUTSIDE))

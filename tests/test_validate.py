@@ -36,7 +36,7 @@ NOTEBOOK_CELLS = [
     _cell("assert fuselab.grading_mode(), 'Validate must skip the heavy demos, as grading does'", "test_mode", 1),
     # a speed cell, as the labs write it: nothing to measure without a GPU, and nothing is called
     _cell("def never(*args, **kwargs):\n    raise AssertionError('nothing may be timed here')\n\n"
-          "points = fuselab.grade.speedup_test('lab0.add_relu_mul', candidate=never, reference_op=never,\n"
+          "points = fuselab.speed.speedup_test('lab0.add_relu_mul', candidate=never, reference_op=never,\n"
           "    reference=never, make_inputs=never, module=None, max_points=4)\npoints",
           "test_speedup", points=4),
 ]

@@ -11,28 +11,8 @@ labs need on top:
   notebook runs in a checker process that never runs student Python; the student's solution cells run in a
   solution worker, and what the tests need crosses back as plain data rebuilt by type; a fault or hang costs
   only the test that met it. ``sanitize`` flags solution cells that look like tampering, for a TA;
-- ``nbgrader_run``: nbgrader's own autograde of each submission in a scratch course of its own;
+- ``nbgrader_run``: nbgrader's own autograde of each submission in a scratch course of its own (and of a set of
+  notebooks at once, unsandboxed, for the GPU self-check: ``autograde``);
 - ``schedule``: one worker per GPU (``CUDA_VISIBLE_DEVICES``), so timings never share a GPU;
 - ``feedback``, ``report``, ``calibrate``; ``pipeline`` ties them together (``fuselab grade``).
 """
-
-import os
-
-GRADING_ENV = "FUSELAB_GRADING"
-VALIDATING_ENV = "NBGRADER_VALIDATING"  # nbgrader validate (and JupyterLab's Validate button) sets it in the kernel
-
-
-def grading_mode() -> bool:
-    """True while the grader or ``nbgrader validate`` runs a notebook: heavy demo cells (sweeps, torch.compile)
-    skip themselves. Validate runs the whole notebook to say whether it would pass, not to show the demos."""
-    return graded_by_the_course() or validating()
-
-
-def graded_by_the_course() -> bool:
-    """True while fuselab's grader runs a notebook (its scores count)."""
-    return os.environ.get(GRADING_ENV, "") not in ("", "0")
-
-
-def validating() -> bool:
-    """True under ``nbgrader validate``: a student's check, whose scores count for nothing."""
-    return os.environ.get(VALIDATING_ENV, "") not in ("", "0")

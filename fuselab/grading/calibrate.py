@@ -14,8 +14,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .. import calibration, course
-from ..grade import POLICY_PATH, load_policy
+from .. import course
+from ..speed import calibration
+from ..speed.policy import POLICY_PATH, load_policy
 from ..timing.policy import MIN_GRADABLE_SPEEDUP
 from . import nbgrader_run, recheck
 

@@ -40,7 +40,7 @@ def add_parsers(sub) -> None:
     cal = sub.add_parser("calibrate", help="measure the plain solutions on this GPU and write its policy entry")
     cal.add_argument("--labs", nargs="+")
     cal.add_argument("--repeats", type=int, default=3)
-    cal.add_argument("--policy", help="policy file (default: fuselab/policy.json or $FUSELAB_POLICY)")
+    cal.add_argument("--policy", help="policy file (default: fuselab/speed/policy.json or $FUSELAB_POLICY)")
     cal.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     samples = sub.add_parser("samples", help="write the sample class (grader/examples) from the labs' recipes")
     samples.add_argument("--out", help="folder (default: grader/examples)")

@@ -116,14 +116,14 @@ class KernelWorker:
 
     def speed(self, source, test_id) -> list:
         """Run the speed test cell the checker is running; send the numbers of its record the checker reads."""
-        from .. import grade
-        grade.LAST_RECORD = grade.LAST_TIMED = None
+        from .. import speed
+        speed.graded.LAST_RECORD = speed.graded.LAST_TIMED = None
         try:
             _execute(source, self.namespace, "<speed test>")
             error = None
         except BaseException as exc:  # noqa: BLE001 - the checker reads the record, or its absence
             error = f"{type(exc).__name__}: {exc}"
-        record = grade.LAST_RECORD
+        record = speed.graded.LAST_RECORD
         if record is None or record.get("test") != test_id:
             return ["ok", wire.encode({"status": "error", "error": (error or "no record")[:300]})]
         status = record.get("status")
@@ -137,11 +137,11 @@ class KernelWorker:
         return ["ok", wire.encode(reply)]
 
     def speed_batch(self, calls) -> list:
-        from .. import grade
-        if grade.LAST_TIMED is None:
+        from .. import speed
+        if speed.graded.LAST_TIMED is None:
             return ["raise", "RuntimeError", "no timed call to repeat"]
         for _ in range(max(1, int(calls))):
-            grade.LAST_TIMED()
+            speed.graded.LAST_TIMED()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
         return ["ok", ["v", None]]

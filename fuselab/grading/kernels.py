@@ -116,7 +116,7 @@ class KernelHost:
 
     def measure_speedup(self, test_id, max_points, checker_side: dict, input_sets: int) -> dict:
         """A speed test: run in the kernel worker, bounded by what the checker's own clock saw (``SpeedCheck``)."""
-        from .lease import exclusive_gpu
+        from ..speed.lease import exclusive_gpu
         with exclusive_gpu():  # the kernel worker is this checker's companion: it runs while others are stopped
             reply = self.request(("speed", self.current_source, test_id))
             worker_record = _record(self.process.result(reply))

@@ -9,7 +9,7 @@ seconds of wall time and nothing else.
 The timing runs in the clean recheck's child, which asks through files in its own folder (it may be sandboxed,
 so no signals or sockets): ``lease-request-T-N``, answered by ``lease-granted-T-N``, ended by
 ``lease-released-T-N``, where T is a tag the grader gives each child it starts (``FUSELAB_GPU_LEASE_TAG``), so a
-request left behind by a killed child is never served. ``fuselab.grade`` writes the child's side
+request left behind by a killed child is never served. ``fuselab.speed.lease`` is the child's side
 (``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's (``LeaseServer``). The child is untrusted: the
 grader writes its grant without following links, holds a lease at most ``max_hold_s`` (then the child is killed
 and its test fails), and gives the GPU back whatever happens in between.
@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import itertools
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
+from ..speed.lease import GRANTED, RELEASED, REQUEST
 from .isolate import children_of, gpu_processes, process_trees
 
-REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
 PREFIXES = (REQUEST, GRANTED, RELEASED)
 
 
@@ -293,31 +291,3 @@ class LeaseServer:
             self.holding = None
             self.holds.append([self._granted_epoch, time.time()])
             self.lease.release()
-
-
-_requests = itertools.count(1)
-
-
-@contextlib.contextmanager
-def exclusive_gpu():
-    """The child's side: hold the GPU to this process for the ``with`` block, when the grader shares it.
-
-    Outside the grader (``FUSELAB_GPU_LEASE`` unset: a student's own run) it does nothing.
-    """
-    folder = os.environ.get("FUSELAB_GPU_LEASE")
-    if not folder:
-        yield
-        return
-    torch = sys.modules.get("torch")
-    synchronize = torch.cuda.synchronize if torch is not None and torch.cuda.is_initialized() else (lambda: None)
-    synchronize()  # work queued before the block is not the timing's
-    number = f"{os.environ.get('FUSELAB_GPU_LEASE_TAG', '0')}-{next(_requests):04d}"
-    (Path(folder) / (REQUEST + number)).write_text("")
-    granted = Path(folder) / (GRANTED + number)
-    while not granted.exists():  # the grader's time limit for this test still applies
-        time.sleep(0.002)
-    try:
-        yield
-    finally:
-        synchronize()
-        (Path(folder) / (RELEASED + number)).write_text("")

@@ -203,3 +203,54 @@ def export(course_root: Path, to: Path) -> None:
 
 def notebook_cells(path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def autograde(submissions: dict, workdir, timeout=None) -> dict:
+    """nbgrader's autograde of ``{student: {lab: notebook path}}`` in a scratch course under ``workdir``, unsandboxed
+    and with no recheck: the GPU self-check's proof that the solutions score full marks and the blank labs zero.
+
+    Returns ``{student: {lab: {"score", "max_score", "cells"}}}``; ``cells`` maps each graded cell's id to
+    ``(score, max)``; ``autograded_score``/``autograded_max`` count only the code cells nbgrader scores itself
+    (written answers wait for a person).
+    """
+    workdir = Path(workdir)
+    args = course_args(workdir)
+    if timeout is not None:
+        args.append(f"--Execute.timeout={int(timeout)}")
+    labs = sorted({lab for per_student in submissions.values() for lab in per_student})
+    prepare_course(workdir, labs)
+    add_students(workdir / "gradebook.db", submissions)
+    for student, per_student in submissions.items():
+        for lab, notebook in per_student.items():
+            target = workdir / "submitted" / student / lab
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(notebook, target / notebook_name(lab))
+    logs = {lab: nbgrader("autograde", lab, "--force", *args, check=False) for lab in labs}
+    return read_scores(workdir, submissions, logs)
+
+
+def read_scores(workdir: Path, submissions: dict, logs=None) -> dict:
+    from nbgrader.api import Gradebook
+    scores = {}
+    with Gradebook(f"sqlite:///{workdir / 'gradebook.db'}") as gradebook:
+        for student, per_student in submissions.items():
+            for lab in per_student:
+                try:
+                    submission = gradebook.find_submission(lab, student)
+                except Exception as exc:  # noqa: BLE001 - nbgrader raises MissingEntry; report, don't crash
+                    log = logs.get(lab) if logs else None
+                    scores.setdefault(student, {})[lab] = {
+                        "score": None, "max_score": None, "cells": {},
+                        "error": f"not graded: {exc}; {(log.stdout + log.stderr)[-1500:] if log else ''}"}
+                    continue
+                cells, auto, auto_max = {}, 0.0, 0.0
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        cells[grade.name] = (grade.score, grade.max_score)
+                        if grade.cell.cell_type == "code":  # markdown answers are graded by hand
+                            auto += grade.score or 0.0
+                            auto_max += grade.max_score
+                scores.setdefault(student, {})[lab] = {"score": submission.score, "max_score": submission.max_score,
+                                                       "autograded_score": auto, "autograded_max": auto_max,
+                                                       "cells": cells}
+    return scores

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import course, grade as speed_grade
+from .. import course
+from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
 from . import feedback, intake, isolate, nbgrader_run, recheck, report, schedule
 from .lease import DeviceLease
@@ -190,7 +191,7 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
     # so nothing the notebook run does reaches what the clean recheck used).
     _copy_builds(workdir / "clean" / "kernel-process" / "cache", workdir / "cache")
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
-    notebook_env = dict(_base_env(settings, workdir, device), **{speed_grade.SPEED_IN_RECHECK_ENV: "1"})
+    notebook_env = dict(_base_env(settings, workdir, device), **{SPEED_IN_RECHECK_ENV: "1"})
     notebook_run = nbgrader_run.autograde_one(
         settings.out / "course", sub.student, sub.lab, sub.notebook, workdir, cell_timeout=settings.cell_timeout,
         wall_timeout=settings.submission_timeout, limits=limits, env=notebook_env,

@@ -22,7 +22,7 @@ context in a cell that is *not* graded (a demo) stops the run: every later test 
 full marks.
 
 After the run, a graded speed test scores only if the correctness tests it requires (``speed_requires`` in
-``fuselab/policy.json``) passed in this same clean run.
+``fuselab/speed/policy.json``) passed in this same clean run.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class CellVerdict:
     message: str = ""
     output: str = ""
     seconds: float = 0.0
-    speed: list = field(default_factory=list)  # records of fuselab.grade.speedup_test
+    speed: list = field(default_factory=list)  # records of fuselab.speed.speedup_test
     requires_failed: list = field(default_factory=list)  # correctness tests a speed test needed and that failed
 
 
@@ -387,8 +387,8 @@ def _start_worker(kind: str, workdir: Path, restarts: int, env: dict, limits, sa
 def speed_needs_correctness(verdicts: dict, policy=None) -> None:
     """Zero every speed test whose timed kernel failed a correctness test it requires (``speed_requires`` in the
     policy), in this same clean run: a fast kernel that is wrong earns no speed points."""
-    from .. import grade as speed_grade
-    policy = policy or speed_grade.load_policy()
+    from .. import speed
+    policy = policy or speed.load_policy()
     for grade_id, verdict in verdicts.items():
         tests = {r.get("test") for r in verdict.speed if isinstance(r, dict)}
         required = [name for test in sorted(t for t in tests if isinstance(t, str))

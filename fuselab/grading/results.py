@@ -45,7 +45,7 @@ class CellResult(_ReadsAsJson):
     max_points: float = 0.0
     status: str = ""
     message: str = ""
-    speed: list = field(default_factory=list)   # records of fuselab.grade.speedup_test
+    speed: list = field(default_factory=list)   # records of fuselab.speed.speedup_test
     seconds: float = 0.0
     output: str = ""
     requires_failed: list = field(default_factory=list)

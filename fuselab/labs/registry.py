@@ -10,7 +10,7 @@ submissions).
 ``LAB_NAMES`` is the registry: what the course releases (``course.lab_names``), what the GPU self-check runs
 (``labs.selfcheck_modules``), what the sample class holds (``samples.all_samples``) and what the kernel tests build
 (``labs.lab_modules``) all come from it. ``tests/test_registry.py`` fails when a ``solutions/labN`` is not listed
-here, when a declaration disagrees with its notebook, or when ``fuselab/policy.json`` disagrees with a
+here, when a declaration disagrees with its notebook, or when ``fuselab/speed/policy.json`` disagrees with a
 ``GradedTest``. docs/LAB_AUTHORING.md lists what a new lab needs.
 """
 
@@ -25,9 +25,9 @@ LAB_NAMES = ("lab0", "lab1", "lab2", "lab3")
 
 @dataclass(frozen=True)
 class GradedTest:
-    """One graded speedup test, as ``fuselab.grade.speedup_test(id, ...)`` runs it in the cell ``grade_id``.
+    """One graded speedup test, as ``fuselab.speed.speedup_test(id, ...)`` runs it in the cell ``grade_id``.
 
-    id: its key in ``fuselab/policy.json`` ("lab0.add_relu_mul"), where ``fuselab calibrate`` writes each GPU's
+    id: its key in ``fuselab/speed/policy.json`` ("lab0.add_relu_mul"), where ``fuselab calibrate`` writes each GPU's
         plain speedup and threshold.
     grade_id: the nbgrader grade_id of its test cell. Without a GPU it scores 0 ("not measured").
     mode, shape, dtype: the fixed timing settings (the policy file's copy must agree).
@@ -120,7 +120,7 @@ def all_labs() -> dict:
 
 
 def graded_tests() -> dict:
-    """``{test id: GradedTest}`` over every lab: the keys ``fuselab/policy.json`` holds."""
+    """``{test id: GradedTest}`` over every lab: the keys ``fuselab/speed/policy.json`` holds."""
     return {test.id: test for declared in all_labs().values() for test in declared.graded_tests}
 
 

@@ -54,9 +54,9 @@ def empty_kernel_launcher(device=None):
     """(launch(n), description): an empty CUDA kernel built with ``fuselab.build``, or, where that fails,
     the smallest torch kernel (``zero_`` of one element), with the reason in the description."""
     try:
-        import fuselab
+        from ..build import build
 
-        module = fuselab.build(EMPTY_KERNEL_SOURCE, EMPTY_KERNEL_LAUNCHERS)
+        module = build(EMPTY_KERNEL_SOURCE, EMPTY_KERNEL_LAUNCHERS)
         launch = module.launch_empty
         launch(1)
         torch.cuda.synchronize(device)

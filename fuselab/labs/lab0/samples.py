@@ -4,7 +4,7 @@ grade ids: test_dram_bytes (1), test_unfused (3), test_fused (2), test_speedup (
 hand and not listed.
 """
 
-from ...samples import Sample
+from ..sample import Sample
 
 _FUSED_BODY = "if (i < n) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ... import build, check, ceilings, compare, grade
+from ... import build, check, ceilings, compare, speed
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
 from .. import lab0
@@ -60,7 +60,7 @@ def run(out):
     (Path(out) / lab0.SWEEP_RESULTS).write_text(json.dumps(sweep, indent=2))
     torch.cuda.empty_cache()
 
-    points = grade.speedup_test(lab0.GRADED_TEST, candidate=plain, reference_op=reference_op,
+    points = speed.speedup_test(lab0.GRADED_TEST, candidate=plain, reference_op=reference_op,
                                 reference=lab0.reference, make_inputs=make, module=plain_mod, max_points=4)
     threshold = full_points_threshold(s_plain) if s_plain >= 1.3 else None
     tuned_frac = timings["tuned fused"]["fraction_of_copy"]

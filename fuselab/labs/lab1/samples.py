@@ -4,7 +4,7 @@ grade ids: test_output_size (1), test_conv_unfused (3), test_conv_fused (3), tes
 test_depthwise (3), test_speedup_depthwise (4); written answers are graded by hand and not listed.
 """
 
-from ...samples import Sample
+from ..sample import Sample
 
 # A flat grid-stride kernel with 64-bit indices, a branch-free LeakyReLU and the bias added last: a different
 # kernel from the instructor's 2-D one, equally right.

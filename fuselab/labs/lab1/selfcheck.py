@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ... import build, ceilings, check, grade
+from ... import build, ceilings, check, speed
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
 from .. import lab1
@@ -177,8 +177,8 @@ def run(out, plan=None):
     threshold = full_points_threshold(s_plain) if s_plain >= GRADED_FLOOR else None
 
     points = None
-    if lab1.GRADED_TEST in grade.load_policy()["tests"]:
-        points = grade.speedup_test(lab1.GRADED_TEST, candidate=plain, reference_op=reference_op,
+    if lab1.GRADED_TEST in speed.load_policy()["tests"]:
+        points = speed.speedup_test(lab1.GRADED_TEST, candidate=plain, reference_op=reference_op,
                                     reference=lab1.depthwise_reference, make_inputs=make_dw, module=plain_mod,
                                     max_points=4, verbose=False)
     goals = {"graded S >= 1.3": s_plain >= GRADED_FLOOR, "tuned >= 50% of copy": tuned_fraction >= 0.5,

@@ -160,8 +160,9 @@ def random_network(seed):
 
 
 def _bn_calls(model, x):
-    from ...grading.remote import RemoteModule
-    if isinstance(model, RemoteModule):  # a module of the student's own class, run by the grader's solution worker
+    # a module of the student's own class in the grader's checker (``grading.remote.RemoteModule``) runs in the
+    # solution worker, which counts; the checker only ever holds such modules as that class, never a student's
+    if getattr(type(model), "evaluated_remotely", False):
         return model.count_batchnorm_calls(x)
     calls = []
     hooks = [m.register_forward_hook(lambda *args: calls.append(1)) for m in model.modules()

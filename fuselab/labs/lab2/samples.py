@@ -9,7 +9,7 @@ kernels get their folded parameters from the lab (torch's own fold), not from th
 
 import re
 
-from ...samples import Sample
+from ..sample import Sample
 
 _FOLD_BUGS = {"test_fold_weights": "zero", "test_fold_module": "zero", "test_fold_network": "zero"}
 

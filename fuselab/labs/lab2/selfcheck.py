@@ -17,7 +17,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ... import build, ceilings, check, compare, grade
+from ... import build, ceilings, check, compare, speed
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
 from .. import lab2
@@ -44,7 +44,7 @@ def _solution_functions() -> dict:
 
 def _policy(s_plain):
     """The policy file when it has this test; else a provisional one from the plain speedup just measured."""
-    policy = grade.load_policy()
+    policy = speed.load_policy()
     if TEST_ID in policy["tests"]:
         return policy, "policy.json"
     threshold = full_points_threshold(s_plain) if s_plain >= 1.3 else 1.0 + 1e-6
@@ -136,7 +136,7 @@ def run(out):
     goals_met = all(g["tuned_vs_eager"] >= 2.0 and g["tuned_vs_compile"] > 1.0 for g in per_shape_goals.values())
 
     policy, policy_source = _policy(s_plain)
-    points = grade.speedup_test(TEST_ID, candidate=ops["plain"], reference_op=reference_op, reference=lab2.reference,
+    points = speed.speedup_test(TEST_ID, candidate=ops["plain"], reference_op=reference_op, reference=lab2.reference,
                                 make_inputs=make, module=plain_mod, max_points=4, policy=policy, verbose=False)
     net_rows = {row["batch"]: row["speedup"]["eager, folded"] for row in network}
     best_variant = max((n for n in variant_rows if n.startswith("tuned")), key=lambda n: variant_rows[n]["speedup_vs_plain"])

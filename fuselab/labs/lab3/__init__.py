@@ -160,7 +160,7 @@ SWEEP_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 K_SWEEP_MN = (4096, 4096)
 SWEEP_KS = [8, 16, 32, 64, 128, 256, 1024, 4096]
 # the graded speed test's shape (a LoRA-like up-projection: 16384 tokens, rank 16, 4096 features), dtype and
-# mode, chosen from the GPU self-check's K sweep; the graded settings themselves live in fuselab/policy.json
+# mode, chosen from the GPU self-check's K sweep; the graded settings themselves live in fuselab/speed/policy.json
 SMALL_K = (16384, 4096, 16)
 GRADED_TEST = "lab3.gemm_bias_relu"
 SWEEP_RESULTS = "lab3_sweep.json"

@@ -2,10 +2,10 @@
 
 grade ids: test_bias_act (1), test_fused (3), test_template (3), test_dram_bytes (1), test_speedup_small_k (4);
 written answers are graded by hand and not listed. The speed test times the Part B template kernel at the small-K
-shape of the policy (fuselab/policy.json) against the lab's unfused reference.
+shape of the policy (fuselab/speed/policy.json) against the lab's unfused reference.
 """
 
-from ...samples import Sample
+from ..sample import Sample
 
 
 def _replace(old, new):

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ... import CheckFailed, build, check, ceilings, compare, grade
+from ... import CheckFailed, build, check, ceilings, compare, speed
 from ...notebook_sources import string_assignments
 from ...timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
 from .. import lab3
@@ -126,7 +126,7 @@ def run(out):
     (Path(out) / lab3.SWEEP_RESULTS).write_text(json.dumps(saved, indent=2))
 
     table = _table(rows) + "\n" + _k_table(k_rows + graded_rows)
-    # the speed tests log their measured speedups (fuselab/grade.py): to this stage's own log, for its report
+    # the speed tests log their measured speedups (fuselab/speed/graded.py): to this stage's own log, for its report
     previous_log = os.environ.get("FUSELAB_GRADE_LOG")
     os.environ["FUSELAB_GRADE_LOG"] = str(Path(out) / "lab3_grade_log.jsonl")
     try:
@@ -145,7 +145,7 @@ def run(out):
                  f"CI low {best['low']:.2f})" +
                  (f" -> threshold {full_points_threshold(best['speedup']):.2f}x" if gradable else
                   " < 1.3: show, don't grade"))
-    # what gpu_selfcheck calibrates the policy from (fuselab/calibration.py); below 1.3 it is marked not gradable
+    # what gpu_selfcheck calibrates the policy from (fuselab/speed/calibration.py); below 1.3 it is marked not gradable
     graded = {lab3.GRADED_TEST: {"mode": best["mode"], "shape": [best["M"], best["N"], best["K"]],
                                  "dtype": best["dtype"], "plain_speedup": best["speedup"]}}
     goals = list(tuned_vs["goals"].values()) + list(tuned_vs["small_k_goals"].values())
@@ -457,7 +457,7 @@ def _tuned_summary(cublas, ceil):
 def _graded(plain, plain_mod, reference_op):
     """The graded test on the plain solution, if the policy has a gradable entry for it."""
     try:
-        test, entry, _ = grade.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
+        test, entry, _ = speed.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
     except KeyError as exc:
         return {"status": f"not graded: {exc}"}
     log = os.environ.get("FUSELAB_GRADE_LOG")
@@ -480,7 +480,7 @@ def _last_logged_speedup(log):
 
 def _speed_points(op, module, reference_op, test):
     dtype = getattr(torch, test.get("dtype", "float32"))
-    return grade.speedup_test(lab3.GRADED_TEST, candidate=op, reference_op=reference_op, reference=lab3.reference,
+    return speed.speedup_test(lab3.GRADED_TEST, candidate=op, reference_op=reference_op, reference=lab3.reference,
                               module=module, max_points=4, verbose=False,
                               make_inputs=lambda shape, seed: lab3.make_inputs(shape, seed, "cuda", dtype))
 
@@ -502,7 +502,7 @@ def _sample_speed(reference_op):
     their expected verdict on a GPU against the points they get."""
     from ...samples import expected
     from . import samples as lab3_samples
-    test, _, _ = grade.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
+    test, _, _ = speed.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
     found = {}
     for name, mod in _sample_modules().items():
         sample = lab3_samples.SAMPLES[name]

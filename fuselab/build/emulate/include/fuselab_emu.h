@@ -1,6 +1,6 @@
 // fuselab CPU emulation of CUDA: the header every emulated kernel file is compiled with.
 //
-// fuselab.emulation.translate() rewrites the few constructs a header cannot (kernel launches,
+// fuselab.build.emulate.translate() rewrites the few constructs a header cannot (kernel launches,
 // __shared__ declarations, #pragma unroll, assert); this header supplies the rest of CUDA's device and
 // runtime vocabulary. One translation unit per library, so the extern "C" controls below are defined
 // here.

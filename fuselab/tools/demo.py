@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from . import build, check, compare, resolve_backend
-from .labs import lab0
+from .. import build, check, compare, resolve_backend
+from ..labs import lab0
 
 FUSED_SOURCE = r"""
 __global__ void add_relu_mul_kernel(const float* a, const float* b, const float* e, float* out, int64_t n) {
@@ -52,7 +52,7 @@ def main(backend=None, size=None) -> int:
                     mode="device", budget_s=3.0 if on_gpu else 1.0, progress=False)
     print(f"\n{timed}")
     if timed.verdict_allowed:
-        from .timing import ceilings
+        from ..timing import ceilings
         copy = ceilings().copy_bytes_per_s
         for name, bytes_moved in (("unfused (3 kernels)", lab0.bytes_moved(n)["unfused"]),
                                   ("fused", lab0.bytes_moved(n)["fused"])):

@@ -3,7 +3,7 @@
 A graded speedup cell ends in a number of points (nbgrader reads a cell's last displayed number as its score;
 anything else would count as full marks). The test:
 
-1. looks the test up in the policy (``fuselab/policy.json``): mode, shape, dtype and the full-points threshold
+1. looks the test up in the policy (``fuselab/speed/policy.json``): mode, shape, dtype and the full-points threshold
    for this GPU model, falling back to the H200's entry, and saying so;
 2. without a GPU, or for an emulated module, returns 0 marked "not measured (no GPU)": never full marks. Under
    ``nbgrader validate`` (a student's own check, which scores nothing) it returns None instead and says that the
@@ -27,51 +27,20 @@ import itertools
 import json
 import os
 import re
-from pathlib import Path
 
 import torch
 
-from . import timing
-from .check import assert_close, check
-from .grading import graded_by_the_course, validating
-from .grading.lease import exclusive_gpu
-from .quiet import captured_output
-from .timing.policy import MIN_GRADABLE_SPEEDUP
+from .. import timing
+from ..check import assert_close, check
+from ..quiet import captured_output
+from ..runmode import graded_by_the_course, validating
+from .lease import exclusive_gpu
+from .policy import policy_entry
 
-POLICY_PATH = Path(__file__).with_name("policy.json")
-REFERENCE_GPU = "NVIDIA H200"
 LAST_TIMED = None   # the last graded timing's rotating call of the student's op
 LAST_RECORD = None  # the last speed test's record
 SPEED_IN_RECHECK_ENV = "FUSELAB_SPEED_IN_RECHECK"  # set by the grader for its nbgrader run of a notebook
 _OWN_KERNEL = re.compile(r"__global__\s+[\w:<>,\s]*?\b(\w+)\s*\(")
-
-
-def load_policy(path=None) -> dict:
-    return json.loads(Path(path or os.environ.get("FUSELAB_POLICY") or POLICY_PATH).read_text())
-
-
-def policy_entry(test_id, gpu_name=None, policy=None):
-    """``(test settings, GPU entry, note)`` for ``test_id`` on ``gpu_name``.
-
-    A GPU with no entry, or whose plain solution was too close to the reference to grade (S < 1.3), is graded
-    with the H200's entry, and the note says so.
-    """
-    policy = policy or load_policy()
-    if test_id not in policy["tests"]:
-        raise KeyError(f"no graded speedup test {test_id!r} in the policy file")
-    test = policy["tests"][test_id]
-    gpus = test.get("gpus", {})
-    note = ""
-    entry = gpus.get(gpu_name)
-    if entry is None or entry.get("gradable") is False:
-        why = "no policy entry" if entry is None else \
-            f"too small a plain speedup to grade (S < {MIN_GRADABLE_SPEEDUP})"
-        note = (f"{why} for {gpu_name or 'this machine'}: using the {REFERENCE_GPU}'s threshold "
-                f"(`fuselab calibrate` on this GPU makes one)")
-        entry = gpus.get(REFERENCE_GPU)
-        if entry is None or entry.get("gradable") is False:
-            raise KeyError(f"{test_id} has no gradable threshold on the {REFERENCE_GPU}: it must not be graded")
-    return test, entry, note
 
 
 def own_kernel_names(source: str) -> set:

@@ -13,7 +13,7 @@ import datetime
 import json
 from pathlib import Path
 
-from .timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
+from ..timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
 
 
 def entry_for(speedup: float, commit: str = "", note: str = "") -> dict:
@@ -31,7 +31,7 @@ def entry_for(speedup: float, commit: str = "", note: str = "") -> dict:
 
 def calibrated(policy: dict, gpu_name: str, graded: dict, commit: str = "") -> dict:
     """A copy of ``policy`` with this GPU's entries set from ``graded`` ({test id: {mode, shape, dtype, plain_speedup}})."""
-    from .labs.registry import graded_tests
+    from ..labs.registry import graded_tests
     declared = graded_tests()
     policy = copy.deepcopy(policy)
     for test_id, measured in graded.items():

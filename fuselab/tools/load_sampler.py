@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from .grading.isolate import nvidia_smi
+from ..grading.isolate import nvidia_smi
 
 
 def _cpu_jiffies():

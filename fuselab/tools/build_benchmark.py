@@ -4,7 +4,7 @@
 - rebuild after an edit of the kernel only (the student's inner loop);
 - reload of an unchanged source in a fresh process (reopening the notebook, or the grader's clean recheck).
 
-Run ``python -m fuselab.build_benchmark [--backend cuda|emulate]``; it prints JSON.
+Run ``python -m fuselab.tools.build_benchmark [--backend cuda|emulate]``; it prints JSON.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from .labs import lab0
+from ..labs import lab0
 
 TARGETS = {  # seconds, from the core issue
     "cuda": {"first_build": 20.0, "rebuild_after_edit": 3.0, "reload_fresh_process": 1.0},
@@ -80,7 +80,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None, choices=["cuda", "emulate"])
     args = parser.parse_args(argv)
-    from .build import resolve_backend
+    from ..build import resolve_backend
     print(json.dumps(run(resolve_backend(args.backend)), indent=2))
 
 

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-from .course import REPO
+from ..course import REPO
 
 
 def stage_env(out):
-    from . import doctor, toolchain
+    from .. import doctor, toolchain
     info = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "capability": ".".join(map(str, torch.cuda.get_device_capability())) if torch.cuda.is_available() else None,
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "python": sys.version.split()[0],
@@ -65,10 +65,15 @@ def stage_tests(out):
         files += ["tests/test_stderr_silence.py"]
     except ImportError:
         pass
+    return _pytest(files, Path(out) / "pytest.txt", timeout=300)
+
+
+def _pytest(files, log, timeout):
+    """The repository's tests run by pytest in a child process (the package never imports ``tests/``)."""
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-rs"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
-    (Path(out) / "pytest.txt").write_text(result.stdout + result.stderr)
+                            cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    log.write_text(result.stdout + result.stderr)
     summary = [line for line in result.stdout.splitlines() if " passed" in line or " failed" in line]
     return {"returncode": result.returncode, "summary": summary[-1] if summary else result.stdout[-500:],
             "seconds": time.perf_counter() - started}
@@ -80,14 +85,16 @@ def stage_build(out):
 
 
 def stage_timing(out):
-    from . import timing
+    from .. import timing
     return timing.selfcheck()
 
 
 def stage_emulation(out):
-    sys.path.insert(0, str(REPO))
-    from tests.emulation_agreement import run_on_gpu
-    return run_on_gpu()
+    """The emulated and the real build of each test kernel agree (``tests/test_emulation_agreement.py``)."""
+    result = _pytest(["tests/test_emulation_agreement.py"], Path(out) / "pytest-emulation.txt", timeout=300)
+    agree = result["returncode"] == 0 and " passed" in result["summary"] and "skipped" not in result["summary"]
+    return {**result, "status": "ok" if agree else "DISAGREE",
+            "headline": f"emulated vs real builds of the test kernels: {result['summary']}"}
 
 
 def _problems(path):
@@ -101,7 +108,7 @@ def _problems(path):
 
 
 def _cell_seconds(cell) -> float:
-    from .grading.nbgrader_run import execution_span
+    from ..grading.nbgrader_run import execution_span
     span = execution_span(cell)
     return span[1] - span[0] if span else 0.0
 
@@ -124,8 +131,8 @@ def stage_notebooks(out, cell_timeout=420):
     """
     import nbformat
     from nbclient import NotebookClient
-    from . import notebook as ipynb
-    from .course import SOLUTIONS, lab_names
+    from .. import notebook as ipynb
+    from ..course import SOLUTIONS, lab_names
     results = {}
     executed = Path(tempfile.mkdtemp(prefix="fuselab-notebooks-"))
     saved_env = dict(os.environ)
@@ -171,8 +178,8 @@ def stage_grade(out):
     Autograding executes every solution notebook top to bottom, headless, on this GPU, in grading mode: their
     errors and stderr output are reported in the ``graded nb`` row.
     """
-    from .autograde import autograde
-    from .course import LABS, SOLUTIONS, lab_names
+    from ..grading.nbgrader_run import autograde
+    from ..course import LABS, SOLUTIONS, lab_names
     submissions = {"solution": {lab: next((SOLUTIONS / lab).glob("*.ipynb")) for lab in lab_names()},
                    "blank": {lab: next((LABS / lab).glob("*.ipynb")) for lab in lab_names()}}
     started = time.perf_counter()
@@ -187,7 +194,7 @@ def stage_grade(out):
 def _sandbox():
     """``(sandbox, why)``: grade in the sandbox where it works on this machine (the grader's default); where it
     does not, the self-check grades without it and every stage that graded says so in its headline."""
-    from .grading import isolate
+    from ..grading import isolate
     problem = isolate.sandbox_problem()
     return (False, f"sandbox off: {problem}") if problem else (True, "sandboxed")
 
@@ -195,7 +202,7 @@ def _sandbox():
 def stage_samples(out):
     """The grader's sample class on this GPU (``FUSELAB_SAMPLES``: only these, comma-separated): every sample
     must get the grade it deserves."""
-    from .grading.samplecheck import grade_examples
+    from ..grading.samplecheck import grade_examples
     work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
     chosen = [name for name in os.environ.get("FUSELAB_SAMPLES", "").split(",") if name] or None  # default: all
     sandbox, sandboxed = _sandbox()
@@ -251,7 +258,7 @@ def stage_multigpu(out, copies=int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "2"
     """The grader on every visible GPU against one GPU: the same class (``copies`` copies of each lab's correct
     sample), the same number of submissions sharing each GPU (``jobs_per_gpu``); see ``multigpu_check``."""
     from . import multigpu_check
-    from .grading import schedule
+    from ..grading import schedule
     gpus = schedule.visible_gpus()
     if len(gpus) < 2:
         return {"status": "skipped", "headline": f"needs 2 GPUs, {len(gpus)} visible"}
@@ -271,7 +278,7 @@ def stage_multigpu(out, copies=int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "2"
 
 def _class_of_copies(copies):
     """A class of ``copies`` students, each with every lab's correct sample: ``<work>/class``; returns ``work``."""
-    from . import samples as sample_recipes
+    from .. import samples as sample_recipes
     work = Path(tempfile.mkdtemp(prefix="fuselab-throughput-"))
     sample_recipes.write_examples(work / "examples")
     labs = sorted(p.name for p in (work / "examples" / "correct").iterdir())
@@ -283,9 +290,9 @@ def _class_of_copies(copies):
 
 def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
     """Grade ``<work>/class`` into ``<work>/<name>``: ``(summary, the grader's ClassResult)``."""
-    from .grading.pipeline import Settings, grade
-    from .grading.report import median_steps
-    from .grading.schedule import describe
+    from ..grading.pipeline import Settings, grade
+    from ..grading.report import median_steps
+    from ..grading.schedule import describe
     from .load_sampler import LoadSampler
     sandbox, sandboxed = _sandbox()
     started = time.perf_counter()
@@ -322,7 +329,7 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
 
 
 def _lab_stages():
-    from .labs import selfcheck_modules
+    from ..labs import selfcheck_modules
     return {lab: module.run for lab, module in selfcheck_modules().items()}
 
 
@@ -371,12 +378,12 @@ def _summary_rows(results):
 
 def _calibrate_for_grading(results, out):
     """Grade with thresholds measured in this very run (as `fuselab calibrate` would write them)."""
-    from . import calibration, grade
+    from ..speed import calibration, load_policy
     graded = {test: entry for res in results.values() if isinstance(res, dict)
               for test, entry in res.get("graded", {}).items()}
     if not graded or not torch.cuda.is_available():
         return
-    policy = calibration.calibrated(grade.load_policy(), torch.cuda.get_device_name(), graded, _git_commit())
+    policy = calibration.calibrated(load_policy(), torch.cuda.get_device_name(), graded, _git_commit())
     os.environ["FUSELAB_POLICY"] = str(calibration.write(policy, Path(out) / "policy.json"))
     print(f"== calibrated policy for this GPU: {', '.join(graded)} -> {out}/policy.json", flush=True)
 

@@ -6,7 +6,7 @@ asynchronous copy would compute something, and something wrong is worse than an 
 
 import re
 
-from ..errors import UnsupportedConstruct
+from ...errors import UnsupportedConstruct
 from .lexer import in_spans, line_of
 
 # (pattern searched in the code view, construct, hint)

@@ -6,7 +6,7 @@ line N of the student's source and compiler messages point at the student's own 
 
 import re
 
-from ..errors import UnsupportedConstruct
+from ...errors import UnsupportedConstruct
 from .lexer import IDENTIFIER, in_spans, line_of, match_backward, match_forward, split_top_level
 from .scanning import enclosing_functions
 

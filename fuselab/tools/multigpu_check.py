@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from .grading.results import SubmissionResult
+from ..grading.results import SubmissionResult
 
 WALL_RATIO = 0.6       # the target for two GPUs
 SPEED_TOLERANCE = 1.0  # points: two measurements of the same kernel on two (identical) GPUs

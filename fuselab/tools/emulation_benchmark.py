@@ -1,4 +1,4 @@
-"""Measure the CPU emulation: ``python -m fuselab.emulation.benchmark`` prints JSON.
+"""Measure the CPU emulation: ``python -m fuselab.tools.emulation_benchmark`` prints JSON.
 
 What it measures: the cost of one context switch (a kernel that only waits at barriers), a 16x16-tiled GEMM
 (barriers every tile), and an elementwise kernel (no barriers: a plain loop), each with the hand-written

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import re
 import shutil
@@ -28,26 +27,15 @@ import threading
 import time
 from pathlib import Path
 
-from . import config, diagnostics, native_check, proctree, prototypes, toolchain
-from .errors import BuildError, BuildTimeout, NotWrittenError
-from .module import Module
-from .quiet import captured_output
-
-BUILD_FORMAT = "1"  # bump when the composed source or the flags change meaning
+from .. import config, diagnostics, native_check, proctree, prototypes, toolchain
+from ..errors import BuildError, BuildTimeout, NotWrittenError
+from ..module import Module
+from ..quiet import captured_output
+from .cuda import job as cuda_job
+from .job import Job
 
 # nbgrader replaces a solution region with a Python stub, even inside a CUDA string.
 _STUB = re.compile(r"^\s*(raise NotImplementedError\b.*|#\s*YOUR CODE HERE\s*)$", re.M)
-
-_EPILOGUE = r"""
-extern "C" int fuselab_last_error(char* msg, int cap) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess && msg && cap > 0)
-        snprintf(msg, cap, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
-    return (int)e;
-}
-"""
-
-_HALF_TYPES = ("__half", "half", "__nv_bfloat16")
 
 
 def build(source: str, launchers, *, name: str = "kernel", backend: str | None = None,
@@ -74,8 +62,11 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         raise ValueError("sanitize= is only available with the CPU emulation (backend='emulate')")
     if backend == "cuda":
         _refuse_stream_zero(source, filename)  # the emulation sees every launch's stream when it runs
-    job = _emulate_job(source, protos, filename, extra_cflags, sanitize) if backend == "emulate" \
-        else _cuda_job(source, protos, filename, extra_cflags)
+    if backend == "emulate":
+        from .emulate.job import job as emulate_job  # the translator loads only where it is used
+        job = emulate_job(source, protos, filename, extra_cflags, sanitize)
+    else:
+        job = cuda_job(source, protos, filename, extra_cflags)
     if _kernel_host is not None and not _in_shared_builds(job):
         # the grader's checker: a student's library is built and loaded in the solution worker, never here
         return _kernel_host.build(dict(source=source, launchers=launchers, name=name, backend=backend,
@@ -133,7 +124,7 @@ def build_extension(name: str, cpp_sources, cuda_sources=None, functions=None, *
         cuda = "\n".join([cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources))
     if isinstance(functions, str):
         functions = [functions]
-    job = _Job("cuda" if cuda else "cpu", cpp, cuda, ["-O2", *extra_cflags], ["-O3", *extra_cuda_cflags],
+    job = Job("cuda" if cuda else "cpu", cpp, cuda, ["-O2", *extra_cflags], ["-O3", *extra_cuda_cflags],
                list(extra_ldflags), [], f"{name}.cpp", functions=functions or [])
     library, log, seconds, cached = _compile(job, timeout if timeout is not None else config.build_timeout(),
                                               verbose)
@@ -155,70 +146,9 @@ def resolve_backend(backend: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "emulate"
 
 
-# ---------------------------------------------------------------------------------------------- jobs
-
-class _Job:
-    """Everything that reaches the compiler for one build; its digest names the build."""
-
-    def __init__(self, backend, cpp_source, cuda_source, cflags, cuda_cflags, ldflags, include_paths,
-                 filename, extra_key="", functions=None, student_source=None, source_map=None):
-        self.backend, self.filename = backend, filename
-        # for error messages only (never part of the key): the student's text and, under the emulation, the
-        # map from the translated text's columns back to it
-        self.student_source, self.source_map = student_source, source_map
-        self.functions = functions  # None: a plain library; else a torch extension module binding these
-        self.cpp_source, self.cuda_source = cpp_source, cuda_source
-        self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
-        self.include_paths = list(include_paths)
-        import torch
-        key = "\0".join([BUILD_FORMAT, backend, torch.__version__, cpp_source, cuda_source or "",
-                         *self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, extra_key, repr(functions)])
-        self.name = f"fuselab_{backend}_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
-
-
-def _prologue(protos, backend_include):
-    decls = "\n".join(f"    {p.declaration}" for p in protos)
-    return f"{backend_include}\n#include <cstdint>\n#include <cstdio>\nextern \"C\" {{\n{decls}\n}}\n"
-
-
-def _cuda_job(source, protos, filename, extra_cflags):
-    home = toolchain.prepare_cuda_environment()
-    if home is None:
-        raise BuildError("no CUDA compiler (nvcc) found: install the CUDA toolkit, set CUDA_HOME, or build "
-                         "with backend='emulate' to run the kernel on the CPU")
-    include = "#include <cuda_runtime.h>"
-    if any(p.base_type in _HALF_TYPES for proto in protos for p in proto.params):
-        include += "\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>"
-    text = _prologue(protos, include) + f'#line 1 "{filename}"\n' + source + "\n#line 1 \"fuselab_epilogue\"\n" \
-        + _EPILOGUE
-    arch = toolchain.cuda_arch()
-    # torch adds -D__CUDA_NO_HALF_OPERATORS__ and friends for its own headers; plain CUDA wants __half's operators.
-    half_ops = [f"-U__CUDA_NO_{what}__" for what in ("HALF_OPERATORS", "HALF_CONVERSIONS", "HALF2_OPERATORS",
-                                                        "BFLOAT16_CONVERSIONS", "BFLOAT16_OPERATORS")]
-    cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), *half_ops, *extra_cflags]
-    return _Job("cuda", "", text, ["-O2"], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
-                extra_key=f"arch={arch}", student_source=source)
-
-
-def _emulate_job(source, protos, filename, extra_cflags, sanitize):
-    from . import emulation
-    translated, source_map = emulation.translate_with_map(source, filename)
-    text = _prologue(protos, '#include "fuselab_emu.h"') + f'#line 1 "{filename}"\n' + translated + \
-        "\n#line 1 \"fuselab_epilogue\"\n" + _EPILOGUE
-    cflags = [*emulation.CXXFLAGS, "-fdiagnostics-color=never", *extra_cflags]
-    ldflags = list(emulation.LDFLAGS)
-    if sanitize:
-        san_c, san_l = emulation.sanitizer_flags(sanitize)
-        cflags += san_c
-        ldflags += san_l
-    header_key = "".join(p.read_text() for p in sorted(Path(emulation.INCLUDE_DIR).glob("*.h")))
-    return _Job("emulate", text, None, cflags, [], ldflags, [str(emulation.INCLUDE_DIR)], filename,
-                extra_key=header_key, student_source=source, source_map=source_map)
-
-
 # ------------------------------------------------------------------------------------------- compile
 
-def _compile(job: _Job, timeout: float, verbose: bool):
+def _compile(job: Job, timeout: float, verbose: bool):
     """Return ``(library path, log, seconds, cached)``, compiling only when no finished build exists."""
     shared = config.shared_builds_dir()
     if _in_shared_builds(job):
@@ -375,7 +305,7 @@ def _refuse_stub(source: str, filename: str):
 
 
 def _refuse_stream_zero(source: str, filename: str):
-    from .emulation.streams import off_stream_launches
+    from .emulate.streams import off_stream_launches
     launches = off_stream_launches(source)
     if not launches:
         return

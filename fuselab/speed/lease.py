@@ -1,0 +1,46 @@
+"""The timing's side of the grader's GPU lease (``fuselab.grading.lease`` is the grader's side).
+
+While the grader shares one GPU among several submissions, a graded timing asks for the GPU to itself through files
+in a folder the grader names (``FUSELAB_GPU_LEASE``): it writes ``lease-request-T-N``, waits for
+``lease-granted-T-N``, and writes ``lease-released-T-N`` when done. Files, not signals or sockets, because the
+timing may run sandboxed. Standard library only: the speed test imports it in a student's own run, where it does
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
+
+_requests = itertools.count(1)
+
+
+@contextlib.contextmanager
+def exclusive_gpu():
+    """The child's side: hold the GPU to this process for the ``with`` block, when the grader shares it.
+
+    Outside the grader (``FUSELAB_GPU_LEASE`` unset: a student's own run) it does nothing.
+    """
+    folder = os.environ.get("FUSELAB_GPU_LEASE")
+    if not folder:
+        yield
+        return
+    torch = sys.modules.get("torch")
+    synchronize = torch.cuda.synchronize if torch is not None and torch.cuda.is_initialized() else (lambda: None)
+    synchronize()  # work queued before the block is not the timing's
+    number = f"{os.environ.get('FUSELAB_GPU_LEASE_TAG', '0')}-{next(_requests):04d}"
+    (Path(folder) / (REQUEST + number)).write_text("")
+    granted = Path(folder) / (GRANTED + number)
+    while not granted.exists():  # the grader's time limit for this test still applies
+        time.sleep(0.002)
+    try:
+        yield
+    finally:
+        synchronize()
+        (Path(folder) / (RELEASED + number)).write_text("")
