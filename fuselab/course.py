@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .notebook import source
+
 REPO = Path(__file__).resolve().parent.parent
 GRADER = REPO / "grader"
 SOLUTIONS = REPO / "solutions"
@@ -51,8 +53,7 @@ def release(labs=None, into: Path | None = None):
 
 def _normalised(path: Path):
     nb = json.loads(path.read_text())
-    return [(c["cell_type"], c["source"] if isinstance(c["source"], str) else "".join(c["source"]),
-             c.get("metadata", {}).get("nbgrader")) for c in nb["cells"]]
+    return [(c["cell_type"], source(c), c.get("metadata", {}).get("nbgrader")) for c in nb["cells"]]
 
 
 def stale_labs() -> list:

@@ -7,11 +7,12 @@ from pathlib import Path
 import torch
 
 from ... import build, check, ceilings, compare, speed
+from ...course import REPO
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
 from .. import lab0
 
-NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab0.NOTEBOOK
+NOTEBOOK = REPO / "solutions" / lab0.NOTEBOOK
 
 
 def run(out):

@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 
 from ... import build, ceilings, check, speed
+from ...course import REPO
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
 from .. import lab1
 
-NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab1.NOTEBOOK
+NOTEBOOK = REPO / "solutions" / lab1.NOTEBOOK
 GRADED_FLOOR = 1.3  # docs/design.md §3: a speedup is graded only where the plain solution reaches it
 
 

@@ -18,11 +18,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import build, ceilings, check, compare, speed
+from ...course import REPO
+from ...notebook import is_solution, source
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
 from .. import lab2
 
-NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab2.NOTEBOOK
+NOTEBOOK = REPO / "solutions" / lab2.NOTEBOOK
 TEST_ID = lab2.GRADED_TEST
 TILE_ROWS = (1, 2, 4, 8)  # the tuned kernel's TILE_H candidates
 DEVICE = "cuda"
@@ -35,9 +37,8 @@ def _solution_functions() -> dict:
     nb = json.loads(NOTEBOOK.read_text())
     namespace = {"copy": copy, "torch": torch, "fx": fx, "nn": nn, "F": F}
     for cell in nb["cells"]:
-        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if cell["cell_type"] == "code" and cell["metadata"].get("nbgrader", {}).get("solution") \
-                and "_SOURCE" not in text:
+        text = source(cell)
+        if cell["cell_type"] == "code" and is_solution(cell) and "_SOURCE" not in text:
             exec(text, namespace)  # noqa: S102 - the course's own solution notebook
     return namespace
 

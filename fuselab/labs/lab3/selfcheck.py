@@ -20,7 +20,7 @@ What it measures, to pick the graded configuration from real numbers (docs/desig
 - cuBLAS context at the skinny shapes and at 4096³ (fp32, TF32 off): addmm + relu, F.linear + relu, the plain
   and the tuned kernels, torch.compile at one skinny shape; the tuned kernel as a fraction of cuBLAS and of
   the measured fp32 matmul ceiling;
-- the rows the notebook's Part C plots without a GPU (docs/results/lab3_sweep.json).
+- the rows the notebook's Part C plots without a GPU (fuselab/labs/results/lab3_sweep.json).
 """
 
 import datetime
@@ -36,12 +36,13 @@ import torch
 import torch.nn.functional as F
 
 from ... import CheckFailed, build, check, ceilings, compare, speed
+from ...course import REPO
 from ...notebook_sources import string_assignments
 from ...timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
 from .. import lab3
 from . import tensorcore as lab3_tensorcore
 
-NOTEBOOK = Path(__file__).resolve().parents[3] / "solutions" / lab3.NOTEBOOK
+NOTEBOOK = REPO / "solutions" / lab3.NOTEBOOK
 MODES = ("device", "graph", "latency")
 DTYPES = (torch.float32, torch.float16)
 GRADED_FLOOR = MIN_GRADABLE_SPEEDUP  # docs/design.md §3: graded only where the plain solution's S clears 1.3
