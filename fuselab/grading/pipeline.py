@@ -164,52 +164,114 @@ def _hidden_folders(settings: Settings, source: Path) -> list:
     return [settings.out, Path(source).resolve() if Path(source).is_dir() else Path(source).resolve().parent]
 
 
+@dataclass
+class SubmissionRun:
+    """One submission being graded: each step of ``SUBMISSION_STEPS`` reads what the steps before it found and
+    adds its own part."""
+
+    sub: intake.Submission
+    device: object
+    settings: Settings
+    source: Path
+    lease: object = None
+    workdir: Path | None = None
+    started: float = 0.0
+    graded_sha: str = ""
+    limits: isolate.Limits | None = None
+    hide: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    instructor: dict | None = None
+    clean: recheck.CleanResult | None = None
+    notebook_run: dict | None = None
+    result: SubmissionResult | None = None
+
+
+def prepare(run: SubmissionRun) -> None:
+    """A fresh folder, the notebook's hash before any of its code runs (feedback shows the notebook only if it is
+    unchanged), the limits and hidden folders, the grader's notes so far, the instructor's notebook."""
+    run.workdir = run.settings.out / "work" / run.sub.student / run.sub.lab
+    run.graded_sha = _sha(run.sub.notebook)
+    shutil.rmtree(run.workdir, ignore_errors=True)
+    run.workdir.mkdir(parents=True)
+    run.started = time.monotonic()
+    run.limits = _limits(run.settings)
+    run.hide = _hidden_folders(run.settings, run.source) if run.settings.sandbox else []
+    run.notes = list(run.sub.warnings)
+    gpu_note = _idle(run.device, run.lease)
+    if gpu_note:
+        run.notes.append(gpu_note)
+    lab = run.sub.lab
+    run.instructor = json.loads((course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)).read_text())
+
+
+def clean_recheck(run: SubmissionRun) -> None:
+    """The verdicts: the instructor's notebook in the checker, the student's code in its workers (``recheck``)."""
+    settings = run.settings
+    run.clean = recheck.run_clean(run.instructor, json.loads(Path(run.sub.notebook).read_text()),
+                                  run.workdir / "clean", cell_timeout=settings.cell_timeout,
+                                  total_timeout=settings.submission_timeout, limits=run.limits,
+                                  env=_base_env(settings, run.workdir / "clean", run.device), device=run.device,
+                                  sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
+
+
+def notebook_run(run: SubmissionRun) -> None:
+    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck."""
+    settings = run.settings
+    # it builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so nothing the
+    # notebook run does reaches what the clean recheck used)
+    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", run.workdir / "cache")
+    # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
+    env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
+    run.notebook_run = nbgrader_run.autograde_one(
+        settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
+        cell_timeout=settings.cell_timeout, wall_timeout=settings.submission_timeout, limits=run.limits, env=env,
+        sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
+
+
+def combine_runs(run: SubmissionRun) -> None:
+    run.result = combine(run.sub, run.clean, run.notebook_run, run.notes)
+
+
+def scrub_messages(run: SubmissionRun) -> None:
+    """A failed test's message is text the student's code can shape: what it quotes of the hidden tests or of this
+    environment (which the runs had) is cut before anything keeps it (the feedback page checks again)."""
+    scrub = feedback.MessageScrub(feedback.hidden_test_lines(run.instructor), environ=os.environ)
+    for cell in run.result.cells.values():
+        cell.message = scrub(cell.message or "")
+
+
+def stamp(run: SubmissionRun) -> None:
+    result, sub = run.result, run.sub
+    result.device, result.seconds, result.notebook_sha = run.device, time.monotonic() - run.started, run.graded_sha
+    result.notebook, result.origin, result.sandbox = str(sub.notebook), sub.origin, run.settings.sandbox
+
+
+def sandbox_held(run: SubmissionRun) -> None:
+    """What ran may have failed for the sandbox, not the student: if it stopped working, nothing is saved."""
+    if run.settings.sandbox:
+        problem = isolate.sandbox_problem()
+        if problem:
+            raise GradingRefused(f"the sandbox stopped working while {run.sub.student}/{run.sub.lab} was graded: "
+                                 f"{problem}")
+
+
+def save(run: SubmissionRun) -> None:
+    _write_result(run.workdir / "result.json", run.result)
+
+
+SUBMISSION_STEPS = (prepare, clean_recheck, notebook_run, combine_runs, scrub_messages, stamp, sandbox_held, save)
+
+
 def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
                      lease=None) -> SubmissionResult:
-    """Autograde one submission with nbgrader, recheck it cleanly, and combine: its result.
+    """Grade one submission through ``SUBMISSION_STEPS``: its result, also saved as its ``result.json``.
 
     ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU.
     """
-    workdir = settings.out / "work" / sub.student / sub.lab
-    graded_sha = _sha(sub.notebook)  # before any of its code runs: feedback shows the notebook only if unchanged
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    started = time.monotonic()
-    limits = _limits(settings)
-    hide = _hidden_folders(settings, source) if settings.sandbox else []
-    notes = list(sub.warnings)
-    gpu_note = _idle(device, lease)
-    if gpu_note:
-        notes.append(gpu_note)
-    instructor = json.loads((course.SOLUTIONS / sub.lab / nbgrader_run.notebook_name(sub.lab)).read_text())
-    student = json.loads(Path(sub.notebook).read_text())
-    clean = recheck.run_clean(instructor, student, workdir / "clean", cell_timeout=settings.cell_timeout,
-                              total_timeout=settings.submission_timeout, limits=limits,
-                              env=_base_env(settings, workdir / "clean", device), device=device,
-                              sandbox=settings.sandbox, hide=hide, lease=lease)
-    # The notebook run builds the same kernels: it starts from a copy of the solution worker's builds (a copy,
-    # so nothing the notebook run does reaches what the clean recheck used).
-    _copy_builds(workdir / "clean" / "kernel-process" / "cache", workdir / "cache")
-    # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
-    notebook_env = dict(_base_env(settings, workdir, device), **{SPEED_IN_RECHECK_ENV: "1"})
-    notebook_run = nbgrader_run.autograde_one(
-        settings.out / "course", sub.student, sub.lab, sub.notebook, workdir, cell_timeout=settings.cell_timeout,
-        wall_timeout=settings.submission_timeout, limits=limits, env=notebook_env,
-        sandbox=settings.sandbox, hide=hide, lease=lease)
-    result = combine(sub, clean, notebook_run, notes)
-    # a failed test's message is text the student's code can shape: what it quotes of the hidden tests or of this
-    # environment (which the runs had) is cut before anything keeps it (the feedback page checks again)
-    scrub = feedback.MessageScrub(feedback.hidden_test_lines(instructor), environ=os.environ)
-    for cell in result.cells.values():
-        cell.message = scrub(cell.message or "")
-    result.device, result.seconds, result.notebook_sha = device, time.monotonic() - started, graded_sha
-    result.notebook, result.origin, result.sandbox = str(sub.notebook), sub.origin, settings.sandbox
-    if settings.sandbox:
-        problem = isolate.sandbox_problem()
-        if problem:  # what ran may have failed for the sandbox, not the student: nothing is saved
-            raise GradingRefused(f"the sandbox stopped working while {sub.student}/{sub.lab} was graded: {problem}")
-    _write_result(workdir / "result.json", result)
-    return result
+    run = SubmissionRun(sub, device, settings, Path(source), lease)
+    for step in SUBMISSION_STEPS:
+        step(run)
+    return run.result
 
 
 def _share_cpus(env: dict, threads: int | None) -> None:
