@@ -61,8 +61,9 @@ def test_a_crashing_test_costs_only_itself(tmp_path):
 def test_a_hanging_test_times_out_and_grading_goes_on(tmp_path):
     nb = _instructor([_cell("while True:\n    pass", "test_hang", graded=True, points=1)])
     started = time.monotonic()
-    result = _run(nb, tmp_path=tmp_path, timeout=2.0)
-    assert time.monotonic() - started < 30
+    result = _run(nb, tmp_path=tmp_path, timeout=2.0, total=600.0)
+    # the 2 s cell limit ended it, not the run's total limit (the bound leaves room for a loaded machine's start-ups)
+    assert time.monotonic() - started < 300
     assert result.cells["test_hang"].status == "timed out" and result.cells["test_hang"].points == 0
     assert result.cells["test_last"].points == 3
 
