@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fuselab.check import CheckFailed, CheckResult, Comparison, assert_close, check, compare, default_tolerance
+from fuselab.check import CheckFailed, CheckResult, OutputComparison, assert_close, check, compare, default_tolerance
 from fuselab.check.poison import GuardedOutput, poison_mask
 from fuselab.errors import FuselabError
 
@@ -389,7 +389,7 @@ def test_a_missing_per_channel_bias_and_wrong_padding_get_hints():
 
 def test_compare_and_assert_close():
     expected = torch.arange(6, dtype=torch.float64).reshape(2, 3)
-    assert isinstance(compare(expected.float(), expected), Comparison)
+    assert isinstance(compare(expected.float(), expected), OutputComparison)
     assert assert_close(expected.float(), expected).passed
     with pytest.raises(CheckFailed, match=r"out\[1, 2\]: got 0, expected 5"):
         assert_close(torch.tensor([[0.0, 1, 2], [3, 4, 0]]), expected)

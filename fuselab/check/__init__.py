@@ -12,7 +12,7 @@ stdout (✓/✗, name, cases passed, worst error), so every check of a test cell
 (nbgrader scores a test cell that writes there 0). A ``CheckResult`` left as a cell's last value shows as that
 line, never as a value nbgrader would try to read as the cell's score.
 
-For a single pair of tensors: ``compare(got, expected)`` returns a ``Comparison``; ``assert_close`` raises.
+For a single pair of tensors: ``compare(got, expected)`` returns an ``OutputComparison``; ``assert_close`` raises.
 
 NaN/inf policy: NaN in an output passes only where the float64 reference is NaN too (and never when it is
 fuselab's poison); ±inf passes only where the reference, rounded to the output dtype, is the same infinity
@@ -20,7 +20,7 @@ fuselab's poison); ±inf passes only where the reference, rounded to the output 
 """
 
 from .cases import check
-from .compare import BadElement, Comparison, assert_close, compare
+from .outputs import BadElement, OutputComparison, assert_close, compare
 from .errors import CheckFailed
 from .report import CaseResult, CheckResult
 from .tolerance import Tolerance, default_tolerance
@@ -32,7 +32,7 @@ __all__ = [
     "CheckFailed",
     "CheckResult",
     "CaseResult",
-    "Comparison",
+    "OutputComparison",
     "BadElement",
     "Tolerance",
     "default_tolerance",

@@ -5,7 +5,7 @@ import inspect
 import torch
 
 from ..native_check import NativeCodeRefused
-from .compare import compare
+from .outputs import compare
 from .errors import CheckFailed
 from .formatting import format_index, format_value, plural
 from .poison import GuardedOutput, bits_differ

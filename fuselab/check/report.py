@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from .compare import Comparison
+from .outputs import OutputComparison
 from .formatting import format_error, format_shape, is_named_case, plural
 
 # A failure message shows this many failing cases in full; the rest get one line each.
@@ -16,7 +16,7 @@ class CaseResult:
     name: str
     shape: object
     seed: int
-    comparisons: list = field(default_factory=list)  # one Comparison per output
+    comparisons: list = field(default_factory=list)  # one OutputComparison per output
     problems: list = field(default_factory=list)  # out-of-bounds writes, changed inputs, wrong return values
     error: str | None = None  # the exception the candidate raised, as "TypeError: ..."
     exception: BaseException | None = field(default=None, repr=False, compare=False)
@@ -153,4 +153,4 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
 
 
-__all__ = ["CaseResult", "CheckResult", "Comparison"]
+__all__ = ["CaseResult", "CheckResult", "OutputComparison"]

@@ -28,7 +28,7 @@ class BadElement:
 
 
 @dataclass
-class Comparison:
+class OutputComparison:
     """The verdict on one output. ``repr`` is the report a student reads."""
 
     name: str
@@ -110,7 +110,7 @@ class Comparison:
         return self.report()
 
 
-def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *, name: str = "out") -> Comparison:
+def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *, name: str = "out") -> OutputComparison:
     """Judge ``got`` against ``expected`` (ideally a float64 reference) with ``got.dtype``'s tolerance.
 
     ``atol`` (absolute) and ``rtol`` override the defaults of ``fuselab.check.tolerance``. NaN or inf in ``got``
@@ -120,7 +120,7 @@ def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None
     got = torch.as_tensor(got)
     expected = torch.as_tensor(expected).to(got.device)
     if tuple(got.shape) != tuple(expected.shape):
-        return Comparison(
+        return OutputComparison(
             name=name, shape=tuple(got.shape), dtype=str(got.dtype).replace("torch.", ""), passed=False, numel=got.numel(),
             problem=f"has shape {tuple(got.shape)}, expected shape {tuple(expected.shape)}",
         )
@@ -128,7 +128,7 @@ def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None
         return _compare_values(got, expected, tolerance_for(got.dtype, atol, rtol), name)
 
 
-def _compare_values(got, expected, tolerance, name) -> Comparison:
+def _compare_values(got, expected, tolerance, name) -> OutputComparison:
     poisoned = poison_mask(got)
     exact = not (got.dtype.is_floating_point or got.dtype.is_complex)
     wide = torch.complex128 if got.is_complex() or expected.is_complex() else torch.float64
@@ -152,7 +152,7 @@ def _compare_values(got, expected, tolerance, name) -> Comparison:
     bad = ~ok
     not_written = poisoned & bad
 
-    result = Comparison(
+    result = OutputComparison(
         name=name, shape=tuple(got.shape), dtype=str(got.dtype).replace("torch.", ""), passed=not bool(bad.any()),
         numel=got.numel(), n_bad=int(bad.sum()), n_not_written=int(not_written.sum()),
         n_nan=int((torch.isnan(g) & bad & ~poisoned).sum()), n_inf=int((torch.isinf(g) & bad).sum()),
@@ -188,7 +188,7 @@ def _compare_values(got, expected, tolerance, name) -> Comparison:
     return result
 
 
-def assert_close(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *, name: str = "out") -> Comparison:
+def assert_close(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *, name: str = "out") -> OutputComparison:
     """``compare`` that raises ``CheckFailed`` (an AssertionError) with the report when ``got`` is wrong."""
     comparison = compare(got, expected, atol, rtol, name=name)
     if not comparison.passed:
