@@ -167,11 +167,16 @@ def test_one_worker_per_fake_gpu_and_never_two_jobs_on_one(monkeypatch):
     assert schedule.devices_for("auto", cpu_workers=2) == [None, None]
 
     busy, used, lock = set(), {}, threading.Lock()
+    # the first three jobs wait for each other: they can only meet if three workers run at once, one per GPU
+    # (on a loaded machine one fast worker could otherwise take every job before the others start)
+    together = threading.Barrier(3, timeout=60)
 
     def work(job, device):
         with lock:
             assert device not in busy, "two jobs on one GPU at once"
             busy.add(device)
+        if job < 3:
+            together.wait()
         time.sleep(0.02)
         with lock:
             busy.discard(device)
