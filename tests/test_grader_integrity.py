@@ -3,6 +3,7 @@ type, honest idioms keep their points, speed needs correctness, and native code 
 
 Each attack here got full marks from the blocklist sanitizer that ran student cells inside the checker."""
 
+import copy
 import json
 import operator
 
@@ -278,8 +279,8 @@ def test_a_slow_experiment_costs_only_itself(worker):
     assert error.startswith("TimeoutError") and set(names) == {"double"} and names["double"](21) == 42
 
 
-def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
-    from fuselab.grading.remote import RemoteModule
+def test_a_module_of_the_students_own_class_arrives_as_the_graph_of_its_forward(worker):
+    """fx traces it in the worker; the checker rebuilds the graph and runs (and counts) its operations itself."""
     from fuselab.labs import lab2
     worker.run_cell("setup", SETUP, want_names=False)
     names, error = worker.run_cell("fold", OWN_MODULE, want_names=["fold_network"])
@@ -287,12 +288,157 @@ def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
     model[1].running_var.uniform_(0.5, 2.0)
     folded, count = names["fold_network"](model)
-    assert isinstance(folded, RemoteModule) and count == 0 and type(count) is int
+    assert isinstance(folded, fx.GraphModule) and count == 0 and type(count) is int
     x = torch.randn(2, 3, 8, 8)
-    assert torch.equal(folded.eval()(x), model(x))  # computed in the worker, compared here
+    assert torch.equal(folded.eval()(x), model(x))  # computed here
     assert lab2._bn_calls(folded, x) == 1
     with pytest.raises(ValueError, match="eval mode"):
         names["fold_network"](model.train())
+
+
+# a "folded" model whose class hides the original network from .modules() (the worker's own count of BatchNorm
+# calls, hooks on .modules(), saw none) and whose forward fx cannot trace: it stays in the worker, and nothing the
+# worker says about it counts
+HIDDEN_BN = """
+class Folded(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.hidden = [model]  # a list, not a submodule
+
+    def forward(self, x):
+        if float(x.sum()) > 1e30:  # data-dependent: fx cannot trace it
+            return x
+        return self.hidden[0](x)
+
+
+def fold_network(model):
+    return Folded(copy.deepcopy(model)).eval(), 2
+"""
+
+
+def test_a_module_the_grader_cannot_see_into_earns_nothing_from_what_it_says_about_itself(worker):
+    from fuselab.grading.remote import RemoteModule
+    from fuselab.labs import lab2
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("fold", HIDDEN_BN, want_names=["fold_network"])
+    assert error is None
+    channels = int(torch.randint(2, 6, ()))
+    model = nn.Sequential(nn.Conv2d(3, channels, 3), nn.BatchNorm2d(channels), nn.ReLU(),
+                          nn.Conv2d(channels, channels, 1), nn.BatchNorm2d(channels)).eval()
+    for bn in (model[1], model[4]):
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.running_mean.normal_()
+    folded, count = names["fold_network"](model)
+    x = torch.randn(2, 3, 9, 7)
+    assert isinstance(folded, RemoteModule) and torch.equal(folded(x), model(x))  # right outputs, BNs still run
+    with pytest.raises(AssertionError, match="could not trace"):
+        lab2._bn_calls(folded, x)
+    with pytest.raises(AssertionError, match="could not trace"):
+        lab2.check_fold_network(names["fold_network"], [(model, 2, tuple(x.shape))])
+
+
+def _foldable_pairs(traced):
+    modules = dict(traced.named_modules())
+    for node in list(traced.graph.nodes):
+        if node.op == "call_module" and isinstance(modules[node.target], nn.modules.batchnorm._BatchNorm):
+            source = node.args[0]
+            if source.op == "call_module" and isinstance(modules[source.target], nn.modules.conv._ConvNd) \
+                    and len(source.users) == 1:
+                yield source, node, modules[source.target], modules[node.target]
+
+
+def _graph_pass(replace):
+    """A fold_network that traces a copy of the model and hands each foldable pair to ``replace(traced, conv_node,
+    bn_node, conv, bn, i)``, which returns the node standing for the pair's output; its result crosses the wire."""
+    def fold_network(model):
+        traced = fx.symbolic_trace(copy.deepcopy(model))
+        pairs = list(_foldable_pairs(traced))
+        for i, (conv_node, bn_node, conv, bn) in enumerate(pairs):
+            with traced.graph.inserting_before(bn_node):
+                new = replace(traced, conv_node, bn_node, conv, bn, i)
+            bn_node.replace_all_uses_with(new)
+            traced.graph.erase_node(bn_node)
+        traced.recompile()
+        return _roundtrip((traced.eval(), len(pairs)))
+    return fold_network
+
+
+def _scale_shift(bn):
+    scale = torch.rsqrt(bn.running_var + bn.eps) * (bn.weight.detach() if bn.affine else 1.0)
+    return scale, (bn.bias.detach() if bn.affine else 0.0) - bn.running_mean * scale
+
+
+def _functional_bn(traced, conv_node, bn_node, conv, bn, i):
+    graph, t = traced.graph, bn_node.target
+    weight = graph.get_attr(f"{t}.weight") if bn.affine else None
+    bias = graph.get_attr(f"{t}.bias") if bn.affine else None
+    return graph.call_function(torch.nn.functional.batch_norm, (
+        bn_node.args[0], graph.get_attr(f"{t}.running_mean"), graph.get_attr(f"{t}.running_var"), weight, bias,
+        False, 0.0, bn.eps))
+
+
+def _instance_norm(traced, conv_node, bn_node, conv, bn, i):
+    norm = nn.InstanceNorm2d(bn.num_features, eps=bn.eps, affine=bn.affine, track_running_stats=True)
+    norm.load_state_dict(bn.state_dict())
+    traced.add_submodule(f"norm{i}", norm.eval())
+    return traced.graph.call_module(f"norm{i}", (bn_node.args[0],))
+
+
+def _pointwise_conv(traced, conv_node, bn_node, conv, bn, i):
+    c = bn.num_features
+    scale, shift = _scale_shift(bn)
+    pointwise = nn.Conv2d(c, c, 1, groups=c)
+    with torch.no_grad():
+        pointwise.weight.copy_(scale.view(c, 1, 1, 1))
+        pointwise.bias.copy_(shift)
+    traced.add_submodule(f"pointwise{i}", pointwise.eval())
+    return traced.graph.call_module(f"pointwise{i}", (bn_node.args[0],))
+
+
+def _multiply_add(traced, conv_node, bn_node, conv, bn, i):
+    scale, shift = _scale_shift(bn)
+    traced.register_buffer(f"scale{i}", scale.view(1, -1, 1, 1).clone())
+    traced.register_buffer(f"shift{i}", shift.view(1, -1, 1, 1).clone())
+    graph = traced.graph
+    return graph.call_function(torch.addcmul, (graph.get_attr(f"shift{i}"), bn_node.args[0],
+                                               graph.get_attr(f"scale{i}")))
+
+
+def _folded_conv(traced, conv_node, bn_node, conv, bn, i):
+    """Honest, the way an fx pass is often written: a new node calls the folded conv; the old conv node is left in
+    the graph, dead (nothing uses its output)."""
+    traced.add_submodule(f"folded{i}", torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn))
+    return traced.graph.call_module(f"folded{i}", conv_node.args)
+
+
+def _identity(model):
+    """Honest, the torch.ao.quantization.fuse_modules way: a copy of the model, each folded conv in its conv's place
+    and nn.Identity in its BN's."""
+    copied = copy.deepcopy(model)
+    pairs = list(_foldable_pairs(fx.symbolic_trace(copied)))
+    for conv_node, bn_node, conv, bn in pairs:
+        for target, module in ((conv_node.target, torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn)),
+                               (bn_node.target, nn.Identity())):
+            parent, _, name = target.rpartition(".")
+            setattr(copied.get_submodule(parent), name, module)
+    return _roundtrip((copied.eval(), len(pairs)))
+
+
+@pytest.mark.parametrize("replace", [_functional_bn, _instance_norm, _pointwise_conv, _multiply_add])
+def test_a_folded_network_that_computes_its_batchnorms_another_way_fails(replace):
+    """Each of these got full marks when BatchNorms were counted as calls of BatchNorm modules: the outputs are
+    right, the count is right, and no BatchNorm module runs; but every BN still runs, as another operation."""
+    from fuselab.labs import lab2
+    seed = int(torch.randint(0, 1000, ()))
+    with pytest.raises(AssertionError, match="BatchNorm"):
+        lab2.check_fold_network(_graph_pass(replace), [lab2.random_network(seed)], seed=seed)
+
+
+@pytest.mark.parametrize("fold_network", [_graph_pass(_folded_conv), _identity])
+def test_honest_folded_networks_pass_whatever_their_shape(fold_network):
+    from fuselab.labs import lab2
+    seed = int(torch.randint(0, 1000, ()))
+    lab2.check_fold_network(fold_network, [lab2.random_network(seed), lab2.tricky_network(seed)], seed=seed)
 
 
 @pytest.mark.skipif(not isolate.sandbox_works(), reason="bubblewrap cannot start here (CI installs it)")

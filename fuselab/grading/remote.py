@@ -87,11 +87,13 @@ class RemoteFunction:
 
 
 class RemoteModule(nn.Module):
-    """A module the checker cannot rebuild (a student's own ``nn.Module`` subclass): it stays in the worker.
+    """A module the checker cannot rebuild (a student's own ``nn.Module`` subclass that ``torch.fx`` cannot trace):
+    it stays in the worker.
 
-    Its forward runs there, on inputs sent by value; outputs come back as tensors and are checked here.
-    ``count_batchnorm_calls`` is the worker's own count: the one check of such a module that rests on the
-    worker's word (the report flags the module as kept remote).
+    Its forward runs there, on inputs sent by value; outputs come back as tensors and are checked here. Nothing
+    else about it is asked of the worker: what the worker says about its own module (which operations it runs,
+    say) is the student's word, so a check that needs to see inside a module refuses this one
+    (``evaluated_remotely``).
     """
 
     evaluated_remotely = True
@@ -112,13 +114,6 @@ class RemoteModule(nn.Module):
         self._process.result(self._process.request(("method", self._number, "train", (bool(mode),))))
         object.__setattr__(self, "training", bool(mode))
         return self
-
-    def count_batchnorm_calls(self, *inputs):
-        count = self._process.result(self._process.request(("method", self._number, "count_batchnorm_calls",
-                                                             inputs)))
-        if type(count) is not int:
-            raise wire.WireError("the solution process sent a count that is not a number")
-        return count
 
 
 class _Pickler(pickle.Pickler):

@@ -27,7 +27,7 @@ import types
 
 from . import wire
 
-MODULE_METHODS = ("train", "count_batchnorm_calls")
+MODULE_METHODS = ("train",)
 CELL_SECONDS = float(os.environ.get("FUSELAB_SOLUTION_CELL_S", "60"))
 DEFINITION_SECONDS = 2.0
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign,
@@ -123,19 +123,6 @@ class Worker:
             if name == "train":
                 module.train(bool(args[0]))
                 return ["ok", ["v", None]]
-            if name == "count_batchnorm_calls":
-                from torch import nn
-                calls = []
-                hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in module.modules()
-                         if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-                import torch
-                try:
-                    with torch.no_grad():
-                        module(*args)
-                finally:
-                    for hook in hooks:
-                        hook.remove()
-                return ["ok", ["v", len(calls)]]
         except BaseException as exc:  # noqa: BLE001
             return wire.exception_record(exc)
         return ["raise", "AttributeError", f"no method {name}"]

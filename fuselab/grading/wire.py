@@ -12,9 +12,11 @@ The checker never runs a student's Python: the worker does, and every value it s
   size, stride, eps...), parameters, buffers, children and training flag. The class's code is the checker's own;
 - ``torch.fx.GraphModule``: rebuilt from its node list, each call target resolved here from an allowlist (ATen
   ops under ``torch``, ``torch.nn.functional``, ``operator``'s arithmetic, tensor method names);
-- anything else (a student's own ``nn.Module`` subclass, an object of a class the student wrote): a *handle*.
+- a module of the student's own ``nn.Module`` subclass: the ``torch.fx`` graph of its forward, traced in the worker
+  and rebuilt here like any graph module, so the checker runs (and counts) its operations itself;
+- anything else (such a module that fx cannot trace, an object of a class the student wrote): a *handle*.
   The object stays in the worker; the checker holds a ``remote.RemoteModule`` whose forward is evaluated there
-  and whose outputs come back as tensors, checked here.
+  and whose outputs come back as tensors, checked here (a check that needs to see what a module runs refuses it).
 
 Exceptions cross as the nearest builtin exception type and its message (``ValueError: ...``).
 
@@ -195,7 +197,8 @@ def encode(value, handles=None, depth=0):
         except Unsendable:
             if handles is None:
                 raise
-            return ["H", handles(value), type(value).__name__]
+            traced = _traced(value, depth)
+            return traced if traced is not None else ["H", handles(value), type(value).__name__]
     if handles is not None and callable(value):
         return ["H", handles(value), type(value).__name__]
     raise Unsendable(f"a {type(value).__name__} cannot be sent as plain data")
@@ -208,6 +211,23 @@ def _encode_module(module, depth):
     if not allowed_module_class(type(module)):
         raise Unsendable(f"{type(module).__name__} is not a torch.nn class")
     return _encode_parts(module, depth)
+
+
+def _traced(module, depth):
+    """Worker side: a module of the student's own class as the ``torch.fx`` graph of its forward (traced here), so the
+    checker runs and inspects it itself; None when it does not trace or the checker would not rebuild the graph
+    (it then stays here as a handle)."""
+    from torch import fx
+    try:
+        graph_module = fx.symbolic_trace(module)
+        graph_module.training = module.training  # its own flag only: the submodules are the student's objects
+        record = _encode_module(graph_module, depth)
+        decode(load_tree(dump_tree(record)))  # the checker's own decoder: what it refuses stays a handle
+        return record
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - whatever the student's forward does while traced, it is not a graph
+        return None
 
 
 def _encode_parts(module, depth, plain_root=False):
