@@ -114,6 +114,49 @@ def test_the_sanitizer_flags_without_dropping_and_spares_honest_idioms():
     assert "methodcaller" in flags and "__setattr__" in flags
 
 
+# honest code that lost its points: numpy's integers (np.prod, np.int64 arithmetic) could not cross the wire, and a
+# function the lab asks for in one solution cell, written in an earlier one, never reached the checker
+HONEST_UNUSUAL = {
+    "sol_sum": "import numpy as np\n\n"
+               "def zeros_like_sum(a, b):\n    return a + b\n\n\n"
+               "def out_size(n, k, s, p):  # written here, with the sum\n"
+               "    return np.int64(n + 2 * p - k) // np.int64(s) + 1\n",
+    "sol_size": "# out_size is defined in the cell above\n",
+}
+
+
+def test_numpy_values_and_a_function_written_in_an_earlier_solution_cell_keep_their_points(tmp_path):
+    result = _run(HONEST_UNUSUAL, tmp_path)
+    assert {k: v.points for k, v in result.cells.items()} == {"test_sum": 2.0, "test_size": 1.0,
+                                                             "test_fold": 3.0}, result.cells
+
+
+def test_numpy_values_cross_as_the_same_numpy_type():
+    import numpy as np
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, ())))
+    scalars = [np.int64(rng.integers(-2**40, 2**40)), np.float32(rng.normal()), np.bool_(rng.random() < 0.5),
+               np.uint8(rng.integers(0, 256)), np.complex128(complex(rng.normal(), rng.normal()))]
+    arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.integers(0, 9, size=(5,)),
+              rng.normal(size=4).astype(">f8")]  # big-endian: arrives in this machine's order, equal values
+    got = _roundtrip((scalars, arrays))
+    for sent, back in zip(scalars, got[0]):
+        assert type(back) is type(sent) and back == sent
+    for sent, back in zip(arrays, got[1]):
+        assert type(back) is np.ndarray and back.dtype == sent.dtype.newbyteorder("=") and np.array_equal(back, sent)
+
+    class Lying(np.float64):
+        def __eq__(self, other):
+            return True
+
+    assert type(_roundtrip(Lying(1.5))) is float and _roundtrip(Lying(1.5)) != 2.0
+    with pytest.raises(wire.WireError):  # a scalar whose bytes do not fit its dtype
+        wire.decode(["np", "int64", b"\x00" * 3])
+    with pytest.raises(wire.WireError):  # an array whose bytes do not fit its shape
+        wire.decode(["npa", "float32", [2, 2], b"\x00" * 12])
+    with pytest.raises(wire.WireError):
+        wire.decode(["np", "object", b"\x00" * 8])
+
+
 # --- the restricted decoder -------------------------------------------------------------------------------
 
 def _roundtrip(value):

@@ -99,8 +99,10 @@ class Worker:
             for key, value in list(self.namespace.items()):
                 if wanted is not None and key not in wanted:
                     continue
-                if before.get(key) == id(value) or key.startswith("__") or isinstance(value, types.ModuleType):
+                if key.startswith("__") or isinstance(value, types.ModuleType):
                     continue
+                if before.get(key) == id(value) and wanted is None:
+                    continue  # a name the lab asks for is sent even when an earlier cell of the student defined it
                 try:
                     names.append([key, self.encode(value)])
                 except wire.Unsendable:

@@ -6,6 +6,7 @@ The checker never runs a student's Python: the worker does, and every value it s
 - ``bool``/``int``/``float``/``complex``/``str``/``None``, tuples, lists and dicts of those, ``torch.dtype``,
   ``torch.Size``, ``slice``: plain values. An ``int`` subclass with a lying ``__eq__`` arrives as the plain
   ``int`` it holds, so ``==`` in a test compares numbers;
+- numpy scalars and arrays of numeric or bool dtype, as the same numpy type (``np.int64`` from ``np.prod``);
 - tensors (plain ``torch.Tensor``, detached) and ``nn.Parameter``;
 - ``torch.nn`` modules of an allowlisted class (``torch.nn``'s own classes and the labs' own model classes in
   ``fuselab.labs``): rebuilt here from their class, plain attributes (the constructor's configuration: kernel
@@ -162,6 +163,10 @@ def encode(value, handles=None, depth=0):
     kind = type(value)
     if value is None or kind in (bool, str):
         return ["v", value]
+    if getattr(kind, "__module__", None) == "numpy":
+        record = _encode_numpy(value)
+        if record is not None:
+            return record
     if isinstance(value, bool):
         return ["v", bool(value)]
     if isinstance(value, int):
@@ -202,6 +207,47 @@ def encode(value, handles=None, depth=0):
     if handles is not None and callable(value):
         return ["H", handles(value), type(value).__name__]
     raise Unsendable(f"a {type(value).__name__} cannot be sent as plain data")
+
+
+# numpy values (what np.prod, np.sum or an array's element give) cross as the same numpy type: a test compares them
+# with numpy's own ==, as in the notebook. Exact numpy types only; a subclass is read as the number it holds.
+_NUMPY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                 "float32", "float64", "complex64", "complex128")
+
+
+def _encode_numpy(value):
+    import numpy
+    kind = type(value)
+    if kind is numpy.ndarray:
+        dtype = value.dtype
+        if dtype.name not in _NUMPY_DTYPES or value.ndim > 64:
+            return None
+        data = numpy.ascontiguousarray(value, dtype=dtype.newbyteorder("="))
+        return ["npa", dtype.name, [int(n) for n in value.shape], data.tobytes()]
+    if isinstance(value, numpy.generic) and kind is numpy.dtype(kind).type and numpy.dtype(kind).name in _NUMPY_DTYPES:
+        return ["np", numpy.dtype(kind).name, numpy.ndarray.tobytes(numpy.asarray(value, dtype=numpy.dtype(kind)
+                                                                                   .newbyteorder("=")))]
+    return None
+
+
+def _decode_numpy(node):
+    try:
+        import numpy
+    except ImportError:
+        raise WireError("the solution process sent a numpy value and numpy is not installed here") from None
+    _check(len(node) in (3, 4) and type(node[1]) is str and node[1] in _NUMPY_DTYPES and type(node[-1]) is bytes,
+           "numpy value")
+    dtype = numpy.dtype(node[1])
+    if node[0] == "np":
+        _check(len(node) == 3 and len(node[2]) == dtype.itemsize, "numpy scalar")
+        return numpy.frombuffer(node[2], dtype=dtype)[0]
+    _check(len(node) == 4 and type(node[2]) is list and all(type(n) is int and n >= 0 for n in node[2]),
+           "numpy array shape")
+    count = 1
+    for n in node[2]:
+        count *= n
+    _check(len(node[3]) == count * dtype.itemsize, "numpy array size")
+    return numpy.frombuffer(node[3], dtype=dtype).reshape(node[2]).copy()
 
 
 def _encode_module(module, depth):
@@ -253,7 +299,10 @@ def _encode_graph(graph, depth):
             return ["t" if isinstance(value, tuple) else "l", [arg(v) for v in value]]
         if isinstance(value, dict):
             return ["d", [[encode(k), arg(v)] for k, v in value.items()]]
-        return encode(value, None, depth + 1)
+        record = encode(value, None, depth + 1)
+        if record[0] in ("np", "npa"):
+            raise Unsendable("a numpy constant in a graph")
+        return record
 
     nodes = []
     for node in graph.nodes:
@@ -320,6 +369,8 @@ def decode(node, handle=None, depth=0):
             _check(type(key) in (bool, int, float, str, type(None), tuple), "dict key")
             out[key] = decode(pair[1], handle, depth + 1)
         return out
+    if tag in ("np", "npa"):
+        return _decode_numpy(node)
     if tag == "M":
         return _rebuild_module(node, depth)
     if tag == "G":
@@ -452,7 +503,7 @@ def _rebuild_graph_module(node, depth):
                 _check(type(key) is str and _IDENT.match(key) and not keyword.iskeyword(key), "keyword")
                 out[key] = arg(pair[1])
             return out
-        _check(tag not in ("M", "G", "H", "T", "P"), "graph argument")
+        _check(tag not in ("M", "G", "H", "T", "P", "np", "npa"), "graph argument")
         return decode(value, None, depth + 1)
 
     for record in node[1]:
