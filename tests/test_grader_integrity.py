@@ -157,6 +157,41 @@ def test_numpy_values_cross_as_the_same_numpy_type():
         wire.decode(["np", "object", b"\x00" * 8])
 
 
+# a fold that changes its input in place: the lab's tests fail it in the notebook ("the original is modified",
+# "return a new module"), and the clean recheck gave full marks, its arguments being the worker's copies
+IN_PLACE = {
+    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n        raise ValueError('not a conv')\n"
+                "    with torch.no_grad():\n        conv.weight.mul_(scale)\n    return copy.deepcopy(conv)\n",
+}
+RETURNS_ITS_ARGUMENT = {
+    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n        raise ValueError('not a conv')\n"
+                "    fused = copy.deepcopy(conv)\n    with torch.no_grad():\n        fused.weight.mul_(scale)\n"
+                "    conv.load_state_dict(fused.state_dict())\n    return conv\n",
+}
+
+
+@pytest.mark.parametrize("cells", [IN_PLACE, RETURNS_ITS_ARGUMENT], ids=["changes_its_input", "returns_its_input"])
+def test_a_function_that_changes_its_arguments_is_seen_to_in_the_checker(tmp_path, cells):
+    result = _run(cells, tmp_path)
+    assert result.cells["test_fold"].points == 0 and result.cells["test_sum"].points == 2, result.cells
+
+
+def test_arguments_are_written_back_and_a_returned_argument_is_the_checkers_own(worker):
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("scale", "def scale_(x, module, factor):\n    x.mul_(factor)\n"
+                                   "    module.weight.data.add_(1)\n    module.bias = None\n    module.eval()\n"
+                                   "    return x, module, x.clone()\n", want_names=["scale_"])
+    assert error is None
+    x = torch.randn(int(torch.randint(1, 50, ())))
+    linear = nn.Linear(3, 4)
+    expected_x, expected_w = 3 * x, linear.weight.detach() + 1
+    got_x, got_module, copy_of_x = names["scale_"](x, linear, 3.0)
+    assert got_x is x and got_module is linear and copy_of_x is not x
+    assert torch.equal(x, expected_x) and torch.equal(copy_of_x, expected_x)
+    assert torch.equal(linear.weight, expected_w) and linear.bias is None and not linear.training
+
+
+
 # --- the restricted decoder -------------------------------------------------------------------------------
 
 def _roundtrip(value):

@@ -156,10 +156,14 @@ def _tensor(value) -> torch.Tensor:
     return plain
 
 
-def encode(value, handles=None, depth=0):
-    """Worker side: ``value`` as a tree of tagged lists. ``handles(obj)`` keeps an object and returns its id."""
+def encode(value, handles=None, depth=0, arguments=None):
+    """Worker side: ``value`` as a tree of tagged lists. ``handles(obj)`` keeps an object and returns its id;
+    ``arguments`` maps ``id()`` of the call's tensor and module arguments to their positions: such a value comes
+    back as a reference to the checker's own argument."""
     if depth > 64:
         raise Unsendable("nested too deeply")
+    if arguments and id(value) in arguments:
+        return ["H", -1 - arguments[id(value)], "argument"]
     kind = type(value)
     if value is None or kind in (bool, str):
         return ["v", value]
@@ -190,11 +194,11 @@ def encode(value, handles=None, depth=0):
     if isinstance(value, torch.Tensor):
         return ["T", _tensor(value)]
     if isinstance(value, tuple):
-        return ["t", [encode(v, handles, depth + 1) for v in tuple.__iter__(value)]]
+        return ["t", [encode(v, handles, depth + 1, arguments) for v in tuple.__iter__(value)]]
     if isinstance(value, list):
-        return ["l", [encode(v, handles, depth + 1) for v in list.__iter__(value)]]
+        return ["l", [encode(v, handles, depth + 1, arguments) for v in list.__iter__(value)]]
     if isinstance(value, dict):
-        return ["d", [[encode(k, handles, depth + 1), encode(v, handles, depth + 1)]
+        return ["d", [[encode(k, handles, depth + 1), encode(v, handles, depth + 1, arguments)]
                       for k, v in dict.items(value)]]
     if isinstance(value, nn.Module):
         try:
@@ -248,6 +252,68 @@ def _decode_numpy(node):
         count *= n
     _check(len(node[3]) == count * dtype.itemsize, "numpy array size")
     return numpy.frombuffer(node[3], dtype=dtype).reshape(node[2]).copy()
+
+
+def argument_state(value):
+    """Worker side: what a tensor or module argument holds after a call (its contents; a module's parameters,
+    buffers and training flags), for the checker to write back into its own argument; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return ["T", _tensor(value)]
+    if isinstance(value, nn.Module):
+        tensors = [[name, None if t is None else _tensor(t), isinstance(t, nn.Parameter)]
+                   for name, t in _named_state(value)]
+        return ["S", tensors, [[name, bool(m.training)] for name, m in value.named_modules(remove_duplicate=False)]]
+    return None
+
+
+def _named_state(module):
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for kind in (owner._parameters, owner._buffers):
+            for name, tensor in kind.items():
+                yield (f"{prefix}.{name}" if prefix else name), tensor
+
+
+def write_back(argument, state) -> None:
+    """Checker side: make ``argument`` (the checker's own) hold what the worker's copy held after the call. Only
+    tensors, checked like every value from the worker; a state that does not fit the argument is ignored."""
+    if state is None:
+        return
+    tag = _tagged(state)
+    with torch.no_grad():
+        if tag == "T" and isinstance(argument, torch.Tensor) and len(state) == 2:
+            new = _plain_tensor(state[1])
+            if new.shape == argument.shape and new.dtype == argument.dtype and not torch.equal(new, argument.detach()):
+                argument.detach().copy_(new)
+        elif tag == "S" and isinstance(argument, nn.Module) and len(state) == 3 and type(state[1]) is list \
+                and type(state[2]) is list:
+            modules = dict(argument.named_modules(remove_duplicate=False))
+            for item in state[1]:
+                _check(type(item) is list and len(item) == 3 and type(item[0]) is str and type(item[2]) is bool,
+                       "argument state")
+                name, new, is_param = item
+                owner_name, _, leaf = name.rpartition(".")
+                owner = modules.get(owner_name)
+                if owner is None or not _IDENT.match(leaf) or leaf.startswith("__"):
+                    continue
+                slot = owner._parameters if leaf in owner._parameters else owner._buffers \
+                    if leaf in owner._buffers else None
+                if slot is None:
+                    continue
+                old = slot[leaf]
+                if new is None or old is None:
+                    slot[leaf] = None if new is None else (nn.Parameter(_plain_tensor(new), requires_grad=False)
+                                                           if is_param else _plain_tensor(new))
+                elif new.shape == old.shape and new.dtype == old.dtype:
+                    if not torch.equal(_plain_tensor(new), old.detach()):
+                        old.detach().copy_(new)
+                else:  # replaced by a tensor of another shape or dtype
+                    slot[leaf] = nn.Parameter(_plain_tensor(new), requires_grad=old.requires_grad) \
+                        if isinstance(old, nn.Parameter) else _plain_tensor(new)
+            for item in state[2]:
+                _check(type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is bool,
+                       "argument state")
+                if item[0] in modules:
+                    modules[item[0]].training = item[1]
 
 
 def _encode_module(module, depth):

@@ -137,3 +137,27 @@ SAMPLES.update({
         why="the folded graph returned in a module of the student's own class: traced in the solution worker, "
             "checked in the checker like any graph module, full marks"),
 })
+
+# the fold written into the conv it was given: right weights, but the caller's model is changed under it (and a fold
+# of the same conv twice folds the BN in twice). The clean recheck sent copies of the arguments and never saw it.
+_IN_PLACE = '''def fold_conv_bn(conv, bn):
+    # Return a new conv module equal to bn(conv(x)) in eval mode; raise ValueError where folding is not valid.
+    if bn.training:
+        raise ValueError("this BatchNorm is in training mode: folding is valid only in eval mode")
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("this BatchNorm keeps no running statistics: there is nothing fixed to fold")
+    weight, bias = fold_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                        bn.weight, bn.bias)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias = nn.Parameter(bias)
+    return conv.eval()
+'''
+
+SAMPLES.update({
+    "fold_in_place": Sample(
+        changes={"fold_module": _IN_PLACE},
+        expect={"test_fold_module": "zero"},
+        why="fold_conv_bn writes the folded weights into the conv it was given and returns it: the caller's "
+            "module changes; the checker writes the worker's arguments back, so it sees what the notebook sees"),
+})
