@@ -191,6 +191,26 @@ def test_arguments_are_written_back_and_a_returned_argument_is_the_checkers_own(
     assert torch.equal(linear.weight, expected_w) and linear.bias is None and not linear.training
 
 
+def test_a_copied_solution_cell_runs_as_in_the_notebook(tmp_path):
+    """A solution cell copied in JupyterLab keeps its grade id. The clean recheck took the first copy (here the
+    student's old attempt), while the notebook runs both and the later definition wins (nbgrader's autograde keeps
+    the last copy as the graded cell)."""
+    nb = _notebook(INSTRUCTOR)
+    student = json.loads(json.dumps(nb))
+    index = next(i for i, c in enumerate(student["cells"]) if c["metadata"]["nbgrader"]["grade_id"] == "sol_size")
+    old_attempt = json.loads(json.dumps(student["cells"][index]))
+    old_attempt["source"] = "def out_size(n, k, s, p):\n    return (n - k) / s  # first try\n\nBLOCK = 2\n"
+    broken = json.loads(json.dumps(student["cells"][index]))
+    broken["source"] = "def out_size(n, k, s p):\n"  # a copy that does not parse runs nothing
+    student["cells"][index]["source"] = "def out_size(n, k, s, p):\n    return (n + BLOCK * p - k) // s + 1\n"
+    student["cells"][index:index] = [old_attempt, broken]
+    cells, flags = recheck.clean_plan(nb, student)
+    assert any("sol_size" in flag and "3 cells" in flag for flag in flags)
+    result = recheck.run_clean(nb, student, tmp_path, cell_timeout=60, total_timeout=180,
+                               limits=isolate.Limits(memory_bytes=3 * 2**30))
+    assert {k: v.points for k, v in result.cells.items()} == {"test_sum": 2.0, "test_size": 1.0,
+                                                             "test_fold": 3.0}, result.cells
+
 
 # --- the restricted decoder -------------------------------------------------------------------------------
 
