@@ -574,3 +574,56 @@ def test_what_a_library_calls_is_read_from_the_students_objects_not_from_how_the
     calls = native_check.imported_symbols(tmp_path / "k.so")
     assert "_Unwind_RaiseException" not in calls and "__cxa_throw" in calls
     assert all(native_check.symbol_allowed(name, "cuda") for name in calls), calls
+
+
+# --- device memory is not host memory under the CPU emulation ---------------------------------------------------
+
+ADD_PROTO = ["void add(const float* a /*[n]*/, const float* b /*[n]*/, float* out /*[n]*/, int64_t n, "
+             "cudaStream_t stream)"]
+HOST_LOOP = ("void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+             "    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];  // host code on device pointers\n}\n")
+SCRATCH_KERNEL = (
+    "__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {\n"
+    "    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) out[i] = a[i] + b[i];\n}\n"
+    "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+    "    if (n <= 0) return;\n    float* scratch = nullptr;\n    cudaMalloc(&scratch, n * sizeof(float));\n"
+    "    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, scratch, n);\n"
+    "    cudaMemcpyAsync(out, scratch, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);\n"
+    "    cudaFree(scratch);\n}\n")
+GUARDED_CALL = """
+import sys, torch, fuselab
+mod = fuselab.build(sys.argv[1], {proto!r}, name="guarded_" + str(abs(hash(sys.argv[1])) % 10**8),
+                    backend="emulate")
+n = int(sys.argv[2])
+a, b = torch.randn(n), torch.randn(n)
+out = torch.full((n,), float("nan"))
+mod.add(a, b, out, n)
+assert torch.equal(out, a + b), "wrong sum"
+expected = a + b + b
+mod.add(out, b, out, n)  # in place: the output is an input
+assert torch.equal(out, expected), "wrong in-place sum"
+print("SUM OK")
+"""
+
+
+def _guarded_run(source, tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSELAB_EMU_GUARD="1", FUSELAB_CACHE_DIR=str(tmp_path / "cache"))
+    n = str(int(torch.randint(1, 5000, ())))
+    return subprocess.run([sys.executable, "-c", GUARDED_CALL.format(proto=ADD_PROTO), source, n],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_a_launcher_that_computes_on_the_host_faults_under_the_emulation_as_on_a_gpu(tmp_path):
+    """Its pointers are device addresses on a GPU, where the host loop segfaults; the emulation gave it full marks."""
+    import signal
+    done = _guarded_run(HOST_LOOP, tmp_path)
+    assert done.returncode == -signal.SIGSEGV and "SUM OK" not in done.stdout, \
+        (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+def test_kernels_runtime_copies_and_cudamalloc_still_work_under_the_guard(tmp_path):
+    done = _guarded_run(SCRATCH_KERNEL, tmp_path)
+    assert done.returncode == 0 and "SUM OK" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
