@@ -160,11 +160,13 @@ def test_numpy_values_cross_as_the_same_numpy_type():
 # a fold that changes its input in place: the lab's tests fail it in the notebook ("the original is modified",
 # "return a new module"), and the clean recheck gave full marks, its arguments being the worker's copies
 IN_PLACE = {
-    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n        raise ValueError('not a conv')\n"
+    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n"
+                "        raise ValueError('not a conv')\n"
                 "    with torch.no_grad():\n        conv.weight.mul_(scale)\n    return copy.deepcopy(conv)\n",
 }
 RETURNS_ITS_ARGUMENT = {
-    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n        raise ValueError('not a conv')\n"
+    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n"
+                "        raise ValueError('not a conv')\n"
                 "    fused = copy.deepcopy(conv)\n    with torch.no_grad():\n        fused.weight.mul_(scale)\n"
                 "    conv.load_state_dict(fused.state_dict())\n    return conv\n",
 }
@@ -617,7 +619,8 @@ def _guarded_run(source, tmp_path):
 
 
 def test_a_launcher_that_computes_on_the_host_faults_under_the_emulation_as_on_a_gpu(tmp_path):
-    """Its pointers are device addresses on a GPU, where the host loop segfaults; the emulation gave it full marks."""
+    """Its pointers are device addresses on a GPU, where the host loop segfaults; the emulation gave it full
+    marks."""
     import signal
     done = _guarded_run(HOST_LOOP, tmp_path)
     assert done.returncode == -signal.SIGSEGV and "SUM OK" not in done.stdout, \

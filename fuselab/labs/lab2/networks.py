@@ -171,7 +171,7 @@ def _forward_operations(model, x):
     """``(batch-norm operations, all operations)`` that ``model(x)`` runs, counted at the ATen level."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    if getattr(model, "evaluated_remotely", False):
+    if getattr(type(model), "evaluated_remotely", False):
         raise AssertionError(
             f"the folded model is a module of your own class ({getattr(model, 'class_name', type(model).__name__)}) "
             "that torch.fx could not trace, so the grader cannot see which operations it runs (it runs in the "
@@ -270,7 +270,8 @@ def check_fold_network(fold_network, networks, seed=0):
         if count != expected_count:
             raise AssertionError(f"{what}: folded {count} pair(s), expected {expected_count}. A BN is folded only "
                                  "when its input is a conv's output that nothing else uses")
-        folded = _without_dead_code(folded.eval()) if not getattr(folded, "evaluated_remotely", False) else folded
+        if not getattr(type(folded), "evaluated_remotely", False):  # a module the checker holds: what it runs
+            folded = _without_dead_code(folded.eval())
         bn_after, work_after = _forward_operations(folded, x)
         if bn_after != bn_before - expected_count:
             raise AssertionError(f"{what}: the folded model still runs {bn_after} BatchNorm(s), expected "

@@ -123,7 +123,8 @@ _OWN_CLASS = '''class FoldedNetwork(nn.Module):
 
 
 def _wrap_in_own_class(source: str) -> str:
-    return _OWN_CLASS + source.replace("    return traced.eval(), count", "    return FoldedNetwork(traced).eval(), count")
+    return _OWN_CLASS + source.replace("    return traced.eval(), count",
+                                       "    return FoldedNetwork(traced).eval(), count")
 
 
 SAMPLES.update({
