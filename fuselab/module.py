@@ -50,21 +50,27 @@ class Launcher:
 
     def __call__(self, *args, **kwargs):
         values = self._bind(args, kwargs)
-        c_args, dims = [], {}
+        c_args, dims, tensors = [], {}, []
         for param in self.prototype.params:
             if param.is_stream:
                 c_args.append(self._module._stream_handle())
             elif param.is_tensor:
+                tensors.append((len(c_args), values[param.name]))
                 c_args.append(self._check_tensor(param, values[param.name], dims))
             else:
                 c_args.append(self._check_number(param, values[param.name]))
         self._check_sizes(values, dims)
         watched = self._module.emulated and any(p.is_stream for p in self.prototype.params)
+        device = _DeviceCopies(self._module, tensors, c_args) if self._module.guarded else None
         if watched:
             self._module._begin_call()
         try:
+            if device is not None:
+                device.guard()
             returned = self._fn(*c_args)
         finally:
+            if device is not None:
+                device.finish()
             elsewhere = self._module._end_call() if watched else None
         if elsewhere:
             raise LaunchError(_off_stream_message(self.prototype, elsewhere))
@@ -174,6 +180,51 @@ class Launcher:
         return kind(value)
 
 
+class _DeviceCopies:
+    """Under the CPU emulation, one launcher call's tensors in device memory of their own: each storage copied into
+    pages of its own, which the runtime keeps from the launcher's host code (``PROT_NONE``) and opens only while a
+    kernel or a runtime copy runs. A launcher that computes on the host (a loop over ``out[i]``) faults, as on a
+    GPU, where its pointers are device addresses; a kernel sees the same bytes at the same offsets."""
+
+    PAGE = 4096
+
+    def __init__(self, module, tensors, c_args):
+        import mmap
+        self.module, self.buffers = module, {}
+        for position, tensor in tensors:
+            storage = tensor.untyped_storage()
+            base = storage.data_ptr()
+            if c_args[position] is None or base == 0:
+                continue
+            if base not in self.buffers:
+                size = storage.nbytes()
+                length = max(self.PAGE, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE)
+                pages = mmap.mmap(-1, length)
+                device = torch.frombuffer(pages, dtype=torch.uint8, count=size)
+                host = torch.empty(0, dtype=torch.uint8).set_(storage)
+                device.copy_(host)
+                self.buffers[base] = (pages, device, host, length)
+            c_args[position] = self.buffers[base][1].data_ptr() + (tensor.data_ptr() - base)
+
+    def guard(self):
+        n = len(self.buffers)
+        bases = (ctypes.c_void_p * max(n, 1))(*[b[1].data_ptr() for b in self.buffers.values()])
+        sizes = (ctypes.c_ulonglong * max(n, 1))(*[b[3] for b in self.buffers.values()])
+        self.module._lib.fuselab_emu_guard(bases, sizes, ctypes.c_int(n))
+
+    def finish(self):
+        self.module._lib.fuselab_emu_unguard()
+        for pages, device, host, _ in self.buffers.values():
+            host.copy_(device)  # what the kernels wrote, back into the caller's tensors
+        buffers, self.buffers = self.buffers, {}
+        for base in list(buffers):
+            pages = buffers.pop(base)[0]
+            try:
+                pages.close()
+            except BufferError:  # a view still held somewhere: the mapping goes with it
+                pass
+
+
 class Module:
     """A built library: its launchers are attributes, called like the prototypes minus the stream."""
 
@@ -210,6 +261,15 @@ class Module:
     @property
     def emulated(self) -> bool:
         return self.backend == "emulate"
+
+    @property
+    def guarded(self) -> bool:
+        """Emulation only: whether a launcher's own host code is kept from device memory (``_DeviceCopies``): on
+        while the course grades (``FUSELAB_GRADING=1``), or with ``FUSELAB_EMU_GUARD=1``; ``=0`` turns it off."""
+        import os
+        if not self.emulated or not hasattr(self._lib, "fuselab_emu_guard"):
+            return False
+        return os.environ.get("FUSELAB_EMU_GUARD", os.environ.get("FUSELAB_GRADING", "0")) == "1"
 
     def _stream_handle(self):
         if self.backend == "cuda":

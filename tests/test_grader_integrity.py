@@ -3,6 +3,7 @@ type, honest idioms keep their points, speed needs correctness, and native code 
 
 Each attack here got full marks from the blocklist sanitizer that ran student cells inside the checker."""
 
+import copy
 import json
 import operator
 
@@ -111,6 +112,106 @@ def test_the_sanitizer_flags_without_dropping_and_spares_honest_idioms():
         assert sanitize_cell(source).flags == [] and sanitize_cell(source).source == source
     flags = " ".join(sanitize_cell(ATTACKS["sol_sum"]).flags)
     assert "methodcaller" in flags and "__setattr__" in flags
+
+
+# honest code that lost its points: numpy's integers (np.prod, np.int64 arithmetic) could not cross the wire, and a
+# function the lab asks for in one solution cell, written in an earlier one, never reached the checker
+HONEST_UNUSUAL = {
+    "sol_sum": "import numpy as np\n\n"
+               "def zeros_like_sum(a, b):\n    return a + b\n\n\n"
+               "def out_size(n, k, s, p):  # written here, with the sum\n"
+               "    return np.int64(n + 2 * p - k) // np.int64(s) + 1\n",
+    "sol_size": "# out_size is defined in the cell above\n",
+}
+
+
+def test_numpy_values_and_a_function_written_in_an_earlier_solution_cell_keep_their_points(tmp_path):
+    result = _run(HONEST_UNUSUAL, tmp_path)
+    assert {k: v.points for k, v in result.cells.items()} == {"test_sum": 2.0, "test_size": 1.0,
+                                                             "test_fold": 3.0}, result.cells
+
+
+def test_numpy_values_cross_as_the_same_numpy_type():
+    import numpy as np
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, ())))
+    scalars = [np.int64(rng.integers(-2**40, 2**40)), np.float32(rng.normal()), np.bool_(rng.random() < 0.5),
+               np.uint8(rng.integers(0, 256)), np.complex128(complex(rng.normal(), rng.normal()))]
+    arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.integers(0, 9, size=(5,)),
+              rng.normal(size=4).astype(">f8")]  # big-endian: arrives in this machine's order, equal values
+    got = _roundtrip((scalars, arrays))
+    for sent, back in zip(scalars, got[0]):
+        assert type(back) is type(sent) and back == sent
+    for sent, back in zip(arrays, got[1]):
+        assert type(back) is np.ndarray and back.dtype == sent.dtype.newbyteorder("=") and np.array_equal(back, sent)
+
+    class Lying(np.float64):
+        def __eq__(self, other):
+            return True
+
+    assert type(_roundtrip(Lying(1.5))) is float and _roundtrip(Lying(1.5)) != 2.0
+    with pytest.raises(wire.WireError):  # a scalar whose bytes do not fit its dtype
+        wire.decode(["np", "int64", b"\x00" * 3])
+    with pytest.raises(wire.WireError):  # an array whose bytes do not fit its shape
+        wire.decode(["npa", "float32", [2, 2], b"\x00" * 12])
+    with pytest.raises(wire.WireError):
+        wire.decode(["np", "object", b"\x00" * 8])
+
+
+# a fold that changes its input in place: the lab's tests fail it in the notebook ("the original is modified",
+# "return a new module"), and the clean recheck gave full marks, its arguments being the worker's copies
+IN_PLACE = {
+    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n"
+                "        raise ValueError('not a conv')\n"
+                "    with torch.no_grad():\n        conv.weight.mul_(scale)\n    return copy.deepcopy(conv)\n",
+}
+RETURNS_ITS_ARGUMENT = {
+    "sol_fold": "def fold(conv, scale):\n    if not isinstance(conv, nn.Module):\n"
+                "        raise ValueError('not a conv')\n"
+                "    fused = copy.deepcopy(conv)\n    with torch.no_grad():\n        fused.weight.mul_(scale)\n"
+                "    conv.load_state_dict(fused.state_dict())\n    return conv\n",
+}
+
+
+@pytest.mark.parametrize("cells", [IN_PLACE, RETURNS_ITS_ARGUMENT], ids=["changes_its_input", "returns_its_input"])
+def test_a_function_that_changes_its_arguments_is_seen_to_in_the_checker(tmp_path, cells):
+    result = _run(cells, tmp_path)
+    assert result.cells["test_fold"].points == 0 and result.cells["test_sum"].points == 2, result.cells
+
+
+def test_arguments_are_written_back_and_a_returned_argument_is_the_checkers_own(worker):
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("scale", "def scale_(x, module, factor):\n    x.mul_(factor)\n"
+                                   "    module.weight.data.add_(1)\n    module.bias = None\n    module.eval()\n"
+                                   "    return x, module, x.clone()\n", want_names=["scale_"])
+    assert error is None
+    x = torch.randn(int(torch.randint(1, 50, ())))
+    linear = nn.Linear(3, 4)
+    expected_x, expected_w = 3 * x, linear.weight.detach() + 1
+    got_x, got_module, copy_of_x = names["scale_"](x, linear, 3.0)
+    assert got_x is x and got_module is linear and copy_of_x is not x
+    assert torch.equal(x, expected_x) and torch.equal(copy_of_x, expected_x)
+    assert torch.equal(linear.weight, expected_w) and linear.bias is None and not linear.training
+
+
+def test_a_copied_solution_cell_runs_as_in_the_notebook(tmp_path):
+    """A solution cell copied in JupyterLab keeps its grade id. The clean recheck took the first copy (here the
+    student's old attempt), while the notebook runs both and the later definition wins (nbgrader's autograde keeps
+    the last copy as the graded cell)."""
+    nb = _notebook(INSTRUCTOR)
+    student = json.loads(json.dumps(nb))
+    index = next(i for i, c in enumerate(student["cells"]) if c["metadata"]["nbgrader"]["grade_id"] == "sol_size")
+    old_attempt = json.loads(json.dumps(student["cells"][index]))
+    old_attempt["source"] = "def out_size(n, k, s, p):\n    return (n - k) / s  # first try\n\nBLOCK = 2\n"
+    broken = json.loads(json.dumps(student["cells"][index]))
+    broken["source"] = "def out_size(n, k, s p):\n"  # a copy that does not parse runs nothing
+    student["cells"][index]["source"] = "def out_size(n, k, s, p):\n    return (n + BLOCK * p - k) // s + 1\n"
+    student["cells"][index:index] = [old_attempt, broken]
+    cells, flags = recheck.clean_plan(nb, student)
+    assert any("sol_size" in flag and "3 cells" in flag for flag in flags)
+    result = recheck.run_clean(nb, student, tmp_path, cell_timeout=60, total_timeout=180,
+                               limits=isolate.Limits(memory_bytes=3 * 2**30))
+    assert {k: v.points for k, v in result.cells.items()} == {"test_sum": 2.0, "test_size": 1.0,
+                                                             "test_fold": 3.0}, result.cells
 
 
 # --- the restricted decoder -------------------------------------------------------------------------------
@@ -278,8 +379,8 @@ def test_a_slow_experiment_costs_only_itself(worker):
     assert error.startswith("TimeoutError") and set(names) == {"double"} and names["double"](21) == 42
 
 
-def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
-    from fuselab.grading.remote import RemoteModule
+def test_a_module_of_the_students_own_class_arrives_as_the_graph_of_its_forward(worker):
+    """fx traces it in the worker; the checker rebuilds the graph and runs (and counts) its operations itself."""
     from fuselab.labs import lab2
     worker.run_cell("setup", SETUP, want_names=False)
     names, error = worker.run_cell("fold", OWN_MODULE, want_names=["fold_network"])
@@ -287,12 +388,157 @@ def test_a_module_of_the_students_own_class_is_evaluated_in_the_worker(worker):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
     model[1].running_var.uniform_(0.5, 2.0)
     folded, count = names["fold_network"](model)
-    assert isinstance(folded, RemoteModule) and count == 0 and type(count) is int
+    assert isinstance(folded, fx.GraphModule) and count == 0 and type(count) is int
     x = torch.randn(2, 3, 8, 8)
-    assert torch.equal(folded.eval()(x), model(x))  # computed in the worker, compared here
+    assert torch.equal(folded.eval()(x), model(x))  # computed here
     assert lab2._bn_calls(folded, x) == 1
     with pytest.raises(ValueError, match="eval mode"):
         names["fold_network"](model.train())
+
+
+# a "folded" model whose class hides the original network from .modules() (the worker's own count of BatchNorm
+# calls, hooks on .modules(), saw none) and whose forward fx cannot trace: it stays in the worker, and nothing the
+# worker says about it counts
+HIDDEN_BN = """
+class Folded(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.hidden = [model]  # a list, not a submodule
+
+    def forward(self, x):
+        if float(x.sum()) > 1e30:  # data-dependent: fx cannot trace it
+            return x
+        return self.hidden[0](x)
+
+
+def fold_network(model):
+    return Folded(copy.deepcopy(model)).eval(), 2
+"""
+
+
+def test_a_module_the_grader_cannot_see_into_earns_nothing_from_what_it_says_about_itself(worker):
+    from fuselab.grading.remote import RemoteModule
+    from fuselab.labs import lab2
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("fold", HIDDEN_BN, want_names=["fold_network"])
+    assert error is None
+    channels = int(torch.randint(2, 6, ()))
+    model = nn.Sequential(nn.Conv2d(3, channels, 3), nn.BatchNorm2d(channels), nn.ReLU(),
+                          nn.Conv2d(channels, channels, 1), nn.BatchNorm2d(channels)).eval()
+    for bn in (model[1], model[4]):
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.running_mean.normal_()
+    folded, count = names["fold_network"](model)
+    x = torch.randn(2, 3, 9, 7)
+    assert isinstance(folded, RemoteModule) and torch.equal(folded(x), model(x))  # right outputs, BNs still run
+    with pytest.raises(AssertionError, match="could not trace"):
+        lab2._bn_calls(folded, x)
+    with pytest.raises(AssertionError, match="could not trace"):
+        lab2.check_fold_network(names["fold_network"], [(model, 2, tuple(x.shape))])
+
+
+def _foldable_pairs(traced):
+    modules = dict(traced.named_modules())
+    for node in list(traced.graph.nodes):
+        if node.op == "call_module" and isinstance(modules[node.target], nn.modules.batchnorm._BatchNorm):
+            source = node.args[0]
+            if source.op == "call_module" and isinstance(modules[source.target], nn.modules.conv._ConvNd) \
+                    and len(source.users) == 1:
+                yield source, node, modules[source.target], modules[node.target]
+
+
+def _graph_pass(replace):
+    """A fold_network that traces a copy of the model and hands each foldable pair to ``replace(traced, conv_node,
+    bn_node, conv, bn, i)``, which returns the node standing for the pair's output; its result crosses the wire."""
+    def fold_network(model):
+        traced = fx.symbolic_trace(copy.deepcopy(model))
+        pairs = list(_foldable_pairs(traced))
+        for i, (conv_node, bn_node, conv, bn) in enumerate(pairs):
+            with traced.graph.inserting_before(bn_node):
+                new = replace(traced, conv_node, bn_node, conv, bn, i)
+            bn_node.replace_all_uses_with(new)
+            traced.graph.erase_node(bn_node)
+        traced.recompile()
+        return _roundtrip((traced.eval(), len(pairs)))
+    return fold_network
+
+
+def _scale_shift(bn):
+    scale = torch.rsqrt(bn.running_var + bn.eps) * (bn.weight.detach() if bn.affine else 1.0)
+    return scale, (bn.bias.detach() if bn.affine else 0.0) - bn.running_mean * scale
+
+
+def _functional_bn(traced, conv_node, bn_node, conv, bn, i):
+    graph, t = traced.graph, bn_node.target
+    weight = graph.get_attr(f"{t}.weight") if bn.affine else None
+    bias = graph.get_attr(f"{t}.bias") if bn.affine else None
+    return graph.call_function(torch.nn.functional.batch_norm, (
+        bn_node.args[0], graph.get_attr(f"{t}.running_mean"), graph.get_attr(f"{t}.running_var"), weight, bias,
+        False, 0.0, bn.eps))
+
+
+def _instance_norm(traced, conv_node, bn_node, conv, bn, i):
+    norm = nn.InstanceNorm2d(bn.num_features, eps=bn.eps, affine=bn.affine, track_running_stats=True)
+    norm.load_state_dict(bn.state_dict())
+    traced.add_submodule(f"norm{i}", norm.eval())
+    return traced.graph.call_module(f"norm{i}", (bn_node.args[0],))
+
+
+def _pointwise_conv(traced, conv_node, bn_node, conv, bn, i):
+    c = bn.num_features
+    scale, shift = _scale_shift(bn)
+    pointwise = nn.Conv2d(c, c, 1, groups=c)
+    with torch.no_grad():
+        pointwise.weight.copy_(scale.view(c, 1, 1, 1))
+        pointwise.bias.copy_(shift)
+    traced.add_submodule(f"pointwise{i}", pointwise.eval())
+    return traced.graph.call_module(f"pointwise{i}", (bn_node.args[0],))
+
+
+def _multiply_add(traced, conv_node, bn_node, conv, bn, i):
+    scale, shift = _scale_shift(bn)
+    traced.register_buffer(f"scale{i}", scale.view(1, -1, 1, 1).clone())
+    traced.register_buffer(f"shift{i}", shift.view(1, -1, 1, 1).clone())
+    graph = traced.graph
+    return graph.call_function(torch.addcmul, (graph.get_attr(f"shift{i}"), bn_node.args[0],
+                                               graph.get_attr(f"scale{i}")))
+
+
+def _folded_conv(traced, conv_node, bn_node, conv, bn, i):
+    """Honest, the way an fx pass is often written: a new node calls the folded conv; the old conv node is left in
+    the graph, dead (nothing uses its output)."""
+    traced.add_submodule(f"folded{i}", torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn))
+    return traced.graph.call_module(f"folded{i}", conv_node.args)
+
+
+def _identity(model):
+    """Honest, the torch.ao.quantization.fuse_modules way: a copy of the model, each folded conv in its conv's place
+    and nn.Identity in its BN's."""
+    copied = copy.deepcopy(model)
+    pairs = list(_foldable_pairs(fx.symbolic_trace(copied)))
+    for conv_node, bn_node, conv, bn in pairs:
+        for target, module in ((conv_node.target, torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn)),
+                               (bn_node.target, nn.Identity())):
+            parent, _, name = target.rpartition(".")
+            setattr(copied.get_submodule(parent), name, module)
+    return _roundtrip((copied.eval(), len(pairs)))
+
+
+@pytest.mark.parametrize("replace", [_functional_bn, _instance_norm, _pointwise_conv, _multiply_add])
+def test_a_folded_network_that_computes_its_batchnorms_another_way_fails(replace):
+    """Each of these got full marks when BatchNorms were counted as calls of BatchNorm modules: the outputs are
+    right, the count is right, and no BatchNorm module runs; but every BN still runs, as another operation."""
+    from fuselab.labs import lab2
+    seed = int(torch.randint(0, 1000, ()))
+    with pytest.raises(AssertionError, match="BatchNorm"):
+        lab2.check_fold_network(_graph_pass(replace), [lab2.random_network(seed)], seed=seed)
+
+
+@pytest.mark.parametrize("fold_network", [_graph_pass(_folded_conv), _identity])
+def test_honest_folded_networks_pass_whatever_their_shape(fold_network):
+    from fuselab.labs import lab2
+    seed = int(torch.randint(0, 1000, ()))
+    lab2.check_fold_network(fold_network, [lab2.random_network(seed), lab2.tricky_network(seed)], seed=seed)
 
 
 @pytest.mark.skipif(not isolate.sandbox_works(), reason="bubblewrap cannot start here (CI installs it)")
@@ -330,3 +576,57 @@ def test_what_a_library_calls_is_read_from_the_students_objects_not_from_how_the
     calls = native_check.imported_symbols(tmp_path / "k.so")
     assert "_Unwind_RaiseException" not in calls and "__cxa_throw" in calls
     assert all(native_check.symbol_allowed(name, "cuda") for name in calls), calls
+
+
+# --- device memory is not host memory under the CPU emulation ---------------------------------------------------
+
+ADD_PROTO = ["void add(const float* a /*[n]*/, const float* b /*[n]*/, float* out /*[n]*/, int64_t n, "
+             "cudaStream_t stream)"]
+HOST_LOOP = ("void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+             "    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];  // host code on device pointers\n}\n")
+SCRATCH_KERNEL = (
+    "__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {\n"
+    "    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) out[i] = a[i] + b[i];\n}\n"
+    "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+    "    if (n <= 0) return;\n    float* scratch = nullptr;\n    cudaMalloc(&scratch, n * sizeof(float));\n"
+    "    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, scratch, n);\n"
+    "    cudaMemcpyAsync(out, scratch, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);\n"
+    "    cudaFree(scratch);\n}\n")
+GUARDED_CALL = """
+import sys, torch, fuselab
+mod = fuselab.build(sys.argv[1], {proto!r}, name="guarded_" + str(abs(hash(sys.argv[1])) % 10**8),
+                    backend="emulate")
+n = int(sys.argv[2])
+a, b = torch.randn(n), torch.randn(n)
+out = torch.full((n,), float("nan"))
+mod.add(a, b, out, n)
+assert torch.equal(out, a + b), "wrong sum"
+expected = a + b + b
+mod.add(out, b, out, n)  # in place: the output is an input
+assert torch.equal(out, expected), "wrong in-place sum"
+print("SUM OK")
+"""
+
+
+def _guarded_run(source, tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSELAB_EMU_GUARD="1", FUSELAB_CACHE_DIR=str(tmp_path / "cache"))
+    n = str(int(torch.randint(1, 5000, ())))
+    return subprocess.run([sys.executable, "-c", GUARDED_CALL.format(proto=ADD_PROTO), source, n],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_a_launcher_that_computes_on_the_host_faults_under_the_emulation_as_on_a_gpu(tmp_path):
+    """Its pointers are device addresses on a GPU, where the host loop segfaults; the emulation gave it full
+    marks."""
+    import signal
+    done = _guarded_run(HOST_LOOP, tmp_path)
+    assert done.returncode == -signal.SIGSEGV and "SUM OK" not in done.stdout, \
+        (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+def test_kernels_runtime_copies_and_cudamalloc_still_work_under_the_guard(tmp_path):
+    done = _guarded_run(SCRATCH_KERNEL, tmp_path)
+    assert done.returncode == 0 and "SUM OK" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])

@@ -3,8 +3,9 @@ are "not measured (no GPU)", feedback hides the hidden tests, the gradebook hold
 resumes instead of regrading, and the course's own folders are untouched.
 
 What CI grades: every Lab 0 sample, the "correct" sample of every other lab, and the samples that prove the clean
-recheck's isolation boundary outside Lab 0 (`samplecheck.CI_SAMPLES`: a lying int, honest fold idioms); the labs'
-other samples run on the GPU self-check, where time is cheaper than on CI's two cores.
+recheck's isolation boundary outside Lab 0 (`samplecheck.CI_SAMPLES`: a lying int, honest fold idioms, a network
+"folded" into functional batch norms); the labs' other samples run on the GPU self-check, where time is cheaper
+than on CI's two cores.
 """
 
 import hashlib

@@ -86,14 +86,38 @@ class CleanResult:
 KERNELS_HERE_ENV = "FUSELAB_KERNELS_IN_CHECKER"  # the reference run: the instructor's kernels load in the checker
 
 
+def _one_cell(found: list) -> dict:
+    """A student's cells that share a grade id (a solution cell copied in JupyterLab keeps its id) as one cell: their
+    sources in notebook order, as the notebook runs them one after the other (nbgrader's own autograde keeps the
+    last one as the graded cell). A copy that does not parse is left out: in the notebook it runs nothing."""
+    if len(found) == 1:
+        return found[0]
+    from .cellrunner import _without_magics
+    sources = []
+    for cell in found:
+        text = ipynb.source(cell)
+        try:
+            ast.parse(_without_magics(text))
+        except (SyntaxError, ValueError):
+            continue
+        sources.append(text)
+    return {**found[-1], "source": "\n\n".join(sources) if sources else ipynb.source(found[-1])}
+
+
 def clean_plan(instructor_nb: dict, student_nb: dict):
     """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged."""
-    student = {}
+    copies = {}
     for cell in student_nb.get("cells", []):
         grade_id = ipynb.nbgrader(cell).get("grade_id")
         if grade_id and cell.get("cell_type") == "code":
-            student.setdefault(grade_id, cell)
+            copies.setdefault(grade_id, []).append(cell)
     cells, flags = [], []
+    student = {}
+    for grade_id, found in copies.items():
+        student[grade_id] = _one_cell(found)
+        if len(found) > 1:
+            flags.append(f"{grade_id}: the submission holds {len(found)} cells with this id (a copied cell); they "
+                         "run one after the other, as in the notebook")
     for cell in instructor_nb["cells"]:
         if cell["cell_type"] != "code":
             continue

@@ -1,10 +1,12 @@
 """The checker's side of the solution worker: proxies for what a student's solution cells defined.
 
 A test cell in the checker calls ``fold_conv_bn(conv, bn)`` as always; ``fold_conv_bn`` is a ``RemoteFunction``.
-Its arguments go to the worker by value (a pickle of the checker's own objects: the caller's modules stay here,
-so "the original is unchanged" is checked in the checker's memory), the worker runs the student's function, and
-the result comes back through ``wire.decode``: plain values, tensors and rebuilt ``torch.nn``/``fx`` modules, or
-a ``RemoteModule`` for a module the checker cannot rebuild. An exception comes back as its builtin type.
+Its arguments go to the worker by value (a pickle of the checker's own objects: the caller's modules stay here),
+the worker runs the student's function, and what its copies of the tensor and module arguments hold afterwards is
+written back into the checker's own (``wire.write_back``), so "the original is unchanged" means what it means in
+one process. The result comes back through ``wire.decode``: plain values, tensors and rebuilt ``torch.nn``/``fx``
+modules, the checker's own argument where the function returned one, or a ``RemoteModule`` for a module the
+checker cannot rebuild. An exception comes back as its builtin type.
 """
 
 from __future__ import annotations
@@ -44,12 +46,31 @@ class SolutionProcess:
         return wire.load_tree(blob)
 
     def handle(self, number, kind):
+        if number < 0:  # one of the call's own arguments, returned
+            if self._arguments is None or -1 - number >= len(self._arguments):
+                raise wire.WireError("the solution process referred to an argument the call did not have")
+            return self._arguments[-1 - number]
         if kind.startswith("module:"):
             return RemoteModule(self, number, kind.split(":", 1)[1])
         return RemoteFunction(self, number, kind.split(":", 1)[-1])
 
-    def result(self, reply):
+    _arguments = None
+
+    def result(self, reply, arguments=None):
+        """The value of a reply. For a call, ``arguments`` are the checker's own: what the worker's copies hold
+        after the call is written back into them first (a function that changes its input is seen to)."""
         tag = reply[0] if type(reply) is list and reply else None
+        if tag == "ok" and arguments is not None and len(reply) == 3:
+            states = reply[2]
+            if type(states) is not list or len(states) != len(arguments):
+                raise wire.WireError("the solution process sent a malformed reply")
+            for argument, state in zip(arguments, states):
+                wire.write_back(argument, state)
+            self._arguments = arguments
+            try:
+                return wire.decode(reply[1], self.handle)
+            finally:
+                self._arguments = None
         if tag == "ok" and len(reply) == 2:
             return wire.decode(reply[1], self.handle)
         if tag == "raise" and len(reply) == 3:
@@ -83,15 +104,18 @@ class RemoteFunction:
         return f"<{self.__name__}, run in the solution process>"
 
     def __call__(self, *args, **kwargs):
-        return self._process.result(self._process.request(("call", self._number, args, kwargs)))
+        return self._process.result(self._process.request(("call", self._number, args, kwargs)),
+                                    list(args) + list(kwargs.values()))
 
 
 class RemoteModule(nn.Module):
-    """A module the checker cannot rebuild (a student's own ``nn.Module`` subclass): it stays in the worker.
+    """A module the checker cannot rebuild (a student's own ``nn.Module`` subclass that ``torch.fx`` cannot trace):
+    it stays in the worker.
 
-    Its forward runs there, on inputs sent by value; outputs come back as tensors and are checked here.
-    ``count_batchnorm_calls`` is the worker's own count: the one check of such a module that rests on the
-    worker's word (the report flags the module as kept remote).
+    Its forward runs there, on inputs sent by value; outputs come back as tensors and are checked here. Nothing
+    else about it is asked of the worker: what the worker says about its own module (which operations it runs,
+    say) is the student's word, so a check that needs to see inside a module refuses this one
+    (``evaluated_remotely``).
     """
 
     evaluated_remotely = True
@@ -106,19 +130,13 @@ class RemoteModule(nn.Module):
         return f"<{self.class_name} (a module of your own class), run in the solution process>"
 
     def forward(self, *args, **kwargs):
-        return self._process.result(self._process.request(("call", self._number, args, kwargs)))
+        return self._process.result(self._process.request(("call", self._number, args, kwargs)),
+                                    list(args) + list(kwargs.values()))
 
     def train(self, mode=True):
         self._process.result(self._process.request(("method", self._number, "train", (bool(mode),))))
         object.__setattr__(self, "training", bool(mode))
         return self
-
-    def count_batchnorm_calls(self, *inputs):
-        count = self._process.result(self._process.request(("method", self._number, "count_batchnorm_calls",
-                                                             inputs)))
-        if type(count) is not int:
-            raise wire.WireError("the solution process sent a count that is not a number")
-        return count
 
 
 class _Pickler(pickle.Pickler):

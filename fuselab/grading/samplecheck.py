@@ -92,7 +92,7 @@ def ci_class() -> list:
                   if lab == "lab0" or name == "correct" or (name, lab) in CI_SAMPLES)
 
 
-CI_SAMPLES = {("lying_int", "lab1"), ("honest_idioms", "lab2")}
+CI_SAMPLES = {("lying_int", "lab1"), ("honest_idioms", "lab2"), ("cheat_functional_bn", "lab2")}
 
 
 def stage(target: Path, chosen=None, examples: Path | None = None) -> Path:

@@ -11,7 +11,7 @@ the kernel worker (``kernel_worker``), which runs no student Python, builds and 
 
 Requests (pickles from the checker): ``("run", label, source, want_names)``, ``("call", handle, args, kwargs)``,
 ``("method", handle, name, args)``. Replies (``wire.dump_tree``): ``["ran", [[name, value]...], error]``,
-``["ok", value]`` or ``["raise", type, message]``.
+``["ok", value]`` (a call: ``["ok", value, arguments' state]``) or ``["raise", type, message]``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import types
 
 from . import wire
 
-MODULE_METHODS = ("train", "count_batchnorm_calls")
+MODULE_METHODS = ("train",)
 CELL_SECONDS = float(os.environ.get("FUSELAB_SOLUTION_CELL_S", "60"))
 DEFINITION_SECONDS = 2.0
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign,
@@ -99,8 +99,10 @@ class Worker:
             for key, value in list(self.namespace.items()):
                 if wanted is not None and key not in wanted:
                     continue
-                if before.get(key) == id(value) or key.startswith("__") or isinstance(value, types.ModuleType):
+                if key.startswith("__") or isinstance(value, types.ModuleType):
                     continue
+                if before.get(key) == id(value) and wanted is None:
+                    continue  # a name the lab asks for is sent even when an earlier cell of the student defined it
                 try:
                     names.append([key, self.encode(value)])
                 except wire.Unsendable:
@@ -108,10 +110,16 @@ class Worker:
         return ["ran", names, error]
 
     def call(self, handle, args, kwargs):
+        """The function's result, and what its tensor and module arguments hold now: the checker writes that back
+        into its own arguments, so a function that changes its input in place is seen to, as in one process.
+        A result that *is* one of the arguments comes back as that argument (``result is conv`` holds)."""
         fn = self.handles[handle]
+        arguments = list(args) + list(kwargs.values())
         try:
             result = fn(*args, **kwargs)
-            return ["ok", self.encode(result)]
+            positions = {id(a): i for i, a in enumerate(arguments) if _is_tensor_or_module(a)}
+            record = _name_kinds(wire.encode(result, self.keep, arguments=positions), self)
+            return ["ok", record, [wire.argument_state(a) for a in arguments]]
         except wire.Unsendable as exc:
             return ["raise", "TypeError", f"the function returned something that is not plain data: {exc}"]
         except BaseException as exc:  # noqa: BLE001 - crosses as a builtin type and its message
@@ -123,22 +131,14 @@ class Worker:
             if name == "train":
                 module.train(bool(args[0]))
                 return ["ok", ["v", None]]
-            if name == "count_batchnorm_calls":
-                from torch import nn
-                calls = []
-                hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in module.modules()
-                         if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-                import torch
-                try:
-                    with torch.no_grad():
-                        module(*args)
-                finally:
-                    for hook in hooks:
-                        hook.remove()
-                return ["ok", ["v", len(calls)]]
         except BaseException as exc:  # noqa: BLE001
             return wire.exception_record(exc)
         return ["raise", "AttributeError", f"no method {name}"]
+
+
+def _is_tensor_or_module(obj) -> bool:
+    import torch
+    return isinstance(obj, (torch.Tensor, torch.nn.Module))
 
 
 def _is_module(obj) -> bool:
@@ -148,7 +148,7 @@ def _is_module(obj) -> bool:
 
 def _name_kinds(record, worker):
     """Handle records carry what kind of object they hold (module or callable), so the checker picks a proxy."""
-    if isinstance(record, list) and record and record[0] == "H":
+    if isinstance(record, list) and record and record[0] == "H" and type(record[1]) is int and record[1] > 0:
         return ["H", record[1], worker.handle_record(worker.handles[record[1]])]
     if isinstance(record, list):
         return [_name_kinds(item, worker) if isinstance(item, list) else item for item in record]

@@ -6,15 +6,18 @@ The checker never runs a student's Python: the worker does, and every value it s
 - ``bool``/``int``/``float``/``complex``/``str``/``None``, tuples, lists and dicts of those, ``torch.dtype``,
   ``torch.Size``, ``slice``: plain values. An ``int`` subclass with a lying ``__eq__`` arrives as the plain
   ``int`` it holds, so ``==`` in a test compares numbers;
+- numpy scalars and arrays of numeric or bool dtype, as the same numpy type (``np.int64`` from ``np.prod``);
 - tensors (plain ``torch.Tensor``, detached) and ``nn.Parameter``;
 - ``torch.nn`` modules of an allowlisted class (``torch.nn``'s own classes and the labs' own model classes in
   ``fuselab.labs``): rebuilt here from their class, plain attributes (the constructor's configuration: kernel
   size, stride, eps...), parameters, buffers, children and training flag. The class's code is the checker's own;
 - ``torch.fx.GraphModule``: rebuilt from its node list, each call target resolved here from an allowlist (ATen
   ops under ``torch``, ``torch.nn.functional``, ``operator``'s arithmetic, tensor method names);
-- anything else (a student's own ``nn.Module`` subclass, an object of a class the student wrote): a *handle*.
+- a module of the student's own ``nn.Module`` subclass: the ``torch.fx`` graph of its forward, traced in the worker
+  and rebuilt here like any graph module, so the checker runs (and counts) its operations itself;
+- anything else (such a module that fx cannot trace, an object of a class the student wrote): a *handle*.
   The object stays in the worker; the checker holds a ``remote.RemoteModule`` whose forward is evaluated there
-  and whose outputs come back as tensors, checked here.
+  and whose outputs come back as tensors, checked here (a check that needs to see what a module runs refuses it).
 
 Exceptions cross as the nearest builtin exception type and its message (``ValueError: ...``).
 
@@ -153,13 +156,21 @@ def _tensor(value) -> torch.Tensor:
     return plain
 
 
-def encode(value, handles=None, depth=0):
-    """Worker side: ``value`` as a tree of tagged lists. ``handles(obj)`` keeps an object and returns its id."""
+def encode(value, handles=None, depth=0, arguments=None):
+    """Worker side: ``value`` as a tree of tagged lists. ``handles(obj)`` keeps an object and returns its id;
+    ``arguments`` maps ``id()`` of the call's tensor and module arguments to their positions: such a value comes
+    back as a reference to the checker's own argument."""
     if depth > 64:
         raise Unsendable("nested too deeply")
+    if arguments and id(value) in arguments:
+        return ["H", -1 - arguments[id(value)], "argument"]
     kind = type(value)
     if value is None or kind in (bool, str):
         return ["v", value]
+    if getattr(kind, "__module__", None) == "numpy":
+        record = _encode_numpy(value)
+        if record is not None:
+            return record
     if isinstance(value, bool):
         return ["v", bool(value)]
     if isinstance(value, int):
@@ -183,11 +194,11 @@ def encode(value, handles=None, depth=0):
     if isinstance(value, torch.Tensor):
         return ["T", _tensor(value)]
     if isinstance(value, tuple):
-        return ["t", [encode(v, handles, depth + 1) for v in tuple.__iter__(value)]]
+        return ["t", [encode(v, handles, depth + 1, arguments) for v in tuple.__iter__(value)]]
     if isinstance(value, list):
-        return ["l", [encode(v, handles, depth + 1) for v in list.__iter__(value)]]
+        return ["l", [encode(v, handles, depth + 1, arguments) for v in list.__iter__(value)]]
     if isinstance(value, dict):
-        return ["d", [[encode(k, handles, depth + 1), encode(v, handles, depth + 1)]
+        return ["d", [[encode(k, handles, depth + 1), encode(v, handles, depth + 1, arguments)]
                       for k, v in dict.items(value)]]
     if isinstance(value, nn.Module):
         try:
@@ -195,10 +206,114 @@ def encode(value, handles=None, depth=0):
         except Unsendable:
             if handles is None:
                 raise
-            return ["H", handles(value), type(value).__name__]
+            traced = _traced(value, depth)
+            return traced if traced is not None else ["H", handles(value), type(value).__name__]
     if handles is not None and callable(value):
         return ["H", handles(value), type(value).__name__]
     raise Unsendable(f"a {type(value).__name__} cannot be sent as plain data")
+
+
+# numpy values (what np.prod, np.sum or an array's element give) cross as the same numpy type: a test compares them
+# with numpy's own ==, as in the notebook. Exact numpy types only; a subclass is read as the number it holds.
+_NUMPY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                 "float32", "float64", "complex64", "complex128")
+
+
+def _encode_numpy(value):
+    import numpy
+    kind = type(value)
+    if kind is numpy.ndarray:
+        dtype = value.dtype
+        if dtype.name not in _NUMPY_DTYPES or value.ndim > 64:
+            return None
+        data = numpy.ascontiguousarray(value, dtype=dtype.newbyteorder("="))
+        return ["npa", dtype.name, [int(n) for n in value.shape], data.tobytes()]
+    if isinstance(value, numpy.generic) and kind is numpy.dtype(kind).type and numpy.dtype(kind).name in _NUMPY_DTYPES:
+        return ["np", numpy.dtype(kind).name, numpy.ndarray.tobytes(numpy.asarray(value, dtype=numpy.dtype(kind)
+                                                                                   .newbyteorder("=")))]
+    return None
+
+
+def _decode_numpy(node):
+    try:
+        import numpy
+    except ImportError:
+        raise WireError("the solution process sent a numpy value and numpy is not installed here") from None
+    _check(len(node) in (3, 4) and type(node[1]) is str and node[1] in _NUMPY_DTYPES and type(node[-1]) is bytes,
+           "numpy value")
+    dtype = numpy.dtype(node[1])
+    if node[0] == "np":
+        _check(len(node) == 3 and len(node[2]) == dtype.itemsize, "numpy scalar")
+        return numpy.frombuffer(node[2], dtype=dtype)[0]
+    _check(len(node) == 4 and type(node[2]) is list and all(type(n) is int and n >= 0 for n in node[2]),
+           "numpy array shape")
+    count = 1
+    for n in node[2]:
+        count *= n
+    _check(len(node[3]) == count * dtype.itemsize, "numpy array size")
+    return numpy.frombuffer(node[3], dtype=dtype).reshape(node[2]).copy()
+
+
+def argument_state(value):
+    """Worker side: what a tensor or module argument holds after a call (its contents; a module's parameters,
+    buffers and training flags), for the checker to write back into its own argument; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return ["T", _tensor(value)]
+    if isinstance(value, nn.Module):
+        tensors = [[name, None if t is None else _tensor(t), isinstance(t, nn.Parameter)]
+                   for name, t in _named_state(value)]
+        return ["S", tensors, [[name, bool(m.training)] for name, m in value.named_modules(remove_duplicate=False)]]
+    return None
+
+
+def _named_state(module):
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for kind in (owner._parameters, owner._buffers):
+            for name, tensor in kind.items():
+                yield (f"{prefix}.{name}" if prefix else name), tensor
+
+
+def write_back(argument, state) -> None:
+    """Checker side: make ``argument`` (the checker's own) hold what the worker's copy held after the call. Only
+    tensors, checked like every value from the worker; a state that does not fit the argument is ignored."""
+    if state is None:
+        return
+    tag = _tagged(state)
+    with torch.no_grad():
+        if tag == "T" and isinstance(argument, torch.Tensor) and len(state) == 2:
+            new = _plain_tensor(state[1])
+            if new.shape == argument.shape and new.dtype == argument.dtype and not torch.equal(new, argument.detach()):
+                argument.detach().copy_(new)
+        elif tag == "S" and isinstance(argument, nn.Module) and len(state) == 3 and type(state[1]) is list \
+                and type(state[2]) is list:
+            modules = dict(argument.named_modules(remove_duplicate=False))
+            for item in state[1]:
+                _check(type(item) is list and len(item) == 3 and type(item[0]) is str and type(item[2]) is bool,
+                       "argument state")
+                name, new, is_param = item
+                owner_name, _, leaf = name.rpartition(".")
+                owner = modules.get(owner_name)
+                if owner is None or not _IDENT.match(leaf) or leaf.startswith("__"):
+                    continue
+                slot = owner._parameters if leaf in owner._parameters else owner._buffers \
+                    if leaf in owner._buffers else None
+                if slot is None:
+                    continue
+                old = slot[leaf]
+                if new is None or old is None:
+                    slot[leaf] = None if new is None else (nn.Parameter(_plain_tensor(new), requires_grad=False)
+                                                           if is_param else _plain_tensor(new))
+                elif new.shape == old.shape and new.dtype == old.dtype:
+                    if not torch.equal(_plain_tensor(new), old.detach()):
+                        old.detach().copy_(new)
+                else:  # replaced by a tensor of another shape or dtype
+                    slot[leaf] = nn.Parameter(_plain_tensor(new), requires_grad=old.requires_grad) \
+                        if isinstance(old, nn.Parameter) else _plain_tensor(new)
+            for item in state[2]:
+                _check(type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is bool,
+                       "argument state")
+                if item[0] in modules:
+                    modules[item[0]].training = item[1]
 
 
 def _encode_module(module, depth):
@@ -208,6 +323,23 @@ def _encode_module(module, depth):
     if not allowed_module_class(type(module)):
         raise Unsendable(f"{type(module).__name__} is not a torch.nn class")
     return _encode_parts(module, depth)
+
+
+def _traced(module, depth):
+    """Worker side: a module of the student's own class as the ``torch.fx`` graph of its forward (traced here), so the
+    checker runs and inspects it itself; None when it does not trace or the checker would not rebuild the graph
+    (it then stays here as a handle)."""
+    from torch import fx
+    try:
+        graph_module = fx.symbolic_trace(module)
+        graph_module.training = module.training  # its own flag only: the submodules are the student's objects
+        record = _encode_module(graph_module, depth)
+        decode(load_tree(dump_tree(record)))  # the checker's own decoder: what it refuses stays a handle
+        return record
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - whatever the student's forward does while traced, it is not a graph
+        return None
 
 
 def _encode_parts(module, depth, plain_root=False):
@@ -233,7 +365,10 @@ def _encode_graph(graph, depth):
             return ["t" if isinstance(value, tuple) else "l", [arg(v) for v in value]]
         if isinstance(value, dict):
             return ["d", [[encode(k), arg(v)] for k, v in value.items()]]
-        return encode(value, None, depth + 1)
+        record = encode(value, None, depth + 1)
+        if record[0] in ("np", "npa"):
+            raise Unsendable("a numpy constant in a graph")
+        return record
 
     nodes = []
     for node in graph.nodes:
@@ -300,6 +435,8 @@ def decode(node, handle=None, depth=0):
             _check(type(key) in (bool, int, float, str, type(None), tuple), "dict key")
             out[key] = decode(pair[1], handle, depth + 1)
         return out
+    if tag in ("np", "npa"):
+        return _decode_numpy(node)
     if tag == "M":
         return _rebuild_module(node, depth)
     if tag == "G":
@@ -432,7 +569,7 @@ def _rebuild_graph_module(node, depth):
                 _check(type(key) is str and _IDENT.match(key) and not keyword.iskeyword(key), "keyword")
                 out[key] = arg(pair[1])
             return out
-        _check(tag not in ("M", "G", "H", "T", "P"), "graph argument")
+        _check(tag not in ("M", "G", "H", "T", "P", "np", "npa"), "graph argument")
         return decode(value, None, depth + 1)
 
     for record in node[1]:

@@ -203,3 +203,14 @@ SAMPLES.update({
         why="a load-time constructor that calls PyRun_SimpleString through dlsym: the grader checks what a library "
             "calls before loading it, refuses it, and every test that uses it scores 0 saying why"),
 })
+
+SAMPLES.update({
+    "host_loop": Sample(
+        changes={"fused_source": lambda s: s.replace(
+            "    if (n > 0) add_relu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, e, out, n);",
+            "    for (int64_t i = 0; i < n; ++i) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];  // on the host")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="the launcher computes the result itself, in host code, on device pointers: a segfault on a GPU, "
+            "right answers under a CPU emulation that let host code read device memory; the emulation now keeps "
+            "device memory from host code while the course grades"),
+})

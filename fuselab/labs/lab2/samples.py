@@ -78,3 +78,87 @@ SAMPLES.update({
         why="launches too few threads when the width is odd, so the output's tail is never written: right (and "
             "fast) at the timed shape, wrong at the tests' odd widths; speed counts only for a correct kernel"),
 })
+
+# fold_network that "folds" nothing: each foldable BatchNorm module call becomes an F.batch_norm call on the same
+# running statistics. Outputs, count and the number of BatchNorm *modules* run were all right; every BN still runs.
+_FUNCTIONAL_BN = '''def fold_network(model):
+    # Return (folded_model, number_of_pairs_folded) for an eval-mode model; the original is left unchanged.
+    if model.training:
+        raise ValueError("the model is in training mode: BN folding is valid only in eval mode (model.eval())")
+    traced = fx.symbolic_trace(copy.deepcopy(model))
+    modules = dict(traced.named_modules())
+    count = 0
+    for node in list(traced.graph.nodes):
+        if node.op != "call_module" or not isinstance(modules[node.target], nn.BatchNorm2d):
+            continue
+        source = node.args[0]
+        if not (isinstance(source, fx.Node) and source.op == "call_module"
+                and isinstance(modules[source.target], nn.Conv2d) and len(source.users) == 1):
+            continue
+        bn, graph, t = modules[node.target], traced.graph, node.target
+        with graph.inserting_before(node):
+            stats = [graph.get_attr(f"{t}.{name}") for name in ("running_mean", "running_var")]
+            affine = [graph.get_attr(f"{t}.{name}") if bn.affine else None for name in ("weight", "bias")]
+            same = graph.call_function(F.batch_norm, (source, *stats, *affine, False, 0.0, bn.eps))
+        node.replace_all_uses_with(same)
+        graph.erase_node(node)
+        count += 1
+    traced.recompile()
+    return traced.eval(), count
+'''
+
+# the plain solution's folded graph, returned inside a module of the student's own class: honest, full marks
+_OWN_CLASS = '''class FoldedNetwork(nn.Module):
+    """The folded network, in a class of my own."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x)
+
+
+'''
+
+
+def _wrap_in_own_class(source: str) -> str:
+    return _OWN_CLASS + source.replace("    return traced.eval(), count",
+                                       "    return FoldedNetwork(traced).eval(), count")
+
+
+SAMPLES.update({
+    "cheat_functional_bn": Sample(
+        changes={"fold_network": _FUNCTIONAL_BN},
+        expect={"test_fold_network": "zero"},
+        why="fold_network replaces each foldable BatchNorm module by F.batch_norm on its statistics: right outputs "
+            "and count, no BatchNorm module runs, nothing folded; the checker counts batch norms as operations"),
+    "honest_own_class": Sample(
+        changes={"fold_network": _wrap_in_own_class},
+        why="the folded graph returned in a module of the student's own class: traced in the solution worker, "
+            "checked in the checker like any graph module, full marks"),
+})
+
+# the fold written into the conv it was given: right weights, but the caller's model is changed under it (and a fold
+# of the same conv twice folds the BN in twice). The clean recheck sent copies of the arguments and never saw it.
+_IN_PLACE = '''def fold_conv_bn(conv, bn):
+    # Return a new conv module equal to bn(conv(x)) in eval mode; raise ValueError where folding is not valid.
+    if bn.training:
+        raise ValueError("this BatchNorm is in training mode: folding is valid only in eval mode")
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("this BatchNorm keeps no running statistics: there is nothing fixed to fold")
+    weight, bias = fold_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                        bn.weight, bn.bias)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias = nn.Parameter(bias)
+    return conv.eval()
+'''
+
+SAMPLES.update({
+    "fold_in_place": Sample(
+        changes={"fold_module": _IN_PLACE},
+        expect={"test_fold_module": "zero"},
+        why="fold_conv_bn writes the folded weights into the conv it was given and returns it: the caller's "
+            "module changes; the checker writes the worker's arguments back, so it sees what the notebook sees"),
+})

@@ -82,6 +82,26 @@ extern "C" int fuselab_emu_end_call(char* msg, int cap) {
   return 1;
 }
 
+// Guard device memory from the launcher's host code for one call (see DeviceGuard): `bases`/`sizes` are the
+// page-aligned buffers fuselab's Python side staged the call's tensors in.
+extern "C" void fuselab_emu_guard(void** bases, unsigned long long* sizes, int n) {
+  fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
+  g.ranges = g.allocated;
+  for (int i = 0; i < n; ++i) g.ranges.emplace_back(bases[i], (std::size_t)sizes[i]);
+  g.open = 0;
+  g.active = true;
+  fuselab_emu::device_memory_for_host(true);
+}
+
+extern "C" void fuselab_emu_unguard() {
+  fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
+  if (!g.active) return;
+  fuselab_emu::device_memory_for_host(false);
+  g.active = false;
+  g.open = 0;
+  g.ranges.clear();
+}
+
 // How many OS threads run blocks (0: OpenMP's default, usually one per core).
 extern "C" void fuselab_emu_set_num_threads(int n) { fuselab_emu::settings().os_threads = n < 0 ? 0 : n; }
 

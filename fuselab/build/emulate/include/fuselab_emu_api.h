@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <vector>
 
 #include "fuselab_emu_errors.h"
 
@@ -53,6 +56,44 @@ enum cudaDeviceAttr {
 #define cudaStreamPerThread ((cudaStream_t)0x2)
 
 namespace fuselab_emu {
+// Device memory is not host memory. While fuselab's Python side calls a launcher with the guard on
+// (fuselab_emu_guard), the buffers it passed and every cudaMalloc'd buffer are inaccessible to host code, and
+// readable and writable only while a kernel or a runtime copy (cudaMemcpy, cudaMemset...) runs: a launcher that
+// reads or writes device memory itself faults, as it does on a GPU, instead of computing on the host.
+struct DeviceGuard {
+  bool active = false;
+  int open = 0;                                             // nested device-side accesses
+  std::vector<std::pair<void*, std::size_t>> ranges;        // page-aligned, for mprotect
+  std::vector<std::pair<void*, std::size_t>> allocated;     // cudaMalloc's, always device memory
+};
+
+inline DeviceGuard& device_guard() {
+  static DeviceGuard guard;
+  return guard;
+}
+
+inline void device_memory_for_host(bool host_side) {
+  for (auto& r : device_guard().ranges) mprotect(r.first, r.second, host_side ? PROT_NONE : (PROT_READ | PROT_WRITE));
+}
+
+// For a scope that touches device memory on the device's behalf: a kernel's blocks, a runtime copy.
+struct DeviceAccess {
+  bool counted = false;
+  DeviceAccess() {
+    DeviceGuard& g = device_guard();
+    if (g.active) {
+      counted = true;
+      if (g.open++ == 0) device_memory_for_host(false);
+    }
+  }
+  ~DeviceAccess() {
+    DeviceGuard& g = device_guard();
+    if (counted && g.active && --g.open == 0) device_memory_for_host(true);
+  }
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+
 // The stream a launcher was given, while fuselab's Python side calls it (fuselab_emu_begin_call). On a GPU,
 // work on any other stream escapes a CUDA-graph capture of the caller's stream and is not ordered with the
 // caller's other work, so the emulation, where every launch is synchronous and would hide it, reports it.
@@ -201,12 +242,22 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 // ---- memory ----
 inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (!p) return cudaErrorInvalidValue;
-  std::size_t rounded = (bytes + 255) / 256 * 256;
-  *p = rounded ? std::aligned_alloc(256, rounded) : nullptr;
-  if (rounded && !*p) {
+  *p = nullptr;
+  if (!bytes) return cudaSuccess;
+  const std::size_t page = (std::size_t)sysconf(_SC_PAGESIZE);
+  const std::size_t rounded = (bytes + page - 1) / page * page;  // its own pages: the guard protects them
+  void* m = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
     fuselab_emu::record_error(cudaErrorMemoryAllocation, "host allocation failed");
     return cudaErrorMemoryAllocation;
   }
+  fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
+  g.allocated.emplace_back(m, rounded);
+  if (g.active) {
+    g.ranges.emplace_back(m, rounded);
+    if (g.open == 0) mprotect(m, rounded, PROT_NONE);
+  }
+  *p = m;
   return cudaSuccess;
 }
 template <class T>
@@ -216,10 +267,25 @@ template <class T>
 inline cudaError_t cudaMallocAsync(T** p, std::size_t bytes, cudaStream_t) {
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);
 }
-inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
-inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { std::free(p); return cudaSuccess; }
+inline cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
+  std::size_t length = 0;
+  for (auto* list : {&g.allocated, &g.ranges})
+    for (auto it = list->begin(); it != list->end(); ++it)
+      if (it->first == p) {
+        length = it->second;
+        list->erase(it);
+        break;
+      }
+  if (!length) return cudaErrorInvalidValue;  // not a pointer cudaMalloc gave
+  munmap(p, length);
+  return cudaSuccess;
+}
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
 
 inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
+  fuselab_emu::DeviceAccess access;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -228,6 +294,7 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaSt
   return cudaMemset(p, value, bytes);
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {
+  fuselab_emu::DeviceAccess access;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -238,6 +305,7 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes
 }
 inline cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
                                 std::size_t width, std::size_t height, cudaMemcpyKind) {
+  fuselab_emu::DeviceAccess access;
   for (std::size_t r = 0; r < height; ++r)
     std::memmove((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
   return cudaSuccess;
@@ -254,6 +322,7 @@ inline cudaError_t cudaMemcpyToSymbol(T& symbol, const void* src, std::size_t by
     fuselab_emu::record_error(cudaErrorInvalidValue, "cudaMemcpyToSymbol copies past the end of the symbol");
     return cudaErrorInvalidValue;
   }
+  fuselab_emu::DeviceAccess access;
   std::memcpy(reinterpret_cast<char*>(&symbol) + offset, src, bytes);
   return cudaSuccess;
 }
@@ -269,6 +338,7 @@ inline cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, std::size_t 
     fuselab_emu::record_error(cudaErrorInvalidValue, "cudaMemcpyFromSymbol copies past the end of the symbol");
     return cudaErrorInvalidValue;
   }
+  fuselab_emu::DeviceAccess access;
   std::memcpy(dst, reinterpret_cast<const char*>(&symbol) + offset, bytes);
   return cudaSuccess;
 }

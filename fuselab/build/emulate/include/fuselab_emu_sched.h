@@ -594,6 +594,7 @@ static inline void launch_kernel(const LaunchSite& site, dim3 grid, dim3 block, 
   int os_threads = s.os_threads.load();
   if (os_threads <= 0) os_threads = omp_get_max_threads();
   if ((long long)os_threads > blocks) os_threads = (int)blocks;
+  DeviceAccess access;  // the kernel's blocks may touch device memory; the launcher around them may not
 #pragma omp parallel num_threads(os_threads) if (os_threads > 1)
   {
     Worker& w = worker_for_this_thread();
