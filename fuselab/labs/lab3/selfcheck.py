@@ -20,7 +20,7 @@ What it measures, to pick the graded configuration from real numbers (docs/desig
 - cuBLAS context at the skinny shapes and at 4096³ (fp32, TF32 off): addmm + relu, F.linear + relu, the plain
   and the tuned kernels, torch.compile at one skinny shape; the tuned kernel as a fraction of cuBLAS and of
   the measured fp32 matmul ceiling;
-- the rows the notebook's Part C plots without a GPU (docs/results/lab3_sweep.json).
+- the rows the notebook's Part C plots without a GPU (fuselab/labs/results/lab3_sweep.json, shipped with the package).
 """
 
 import datetime
