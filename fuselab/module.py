@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import numbers
+import re
 
 import torch
 
@@ -76,6 +77,11 @@ class Launcher:
                 raise LaunchError(f"{exc} ({nothing}: there is nothing to compute, and CUDA refuses a grid of "
                                   f"0 blocks. Launch nothing when there is no work: `if (n > 0) "
                                   f"kernel<<<...>>>(...)`.)") from None
+            if "InvalidConfiguration" in str(exc) and re.search(r"\bgrid \([^)]*\b0\b[^)]*\) has a zero", str(exc)):
+                raise LaunchError(f"{exc} (a grid of 0 blocks although this call has work to do: the block count "
+                                  f"rounds down, as `n / 256` does for n < 256. Round it up: `(n + 255) / 256` "
+                                  f"blocks of 256 threads cover every element, and the kernel's `if (i < n)` "
+                                  f"skips the rest.)") from None
             raise
 
     def _bind(self, args, kwargs):
