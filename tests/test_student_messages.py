@@ -98,3 +98,66 @@ def test_a_speed_cell_without_a_gpu_says_the_course_measures_it_when_grading(cap
                               reference=lab0.reference, make_inputs=make, module=mod, max_points=4) == 0.0
     said = capsys.readouterr().out
     assert "0 of 4 points" in said and "only given on a GPU" in said, said
+
+
+def test_lab1_visible_cases_span_several_blocks_on_every_grid_axis():
+    """A conv kernel that ignores blockIdx.x (one block of 256 output pixels per plane) or a depthwise kernel that
+    covers one 32 × 8 patch must fail the visible tests: the hidden tests' larger images would catch it."""
+    from fuselab.labs import lab1
+    pixels = [lab1.conv_output_size(c.H, c.R, c.stride, c.pad) * lab1.conv_output_size(c.W, c.R, c.stride, c.pad)
+              for c in lab1.SMALL_CONV_CASES]
+    assert max(pixels) > 2 * 256, pixels
+    assert max(c.W for c in lab1.SMALL_DEPTHWISE_CASES) > 32 and max(c.H for c in lab1.SMALL_DEPTHWISE_CASES) > 8
+
+
+def test_lab1_conv_that_ignores_blockidx_fails_the_visible_test():
+    from fuselab.labs import lab1
+    solution = _lab_source("lab1", "CONV_SOURCE")
+    for bug in ("int pq = threadIdx.x;", None):
+        text = solution.replace("int pq = blockIdx.x * blockDim.x + threadIdx.x;", bug) if bug else \
+            solution.replace("dim3 grid((P * Q + 255) / 256, K, N);", "dim3 grid(1, K, N);")
+        assert text != solution
+        mod = fuselab.build(text, lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_conv_block", backend="emulate")
+        result = fuselab.check(lab1.conv(mod), lab1.conv_only_reference,
+                               lambda case, seed: lab1.make_conv_inputs(case, seed), lab1.SMALL_CONV_CASES,
+                               seeds=(random.Random(5).randint(0, 99),), verbose=False, raise_on_fail=False)
+        assert not result.passed, bug
+
+
+def _lab_source(lab, variable):
+    """A solution notebook's CUDA source, without its solution markers (what a student writes)."""
+    import re
+
+    from fuselab.notebook_sources import string_assignments
+
+    from .conftest import REPO
+    text = string_assignments(REPO / "solutions" / lab / f"{lab}.ipynb")[variable]
+    return re.sub(r"^.*(BEGIN|END) SOLUTION.*\n?", "", text, flags=re.M)
+
+
+def test_the_h200_l2_size_is_stated_in_one_unit_and_agrees_with_the_measured_ceiling():
+    """Lab 0's text and Lab 1's printout name the H200's L2 the same way: 60 MiB (not 60 MB next to '63 MB')."""
+    import json
+    import re
+
+    from fuselab import notebook as ipynb
+    from fuselab.labs import lab1
+
+    from .conftest import REPO
+    mib = lab1.H200_CEILINGS["l2_bytes"] / 2**20
+    lab0_text = "".join(ipynb.source(c) for c in json.loads((REPO / "solutions/lab0/lab0.ipynb").read_text())["cells"])
+    stated = re.search(r"\((\d+) MiB on an H200\)", lab0_text)
+    assert stated and int(stated.group(1)) == round(mib), (stated, mib)
+    lab1_text = "".join(ipynb.source(c) for c in json.loads((REPO / "solutions/lab1/lab1.ipynb").read_text())["cells"])
+    assert "l2_bytes / 2**20:.0f} MiB L2" in lab1_text and "l2_bytes / 1e6:.0f} MB L2" not in lab1_text
+
+
+def test_lab2_question_premise_holds_in_the_saved_results():
+    """Lab 2's question says BN in registers was slower than folding 'by much less than either was faster than
+    the unfused pipeline': true at every saved shape, or the question misleads."""
+    from fuselab.labs import lab2
+    for row in lab2.saved_results(lab2.CONTEXT_RESULTS)["rows"]:
+        t = row["median_us"]
+        registers = t["BN in registers"] / t["plain fused (folded)"] - 1
+        reference_vs_registers = t["lab reference (3 kernels)"] / t["BN in registers"] - 1
+        assert 0 < registers < reference_vs_registers / 2, (row["shape"], registers, reference_vs_registers)
