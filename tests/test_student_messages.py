@@ -161,3 +161,17 @@ def test_lab2_question_premise_holds_in_the_saved_results():
         registers = t["BN in registers"] / t["plain fused (folded)"] - 1
         reference_vs_registers = t["lab reference (3 kernels)"] / t["BN in registers"] - 1
         assert 0 < registers < reference_vs_registers / 2, (row["shape"], registers, reference_vs_registers)
+
+
+def test_a_padding_bound_off_by_one_is_not_called_a_short_grid():
+    """`ih > H` for `ih >= H` in Lab 1's conv: the last output row is written but wrong. The hint must point at the
+    edge's bounds condition, not say the grid stops short (which would send the student to the launcher)."""
+    from fuselab.labs import lab1
+    text = _lab_source("lab1", "CONV_SOURCE").replace("if (ih < 0 || ih >= H) continue;", "if (ih < 0 || ih > H) continue;")
+    mod = fuselab.build(text, lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_conv_edge", backend="emulate")
+    case = lab1.ConvCase(1, 2, random.Random(6).randint(18, 30), 29, 3, 3, 1, 1, True, "none")
+    result = fuselab.check(lab1.conv(mod), lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                           [case], seeds=(0, 1), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "grid or loop stops" not in report, report
+    assert "though written" in report and "ih >= H" in report, report

@@ -89,6 +89,13 @@ def _tail_along_a_dimension(ev: Evidence) -> str:
         if start == 0 or not bool(all_bad[start:].all()) or bad.numel() // size * (size - start) < 2:
             continue
         where = f"index {start} on along dimension {dim} (size {size})" if bad.dim() > 1 else f"`{ev.name}[{start}]` on"
+        if not bool((ev.not_written & bad).any()):
+            # written, but wrong: the grid reached them; what goes wrong is at the far edge itself
+            return (
+                f"everything from {where} is wrong, though written: the far edge of dimension {dim} gets wrong "
+                f"values. Check the bounds conditions there (`ih >= H` written as `ih > H`, `<=` for `<`) and the "
+                f"padding: an input index past the last row or column must count as 0, not be read."
+            )
         return (
             f"everything from {where} is {_what(ev)}: your grid or loop stops at {start}. "
             f"If {size} is not a multiple of your block size, round the number of blocks up: (n + block - 1) / block."
