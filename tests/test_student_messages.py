@@ -175,3 +175,23 @@ def test_a_padding_bound_off_by_one_is_not_called_a_short_grid():
     report = result.report()
     assert not result.passed and "grid or loop stops" not in report, report
     assert "though written" in report and "ih >= H" in report, report
+
+
+def test_size_arguments_name_the_bug_float_division_none_and_a_wrong_h():
+    from fuselab.labs import lab1
+    mod = fuselab.build(_lab_source("lab1", "CONV_SOURCE"), lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_sizes",
+                        backend="emulate")
+    rng = random.Random(7)
+    h, w = rng.randint(5, 12), rng.randint(13, 20)
+    x, wt, y, none = torch.randn(1, 2, h, w), torch.randn(3, 2, 3, 3), torch.empty(1, 3, h, w), torch.empty(0)
+    sizes = dict(N=1, C=2, H=h, W=w, K=3, R=3, S=3, P=h, Q=w, stride=1, pad=1)
+    mod.conv2d(x, wt, none, y, **sizes)  # right: runs
+    for wrong, said in [(dict(H=w, W=h), f"argument 'H' of conv2d is {w}, but argument 'x' has H={h}"),
+                        (dict(P=h * 2 / 2), "`/` is float division"),
+                        (dict(P=h + 1), f"pass P={h}")]:
+        with pytest.raises((TypeError, ValueError)) as raised:
+            mod.conv2d(x, wt, none, y, **{**sizes, **wrong})
+        assert said in str(raised.value), (wrong, str(raised.value))
+    with pytest.raises(TypeError) as raised:
+        mod.conv2d(x, wt, None, y, **sizes)
+    assert "pass an empty tensor" in str(raised.value), str(raised.value)
