@@ -195,3 +195,17 @@ def test_size_arguments_name_the_bug_float_division_none_and_a_wrong_h():
     with pytest.raises(TypeError) as raised:
         mod.conv2d(x, wt, None, y, **sizes)
     assert "pass an empty tensor" in str(raised.value), str(raised.value)
+
+
+def test_a_bias_on_the_wrong_axis_is_not_called_a_short_grid():
+    """Lab 3's classic bug, bias[row] for bias[col], on a one-row output: element 0 is right, the rest written
+    but wrong. The hint must say what each element reads, not that the grid stops short."""
+    from fuselab.labs import lab3
+    text = _lab_source("lab3", "FUSED_SOURCE").replace("(bias ? bias[col] : 0.0f)", "(bias ? bias[row] : 0.0f)")
+    mod = fuselab.build(text, [lab3.FUSED_F32], name="msg_bias_axis", backend="emulate")
+    n = random.Random(8).randint(9, 40)
+    result = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, device="cpu"),
+                           [(1, n, 33, True, False)], seeds=(0, 1), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "grid covers too few" not in report, report
+    assert "though written" in report and "bias[row] instead of bias[col]" in report, report

@@ -66,6 +66,11 @@ def _correct_only_below(ev: Evidence) -> str:
     where = f"{first} on (flat index {k} and up)" if ev.bad.dim() > 1 else f"{first} on"
     said = (f"only the first {plural(k, 'element')} of `{ev.name}` in memory order {'is' if k == 1 else 'are'} "
             f"right; everything from {where} is {_what(ev)}")
+    if not bool((ev.not_written & ev.bad).any()):
+        # every wrong element was written: the grid reached it, and what it read or computed is wrong
+        return (f"{said}, though written: the grid reaches them, so look at what each one reads. An index along "
+                f"the wrong axis (a per-column value such as a bias read as bias[row] instead of bias[col], a "
+                f"per-channel value read with the wrong channel) or a wrong stride gives exactly this.")
     one_block = (f"{k} is one block of {k} threads: does the index use blockIdx? "
                  "`i = threadIdx.x` makes every block write the same first elements; "
                  "use `i = blockIdx.x * blockDim.x + threadIdx.x`")
