@@ -209,3 +209,22 @@ def test_a_bias_on_the_wrong_axis_is_not_called_a_short_grid():
     report = result.report()
     assert not result.passed and "grid covers too few" not in report, report
     assert "though written" in report and "bias[row] instead of bias[col]" in report, report
+
+
+def test_half_precision_accumulation_is_named_in_the_visible_test():
+    """Lab 3's template with an fp16 accumulator: the visible fp16 test must fail (the hidden tests' K = 4096
+    would), and say that the arithmetic is done in fp16."""
+    from fuselab.labs import lab3
+    text = (_lab_source("lab3", "TEMPLATE_SOURCE")
+            .replace("float acc = 0.0f;  // fp32 accumulation, whatever T is", "T acc = T(0.0f);")
+            .replace("acc += a_tile[ty][kk] * b_tile[kk][tx];", "acc = acc + T(a_tile[ty][kk] * b_tile[kk][tx]);")
+            .replace("float v = acc + (bias ?", "float v = to_float(acc) + (bias ?"))
+    mod = fuselab.build(text, lab3.FUSED_LAUNCHERS, name="msg_half_acc", backend="emulate")
+    make16 = lambda s, seed: lab3.make_inputs(s, seed, device="cpu", dtype=torch.float16)  # noqa: E731
+    result = fuselab.check(lab3.fused(mod), lab3.reference, make16, lab3.SMALL_SHAPES, verbose=False,
+                           raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "accumulate in a `float`" in report and "fp16 accumulator" in report, report
+    fine = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, device="cpu"),
+                         [(random.Random(9).randint(2, 40), 17, 70, True, True)], verbose=False, raise_on_fail=False)
+    assert fine.passed  # fp32 is right: the bug is only in half precision

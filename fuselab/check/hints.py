@@ -236,6 +236,23 @@ def _depends_on_one_dimension(ev: Evidence) -> str:
     return ""
 
 
+def _half_precision_rounding(ev: Evidence) -> str:
+    """A half-precision output a little off here and there: arithmetic done in half precision (an fp16 accumulator,
+    the bias added in fp16, an intermediate rounded twice) instead of float with one rounding at the end."""
+    if ev.dtype not in (torch.float16, torch.bfloat16):
+        return ""
+    bad = ev.bad
+    error = (ev.got[bad] - ev.expected[bad]).abs()
+    if not bool(torch.isfinite(error).all()) or not bool((error <= 8 * ev.allowed[bad]).all()):
+        return ""
+    kind = "fp16" if ev.dtype == torch.float16 else "bf16"
+    convert = "__half2float / __float2half" if ev.dtype == torch.float16 else "__bfloat162float / __float2bfloat16"
+    return (f"the wrong values are close to right (within a few times the tolerance) in a {kind} output: "
+            f"rounding error. Is some arithmetic done in {kind} (a {kind} accumulator, the bias added in {kind}, a "
+            f"value rounded to {kind} twice)? Convert to float on load, accumulate in a `float`, and round once, "
+            f"at the store ({convert}).")
+
+
 _RULES = (
     _nothing_written,
     _correct_only_below,
@@ -250,4 +267,5 @@ _RULES = (
     _relu,
     _constant_error,
     _depends_on_one_dimension,
+    _half_precision_rounding,
 )
