@@ -228,3 +228,70 @@ def test_half_precision_accumulation_is_named_in_the_visible_test():
     fine = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, device="cpu"),
                          [(random.Random(9).randint(2, 40), 17, 70, True, True)], verbose=False, raise_on_fail=False)
     assert fine.passed  # fp32 is right: the bug is only in half precision
+
+
+WILD = r'''
+__global__ void k(const float* a, const float* b, const float* e, float* out, int64_t n, long long stride) {
+    __shared__ float tile[256];
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    tile[threadIdx.x] = i < n ? a[i] : 0.0f;
+    if (SYNC) __syncthreads();
+    if (i < n) out[i * stride] = tile[threadIdx.x];  // a wrong stride: far outside `out`
+}
+void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, cudaStream_t stream) {
+    if (n > 0) k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, e, out, n, STRIDE);
+}
+'''
+
+WILD_SCRIPT = """
+import random, sys, torch, fuselab
+from fuselab.labs import lab0
+source = sys.argv[1]
+mod = fuselab.build(source, [lab0.FUSED], name="msg_wild_" + sys.argv[2], backend="emulate")
+n = random.Random(10).randint(300, 2000)
+for attempt in range(2):  # the process survives, and the module keeps working after the fault
+    try:
+        a, b, e = lab0.make_inputs((n,), attempt)
+        mod.add_relu_mul(a, b, e, torch.empty(n), n)
+        print("no error")
+    except fuselab.LaunchError as error:
+        print("LaunchError:", error)
+print("alive")
+"""
+
+
+@pytest.mark.parametrize("sync", [0, 1], ids=["loop", "fibers"])
+def test_a_wild_pointer_is_a_launch_error_not_a_dead_kernel(sync, tmp_path):
+    """A kernel that writes far outside its tensors must not kill the Python process (a student's Jupyter
+    kernel): the emulation reports the fault as cudaErrorIllegalAddress, names the kernel and the thread, and the
+    module keeps working."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    source = WILD.replace("SYNC", str(sync)).replace("STRIDE", str(1 << 40))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", WILD_SCRIPT, source, str(sync)], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=tmp_path)
+    said = done.stdout
+    assert done.returncode == 0 and said.rstrip().endswith("alive"), (done.returncode, said, done.stderr[-2000:])
+    assert said.count("cudaErrorIllegalAddress") == 2 and "illegal memory access" in said, said
+    assert "kernel k launched at" in said and "thread (" in said, said
+
+
+def test_a_fold_that_scales_the_conv_weight_in_place_is_told_so():
+    """Lab 2: `conv_w.mul_(scale)` changed the input; the check compared with a fold of the changed weight and
+    reported '215 of 216 elements bad' instead of naming the in-place change."""
+    from fuselab.labs import lab2
+
+    def fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+        scale = torch.rsqrt(var + eps) * (gamma if gamma is not None else 1)
+        w = conv_w.data.mul_(scale.reshape((-1,) + (1,) * (conv_w.dim() - 1)))  # the bug
+        b = ((conv_b if conv_b is not None else torch.zeros_like(mean)) - mean) * scale
+        return w, b + (beta if beta is not None else 0)
+
+    case = random.Random(11).choice([c for c in lab2.FOLD_CASES if c.get("dtype", torch.float32) == torch.float32])
+    with pytest.raises(AssertionError) as raised:
+        lab2.check_fold_weights(fold, [case])
+    assert "modified its input conv_w in place" in str(raised.value), str(raised.value)

@@ -107,6 +107,11 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
         what = f"case {case['name']!r}"
         with torch.no_grad():
             got = fold(*args)
+        # first: a fold that changed its inputs would otherwise be compared with a fold of the changed inputs
+        for arg, old, name in zip(args, before, ("conv_w", "conv_b", "mean", "var", "eps", "gamma", "beta")):
+            if torch.is_tensor(arg) and not torch.equal(arg, old):
+                raise AssertionError(f"{what}: the fold modified its input {name} in place (an in-place op such "
+                                     f"as mul_ or `*=` on it, or on its .data): compute new tensors instead")
         if not (isinstance(got, tuple) and len(got) == 2):
             raise AssertionError(f"{what}: return (folded_weight, folded_bias), got {type(got).__name__}")
         w, b = got
@@ -132,9 +137,6 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
             w_torch, b_torch = torch.nn.utils.fusion.fuse_conv_bn_weights(*args)
             assert_close(w.detach(), w_torch.detach(), name=f"folded weight vs torch ({case['name']})")
             assert_close(b.detach(), b_torch.detach(), name=f"folded bias vs torch ({case['name']})")
-        for arg, old, name in zip(args, before, ("conv_w", "conv_b", "mean", "var", "eps", "gamma", "beta")):
-            if torch.is_tensor(arg) and not torch.equal(arg, old):
-                raise AssertionError(f"{what}: the fold modified its input {name} in place")
 
 
 def float64_fold_exact(args):
