@@ -295,3 +295,25 @@ def test_a_fold_that_scales_the_conv_weight_in_place_is_told_so():
     with pytest.raises(AssertionError) as raised:
         lab2.check_fold_weights(fold, [case])
     assert "modified its input conv_w in place" in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("mistake", ["no eps", "eps outside"])
+def test_a_fold_without_eps_under_the_root_says_so(mistake):
+    """Lab 2's eps pitfall: the weight check names it instead of 'every wrong value is 1.000049 × the expected'."""
+    from fuselab.labs import lab2
+
+    def fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+        root = torch.sqrt(var) if mistake == "no eps" else torch.sqrt(var) + eps
+        scale = (gamma if gamma is not None else 1) / root
+        w = conv_w * scale.reshape((-1,) + (1,) * (conv_w.dim() - 1))
+        b = ((conv_b if conv_b is not None else torch.zeros_like(mean)) - mean) * scale
+        return w, b + (beta if beta is not None else 0)
+
+    # where eps is large enough to matter in fp32 (with eps = 1e-5 and unit variances the fold is within tolerance)
+    cases = [c for c in lab2.FOLD_CASES if c.get("dtype", torch.float32) == torch.float32 and c.get("eps", 1e-5) >= 1e-3]
+    assert cases
+    expected = "eps is left out" if mistake == "no eps" else "eps is added outside the square root"
+    for case in cases:
+        with pytest.raises(AssertionError) as raised:
+            lab2.check_fold_weights(fold, [case], seed=random.Random(12).randint(0, 99))
+        assert expected in str(raised.value), (case["name"], str(raised.value))
