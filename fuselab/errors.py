@@ -41,3 +41,9 @@ class NotWrittenError(FuselabError, NotImplementedError):
 
 class LaunchError(FuselabError, RuntimeError):
     """A launcher recorded a CUDA error (for example an invalid launch configuration)."""
+
+
+# In a notebook, a NameError for a name that a failed cell assigns says which cell failed (fuselab/cell_hints.py).
+from .cell_hints import install as _install_cell_hints  # noqa: E402
+
+_install_cell_hints()

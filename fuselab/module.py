@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import numbers
+import re
 
 import torch
 
@@ -82,6 +83,11 @@ class Launcher:
                 raise LaunchError(f"{exc} ({nothing}: there is nothing to compute, and CUDA refuses a grid of "
                                   f"0 blocks. Launch nothing when there is no work: `if (n > 0) "
                                   f"kernel<<<...>>>(...)`.)") from None
+            if "InvalidConfiguration" in str(exc) and re.search(r"\bgrid \([^)]*\b0\b[^)]*\) has a zero", str(exc)):
+                raise LaunchError(f"{exc} (a grid of 0 blocks although this call has work to do: the block count "
+                                  f"rounds down, as `n / 256` does for n < 256. Round it up: `(n + 255) / 256` "
+                                  f"blocks of 256 threads cover every element, and the kernel's `if (i < n)` "
+                                  f"skips the rest.)") from None
             raise
 
     def _bind(self, args, kwargs):
@@ -103,7 +109,9 @@ class Launcher:
     def _check_tensor(self, param, tensor, dims):
         where = f"argument {param.name!r} of {self.prototype.name}"
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{where} must be a torch.Tensor ({param.describe()}), got {type(tensor).__name__}")
+            null = (f"; for a null pointer (`{param.name} == nullptr` in the kernel) pass an empty tensor, "
+                    f"torch.empty(0, device=...)") if tensor is None and not param.dims else ""
+            raise TypeError(f"{where} must be a torch.Tensor ({param.describe()}), got {type(tensor).__name__}{null}")
         if param.dtype is not None and tensor.dtype != param.dtype:
             raise TypeError(f"{where} must have dtype {str(param.dtype).replace('torch.', '')} to match "
                             f"`{param.c_type}`, got {str(tensor.dtype).replace('torch.', '')}; "
@@ -168,7 +176,9 @@ class Launcher:
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
         if kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise TypeError(f"{where} must be an integer (C type `{param.base_type}`), got {value!r}")
+            division = (" (a float: `/` is float division in Python even when it divides evenly; use `//`, or "
+                        "int(...))") if isinstance(value, float) else ""
+            raise TypeError(f"{where} must be an integer (C type `{param.base_type}`), got {value!r}{division}")
         if kind is float and not isinstance(value, numbers.Real):
             raise TypeError(f"{where} must be a number (C type `{param.base_type}`), got {value!r}")
         if kind is int:

@@ -52,7 +52,9 @@ CXX_REFUSED = ("fstream", "filebuf", "filesystem", "6thread", "10this_thread", "
 # what the CPU emulation's own runtime (fuselab/build/emulate/include) compiles into every emulated library
 EMULATION = {"getenv", "strtol", "strtoul", "strtoull", "sysconf", "mmap", "munmap", "mprotect",
              "pthread_mutex_lock", "pthread_mutex_unlock", "omp_get_max_threads", "omp_get_thread_num",
-             "omp_get_num_threads"}
+             "omp_get_num_threads",
+             # a wild pointer in a kernel faults; the emulation turns that into a launch error, not a crash
+             "sigaction", "sigaltstack", "__sigsetjmp", "siglongjmp"}
 EMULATION_PREFIXES = ("GOMP_", "fuselab_emu_")
 CUDA_PREFIXES = ("__cuda", "cuda")
 CUDA_REFUSED_PREFIXES = ("cudaIpc", "cudaHostRegister", "cudaHostGetDevicePointer", "cudaProfiler")

@@ -129,3 +129,26 @@ def test_the_graded_speed_test_is_the_small_k_shape_and_names_the_cells_that_che
     assert "test_speedup_small_k" in graded
     # the timed kernel is the Part B template: its correctness cell is the one the speed test depends on
     assert test["speed_requires"] == ["test_template"] and set(test["speed_requires"]) <= set(graded)
+
+
+def test_the_traffic_text_agrees_with_the_byte_table():
+    """Part C's text reads the byte table: for skinny M (1…64, N = K = 4096) the bytes saved are 'a few percent at
+    most'; for small K (8…64, M = N = 4096) the unfused epilogue's extra pass over C 'about triples the bytes' and
+    is 'two thirds of the unfused bytes'. Random shapes in those ranges, counted the way the table counts."""
+    import json
+    import random
+
+    from fuselab import notebook as ipynb
+    rng = random.Random(3)
+    for _ in range(50):
+        m = rng.randint(1, 64)
+        t = lab3.traffic(m, 4096, 4096)
+        unfused, fused = t["gemm"] + t["epilogue"], t["gemm"] + 4096 * 4
+        assert 0 < 1 - fused / unfused < 0.05, (m, 1 - fused / unfused)
+        k = rng.randint(8, 64)
+        t = lab3.traffic(4096, 4096, k)
+        unfused, fused = t["gemm"] + t["epilogue"], t["gemm"] + 4096 * 4
+        assert 2.8 < unfused / fused < 3.0 and 0.64 < 1 - fused / unfused < 2 / 3, (k, unfused / fused)
+    text = "".join(ipynb.source(c) for c in json.loads((REPO / "solutions/lab3/lab3.ipynb").read_text())["cells"])
+    assert "a few percent at most" in text and "triples the bytes" in text and "two thirds of the unfused" in text
+    assert "under 1%" not in text and "doubles the bytes" not in text  # what the table contradicted (M = 64: 2.9 %)

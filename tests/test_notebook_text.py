@@ -23,7 +23,7 @@ import pytest
 from fuselab import notebook as ipynb
 
 from .conftest import REPO as ROOT
-LABS = ("lab0", "lab1", "lab2")
+LABS = ("lab0", "lab1", "lab2", "lab3")
 
 # A number followed by a unit of measure. A product of sizes (3×3, 112x112, 32 × 8) is a shape, not a measurement.
 MEASURED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s*(?:×(?!\s*\d)|x\b(?!\s*\d)|%|µs\b|us\b|ms\b|GB/s|TB/s|TFLOP)")
@@ -34,6 +34,12 @@ ALLOWED = {
     ("lab0", "partial credit between 1.0× and the threshold"): "the grading rule: credit starts above no speedup",
     ("lab1", "partial credit between 1.0× and the threshold"): "the grading rule: credit starts above no speedup",
     ("lab2", "partial credit between 1.0× and it"): "the grading rule: credit starts above no speedup",
+    ("lab3", "16× less traffic"): "16×16 tiles: each global element is loaded once per block of 16 threads, a count",
+    ("lab3", "0 at 1.0×"): "the grading rule: credit starts above no speedup",
+    ("lab3", "cut load instructions by 4×"): "a float4 carries 4 floats: a count",
+    ("lab3", "at least 40% of cuBLAS"): "Part D's goal, a target (the cell prints what was measured)",
+    ("lab3", "within 1.5×"): "Part D's goal, a target (the cell prints what was measured)",
+    ("lab3", "at least 60% of the C-write floor"): "Part D's goal, a target (the cell prints what was measured)",
 }
 
 # The cells that show the course GPU's saved results without a GPU, and what they must print from the saved file.
@@ -41,6 +47,7 @@ SAVED_RESULT_CELLS = {
     "lab0": ["launch_overhead", "sweep"],
     "lab1": ["conv_timing", "roofline", "depthwise_timing"],
     "lab2": ["context", "network_timing"],
+    "lab3": ["sweep", "cublas"],
 }
 
 
@@ -133,7 +140,7 @@ def test_graded_test_cells_end_in_a_number_or_nothing(lab, version):
             continue  # a speed test's points: a number (None, displayed as nothing, while validating)
         if source.splitlines()[last.end_lineno - 1][last.end_col_offset:].lstrip().startswith(";"):
             continue  # display suppressed
-        bad.append(f"{meta['grade_id']}: ends in `{ast.unparse(last)[:70]}`")
+        bad.append(f"{grade_id(cell)}: ends in `{ast.unparse(last)[:70]}`")
     assert not bad, (f"{path.relative_to(ROOT)}: graded test cells must end in a number or nothing (end the last "
                      "call with `;`), or nbgrader scores what it displays:\n" + "\n".join(bad))
 
@@ -197,6 +204,13 @@ def expected_prints(lab):
         return [f"{conv['speedups']['fused']:.3f}x",
                 f"{times['unfused pair'] / times['cuDNN conv + relu (eager)']:.1f}x faster",
                 f"{times['activation alone'] / times['unfused pair']:.1%}"]
+    if lab == "lab3":
+        from fuselab.labs import lab3
+        saved = lab3.saved_results(lab3.SWEEP_RESULTS)
+        skinny = [r["speedup"] for r in saved["rows"] if r["M"] <= 64]
+        return ([f"S = {min(skinny):.2f}–{max(skinny):.2f}x"] + [f"K={r['K']}: {r['speedup']:.2f}x" for r in saved["k_rows"]]
+                + [f"{r['median_us']:10.1f} µs" for r in saved["cublas"]]
+                + [f"{r['speedup_vs_reference']:5.2f}x the lab reference" for r in saved["small_k"]["rows"]])
     network = lab2.saved_results(lab2.NETWORK_RESULTS)
     rows = lab2.saved_results(lab2.CONTEXT_RESULTS)["rows"]
     return ([f"{network['speedup']['device']:.2f}x", f"{network['speedup']['stream']:.2f}x"]

@@ -90,6 +90,10 @@ def check(
 def _missing_name_note(exc: NameError) -> str:
     name = getattr(exc, "name", None)
     what = f"`{name}`" if name else "that name"
+    from ..cell_hints import explain_missing
+    known = explain_missing(name)
+    if known:
+        return f"{exc}. {known}"
     return (f"{exc}. {what} is made by a cell above this one, which failed or has not run yet (a build cell "
             f"whose error scrolled by?). Run the cells above in order (Run > Run All Above Selected Cell), fix "
             f"the first error there, then run this cell again.")

@@ -66,6 +66,11 @@ def _correct_only_below(ev: Evidence) -> str:
     where = f"{first} on (flat index {k} and up)" if ev.bad.dim() > 1 else f"{first} on"
     said = (f"only the first {plural(k, 'element')} of `{ev.name}` in memory order {'is' if k == 1 else 'are'} "
             f"right; everything from {where} is {_what(ev)}")
+    if not bool((ev.not_written & ev.bad).any()):
+        # every wrong element was written: the grid reached it, and what it read or computed is wrong
+        return (f"{said}, though written: the grid reaches them, so look at what each one reads. An index along "
+                f"the wrong axis (a per-column value such as a bias read as bias[row] instead of bias[col], a "
+                f"per-channel value read with the wrong channel) or a wrong stride gives exactly this.")
     one_block = (f"{k} is one block of {k} threads: does the index use blockIdx? "
                  "`i = threadIdx.x` makes every block write the same first elements; "
                  "use `i = blockIdx.x * blockDim.x + threadIdx.x`")
@@ -89,6 +94,13 @@ def _tail_along_a_dimension(ev: Evidence) -> str:
         if start == 0 or not bool(all_bad[start:].all()) or bad.numel() // size * (size - start) < 2:
             continue
         where = f"index {start} on along dimension {dim} (size {size})" if bad.dim() > 1 else f"`{ev.name}[{start}]` on"
+        if not bool((ev.not_written & bad).any()):
+            # written, but wrong: the grid reached them; what goes wrong is at the far edge itself
+            return (
+                f"everything from {where} is wrong, though written: the far edge of dimension {dim} gets wrong "
+                f"values. Check the bounds conditions there (`ih >= H` written as `ih > H`, `<=` for `<`) and the "
+                f"padding: an input index past the last row or column must count as 0, not be read."
+            )
         return (
             f"everything from {where} is {_what(ev)}: your grid or loop stops at {start}. "
             f"If {size} is not a multiple of your block size, round the number of blocks up: (n + block - 1) / block."
@@ -224,6 +236,23 @@ def _depends_on_one_dimension(ev: Evidence) -> str:
     return ""
 
 
+def _half_precision_rounding(ev: Evidence) -> str:
+    """A half-precision output a little off here and there: arithmetic done in half precision (an fp16 accumulator,
+    the bias added in fp16, an intermediate rounded twice) instead of float with one rounding at the end."""
+    if ev.dtype not in (torch.float16, torch.bfloat16):
+        return ""
+    bad = ev.bad
+    error = (ev.got[bad] - ev.expected[bad]).abs()
+    if not bool(torch.isfinite(error).all()) or not bool((error <= 8 * ev.allowed[bad]).all()):
+        return ""
+    kind = "fp16" if ev.dtype == torch.float16 else "bf16"
+    convert = "__half2float / __float2half" if ev.dtype == torch.float16 else "__bfloat162float / __float2bfloat16"
+    return (f"the wrong values are close to right (within a few times the tolerance) in a {kind} output: "
+            f"rounding error. Is some arithmetic done in {kind} (a {kind} accumulator, the bias added in {kind}, a "
+            f"value rounded to {kind} twice)? Convert to float on load, accumulate in a `float`, and round once, "
+            f"at the store ({convert}).")
+
+
 _RULES = (
     _nothing_written,
     _correct_only_below,
@@ -238,4 +267,5 @@ _RULES = (
     _relu,
     _constant_error,
     _depends_on_one_dimension,
+    _half_precision_rounding,
 )

@@ -112,6 +112,10 @@ class GuardDamage:
             if self.before_farthest != self.before_count:
                 part += f" (the farthest {self.before_farthest} elements before it)"
             parts.append(part)
+        if self.after_count == 1 and self.after_farthest == 1 and not self.before_count:
+            # exactly the element just past the end: the bound admits one index too many
+            return parts[0] + (": an out-of-bounds write one past the end, an off-by-one bound (`i <= n` where "
+                               "`i < n` is meant?)")
         return "; ".join(parts) + ": out-of-bounds writes (a missing `if (i < n)` bounds check?)"
 
 

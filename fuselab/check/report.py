@@ -112,6 +112,12 @@ class CheckResult:
             return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
+        errors = {case.error for case in failures}
+        if len(failures) > 1 and len(errors) == 1 and None not in errors:
+            # the same exception in every failing case (a launch error, a wrong argument): said once
+            parts.append(f"✗ each of the {len(failures)} failing cases (the first: {failures[0].label}) raised the "
+                         f"same error:\n    {failures[0].error}")
+            failures = []
         parts += [case.details() for case in failures[:_DETAILED_FAILURES]]
         if len(failures) > _DETAILED_FAILURES:
             more = failures[_DETAILED_FAILURES:]

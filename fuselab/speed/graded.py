@@ -94,8 +94,12 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
                 f"grades your notebook on its GPU, for up to {max_points} points; Validate checks everything else.")
             return None  # nothing to log: no grader is listening, and nothing was measured
         record["status"] = "not measured (no GPU)"
-        say(f"{test_id}: speedup not measured (no GPU): 0 of {max_points} points. "
-            "Speed points are only given on a GPU.")
+        if graded_by_the_course():
+            say(f"{test_id}: speedup not measured (no GPU): 0 of {max_points} points. "
+                "Speed points are only given on a GPU.")
+        else:  # a student's own run: the 0 here is not their grade
+            say(f"{test_id}: speedup not measured (no GPU): 0 points on this machine. The course measures it "
+                f"when it grades your notebook on its GPU, for up to {max_points} points.")
         return _finish(record)
     if os.environ.get(SPEED_IN_RECHECK_ENV):
         # the grader's own run of the notebook: this student's Python could fake any number, so only the clean

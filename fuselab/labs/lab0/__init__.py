@@ -138,9 +138,11 @@ def check_n_zero(launcher, inputs, name, device="cpu"):
     try:
         launcher(*tensors, 0)
     except Exception as error:
-        raise AssertionError(
-            f"{name} with n = 0 failed ({type(error).__name__}: {error}). An empty tensor must launch nothing: "
-            f"a grid of 0 blocks is an invalid launch configuration, so guard the launch with `if (n > 0)`") from None
+        said = str(error)
+        advice = ("" if "if (n > 0)" in said else  # the launcher's LaunchError already says how to fix it
+                  " An empty tensor must launch nothing: a grid of 0 blocks is an invalid launch configuration, so "
+                  "guard the launch with `if (n > 0)`")
+        raise AssertionError(f"{name} with n = 0 failed ({type(error).__name__}: {said}).{advice}") from None
 
 
 LAUNCH_RESULTS = "lab0_launch.json"  # fuselab.launch_overhead() on the course's GPU

@@ -107,6 +107,11 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
         what = f"case {case['name']!r}"
         with torch.no_grad():
             got = fold(*args)
+        # first: a fold that changed its inputs would otherwise be compared with a fold of the changed inputs
+        for arg, old, name in zip(args, before, ("conv_w", "conv_b", "mean", "var", "eps", "gamma", "beta")):
+            if torch.is_tensor(arg) and not torch.equal(arg, old):
+                raise AssertionError(f"{what}: the fold modified its input {name} in place (an in-place op such "
+                                     f"as mul_ or `*=` on it, or on its .data): compute new tensors instead")
         if not (isinstance(got, tuple) and len(got) == 2):
             raise AssertionError(f"{what}: return (folded_weight, folded_bias), got {type(got).__name__}")
         w, b = got
@@ -126,15 +131,49 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
                         if value.dtype in (torch.float16, torch.bfloat16) else "")
                 raise AssertionError(f"{what}: the folded {name} has inf or NaN entries where the exact fold is "
                                      f"finite.{hint}")
-        assert_close(w.detach(), float64_fold_exact(args)[0], name=f"folded weight ({case['name']})")
-        assert_close(b.detach(), float64_fold_exact(args)[1], name=f"folded bias ({case['name']})")
+        try:
+            assert_close(w.detach(), float64_fold_exact(args)[0], name=f"folded weight ({case['name']})")
+            assert_close(b.detach(), float64_fold_exact(args)[1], name=f"folded bias ({case['name']})")
+        except AssertionError as failure:
+            known = _known_mistake(w.detach(), b.detach(), args)
+            if known:
+                raise AssertionError(f"{what}: {known}\n\n{failure}") from None
+            raise
         if case.get("dtype", torch.float32) == torch.float32:
             w_torch, b_torch = torch.nn.utils.fusion.fuse_conv_bn_weights(*args)
             assert_close(w.detach(), w_torch.detach(), name=f"folded weight vs torch ({case['name']})")
             assert_close(b.detach(), b_torch.detach(), name=f"folded bias vs torch ({case['name']})")
-        for arg, old, name in zip(args, before, ("conv_w", "conv_b", "mean", "var", "eps", "gamma", "beta")):
-            if torch.is_tensor(arg) and not torch.equal(arg, old):
-                raise AssertionError(f"{what}: the fold modified its input {name} in place")
+
+
+# The fold's classic mistakes, each as the float64 scale it computes instead of gamma / sqrt(var + eps).
+_MISTAKES = (
+    ("eps is left out: the scale is 1/sqrt(var), not 1/sqrt(var + eps)",
+     lambda var, eps, gamma: gamma / torch.sqrt(var)),
+    ("eps is added outside the square root: 1/(sqrt(var) + eps) instead of 1/sqrt(var + eps)",
+     lambda var, eps, gamma: gamma / (torch.sqrt(var) + eps)),
+    ("the variance is used as a standard deviation: 1/(var + eps) instead of 1/sqrt(var + eps)",
+     lambda var, eps, gamma: gamma / (var + eps)),
+    ("gamma is left out of the scale: gamma/sqrt(var + eps), gamma (the BN weight) included",
+     lambda var, eps, gamma: torch.ones_like(gamma) / torch.sqrt(var + eps)),
+)
+
+
+def _known_mistake(w, b, args) -> str:
+    """Which classic mistake (``_MISTAKES``) the folded weight matches, if one does; else ""."""
+    conv_w, conv_b, mean, var, eps, gamma, beta = args
+    d = torch.float64
+    gamma64 = gamma.to(d) if gamma is not None else torch.ones_like(var, dtype=d)
+    exact = float64_fold_exact(args)[0]
+    tolerance = 1e-3 * float(exact.abs().max()) if w.dtype in (torch.float16, torch.bfloat16) else \
+        1e-5 * float(exact.abs().max())
+    for said, scale_of in _MISTAKES:
+        scale = scale_of(var.to(d), eps, gamma64)
+        if torch.allclose(scale, gamma64 / torch.sqrt(var.to(d) + eps)):
+            continue  # this case cannot tell the mistake apart (gamma = 1, say)
+        wrong = conv_w.to(d) * scale.reshape((-1,) + (1,) * (conv_w.dim() - 1))
+        if bool(((w.to(d) - wrong).abs() <= tolerance).all()):
+            return f"the folded weight matches a fold in which {said}"
+    return ""
 
 
 def float64_fold_exact(args):

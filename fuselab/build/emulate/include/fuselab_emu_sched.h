@@ -28,6 +28,8 @@
 #include <vector>
 
 #include <omp.h>
+#include <csetjmp>
+#include <csignal>
 
 #include "fuselab_emu_api.h"
 #include "fuselab_emu_fiber.h"
@@ -45,6 +47,67 @@ static thread_local dim3 gridDim;
 static constexpr int warpSize = 32;
 
 namespace fuselab_emu {
+
+// A wild pointer in a kernel (an index far outside every tensor, a stack overflow in an emulated thread) faults
+// on the CPU. On a GPU that is cudaErrorIllegalAddress; here, without this, it would kill the whole Python
+// process (a student's Jupyter kernel). While a block runs, SIGSEGV and SIGBUS jump back to its worker, which
+// reports the fault as a launch error naming the kernel, the block and the thread. Faults anywhere else go to
+// whatever handler was there before (Python's faulthandler, or the default action). Not under ASan, whose own
+// report is the point there.
+namespace fault {
+static thread_local sigjmp_buf* armed = nullptr;
+static thread_local void* address = nullptr;
+static struct sigaction previous[2];
+
+static void on_fault(int sig, siginfo_t* info, void* context) {
+  if (sigjmp_buf* target = armed) {
+    armed = nullptr;
+    address = info ? info->si_addr : nullptr;
+    siglongjmp(*target, sig);
+  }
+  struct sigaction& before = previous[sig == SIGBUS ? 1 : 0];
+  if ((before.sa_flags & SA_SIGINFO) && before.sa_sigaction) {
+    before.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (!(before.sa_flags & SA_SIGINFO) && before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN) {
+    before.sa_handler(sig);
+    return;
+  }
+  struct sigaction fallback;  // the default action: the fault happens again on return, and ends the process
+  std::memset(&fallback, 0, sizeof fallback);
+  fallback.sa_handler = SIG_DFL;
+  sigaction(sig, &fallback, nullptr);
+}
+
+static inline bool install() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof action);  // an empty sa_mask
+  action.sa_sigaction = &on_fault;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigaction(SIGSEGV, &action, &previous[0]);
+  sigaction(SIGBUS, &action, &previous[1]);
+  return true;
+}
+
+// Once per OS thread: an alternate signal stack, so that a fault on an exhausted fiber stack can be handled.
+static inline void prepare_thread() {
+#ifndef FUSELAB_EMU_ASAN
+  static thread_local bool ready = false;
+  if (ready) return;
+  ready = true;
+  static const bool installed = install();  // once per library
+  (void)installed;
+  stack_t current;
+  if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE)) return;  // one is set already
+  stack_t alt;
+  alt.ss_size = 64 * 1024;
+  alt.ss_sp = std::malloc(alt.ss_size);
+  alt.ss_flags = 0;
+  if (alt.ss_sp) sigaltstack(&alt, nullptr);
+#endif
+}
+}  // namespace fault
 
 // Thrown inside kernel code to stop the launch with a CUDA error (__trap, assert, a broken limit).
 struct AbortLaunch {
@@ -205,11 +268,10 @@ class Worker {
     block_failed_ = false;
     if (plan->site.fibers) {
       ++fiber_blocks_;
-      run_with_fibers();
     } else {
       ++loop_blocks_;
-      run_as_loop();
     }
+    run_guarded();
     if (block_failed_) {
       char where[160];
       std::snprintf(where, sizeof where, " [kernel %s launched at %s:%d, block (%u,%u,%u), thread (%u,%u,%u)]",
@@ -336,6 +398,32 @@ class Worker {
                        std::to_string(plan->dynamic_shared) + " bytes of dynamic shared memory exceed the " +
                        std::to_string(plan->shared_limit) + " bytes this kernel may use");
     }
+  }
+
+  // The block's threads, with a fault (a wild pointer) turned into this block's failure instead of a crash.
+  void run_guarded() {
+    sigjmp_buf target;
+    if (sigsetjmp(target, 1) == 0) {
+      fault::armed = &target;
+      if (plan->site.fibers) {
+        run_with_fibers();
+      } else {
+        run_as_loop();
+      }
+      fault::armed = nullptr;
+      return;
+    }
+    // back from a fault: the faulting thread's stack (and every other thread's of this block) is abandoned
+    fault::armed = nullptr;
+    char where[96];
+    std::snprintf(where, sizeof where, "%p", fault::address);
+    block_failed_ = false;  // the fault is what this block reports
+    record_failure(cudaErrorIllegalAddress,
+                   std::string("an illegal memory access: the kernel read or wrote address ") + where +
+                       ", outside every tensor (an index computed wrongly: a wrong stride, a missing bounds check, an "
+                       "uninitialized variable?), or a stack overflow (deep recursion, a huge local array)");
+    recycle_stranded_fibers();
+    in_fiber_mode = false;
   }
 
   void record_failure(cudaError_t code, const std::string& why) {
@@ -597,6 +685,7 @@ static inline void launch_kernel(const LaunchSite& site, dim3 grid, dim3 block, 
   DeviceAccess access;  // the kernel's blocks may touch device memory; the launcher around them may not
 #pragma omp parallel num_threads(os_threads) if (os_threads > 1)
   {
+    fault::prepare_thread();
     Worker& w = worker_for_this_thread();
     Worker* outer = tls_worker;
     tls_worker = &w;

@@ -1,0 +1,129 @@
+"""A NameError after a failed cell, explained where the student sees it.
+
+In a notebook, a build cell that fails (``fused_mod = fuselab.build(...)`` raising ``BuildError``) leaves its names
+undefined, and every later cell that uses them stops with a bare ``NameError: name 'fused' is not defined``, far
+below the error that caused it. Inside IPython (JupyterLab, nbclient, nbgrader), ``install()`` remembers which
+cells failed and what each one assigns, and a NameError for one of those names gets one sentence naming the
+failed cell, its first line and its error. Outside IPython it does nothing. Nothing is written to stderr.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+
+_FAILED = []        # [(execution_count, first line, error type name, names the cell assigns)], oldest first
+_INSTALLED = set()  # id() of the shells a hook is installed in
+
+
+def _shell():
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+    except Exception:  # noqa: BLE001 - a broken IPython must not break fuselab
+        return None
+    return get_ipython()
+
+
+def assigned_names(source: str) -> set:
+    """The names a cell's top-level code binds (assignments, for/with targets, defs, classes, imports)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names = set()
+
+    def targets(node):
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+
+    def visit(statements):
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in getattr(node, "targets", None) or [node.target]:
+                    targets(target)
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                targets(node.target)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        targets(item.optional_vars)
+            elif isinstance(node, ast.Expr):
+                for sub in ast.walk(node.value):  # a walrus in an expression statement
+                    if isinstance(sub, ast.NamedExpr):
+                        targets(sub.target)
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(node, field, None) or [])
+            for handler in getattr(node, "handlers", None) or []:
+                visit(handler.body)
+
+    visit(tree.body)
+    return names
+
+
+def explain_missing(name) -> str:
+    """One sentence on why ``name`` is undefined when a failed cell assigns it (the latest such cell); else ""."""
+    for count, first_line, error, names in reversed(_FAILED):
+        if name in names:
+            where = f"In [{count}]" if count else "a cell above"
+            return (f"`{name}` is assigned by the cell {where} (`{first_line}`), which failed with {error}: fix "
+                    f"that error first (scroll up to it), run that cell again, then this one.")
+    return ""
+
+
+def _remember(result) -> None:
+    try:
+        info = getattr(result, "info", None)
+        source = getattr(info, "raw_cell", None) or ""
+        shell = _shell()
+        if shell is not None:
+            try:
+                source = shell.transform_cell(source)  # magics become Python
+            except Exception:  # noqa: BLE001
+                pass
+        names = assigned_names(source)
+        if not names:
+            return
+        # a cell that ran again replaces what an earlier run of it said
+        _FAILED[:] = [f for f in _FAILED if f[3] != names]
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        if error is not None and not isinstance(error, NameError):
+            first = next((line.strip() for line in source.splitlines()
+                          if line.strip() and not line.strip().startswith("#")), "")
+            first = first if len(first) <= 70 else first[:67] + "..."
+            _FAILED.append((getattr(result, "execution_count", None), first, type(error).__name__, names))
+    except Exception:  # noqa: BLE001 - a hint must never become an error of its own
+        pass
+
+
+def _name_error(shell, etype, value, tb, tb_offset=None):
+    try:
+        hint = explain_missing(getattr(value, "name", None))
+        if hint and value.args and hint not in str(value.args[0]):
+            value.args = (f"{value.args[0]}. {hint}",) + tuple(value.args[1:])
+    except Exception:  # noqa: BLE001
+        pass
+    # IPython leaves the display to a custom handler: show it as any other error (an error output, not stderr)
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+    return None
+
+
+def install() -> None:
+    """In an IPython kernel: remember failed cells, and explain a NameError for a name one of them assigns."""
+    shell = _shell()
+    if shell is None or id(shell) in _INSTALLED or not hasattr(shell, "set_custom_exc"):
+        return
+    if getattr(shell, "custom_exceptions", ()):
+        return  # someone else's handler: leave it alone
+    try:
+        shell.events.register("post_run_cell", _remember)
+        shell.set_custom_exc((NameError,), _name_error)
+        _INSTALLED.add(id(shell))
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,319 @@
+"""What a student sees for the typical bugs of the labs, on the CPU (emulation), with random inputs.
+
+Each test writes the bug as a student would, runs what the lab's test cell runs, and reads the message: it must
+name the bug (and say the fix once).
+"""
+
+import random
+
+import pytest
+import torch
+
+import fuselab
+from fuselab.labs import lab0
+
+
+FUSED = r'''
+__global__ void add_relu_mul_kernel(const float* a, const float* b, const float* e, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (BOUND) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];
+}
+
+void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, cudaStream_t stream) {
+    LAUNCH add_relu_mul_kernel<<<GRID, 256, 0, stream>>>(a, b, e, out, n);
+}
+'''
+
+
+def fused_module(bound="i < n", grid="(unsigned)((n + 255) / 256)", launch="if (n > 0)", name="msg_fused"):
+    source = FUSED.replace("BOUND", bound).replace("GRID", grid).replace("LAUNCH", launch)
+    return fuselab.build(source, [lab0.FUSED], name=name, backend="emulate")
+
+
+def make(shape, seed):
+    return lab0.make_inputs(shape, seed, device="cpu")
+
+
+def test_a_grid_that_rounds_down_says_round_up():
+    mod = fused_module(grid="n / 256", name="msg_grid_down")
+    n = random.Random(1).randint(1, 255)
+    a, b, e = make((n,), 0)
+    with pytest.raises(fuselab.LaunchError) as raised:
+        mod.add_relu_mul(a, b, e, torch.empty_like(a), n)
+    said = str(raised.value)
+    assert "grid (0,1,1)" in said and "rounds down" in said and "(n + 255) / 256" in said, said
+    assert "n = 0" not in said, said  # there is work to do: not the empty-tensor advice
+
+
+def test_an_empty_tensor_says_guard_the_launch_once():
+    mod = fused_module(launch="", name="msg_n_zero")
+    with pytest.raises(AssertionError) as raised:
+        lab0.check_n_zero(mod.add_relu_mul, 3, name="add_relu_mul")
+    said = str(raised.value)
+    assert "n = 0" in said and said.count("if (n > 0)") == 1, said
+
+
+def test_an_off_by_one_bound_is_named_as_one():
+    mod = fused_module(bound="i <= n", name="msg_off_by_one")
+    shapes = [(random.Random(2).randint(1, 255),), (1000,)]
+    result = fuselab.check(lab0.fused(mod), lab0.reference, make, shapes, seeds=(0,), verbose=False,
+                           raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "off-by-one" in report and "`i <= n`" in report, report
+
+
+def test_a_missing_bounds_check_is_named_as_one():
+    mod = fused_module(bound="true", name="msg_no_bound")
+    result = fuselab.check(lab0.fused(mod), lab0.reference, make, [(random.Random(3).randint(1, 200),)], seeds=(0,),
+                           verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "missing `if (i < n)` bounds check" in report and "off-by-one" not in report, report
+
+
+def test_a_launcher_ignoring_its_stream_is_named_once_for_all_cases():
+    source = FUSED.replace("BOUND", "i < n").replace("LAUNCH", "if (n > 0)").replace(
+        "<<<GRID, 256, 0, stream>>>", "<<<(unsigned)((n + 255) / 256), 256>>>")
+    mod = fuselab.build(source, [lab0.FUSED], name="msg_no_stream", backend="emulate")
+    rng = random.Random(4)
+    shapes = [(rng.randint(1, 3000),) for _ in range(4)]
+    result = fuselab.check(lab0.fused(mod), lab0.reference, make, shapes, verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and len(result.failures) == 12, report
+    assert report.count("put work on another stream") == 1 and "each of the 12 failing cases" in report, report
+    assert "stream 0" in report and "add_relu_mul_kernel" in report, report
+
+
+def test_a_speed_cell_without_a_gpu_says_the_course_measures_it_when_grading(capsys, monkeypatch):
+    from fuselab import grade
+    for name in ("FUSELAB_GRADING", "NBGRADER_VALIDATING", "FUSELAB_GRADE_LOG"):
+        monkeypatch.delenv(name, raising=False)
+    mod = fused_module(name="msg_speed")
+    points = grade.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
+                                reference=lab0.reference, make_inputs=make, module=mod, max_points=4)
+    said = capsys.readouterr().out
+    assert points == 0.0 and "not measured (no GPU)" in said, said
+    assert "The course measures it when it grades your notebook on its GPU, for up to 4 points" in said, said
+    monkeypatch.setenv("FUSELAB_GRADING", "1")  # the grader's own run without a GPU: the 0 is the score
+    assert grade.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
+                              reference=lab0.reference, make_inputs=make, module=mod, max_points=4) == 0.0
+    said = capsys.readouterr().out
+    assert "0 of 4 points" in said and "only given on a GPU" in said, said
+
+
+def test_lab1_visible_cases_span_several_blocks_on_every_grid_axis():
+    """A conv kernel that ignores blockIdx.x (one block of 256 output pixels per plane) or a depthwise kernel that
+    covers one 32 × 8 patch must fail the visible tests: the hidden tests' larger images would catch it."""
+    from fuselab.labs import lab1
+    pixels = [lab1.conv_output_size(c.H, c.R, c.stride, c.pad) * lab1.conv_output_size(c.W, c.R, c.stride, c.pad)
+              for c in lab1.SMALL_CONV_CASES]
+    assert max(pixels) > 2 * 256, pixels
+    assert max(c.W for c in lab1.SMALL_DEPTHWISE_CASES) > 32 and max(c.H for c in lab1.SMALL_DEPTHWISE_CASES) > 8
+
+
+def test_lab1_conv_that_ignores_blockidx_fails_the_visible_test():
+    from fuselab.labs import lab1
+    solution = _lab_source("lab1", "CONV_SOURCE")
+    for bug in ("int pq = threadIdx.x;", None):
+        text = solution.replace("int pq = blockIdx.x * blockDim.x + threadIdx.x;", bug) if bug else \
+            solution.replace("dim3 grid((P * Q + 255) / 256, K, N);", "dim3 grid(1, K, N);")
+        assert text != solution
+        mod = fuselab.build(text, lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_conv_block", backend="emulate")
+        result = fuselab.check(lab1.conv(mod), lab1.conv_only_reference,
+                               lambda case, seed: lab1.make_conv_inputs(case, seed), lab1.SMALL_CONV_CASES,
+                               seeds=(random.Random(5).randint(0, 99),), verbose=False, raise_on_fail=False)
+        assert not result.passed, bug
+
+
+def _lab_source(lab, variable):
+    """A solution notebook's CUDA source, without its solution markers (what a student writes)."""
+    import re
+
+    from fuselab.notebook_sources import string_assignments
+
+    from .conftest import REPO
+    text = string_assignments(REPO / "solutions" / lab / f"{lab}.ipynb")[variable]
+    return re.sub(r"^.*(BEGIN|END) SOLUTION.*\n?", "", text, flags=re.M)
+
+
+def test_the_h200_l2_size_is_stated_in_one_unit_and_agrees_with_the_measured_ceiling():
+    """Lab 0's text and Lab 1's printout name the H200's L2 the same way: 60 MiB (not 60 MB next to '63 MB')."""
+    import json
+    import re
+
+    from fuselab import notebook as ipynb
+    from fuselab.labs import lab1
+
+    from .conftest import REPO
+    mib = lab1.H200_CEILINGS["l2_bytes"] / 2**20
+    lab0_text = "".join(ipynb.source(c) for c in json.loads((REPO / "solutions/lab0/lab0.ipynb").read_text())["cells"])
+    stated = re.search(r"\((\d+) MiB on an H200\)", lab0_text)
+    assert stated and int(stated.group(1)) == round(mib), (stated, mib)
+    lab1_text = "".join(ipynb.source(c) for c in json.loads((REPO / "solutions/lab1/lab1.ipynb").read_text())["cells"])
+    assert "l2_bytes / 2**20:.0f} MiB L2" in lab1_text and "l2_bytes / 1e6:.0f} MB L2" not in lab1_text
+
+
+def test_lab2_question_premise_holds_in_the_saved_results():
+    """Lab 2's question says BN in registers was slower than folding 'by much less than either was faster than
+    the unfused pipeline': true at every saved shape, or the question misleads."""
+    from fuselab.labs import lab2
+    for row in lab2.saved_results(lab2.CONTEXT_RESULTS)["rows"]:
+        t = row["median_us"]
+        registers = t["BN in registers"] / t["plain fused (folded)"] - 1
+        reference_vs_registers = t["lab reference (3 kernels)"] / t["BN in registers"] - 1
+        assert 0 < registers < reference_vs_registers / 2, (row["shape"], registers, reference_vs_registers)
+
+
+def test_a_padding_bound_off_by_one_is_not_called_a_short_grid():
+    """`ih > H` for `ih >= H` in Lab 1's conv: the last output row is written but wrong. The hint must point at the
+    edge's bounds condition, not say the grid stops short (which would send the student to the launcher)."""
+    from fuselab.labs import lab1
+    text = _lab_source("lab1", "CONV_SOURCE").replace("if (ih < 0 || ih >= H) continue;", "if (ih < 0 || ih > H) continue;")
+    mod = fuselab.build(text, lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_conv_edge", backend="emulate")
+    case = lab1.ConvCase(1, 2, random.Random(6).randint(18, 30), 29, 3, 3, 1, 1, True, "none")
+    result = fuselab.check(lab1.conv(mod), lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                           [case], seeds=(0, 1), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "grid or loop stops" not in report, report
+    assert "though written" in report and "ih >= H" in report, report
+
+
+def test_size_arguments_name_the_bug_float_division_none_and_a_wrong_h():
+    from fuselab.labs import lab1
+    mod = fuselab.build(_lab_source("lab1", "CONV_SOURCE"), lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_sizes",
+                        backend="emulate")
+    rng = random.Random(7)
+    h, w = rng.randint(5, 12), rng.randint(13, 20)
+    x, wt, y, none = torch.randn(1, 2, h, w), torch.randn(3, 2, 3, 3), torch.empty(1, 3, h, w), torch.empty(0)
+    sizes = dict(N=1, C=2, H=h, W=w, K=3, R=3, S=3, P=h, Q=w, stride=1, pad=1)
+    mod.conv2d(x, wt, none, y, **sizes)  # right: runs
+    for wrong, said in [(dict(H=w, W=h), f"argument 'H' of conv2d is {w}, but argument 'x' has H={h}"),
+                        (dict(P=h * 2 / 2), "`/` is float division"),
+                        (dict(P=h + 1), f"pass P={h}")]:
+        with pytest.raises((TypeError, ValueError)) as raised:
+            mod.conv2d(x, wt, none, y, **{**sizes, **wrong})
+        assert said in str(raised.value), (wrong, str(raised.value))
+    with pytest.raises(TypeError) as raised:
+        mod.conv2d(x, wt, None, y, **sizes)
+    assert "pass an empty tensor" in str(raised.value), str(raised.value)
+
+
+def test_a_bias_on_the_wrong_axis_is_not_called_a_short_grid():
+    """Lab 3's classic bug, bias[row] for bias[col], on a one-row output: element 0 is right, the rest written
+    but wrong. The hint must say what each element reads, not that the grid stops short."""
+    from fuselab.labs import lab3
+    text = _lab_source("lab3", "FUSED_SOURCE").replace("(bias ? bias[col] : 0.0f)", "(bias ? bias[row] : 0.0f)")
+    mod = fuselab.build(text, [lab3.FUSED_F32], name="msg_bias_axis", backend="emulate")
+    n = random.Random(8).randint(9, 40)
+    result = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, device="cpu"),
+                           [(1, n, 33, True, False)], seeds=(0, 1), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "grid covers too few" not in report, report
+    assert "though written" in report and "bias[row] instead of bias[col]" in report, report
+
+
+def test_half_precision_accumulation_is_named_in_the_visible_test():
+    """Lab 3's template with an fp16 accumulator: the visible fp16 test must fail (the hidden tests' K = 4096
+    would), and say that the arithmetic is done in fp16."""
+    from fuselab.labs import lab3
+    text = (_lab_source("lab3", "TEMPLATE_SOURCE")
+            .replace("float acc = 0.0f;  // fp32 accumulation, whatever T is", "T acc = T(0.0f);")
+            .replace("acc += a_tile[ty][kk] * b_tile[kk][tx];", "acc = acc + T(a_tile[ty][kk] * b_tile[kk][tx]);")
+            .replace("float v = acc + (bias ?", "float v = to_float(acc) + (bias ?"))
+    mod = fuselab.build(text, lab3.FUSED_LAUNCHERS, name="msg_half_acc", backend="emulate")
+    make16 = lambda s, seed: lab3.make_inputs(s, seed, device="cpu", dtype=torch.float16)  # noqa: E731
+    result = fuselab.check(lab3.fused(mod), lab3.reference, make16, lab3.SMALL_SHAPES, verbose=False,
+                           raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "accumulate in a `float`" in report and "fp16 accumulator" in report, report
+    fine = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, device="cpu"),
+                         [(random.Random(9).randint(2, 40), 17, 70, True, True)], verbose=False, raise_on_fail=False)
+    assert fine.passed  # fp32 is right: the bug is only in half precision
+
+
+WILD = r'''
+__global__ void k(const float* a, const float* b, const float* e, float* out, int64_t n, long long stride) {
+    __shared__ float tile[256];
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    tile[threadIdx.x] = i < n ? a[i] : 0.0f;
+    if (SYNC) __syncthreads();
+    if (i < n) out[i * stride] = tile[threadIdx.x];  // a wrong stride: far outside `out`
+}
+void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, cudaStream_t stream) {
+    if (n > 0) k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, e, out, n, STRIDE);
+}
+'''
+
+WILD_SCRIPT = """
+import random, sys, torch, fuselab
+from fuselab.labs import lab0
+source = sys.argv[1]
+mod = fuselab.build(source, [lab0.FUSED], name="msg_wild_" + sys.argv[2], backend="emulate")
+n = random.Random(10).randint(300, 2000)
+for attempt in range(2):  # the process survives, and the module keeps working after the fault
+    try:
+        a, b, e = lab0.make_inputs((n,), attempt)
+        mod.add_relu_mul(a, b, e, torch.empty(n), n)
+        print("no error")
+    except fuselab.LaunchError as error:
+        print("LaunchError:", error)
+print("alive")
+"""
+
+
+@pytest.mark.parametrize("sync", [0, 1], ids=["loop", "fibers"])
+def test_a_wild_pointer_is_a_launch_error_not_a_dead_kernel(sync, tmp_path):
+    """A kernel that writes far outside its tensors must not kill the Python process (a student's Jupyter
+    kernel): the emulation reports the fault as cudaErrorIllegalAddress, names the kernel and the thread, and the
+    module keeps working."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    source = WILD.replace("SYNC", str(sync)).replace("STRIDE", str(1 << 40))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", WILD_SCRIPT, source, str(sync)], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=tmp_path)
+    said = done.stdout
+    assert done.returncode == 0 and said.rstrip().endswith("alive"), (done.returncode, said, done.stderr[-2000:])
+    assert said.count("cudaErrorIllegalAddress") == 2 and "illegal memory access" in said, said
+    assert "kernel k launched at" in said and "thread (" in said, said
+
+
+def test_a_fold_that_scales_the_conv_weight_in_place_is_told_so():
+    """Lab 2: `conv_w.mul_(scale)` changed the input; the check compared with a fold of the changed weight and
+    reported '215 of 216 elements bad' instead of naming the in-place change."""
+    from fuselab.labs import lab2
+
+    def fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+        scale = torch.rsqrt(var + eps) * (gamma if gamma is not None else 1)
+        w = conv_w.data.mul_(scale.reshape((-1,) + (1,) * (conv_w.dim() - 1)))  # the bug
+        b = ((conv_b if conv_b is not None else torch.zeros_like(mean)) - mean) * scale
+        return w, b + (beta if beta is not None else 0)
+
+    case = random.Random(11).choice([c for c in lab2.FOLD_CASES if c.get("dtype", torch.float32) == torch.float32])
+    with pytest.raises(AssertionError) as raised:
+        lab2.check_fold_weights(fold, [case])
+    assert "modified its input conv_w in place" in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("mistake", ["no eps", "eps outside"])
+def test_a_fold_without_eps_under_the_root_says_so(mistake):
+    """Lab 2's eps pitfall: the weight check names it instead of 'every wrong value is 1.000049 × the expected'."""
+    from fuselab.labs import lab2
+
+    def fold(conv_w, conv_b, mean, var, eps, gamma, beta):
+        root = torch.sqrt(var) if mistake == "no eps" else torch.sqrt(var) + eps
+        scale = (gamma if gamma is not None else 1) / root
+        w = conv_w * scale.reshape((-1,) + (1,) * (conv_w.dim() - 1))
+        b = ((conv_b if conv_b is not None else torch.zeros_like(mean)) - mean) * scale
+        return w, b + (beta if beta is not None else 0)
+
+    # where eps is large enough to matter in fp32 (with eps = 1e-5 and unit variances the fold is within tolerance)
+    cases = [c for c in lab2.FOLD_CASES if c.get("dtype", torch.float32) == torch.float32 and c.get("eps", 1e-5) >= 1e-3]
+    assert cases
+    expected = "eps is left out" if mistake == "no eps" else "eps is added outside the square root"
+    for case in cases:
+        with pytest.raises(AssertionError) as raised:
+            lab2.check_fold_weights(fold, [case], seed=random.Random(12).randint(0, 99))
+        assert expected in str(raised.value), (case["name"], str(raised.value))
