@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fuselab.grading import isolate, nbgrader_run, schedule
-from fuselab import load_sampler
+from fuselab.tools import load_sampler
 from fuselab.tools.load_sampler import LoadSampler
 
 

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from fuselab import multigpu_check
+from fuselab.tools import multigpu_check
 
 UUID_A, UUID_B = "GPU-aaaa", "GPU-bbbb"
 
@@ -92,7 +92,7 @@ def test_too_slow_on_several_gpus_misses_the_target_without_other_problems():
 
 
 def test_the_stage_says_it_needs_two_gpus(tmp_path, monkeypatch):
-    from fuselab import gpu_selfcheck
+    from fuselab.tools import gpu_selfcheck
     from fuselab.grading import schedule
     monkeypatch.setattr(schedule, "visible_gpus", lambda: ["0"])
     assert gpu_selfcheck.stage_multigpu(tmp_path) == {"status": "skipped", "headline": "needs 2 GPUs, 1 visible"}

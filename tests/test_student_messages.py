@@ -84,11 +84,11 @@ def test_a_launcher_ignoring_its_stream_is_named_once_for_all_cases():
 
 
 def test_a_speed_cell_without_a_gpu_says_the_course_measures_it_when_grading(capsys, monkeypatch):
-    from fuselab import grade
+    from fuselab import speed
     for name in ("FUSELAB_GRADING", "NBGRADER_VALIDATING", "FUSELAB_GRADE_LOG"):
         monkeypatch.delenv(name, raising=False)
     mod = fused_module(name="msg_speed")
-    points = grade.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
+    points = speed.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
                                 reference=lab0.reference, make_inputs=make, module=mod, max_points=4)
     said = capsys.readouterr().out
     assert points == 0.0 and "not measured (no GPU)" in said, said
