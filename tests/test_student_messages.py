@@ -94,7 +94,7 @@ def test_a_speed_cell_without_a_gpu_says_the_course_measures_it_when_grading(cap
     assert points == 0.0 and "not measured (no GPU)" in said, said
     assert "The course measures it when it grades your notebook on its GPU, for up to 4 points" in said, said
     monkeypatch.setenv("FUSELAB_GRADING", "1")  # the grader's own run without a GPU: the 0 is the score
-    assert grade.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
+    assert speed.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
                               reference=lab0.reference, make_inputs=make, module=mod, max_points=4) == 0.0
     said = capsys.readouterr().out
     assert "0 of 4 points" in said and "only given on a GPU" in said, said
