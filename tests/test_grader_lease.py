@@ -419,3 +419,34 @@ def test_a_timing_whose_process_dies_while_waiting_gives_up_the_gpu(monkeypatch)
         for child in (neighbour, holder):
             child.stop()
             child.wait()
+
+
+def test_a_long_wait_for_the_gpu_is_not_held_against_the_test_that_waits(tmp_path, monkeypatch):
+    # Another submission's timing holds the GPU longer than this test's time limit. The test asks for the GPU as
+    # soon as it starts, so the grader meets its start only after the wait: the wait must still be a pause.
+    import threading
+    from .test_grader_isolation import _cell, _notebook
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0", settle_s=0.05)
+    shared._timing.acquire()  # the other submission's timing (everyone else runs meanwhile, as in a cool-down)
+    threading.Timer(15.0, shared._timing.release).start()
+    timed = ("from fuselab.speed.lease import exclusive_gpu\nwith exclusive_gpu():\n    pass\n"
+             "assert answer() == 42")
+    notebook = _notebook([_cell("VALUE = 41", "setup"),
+                          _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
+                          _cell(timed, "test_timed", graded=True, points=4)])
+    result = recheck.run_clean(notebook, notebook, tmp_path, cell_timeout=4, total_timeout=60,
+                               limits=isolate.Limits(memory_bytes=2 * 2**30), lease=shared)
+    verdict = result.cells["test_timed"]
+    assert verdict.status == "passed" and verdict.points == 4, verdict.message
+    assert result.gpu_wait_s > 4  # it did wait past its time limit, and the wait was not its own time
+
+
+def test_the_pause_log_gives_the_pause_total_when_a_test_started():
+    log = recheck.PauseLog()
+    assert log.at(time.time()) == 0.0
+    log.sample(1.0)
+    started = time.time()
+    time.sleep(0.01)
+    log.sample(131.0)  # a wait of 130 s ended after the test had started
+    assert log.at(started) == 1.0 and log.at(time.time()) == 131.0

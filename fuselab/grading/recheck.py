@@ -219,6 +219,30 @@ def _event_time(event) -> float:
     return float(value) if isinstance(value, (int, float)) else time.time()
 
 
+class PauseLog:
+    """How much of a run was paused (waiting for the GPU, stopped for others' timings), sampled over time, so a
+    test's own time counts only the pauses after it started.
+
+    A grant of the GPU can block the polling loop for minutes, and the loop may see a test's start only after
+    that wait: taking the pause total *when the start is seen* would count the wait as the test's own time (a
+    correct speed test timed out that way on the H200 with 10 submissions sharing it). So the pause total is
+    sampled before each poll, and a start is matched with the last sample taken before it happened.
+    """
+
+    def __init__(self):
+        self._samples: list = []   # (epoch seconds, pause total then), in time order
+
+    def sample(self, paused: float) -> None:
+        self._samples.append((time.time(), paused))
+
+    def at(self, when: float) -> float:
+        """The pause total at epoch ``when`` (the last sample at or before it; 0 before the first)."""
+        before = [paused for sampled, paused in self._samples if sampled <= when]
+        if len(self._samples) > 1000:  # only starts still to come are asked about: older samples can go
+            self._samples = self._samples[len(before) - 1:] if before else self._samples
+        return before[-1] if before else 0.0
+
+
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = dict(base_env)
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
@@ -288,15 +312,17 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, workdir, child, tag)
         stop_reason, cell_started = None, None   # (index, paused seconds when it started)
+        pauses = PauseLog()
         try:
             while child.alive():
                 time.sleep(0.05)
-                server.poll()
+                pauses.sample(server.paused_s())
+                server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
                 events = _read_events(events_path)
                 running = events[-1] if events and events[-1].get("event") == "start" else None
                 paused = server.paused_s()
                 if running and (cell_started is None or cell_started[0] != running.get("index")):
-                    cell_started = (running.get("index"), paused)
+                    cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))))
                 if server.stop_reason:
                     stop_reason = server.stop_reason
                     child.stop()
