@@ -117,3 +117,48 @@ def test_saved_small_k_results_leave_the_tensor_core_kernel_out():
                "tensor_core_table": label, "summary": {"float16": {"goals": {}, "tensor_cores": {"kernel": label}}}}
     assert label not in str(_without_tensor_cores(small_k))
     assert _without_tensor_cores(small_k)["rows"] == small_k["rows"]
+
+
+def test_the_tuned_kernel_takes_the_tensor_core_path_for_fp16_at_small_k_only():
+    # Built as the notebook's Part D builds it (lab3.tuned_source), under the emulation: right in fp16 and fp32.
+    # Then the same build with the tensor-core kernel's bias dropped: fp16 at small K must now fail (that is the
+    # path it takes) while fp16 past K = 16 and every fp32 shape still pass (they do not take it).
+    from fuselab.notebook_sources import string_assignments
+
+    from .conftest import REPO
+    tuned = string_assignments(REPO / "solutions" / lab3.NOTEBOOK)["TUNED_SOURCE"]
+    small_k = [s for s in lab3.SMALL_K_SHAPES if s[0] > 16 and s[2] <= 16] + [(70, 270, 16, True, True)]
+    other = [(40, 70, 17, True, True), (8, 64, 40, True, True)]
+    source = lab3.tuned_source(tuned, "emulate")
+    mod = fuselab.build(source, lab3.FUSED_LAUNCHERS, name="tuned_with_tc", backend="emulate")
+    for dtype in (torch.float16, torch.float32):
+        fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, dtype=dtype),
+                      small_k + other, seeds=(4,), name=f"tuned {dtype}")
+    seeding = "acc[q][j][0] = acc[q][j][2] = bias_v[q][2 * j];"
+    assert source.count(seeding) == 1
+    broken = fuselab.build(source.replace(seeding, "acc[q][j][0] = acc[q][j][2] = 0.0f;"), lab3.FUSED_LAUNCHERS,
+                           name="tuned_with_tc_broken", backend="emulate")
+
+    def passes(dtype, shapes):
+        return fuselab.check(lab3.fused(broken), lab3.reference,
+                             lambda s, seed: lab3.make_inputs(s, seed, dtype=dtype), shapes, seeds=(4,),
+                             name="broken", raise_on_fail=False, verbose=False).passed
+    assert not passes(torch.float16, [s for s in small_k if s[3]])  # with a bias: the tensor-core path
+    assert passes(torch.float16, other) and passes(torch.float32, small_k + other)
+
+
+@requires_nvcc
+def test_the_tuned_kernel_with_the_tensor_core_path_compiles_for_gpus_without_mma(tmp_path):
+    # a student's GPU older than compute capability 8.0 builds it too (the written-out mma, never launched there)
+    import subprocess
+    import sysconfig
+    from fuselab.notebook_sources import string_assignments
+
+    from .conftest import REPO
+    tuned = string_assignments(REPO / "solutions" / lab3.NOTEBOOK)["TUNED_SOURCE"]
+    cu = tmp_path / "tuned.cu"
+    cu.write_text("#include <cuda_fp16.h>\n#include <cstdint>\n#include <type_traits>\n" + lab3.tuned_source(tuned, "cuda"))
+    for arch in ("sm_75", "sm_90"):
+        built = subprocess.run(["nvcc", "-std=c++17", f"-arch={arch}", "-c", str(cu), "-o", str(tmp_path / f"{arch}.o")],
+                               capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-3000:]

@@ -204,6 +204,15 @@ def _sizes(a, b, bias):
     return m, n, k
 
 
+def tuned_source(source: str, backend: str | None = None) -> str:
+    """The notebook's ``TUNED_SOURCE`` (Part D) with the fp16 tensor-core path ahead of it, as ``backend`` (default:
+    the one ``fuselab.build`` will use) compiles it (``fuselab/labs/lab3/tensorcore.py``): a launcher that tests
+    ``FUSELAB_TENSOR_CORES`` may take it for fp16 at small K; one that does not builds as it is."""
+    from ...build import resolve_backend
+    from .tensorcore import tuned_path_source  # that module builds on this one: imported when asked for
+    return tuned_path_source(resolve_backend(backend)) + "\n" + source
+
+
 def fused(module):
     """``op(a, b, bias, relu, out)`` through the module's ``gemm_bias_act_f32``/``_f16`` (by the inputs' dtype)."""
     def run(a, b, bias, relu, out):

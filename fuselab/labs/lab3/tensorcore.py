@@ -1,8 +1,9 @@
 """Lab 3's fp16 small-K kernel on the tensor cores: C = relu(A·B + bias) with one mma.sync per 16×8 output tile.
 
-Not part of the student notebook or the graded path: it is measured by the GPU self-check's lab3 stage
-(``fuselab/labs/lab3/selfcheck.py``) side by side with the tuned kernel and the libraries, after a check against
-the float64 reference at awkward shapes, and only then considered for the lab.
+Not part of the graded path. The tuned kernel of the notebook's optional Part D takes it for fp16 at small K
+(``tuned_path_source``, included ahead of the notebook's ``TUNED_SOURCE`` by ``lab3.tuned_source``); the GPU
+self-check's lab3 stage (``fuselab/labs/lab3/selfcheck.py``) also checks its block layouts against the float64
+reference at awkward shapes and times them side by side with the tuned kernel and the libraries.
 
 Why a separate kernel: at 16384 × 4096 × 16 in fp16 the tuned kernel's small-K path takes its fp32 time (72.9 µs,
 docs/RESULTS.md): it spends 1.07 G fp32 FMAs on the CUDA cores and writes C with 8-byte stores, while cuBLASLt's
@@ -19,10 +20,12 @@ the mma instruction itself is left to the GPU self-check.
 from .. import lab3
 
 # ------------------------------------------------------------------------------------------ the mma itself
-_MMA_PTX = r"""
+_ARCH_GUARD = r"""
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "this kernel needs mma.sync.m16n8k16 (compute capability 8.0 or newer)"
 #endif
+"""
+_MMA_PTX_FUNCTION = r"""
 // d = a·b + c on one 16×8 tile with k = 16: fp16 a (16×16, 4 registers) and b (16×8, 2), fp32 c and d (4 each).
 // Not volatile: it has no side effects, so the compiler may schedule it like arithmetic.
 __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
@@ -33,6 +36,7 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const
           "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 """
+_MMA_PTX = _ARCH_GUARD + _MMA_PTX_FUNCTION
 
 # The same operation for the CPU emulation, element by element, from the PTX ISA's fragment layouts for
 # mma.m16n8k16 with .f16 inputs (lane = 4·g + t; in each 32-bit register the lower 16 bits hold the lower index):
@@ -314,6 +318,35 @@ def _launchers_text():
 LAUNCHERS = [lab3.FUSED_F16] + [_variant_prototype(v) for v in VARIANTS]
 TUNED_FP16_TC_SOURCE = _MMA_PTX + _KERNEL + _launchers_text()
 EMULATED_SOURCE = _MMA_EMULATED + _KERNEL + _launchers_text()
+
+# The path as the tuned kernel (the notebook's Part D) includes it, ahead of its own source. For the CUDA build it
+# compiles for any GPU: the mma written out (as above) where there is no mma.sync, below compute capability 8.0,
+# where it is compiled but never launched. The CPU emulation gets the written-out mma only (it refuses inline PTX
+# wherever it stands). Both define FUSELAB_TENSOR_CORES for the tuned launcher to test, and ``tc_supported()``,
+# which the launcher asks before it takes this path.
+_MMA_ANY = ("\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800\n" + _MMA_EMULATED + "#else\n" + _MMA_PTX_FUNCTION +
+            "#endif\n")
+_SUPPORTED = r"""
+// mma.sync.m16n8k16 runs on compute capability 8.0 and newer (the CPU emulation runs the written-out version)
+static bool tc_supported() {
+#ifdef FUSELAB_EMULATION
+    return true;
+#else
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+        return false;
+    return major >= 8;
+#endif
+}
+"""
+
+
+def tuned_path_source(backend: str) -> str:
+    """The path's text for ``backend`` (``cuda`` or ``emulate``), to go ahead of the tuned kernel's source."""
+    mma = _MMA_EMULATED if backend == "emulate" else _MMA_ANY
+    return "#define FUSELAB_TENSOR_CORES 1\n" + mma + _KERNEL + _SUPPORTED
+
 
 # (M, N, K, has_bias, relu), checked in fp16 against the float64 reference before any timing: K = 1, 3, 8, 17
 # (scalar A loads, a zero-padded k step, two k steps), 4096 (256 k steps); M = 1 and M, N off every tile size
