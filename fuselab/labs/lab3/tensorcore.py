@@ -5,8 +5,8 @@ Not part of the graded path. The tuned kernel of the notebook's optional Part D 
 self-check's lab3 stage (``fuselab/labs/lab3/selfcheck.py``) also checks its block layouts against the float64
 reference at awkward shapes and times them side by side with the tuned kernel and the libraries.
 
-Why a separate kernel: at 16384 × 4096 × 16 in fp16 the tuned kernel's small-K path takes its fp32 time (72.9 µs,
-docs/RESULTS.md): it spends 1.07 G fp32 FMAs on the CUDA cores and writes C with 8-byte stores, while cuBLASLt's
+Why the tensor cores: at 16384 × 4096 × 16 in fp16 the tuned kernel's CUDA-core small-K path takes its fp32
+time (72.9 µs, docs/RESULTS.md): it spends 1.07 G fp32 FMAs on the CUDA cores and writes C with 8-byte stores, while cuBLASLt's
 fused epilogue (``torch._addmm_activation``) takes 47.9 µs. Here the products go to the tensor cores (K = 16 is
 exactly one m16n8k16 step, fp32 accumulation) and C, which is nearly all the traffic (134 MB against 0.6 MB of A
 and B), goes out in 16-byte stores.
