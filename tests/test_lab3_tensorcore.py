@@ -157,8 +157,9 @@ def test_the_tuned_kernel_with_the_tensor_core_path_compiles_for_gpus_without_mm
     from .conftest import REPO
     tuned = string_assignments(REPO / "solutions" / lab3.NOTEBOOK)["TUNED_SOURCE"]
     cu = tmp_path / "tuned.cu"
-    cu.write_text("#include <cuda_fp16.h>\n#include <cstdint>\n#include <type_traits>\n" + lab3.tuned_source(tuned, "cuda"))
+    headers = "#include <cuda_fp16.h>\n#include <cstdint>\n#include <type_traits>\n"
+    cu.write_text(headers + lab3.tuned_source(tuned, "cuda"))
     for arch in ("sm_75", "sm_90"):
-        built = subprocess.run(["nvcc", "-std=c++17", f"-arch={arch}", "-c", str(cu), "-o", str(tmp_path / f"{arch}.o")],
-                               capture_output=True, text=True)
+        built = subprocess.run(["nvcc", "-std=c++17", f"-arch={arch}", "-c", str(cu),
+                                "-o", str(tmp_path / f"{arch}.o")], capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-3000:]
