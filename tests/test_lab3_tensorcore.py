@@ -151,7 +151,9 @@ def test_the_tuned_kernel_takes_the_tensor_core_path_for_fp16_at_small_k_only():
 def test_the_tuned_kernel_with_the_tensor_core_path_compiles_for_gpus_without_mma(tmp_path):
     # a student's GPU older than compute capability 8.0 builds it too (the written-out mma, never launched there)
     import subprocess
-    import sysconfig
+    from pathlib import Path
+
+    from fuselab import toolchain
     from fuselab.notebook_sources import string_assignments
 
     from .conftest import REPO
@@ -160,6 +162,7 @@ def test_the_tuned_kernel_with_the_tensor_core_path_compiles_for_gpus_without_mm
     headers = "#include <cuda_fp16.h>\n#include <cstdint>\n#include <type_traits>\n"
     cu.write_text(headers + lab3.tuned_source(tuned, "cuda"))
     for arch in ("sm_75", "sm_90"):
-        built = subprocess.run(["nvcc", "-std=c++17", f"-arch={arch}", "-c", str(cu),
+        nvcc = str(Path(toolchain.find_cuda_home()) / "bin" / "nvcc")
+        built = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", str(cu),
                                 "-o", str(tmp_path / f"{arch}.o")], capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-3000:]
