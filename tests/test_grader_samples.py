@@ -20,7 +20,7 @@ import torch
 
 from fuselab import course, samples
 from fuselab import notebook as ipynb
-from fuselab.grading import pipeline, samplecheck
+from fuselab.grading import pipeline, samplecheck, schedule
 
 from . import test_grader_feedback
 
@@ -50,8 +50,10 @@ def graded(tmp_path_factory):
     samplecheck.stage(examples, wanted)  # only the CI class, from the committed examples
     secret = test_grader_feedback.write_nosy_submission(examples)  # and one that reads secrets into its feedback
     before = _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py")
+    # two submissions at once where there are two cores (CI's machine): each submission keeps about one core busy,
+    # and the endless samples' timeouts leave theirs idle
     settings = pipeline.Settings(out=out / "run", cell_timeout=CELL_TIMEOUT, submission_timeout=400,
-                                 progress=False)
+                                 progress=False, cpu_workers=min(2, schedule.available_cores()))
     started = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(test_grader_feedback.SECRET_ENV, secret)  # in the grader's environment, as a TA's token
