@@ -236,7 +236,7 @@ def test_fuselab_errors_cross_with_their_type_whatever_their_constructor():
 
 
 def test_the_self_check_summarises_how_worker_speedups_compare_with_the_wall_clock(tmp_path):
-    from fuselab.tools.gpu_selfcheck import wall_bound_summary
+    from fuselab.tools.gpu_selfcheck.grading_runs import wall_bound_summary
     for name, worker, wall, flag in [("a", 1.5, 1.4, None), ("b", 3.0, 1.0, "capped")]:
         folder = tmp_path / "work" / name / "lab0"
         folder.mkdir(parents=True)

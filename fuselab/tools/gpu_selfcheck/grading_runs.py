@@ -1,0 +1,160 @@
+"""The self-check's stages that run the grader on a class: ``samples`` (the grader's sample class: every sample
+must get the grade it deserves), ``throughput`` (grading time per submission on copies of the correct samples) and
+``multigpu`` (the same class graded on one GPU and on all of them: same grades, no two timings on one GPU at once,
+the wall-time ratio; skipped with fewer than 2 GPUs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .archive import pack
+
+
+def _sandbox():
+    """``(sandbox, why)``: grade in the sandbox where it works on this machine (the grader's default); where it
+    does not, the self-check grades without it and every stage that graded says so in its headline."""
+    from ...grading import isolate
+    problem = isolate.sandbox_problem()
+    return (False, f"sandbox off: {problem}") if problem else (True, "sandboxed")
+
+
+def stage_samples(out):
+    """The grader's sample class on this GPU (``FUSELAB_SAMPLES``: only these, comma-separated): every sample
+    must get the grade it deserves."""
+    from ...grading.samplecheck import grade_examples
+    work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
+    chosen = [name for name in os.environ.get("FUSELAB_SAMPLES", "").split(",") if name] or None  # default: all
+    sandbox, sandboxed = _sandbox()
+    result = grade_examples(work, samples=chosen, cell_timeout=30, submission_timeout=240, progress=False,
+                            sandbox=sandbox)
+    pack(out, "samples-run.tar.gz", work / "run",
+          ["report.*", "grades.csv", "work/*/*/result.json", "reference/*/reference.json", "feedback/c*/*.html"])
+    print(result["table"], flush=True)
+    n = len(result["rows"])
+    result["wall_bound"] = wall_bound_summary(work / "run")
+    result["headline"] = (f"{sum(r['ok'] for r in result['rows'])}/{n} samples graded as they deserve, "
+                          f"{result['seconds']:.0f} s, {sandboxed}; {result['wall_bound']['line']}")
+    return result
+
+
+def wall_bound_summary(run: Path) -> dict:
+    """How the speedups the solution worker measured compare with the checker's own wall-clock bound, over every
+    graded speed test of a run (``grading.kernels.SpeedCheck``): the numbers that set ``WALL_TOLERANCE``."""
+    rows = []
+    for path in sorted(Path(run).glob("work/*/*/result.json")):
+        result = json.loads(path.read_text())
+        for cell in result.get("cells", {}).values():
+            for record in cell.get("speed") or []:
+                if record.get("wall_speedup") and record.get("worker_speedup"):
+                    rows.append({"submission": "/".join(path.parts[-3:-1]), "test": record.get("test"),
+                                 "worker": record["worker_speedup"], "wall": record["wall_speedup"],
+                                 "ratio": record["worker_speedup"] / record["wall_speedup"],
+                                 "capped": bool(record.get("flag"))})
+    ratios = [r["ratio"] for r in rows]
+    line = (f"worker/wall speedup ratio {min(ratios):.2f}-{max(ratios):.2f} over {len(rows)} speed tests, "
+            f"{sum(r['capped'] for r in rows)} capped") if rows else "no speed test bounded by the wall clock"
+    return {"rows": rows, "line": line}
+
+
+def stage_throughput(out, copies=None):
+    """Grading time per submission: ``copies`` (``FUSELAB_THROUGHPUT_COPIES``, default 3) copies of each lab's
+    correct sample, graded as one class, once per number of submissions sharing the GPU in
+    ``FUSELAB_THROUGHPUT_JOBS`` (comma-separated; default: the grader's own choice), with how busy the CPU and the
+    GPU's memory were."""
+    if copies is None:
+        copies = int(os.environ.get("FUSELAB_THROUGHPUT_COPIES", "3"))
+    work = _class_of_copies(copies)
+    jobs = list(dict.fromkeys(int(j) for j in os.environ.get("FUSELAB_THROUGHPUT_JOBS", "").split(",")
+                              if j.strip())) or [None]
+    if any(j < 1 for j in jobs if j is not None):
+        raise ValueError(f"FUSELAB_THROUGHPUT_JOBS must list numbers of at least 1, not {jobs}")
+    runs = [_throughput_run(work, f"run-{j or 'default'}", j)[0] for j in jobs]
+    best = min(runs, key=lambda r: r["submission_phase_per_submission"])
+    headline = "; ".join(r["headline"] for r in runs)
+    return {**best, "runs": runs, "headline": headline,
+            "status": "ok" if all(r["status"] == "ok" for r in runs) else "MISS"}
+
+
+def stage_multigpu(out, copies=None, jobs_per_gpu=None):
+    """The grader on every visible GPU against one GPU: the same class (``copies`` copies of each lab's correct
+    sample, ``FUSELAB_MULTIGPU_COPIES``, default 2), the same number of submissions sharing each GPU
+    (``jobs_per_gpu``, ``FUSELAB_MULTIGPU_JOBS``, default 1); see ``multigpu_check``."""
+    from .. import multigpu_check
+    from ...grading import schedule
+    gpus = schedule.visible_gpus()
+    if len(gpus) < 2:
+        return {"status": "skipped", "headline": f"needs 2 GPUs, {len(gpus)} visible"}
+    if copies is None:
+        copies = int(os.environ.get("FUSELAB_MULTIGPU_COPIES", "2"))
+    if jobs_per_gpu is None:
+        jobs_per_gpu = int(os.environ.get("FUSELAB_MULTIGPU_JOBS", "1"))
+    work = _class_of_copies(copies)
+    single, single_result = _throughput_run(work, "one-gpu", jobs_per_gpu, gpus=1)
+    (Path(out) / "multigpu-one-gpu.json").write_text(json.dumps(single, indent=1, default=str))  # if cut short
+    several, several_result = _throughput_run(work, "all-gpus", jobs_per_gpu, gpus="auto")
+    expected = sum(1 for _ in (work / "class").glob("*/*"))
+    verdict = multigpu_check.verdict(single_result, several_result, expected)
+    if single["status"] != "ok" or several["status"] != "ok":  # copies of the correct sample lost marks
+        verdict["status"] = "MISS"
+        verdict["problems"].append(f"full marks: {single['full_marks']} on one GPU, {several['full_marks']} on "
+                                   f"several, of {expected}")
+    return {**verdict, "one_gpu": single, "all_gpus": several,
+            "timings": multigpu_check.timings(several_result.results, several_result.reference)}
+
+
+def _class_of_copies(copies):
+    """A class of ``copies`` students, each with every lab's correct sample: ``<work>/class``; returns ``work``."""
+    from ... import samples as sample_recipes
+    from ...course import lab_names
+    work = Path(tempfile.mkdtemp(prefix="fuselab-throughput-"))
+    sample_recipes.write_examples(work / "examples")
+    labs = [lab for lab in lab_names() if (work / "examples" / "correct" / lab).is_dir()]
+    for k in range(copies):
+        for lab in labs:
+            shutil.copytree(work / "examples" / "correct" / lab, work / "class" / f"student{k:02d}" / lab)
+    return work
+
+
+def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
+    """Grade ``<work>/class`` into ``<work>/<name>``: ``(summary, the grader's ClassResult)``."""
+    from ...grading.pipeline import Settings, grade
+    from ...grading.report import median_steps
+    from ...grading.schedule import describe
+    from ..load_sampler import LoadSampler
+    sandbox, sandboxed = _sandbox()
+    started = time.perf_counter()
+    with LoadSampler() as load:
+        result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120, gpus=gpus,
+                                                submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True,
+                                                sandbox=sandbox))
+    wall = time.perf_counter() - started
+    phases = result.phase_seconds
+    grading = phases.get("submissions", 0.0)
+    per = [{k: getattr(r, k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
+                                       "clean_seconds", "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline",
+                                       "nbgrader_phases")}
+           for r in result.results]
+    for r, full_result in zip(per, result.results):
+        r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}
+    full = sum(r.full_marks for r in result.results)
+    n = len(per)
+    sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
+    summary = {
+        "status": "ok" if full == n else "MISS", "jobs": sharing, "workers": describe(result.workers),
+        "submissions": per, "wall_seconds": wall,
+        "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
+        "phase_seconds": phases, "submission_phase_per_submission": grading / max(n, 1),
+        "load_while_grading": load.summary(*result.phase_spans["submissions"]),
+        "time_by_lab": median_steps(result.results),
+        # the part that cannot overlap: timings with the GPU to themselves
+        "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
+        "seconds_per_submission": wall / max(n, 1), "full_marks": full,
+        "headline": f"{describe(result.workers)}: {n} submissions graded in {grading:.0f} s = "
+                    f"{grading / max(n, 1):.1f} s each (target 4), {wall:.0f} s in all; {full}/{n} full marks; "
+                    f"{sandboxed}", "sandbox": sandboxed}
+    return summary, result
