@@ -193,6 +193,23 @@ def test_arguments_are_written_back_and_a_returned_argument_is_the_checkers_own(
     assert torch.equal(linear.weight, expected_w) and linear.bias is None and not linear.training
 
 
+def test_a_change_made_before_an_exception_is_written_back_too(worker):
+    """A function that changes its input and then raises: a test that expects the error (and checks the caller's
+    objects) saw the checker's untouched arguments, the change being lost with the worker's copies."""
+    worker.run_cell("setup", SETUP, want_names=False)
+    names, error = worker.run_cell("refuse", "def scale_then_refuse(x, module, factor):\n    x.mul_(factor)\n"
+                                   "    module.weight.data.add_(1)\n    module.eval()\n"
+                                   "    raise ValueError('refused after the change')\n",
+                                   want_names=["scale_then_refuse"])
+    assert error is None
+    x = torch.randn(int(torch.randint(1, 50, ())))
+    linear = nn.Linear(3, 4)
+    expected_x, expected_w = 3 * x, linear.weight.detach() + 1
+    with pytest.raises(ValueError, match="refused after the change"):
+        names["scale_then_refuse"](x, linear, 3.0)
+    assert torch.equal(x, expected_x) and torch.equal(linear.weight, expected_w) and not linear.training
+
+
 def test_a_copied_solution_cell_runs_as_in_the_notebook(tmp_path):
     """A solution cell copied in JupyterLab keeps its grade id. The clean recheck took the first copy (here the
     student's old attempt), while the notebook runs both and the later definition wins (nbgrader's autograde keeps

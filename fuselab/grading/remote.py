@@ -6,7 +6,8 @@ the worker runs the student's function, and what its copies of the tensor and mo
 written back into the checker's own (``wire.write_back``), so "the original is unchanged" means what it means in
 one process. The result comes back through ``wire.decode``: plain values, tensors and rebuilt ``torch.nn``/``fx``
 modules, the checker's own argument where the function returned one, or a ``RemoteModule`` for a module the
-checker cannot rebuild. An exception comes back as its builtin type.
+checker cannot rebuild. An exception comes back as its builtin type, after the same write-back (a function that
+changes its input and then raises has changed it), with where in the student's cells it was raised.
 """
 
 from __future__ import annotations
@@ -61,11 +62,7 @@ class SolutionProcess:
         after the call is written back into them first (a function that changes its input is seen to)."""
         tag = reply[0] if type(reply) is list and reply else None
         if tag == "ok" and arguments is not None and len(reply) == 3:
-            states = reply[2]
-            if type(states) is not list or len(states) != len(arguments):
-                raise wire.WireError("the solution process sent a malformed reply")
-            for argument, state in zip(arguments, states):
-                wire.write_back(argument, state)
+            self._write_back(arguments, reply[2])
             self._arguments = arguments
             try:
                 return wire.decode(reply[1], self.handle)
@@ -75,7 +72,21 @@ class SolutionProcess:
             return wire.decode(reply[1], self.handle)
         if tag == "raise" and len(reply) == 3:
             raise wire.rebuild_exception(reply)
+        if tag == "raise" and len(reply) == 5 and arguments is not None:
+            # a call that raised: what it did to its arguments before raising is written back all the same
+            if reply[4] is not None:
+                self._write_back(arguments, reply[4])
+            error = wire.rebuild_exception(reply[:3])
+            error.fuselab_origin = ("solution", _frames(reply[3]))
+            raise error
         raise wire.WireError("the solution process sent a malformed reply")
+
+    @staticmethod
+    def _write_back(arguments, states):
+        if type(states) is not list or len(states) != len(arguments):
+            raise wire.WireError("the solution process sent a malformed reply")
+        for argument, state in zip(arguments, states):
+            wire.write_back(argument, state)
 
     def run_cell(self, label: str, source: str, want_names=True):
         """Run one cell in the worker: ``(names it defined → values/proxies, its first error or None)``."""
@@ -92,6 +103,15 @@ class SolutionProcess:
             except wire.WireError:
                 continue  # not something a test uses; the student's functions use it in the worker
         return names, reply[2]
+
+
+def _frames(frames) -> tuple:
+    """Where the worker says an exception was raised: ``((cell label, line), ...)`` of plain values only (the
+    checker still checks them against its plan before it names one: ``failures``)."""
+    if type(frames) is not list:
+        return ()
+    return tuple((label, line) for label, line in (f for f in frames[:8] if type(f) is list and len(f) == 2)
+                 if type(label) is str and len(label) <= 200 and type(line) is int)
 
 
 class RemoteFunction:

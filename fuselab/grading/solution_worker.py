@@ -11,7 +11,8 @@ the kernel worker (``kernel_worker``), which runs no student Python, builds and 
 
 Requests (pickles from the checker): ``("run", label, source, want_names)``, ``("call", handle, args, kwargs)``,
 ``("method", handle, name, args)``. Replies (``wire.dump_tree``): ``["ran", [[name, value]...], error]``,
-``["ok", value]`` (a call: ``["ok", value, arguments' state]``) or ``["raise", type, message]``.
+``["ok", value]`` (a call: ``["ok", value, arguments' state]``) or ``["raise", type, message]`` (a call:
+``["raise", type, message, where it was raised, arguments' state]``).
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ class Worker:
         arguments = list(args) + list(kwargs.values())
         try:
             result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - crosses as a builtin type, with where it was raised
+            # what the arguments hold now goes back on this path too: a function that changes its input and then
+            # raises has changed the caller's objects, as in one process (a test expecting the error sees that)
+            return wire.exception_record(exc) + [_raised_in(exc), _argument_states(arguments)]
+        try:
             positions = {id(a): i for i, a in enumerate(arguments) if _is_tensor_or_module(a)}
             record = _name_kinds(wire.encode(result, self.keep, arguments=positions), self)
             return ["ok", record, [wire.argument_state(a) for a in arguments]]
@@ -134,6 +140,25 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001
             return wire.exception_record(exc)
         return ["raise", "AttributeError", f"no method {name}"]
+
+
+def _argument_states(arguments):
+    try:
+        return [wire.argument_state(a) for a in arguments]
+    except Exception:  # noqa: BLE001 - an argument whose state cannot be sent: the exception still crosses
+        return None
+
+
+def _raised_in(exc: BaseException) -> list:
+    """``[[cell label, line], ...]``: the student's cells the exception passed through, innermost first (the
+    checker names the first one that is a solution cell of the plan, and the line, in a hidden test's verdict)."""
+    frames, trace = [], exc.__traceback__
+    while trace is not None:
+        filename = trace.tb_frame.f_code.co_filename
+        if filename.startswith("<cell ") and filename.endswith(">"):
+            frames.append([filename[1:-1], int(trace.tb_lineno or 0)])
+        trace = trace.tb_next
+    return frames[::-1][:8]
 
 
 def _is_tensor_or_module(obj) -> bool:
