@@ -17,7 +17,9 @@ The workers' pipes are inherited file descriptors, named in ``FUSELAB_SOLUTION_F
 
 A cell's result follows nbgrader's rules: an exception or anything on stderr (fd 2, so C code counts too) fails
 it; its last expression's value is reported when it is a number. Tracebacks are not reported (they would show
-hidden tests' source in feedback), only the exception's type and message.
+hidden tests' source in feedback), only the exception's type and message; and of a failure in a hidden test, only
+its type and where in the student's code it was raised (``failures``): nothing the student's code produced on
+hidden inputs, printed output included, is kept.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 import warnings
 
 from ..notebook import HIDDEN_MARK
+from . import failures
 
 MAX_TEXT = 4000
 
@@ -156,7 +159,7 @@ def _kernel_host():
 
 def _run_cell(cell, namespace, worker, host=None):
     """Run one cell of the plan here, or (a solution cell) in the solution worker; return its last value."""
-    label = f"cell {cell['grade_id'] or cell['index']}"
+    label = failures.cell_label(cell)
     if cell.get("solution"):
         if worker is None:
             raise RuntimeError("no solution process to run the solution cell in")
@@ -199,12 +202,17 @@ def main(plan_path, events_path) -> int:
             try:
                 value = _run_cell(cell, namespace, worker, host)
             except BaseException as exc:  # noqa: BLE001 - a cell's failure is its verdict
-                error = f"{type(exc).__name__}: {exc}"[:MAX_TEXT]
+                # a hidden test's failure says its type and where the student's code raised it, nothing more
+                error = failures.verdict_message(exc, cell, plan["cells"], MAX_TEXT)
         records, seen = _new_grade_records(grade_log, seen)
         number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+        stdout, stderr = output["stdout"][-MAX_TEXT:], output["stderr"][-MAX_TEXT:]
+        shown = None if value is None or number is not None else repr(value)[:200]
+        if failures.has_hidden_tests(cell["source"]):  # what a hidden test printed or warned is never kept
+            stdout, shown = "", None
+            stderr = failures.HIDDEN_OUTPUT if stderr.strip() else ""
         events.write(event="end", index=index, grade_id=cell["grade_id"], error=error, value=number,
-                     shown=None if value is None or number is not None else repr(value)[:200],
-                     stdout=output["stdout"][-MAX_TEXT:], stderr=output["stderr"][-MAX_TEXT:],
+                     shown=shown, stdout=stdout, stderr=stderr,
                      seconds=time.perf_counter() - started, speed=records)
         why = _unusable(host)
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)

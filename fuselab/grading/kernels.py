@@ -168,7 +168,11 @@ class WorkerLauncher:
         return f"<launcher {self.prototype.signature()} ({self._module.backend})>"
 
     def __call__(self, *args, **kwargs):
-        self._module.kernel_host.launch(self._module, self.prototype.name, args, kwargs)
+        try:
+            self._module.kernel_host.launch(self._module, self.prototype.name, args, kwargs)
+        except Exception as exc:
+            exc.fuselab_origin = ("kernel", self.prototype.name)  # where, for a hidden test's verdict (failures)
+            raise
 
 
 def _pack(args, kwargs):
