@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuselab import course, samples
+from fuselab import course
+from fuselab.course import sample_class as samples
 from fuselab.grading import feedback, intake, pipeline, report
 
 LAB = "lab0"

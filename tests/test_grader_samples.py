@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuselab import course, samples
+from fuselab import course
+from fuselab.course import sample_class as samples
 from fuselab import notebook as ipynb
 from fuselab.grading import pipeline, samplecheck, schedule
 

@@ -14,7 +14,7 @@ import fuselab
 from fuselab import course
 from fuselab.labs import lab2
 from fuselab.labs.lab2.samples import SAMPLES
-from fuselab.samples import expected, make_submission
+from fuselab.course.sample_class import expected, make_submission
 
 NOTEBOOK = course.SOLUTIONS / lab2.NOTEBOOK
 # what a graded test cell needs defined before it runs

@@ -25,7 +25,7 @@ FLOORS = {
     "fuselab.diagnostics": 1, "fuselab.native_check": 1, "fuselab.check": 1, "fuselab.timing": 1, "fuselab.plots": 1,
     "fuselab.labs": 2,
     "fuselab.speed": 3,
-    "fuselab.course": 4, "fuselab.samples": 4, "fuselab.doctor": 4,
+    "fuselab.course": 4, "fuselab.doctor": 4,
     "fuselab.grading": 5,
     "fuselab.tools": 6, "fuselab.cli": 6,
 }

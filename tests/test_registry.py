@@ -18,7 +18,7 @@ import pytest
 from fuselab import course, speed
 from fuselab.labs import lab_modules, registry, selfcheck_modules
 from fuselab.notebook_sources import string_assignments
-from fuselab.samples import EXAMPLES, all_samples
+from fuselab.course.sample_class import EXAMPLES, all_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTHORING = ROOT / "docs" / "LAB_AUTHORING.md"

@@ -77,9 +77,9 @@ def run(args) -> int:
             print(line)
         return 0
     if args.command == "samples":
-        from .. import samples
-        root = Path(args.out) if args.out else samples.EXAMPLES
-        written = samples.write_examples(root)
+        from ..course import sample_class
+        root = Path(args.out) if args.out else sample_class.EXAMPLES
+        written = sample_class.write_examples(root)
         print(f"wrote {len(written)} sample submission(s) under {root}")
         return 0
     return 2

@@ -3,8 +3,9 @@
     from fuselab.grading.samplecheck import grade_examples
     summary = grade_examples(out)          # {"status": "ok" | "MISS", "rows": [...], "table": "...", ...}
 
-The students of the sample class are named after the samples (``fuselab/labs/labN/samples.py``), so each
-result can be checked against its ``Sample.expect`` (``expect_gpu`` on a GPU).
+The students of the sample class are named after the samples (declared in ``fuselab/labs/labN/samples.py``,
+written by ``fuselab/course/sample_class.py``), so each result can be checked against its ``Sample.expect``
+(``expect_gpu`` on a GPU).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import samples as sample_recipes
+from ..course import sample_class
 from .results import SubmissionResult
 
 
@@ -26,13 +27,13 @@ def verdict_class(points: float, maximum: float) -> str:
 
 def compare(results: list, on_gpu: bool) -> list:
     """One row per graded sample: ``(sample, lab, total, max, ok, mismatches, why)``."""
-    recipes = sample_recipes.all_samples()
+    declared = sample_class.all_samples()
     rows = []
     for r in map(SubmissionResult.of, results):
-        sample = recipes.get((r.student, r.lab))
+        sample = declared.get((r.student, r.lab))
         if sample is None:
             continue
-        expected = sample_recipes.expected(r.lab, sample, on_gpu)
+        expected = sample_class.expected(r.lab, sample, on_gpu)
         mismatches = []
         for grade_id, want in expected.items():
             cell = r.cells.get(grade_id)
@@ -74,7 +75,7 @@ def grade_examples(out, labs=None, samples=None, examples: Path | None = None, p
     out = Path(out)
     if examples is None:
         examples = out / "examples"
-        sample_recipes.write_examples(examples)
+        sample_class.write_examples(examples)
     started = time.monotonic()
     result = grade(examples, Settings(out=out / "run", labs=labs, students=samples, progress=progress, **settings))
     rows = compare(result.results, on_gpu=torch.cuda.is_available())
@@ -88,7 +89,7 @@ def grade_examples(out, labs=None, samples=None, examples: Path | None = None, p
 def ci_class() -> list:
     """The part of the sample class graded without a GPU: every Lab 0 sample, every lab's correct sample, and the
     samples that prove the isolation boundary outside Lab 0 (``CI_SAMPLES``)."""
-    return sorted((name, lab) for name, lab in sample_recipes.all_samples()
+    return sorted((name, lab) for name, lab in sample_class.all_samples()
                   if lab == "lab0" or name == "correct" or (name, lab) in CI_SAMPLES)
 
 
@@ -98,7 +99,7 @@ CI_SAMPLES = {("lying_int", "lab1"), ("honest_idioms", "lab2"), ("cheat_function
 def stage(target: Path, chosen=None, examples: Path | None = None) -> Path:
     """Copy the chosen ``(sample, lab)`` submissions of ``examples`` (default grader/examples) into ``target``."""
     import shutil
-    examples = Path(examples or sample_recipes.EXAMPLES)
+    examples = Path(examples or sample_class.EXAMPLES)
     target = Path(target)
     shutil.rmtree(target, ignore_errors=True)
     for name, lab in chosen if chosen is not None else ci_class():

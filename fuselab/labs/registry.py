@@ -5,11 +5,11 @@ prototypes, the fixed unfused reference kernels, input makers, float64 reference
 declaration ``LAB = Lab(...)``: its notebook, the launchers each CUDA source of the notebook must define, its
 reference kernels, its graded cells and its graded speedup tests (``GradedTest``). Beside it, ``selfcheck.py``
 (``run(out) -> dict``, the lab's stage of the GPU self-check) and ``samples.py`` (``SAMPLES``, its sample
-submissions).
+submissions, each a ``Sample``).
 
 ``LAB_NAMES`` is the registry: what the course releases (``course.lab_names``), what the GPU self-check runs
-(``labs.selfcheck_modules``), what the sample class holds (``samples.all_samples``) and what the kernel tests build
-(``labs.lab_modules``) all come from it. ``tests/test_registry.py`` fails when a ``solutions/labN`` is not listed
+(its lab stages), what the sample class holds (``course.sample_class.all_samples``) and what the kernel tests
+build (``labs.lab_modules``) all come from it. ``tests/test_registry.py`` fails when a ``solutions/labN`` is not listed
 here, when a declaration disagrees with its notebook, or when ``fuselab/speed/policy.json`` disagrees with a
 ``GradedTest``. docs/LAB_AUTHORING.md lists what a new lab needs.
 """
@@ -98,6 +98,23 @@ class Lab:
         if not found:
             raise KeyError(f"{self.name} has no graded speedup test {test_id!r}")
         return found[0]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample submission of one lab.
+
+    changes: grade_id → new cell source, or a function of the filled-in source.
+    expect: grade_id → "full", "zero", "partial" or "any" (speed cells are "zero" without a GPU whatever this says
+        about the GPU; see ``expect_gpu``). Graded cells not listed are expected "full".
+    expect_gpu: overrides of ``expect`` on a GPU (for speed cells).
+    why: one line a teaching assistant reads in the sample class's report.
+    """
+
+    changes: dict = field(default_factory=dict)
+    expect: dict = field(default_factory=dict)
+    expect_gpu: dict = field(default_factory=dict)
+    why: str = ""
 
 
 def lab_names() -> list:

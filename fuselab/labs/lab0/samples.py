@@ -1,10 +1,10 @@
-"""Lab 0's sample submissions for the grader's sample class (see fuselab/samples.py).
+"""Lab 0's sample submissions for the grader's sample class (see fuselab/course/sample_class.py).
 
 grade ids: test_dram_bytes (1), test_unfused (3), test_fused (2), test_speedup (4); written answers are graded by
 hand and not listed.
 """
 
-from ..sample import Sample
+from ..registry import Sample
 
 _FUSED_BODY = "if (i < n) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];"
 

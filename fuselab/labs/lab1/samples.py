@@ -1,10 +1,10 @@
-"""Lab 1's sample submissions for the grader's sample class (see fuselab/samples.py).
+"""Lab 1's sample submissions for the grader's sample class (see fuselab/course/sample_class.py).
 
 grade ids: test_output_size (1), test_conv_unfused (3), test_conv_fused (3), test_depthwise_bytes (1),
 test_depthwise (3), test_speedup_depthwise (4); written answers are graded by hand and not listed.
 """
 
-from ..sample import Sample
+from ..registry import Sample
 
 # A flat grid-stride kernel with 64-bit indices, a branch-free LeakyReLU and the bias added last: a different
 # kernel from the instructor's 2-D one, equally right.

@@ -1,4 +1,4 @@
-"""Lab 2's sample submissions for the grader's sample class (see fuselab/samples.py).
+"""Lab 2's sample submissions for the grader's sample class (see fuselab/course/sample_class.py).
 
 grade ids: test_fold_weights (2), test_fold_module (2), test_fold_refuses (1), test_fold_network (3),
 test_fused (2), test_in_registers (1), test_speedup (4); written answers are graded by hand and not listed.
@@ -9,7 +9,7 @@ kernels get their folded parameters from the lab (torch's own fold), not from th
 
 import re
 
-from ..sample import Sample
+from ..registry import Sample
 
 _FOLD_BUGS = {"test_fold_weights": "zero", "test_fold_module": "zero", "test_fold_network": "zero"}
 

@@ -1,11 +1,11 @@
-"""Lab 3's sample submissions for the grader's sample class (see fuselab/samples.py).
+"""Lab 3's sample submissions for the grader's sample class (see fuselab/course/sample_class.py).
 
 grade ids: test_bias_act (1), test_fused (3), test_template (3), test_dram_bytes (1), test_speedup_small_k (4);
 written answers are graded by hand and not listed. The speed test times the Part B template kernel at the small-K
 shape of the policy (fuselab/speed/policy.json) against the lab's unfused reference.
 """
 
-from ..sample import Sample
+from ..registry import Sample
 
 
 def _replace(old, new):

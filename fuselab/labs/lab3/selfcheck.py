@@ -489,7 +489,7 @@ def _speed_points(op, module, reference_op, test):
 
 def _sample_modules():
     """``{name: built module}`` of the template kernels of the samples in ``lab3_samples.SPEED_SAMPLES``."""
-    from ...samples import make_submission
+    from ...course.sample_class import make_submission
     from . import samples as lab3_samples
     return {name: build(string_assignments(make_submission("lab3", lab3_samples.SAMPLES[name]))["TEMPLATE_SOURCE"],
                         lab3.FUSED_LAUNCHERS, name=f"sample_{name}") for name in lab3_samples.SPEED_SAMPLES}
@@ -502,7 +502,7 @@ def _sample_ops():
 def _sample_speed(reference_op):
     """The speed test on the sample submissions whose kernels differ from the solution's (fuselab/labs/lab3/samples.py):
     their expected verdict on a GPU against the points they get."""
-    from ...samples import expected
+    from ...course.sample_class import expected
     from . import samples as lab3_samples
     test, _, _ = speed.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
     found = {}

@@ -109,10 +109,9 @@ def stage_multigpu(out, copies=None, jobs_per_gpu=None):
 
 def _class_of_copies(copies):
     """A class of ``copies`` students, each with every lab's correct sample: ``<work>/class``; returns ``work``."""
-    from ... import samples as sample_recipes
-    from ...course import lab_names
+    from ...course import lab_names, sample_class
     work = Path(tempfile.mkdtemp(prefix="fuselab-throughput-"))
-    sample_recipes.write_examples(work / "examples")
+    sample_class.write_examples(work / "examples")
     labs = [lab for lab in lab_names() if (work / "examples" / "correct" / lab).is_dir()]
     for k in range(copies):
         for lab in labs:

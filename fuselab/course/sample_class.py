@@ -1,11 +1,12 @@
-"""Sample submissions: a student's filled-in release notebook, made from the instructor's solution plus changes.
+"""The grader's sample class: its submissions written from the labs' sample declarations, and what each deserves.
 
-Each lab lists its samples in ``fuselab/labs/labN/samples.py`` as ``SAMPLES = {name: Sample(...)}``
-(``fuselab/labs/sample.py``): what to
-change in which solution cell (by nbgrader ``grade_id``) and what grade each graded cell should then get. A
-submission starts from the *release* notebook (what a student downloads) with every solution cell filled in with
-the instructor's code (its BEGIN/END SOLUTION marker lines dropped, as a student would write it), then the
-sample's changes applied. ``fuselab samples`` writes them under ``grader/examples/<sample>/<lab>/``.
+Each lab declares its samples in ``fuselab/labs/labN/samples.py`` as ``SAMPLES = {name: Sample(...)}`` (``Sample``
+in ``fuselab/labs/registry.py``): what to change in which solution cell (by nbgrader ``grade_id``) and what grade
+each graded cell should then get. A submission starts from the *release* notebook (what a student downloads) with
+every solution cell filled in with the instructor's code (its BEGIN/END SOLUTION marker lines dropped, as a
+student would write it), then the sample's changes applied. ``fuselab samples`` writes them under
+``grader/examples/<sample>/<lab>/``; ``fuselab/grading/samplecheck.py`` grades that class and compares each
+verdict with ``expected``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import json
 import re
 from pathlib import Path
 
-from .course import LABS, REPO, SOLUTIONS
-from .labs.sample import Sample
-from .notebook import grade_id, is_graded, is_solution, source
+from ..labs.registry import Sample
+from ..notebook import grade_id, is_graded, is_solution, source
+from . import LABS, REPO, SOLUTIONS
 
 EXAMPLES = REPO / "grader" / "examples"
 _MARKER = re.compile(r"^.*(BEGIN|END) SOLUTION.*\n?", re.M)
@@ -57,7 +58,7 @@ def graded_cells(lab: str) -> list:
 
 def expected(lab: str, sample: Sample, on_gpu: bool) -> dict:
     """grade_id → "full" | "zero" | "partial" | "any" for every graded code cell of ``lab``."""
-    from .labs.registry import speed_grade_ids
+    from ..labs.registry import speed_grade_ids
     speed_cells = speed_grade_ids(lab)
     result = {}
     for cell_id in graded_cells(lab):
@@ -72,7 +73,7 @@ def expected(lab: str, sample: Sample, on_gpu: bool) -> dict:
 
 def all_samples() -> dict:
     """``{(sample, lab): Sample}`` over every registered lab's samples module."""
-    from .labs.registry import all_labs
+    from ..labs.registry import all_labs
     return {(name, lab): sample for lab, declared in all_labs().items()
             for name, sample in declared.samples_module().SAMPLES.items()}
 

@@ -1,7 +1,11 @@
-"""The course's nbgrader wiring: regenerate ``labs/`` from ``solutions/``, and tell whether it is up to date.
+"""The course's folders and its nbgrader wiring: regenerate ``labs/`` from ``solutions/``, and tell whether it is
+up to date.
 
 ``solutions/`` is the source of truth; ``labs/`` is what nbgrader's ``generate_assignment`` makes of it (solutions
 replaced by stubs, hidden tests removed). Both live in the repository so students can clone and start.
+
+The course's operations live in this package: ``sample_class`` writes the grader's sample class (``fuselab
+samples``) from the labs' sample declarations.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .notebook import source
+from ..notebook import source
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # fuselab/course/__init__.py
 GRADER = REPO / "grader"
 SOLUTIONS = REPO / "solutions"
 LABS = REPO / "labs"
@@ -24,7 +28,7 @@ LABS = REPO / "labs"
 def lab_names() -> list:
     """The course's labs, from the registry (``fuselab/labs/registry.py``); a test checks that it names every
     lab folder of ``solutions/``."""
-    from .labs.registry import lab_names as registered
+    from ..labs.registry import lab_names as registered
     return registered()
 
 
