@@ -43,6 +43,11 @@ class LaunchError(FuselabError, RuntimeError):
     """A launcher recorded a CUDA error (for example an invalid launch configuration)."""
 
 
+class HostWroteKernelMemory(LaunchError):
+    """Under the CPU emulation while the course grades: a launcher's host code changed kernel memory outside every
+    kernel and runtime copy, which a GPU does not allow (``fuselab/kernel_memory.py``)."""
+
+
 # In a notebook, a NameError for a name that a failed cell assigns says which cell failed (fuselab/cell_hints.py).
 from .cell_hints import install as _install_cell_hints  # noqa: E402
 

@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from .errors import LaunchError
+from .errors import HostWroteKernelMemory, LaunchError
 from .prototypes import SCALAR_TYPES, Prototype, evaluate, expression_names
 
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
@@ -62,17 +62,23 @@ class Launcher:
                 c_args.append(self._check_number(param, values[param.name]))
         self._check_sizes(values, dims)
         watched = self._module.emulated and any(p.is_stream for p in self.prototype.params)
-        device = _DeviceCopies(self._module, tensors, c_args) if self._module.guarded else None
+        names = {position: param.name for position, param in enumerate(self.prototype.params)}
+        device = _DeviceCopies(self._module, tensors, c_args, names) if self._module.guarded else None
         if watched:
             self._module._begin_call()
+        host_wrote = None
         try:
             if device is not None:
                 device.guard()
             returned = self._fn(*c_args)
         finally:
-            if device is not None:
-                device.finish()
-            elsewhere = self._module._end_call() if watched else None
+            try:
+                if device is not None:
+                    host_wrote = device.finish()
+            finally:
+                elsewhere = self._module._end_call() if watched else None
+        if host_wrote:
+            raise HostWroteKernelMemory(f"{self.prototype.name}: {host_wrote}")
         if elsewhere:
             raise LaunchError(_off_stream_message(self.prototype, elsewhere))
         try:
@@ -194,18 +200,21 @@ class _DeviceCopies:
     """Under the CPU emulation, one launcher call's tensors in device memory of their own: each storage copied into
     pages of its own, which the runtime keeps from the launcher's host code (``PROT_NONE``) and opens only while a
     kernel or a runtime copy runs. A launcher that computes on the host (a loop over ``out[i]``) faults, as on a
-    GPU, where its pointers are device addresses; a kernel sees the same bytes at the same offsets."""
+    GPU, where its pointers are device addresses; a kernel sees the same bytes at the same offsets. One that gets
+    past the protection is still seen: ``kernel_memory.Watch`` finds kernel memory changed outside a kernel."""
 
     PAGE = 4096
 
-    def __init__(self, module, tensors, c_args):
+    def __init__(self, module, tensors, c_args, names):
         import mmap
-        self.module, self.buffers = module, {}
+        self.module, self.buffers, self.watch = module, {}, None
+        self.names: dict = {}  # storage → the arguments that view it, for a student's message
         for position, tensor in tensors:
             storage = tensor.untyped_storage()
             base = storage.data_ptr()
             if c_args[position] is None or base == 0:
                 continue
+            self.names.setdefault(base, []).append(f"`{names.get(position, position)}`")
             if base not in self.buffers:
                 size = storage.nbytes()
                 length = max(self.PAGE, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE)
@@ -217,15 +226,24 @@ class _DeviceCopies:
             c_args[position] = self.buffers[base][1].data_ptr() + (tensor.data_ptr() - base)
 
     def guard(self):
+        from .kernel_memory import Watch
+        self.watch = Watch(self.module._lib, [(f"the memory of {' and '.join(self.names[base])}",
+                                               device.data_ptr(), device.numel())
+                                              for base, (_, device, _, _) in self.buffers.items()])
         n = len(self.buffers)
         bases = (ctypes.c_void_p * max(n, 1))(*[b[1].data_ptr() for b in self.buffers.values()])
         sizes = (ctypes.c_ulonglong * max(n, 1))(*[b[3] for b in self.buffers.values()])
-        self.module._lib.fuselab_emu_guard(bases, sizes, ctypes.c_int(n))
+        self.module._lib.fuselab_emu_guard(bases, sizes, ctypes.c_int(n), self.watch.starting, self.watch.ended)
 
     def finish(self):
+        """Unguard; copy what the kernels wrote back into the caller's tensors. Returns what host code changed in
+        kernel memory outside a kernel, in words (and then copies nothing back), or None."""
         self.module._lib.fuselab_emu_unguard()
-        for pages, device, host, _ in self.buffers.values():
-            host.copy_(device)  # what the kernels wrote, back into the caller's tensors
+        watch, self.watch = self.watch, None
+        host_wrote = watch.finish() if watch is not None else None
+        if host_wrote is None:
+            for pages, device, host, _ in self.buffers.values():
+                host.copy_(device)  # what the kernels wrote, back into the caller's tensors
         buffers, self.buffers = self.buffers, {}
         for base in list(buffers):
             pages = buffers.pop(base)[0]
@@ -233,6 +251,9 @@ class _DeviceCopies:
                 pages.close()
             except BufferError:  # a view still held somewhere: the mapping goes with it
                 pass
+        if watch is not None and watch.problem:  # the watch's own failure: never passed over in silence
+            raise LaunchError(f"fuselab could not watch the kernel memory of this call ({watch.problem})")
+        return host_wrote
 
 
 class Module:

@@ -54,7 +54,9 @@ EMULATION = {"getenv", "strtol", "strtoul", "strtoull", "sysconf", "mmap", "munm
              "pthread_mutex_lock", "pthread_mutex_unlock", "omp_get_max_threads", "omp_get_thread_num",
              "omp_get_num_threads",
              # a wild pointer in a kernel faults; the emulation turns that into a launch error, not a crash
-             "sigaction", "sigaltstack", "__sigsetjmp", "siglongjmp"}
+             "sigaction", "sigaltstack", "__sigsetjmp", "siglongjmp",
+             # the linker's bounds of the __device__ variables' section, which fuselab watches as kernel memory
+             "__start_fuselab_emu_device_variables", "__stop_fuselab_emu_device_variables"}
 EMULATION_PREFIXES = ("GOMP_", "fuselab_emu_")
 CUDA_PREFIXES = ("__cuda", "cuda")
 CUDA_REFUSED_PREFIXES = ("cudaIpc", "cudaHostRegister", "cudaHostGetDevicePointer", "cudaProfiler")

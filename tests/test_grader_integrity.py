@@ -644,6 +644,97 @@ def test_a_launcher_that_computes_on_the_host_faults_under_the_emulation_as_on_a
         (done.returncode, done.stdout, done.stderr[-2000:])
 
 
-def test_kernels_runtime_copies_and_cudamalloc_still_work_under_the_guard(tmp_path):
-    done = _guarded_run(SCRATCH_KERNEL, tmp_path)
+# honest: a __constant__ set with cudaMemcpyToSymbol, a __device__ counter kernels write, a workspace cudaMalloc'd
+# once and kept across calls, cudaMemset
+DEVICE_VARIABLES = (
+    "__constant__ float c_scale[1];\n__device__ unsigned int d_calls;\n"
+    "static float* workspace = nullptr;\nstatic int64_t workspace_n = 0;\n"
+    "__global__ void add_kernel(const float* a, const float* b, float* tmp, int64_t n) {\n"
+    "    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) tmp[i] = c_scale[0] * (a[i] + b[i]);\n    if (i == 0) d_calls += 1;\n}\n"
+    "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+    "    if (n <= 0) return;\n    const float one = 1.0f;\n"
+    "    cudaMemcpyToSymbol(c_scale, &one, sizeof(float));\n"
+    "    if (workspace_n < n) {\n        cudaFree(workspace);\n"
+    "        cudaMalloc(&workspace, n * sizeof(float));\n        workspace_n = n;\n    }\n"
+    "    cudaMemset(workspace, 0, n * sizeof(float));\n"
+    "    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, workspace, n);\n"
+    "    cudaMemcpyAsync(out, workspace, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);\n}\n")
+
+
+@pytest.mark.parametrize("source", [SCRATCH_KERNEL, DEVICE_VARIABLES], ids=["scratch", "device_variables"])
+def test_kernels_runtime_copies_and_cudamalloc_still_work_under_the_guard(tmp_path, source):
+    done = _guarded_run(source, tmp_path)
     assert done.returncode == 0 and "SUM OK" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+# launchers that compute the sum in host code and get it into kernel memory around the guard: the guard's pages
+# opened again with mprotect; a __device__ array written by host code (on a GPU only cudaMemcpyToSymbol can), plain
+# or through /proc/self/mem or process_vm_writev, which a kernel then copies out. The emulation gave each full marks.
+HOST_SUM = ("static float ha[8192], hb[8192], hs[8192];\n"
+            "static void host_sum(const float* a, const float* b, int64_t n) {\n"
+            "    cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost);\n"
+            "    cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost);\n"
+            "    for (int64_t i = 0; i < n; ++i) hs[i] = ha[i] + hb[i];\n}\n")
+COPY_OUT = ("__device__ float sums[8192];\n"
+            "__global__ void copy_out(float* out, int64_t n) {\n"
+            "    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) out[i] = sums[i];\n}\n")
+LAUNCH_COPY_OUT = "    copy_out<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, n);\n}\n"
+HOST_WRITES = {
+    "mprotect": (
+        "static void open_pages(const void* p, size_t bytes) {\n"
+        "    uintptr_t s = (uintptr_t)p & ~(uintptr_t)4095, e = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;\n"
+        "    mprotect((void*)s, e - s, PROT_READ | PROT_WRITE);\n}\n"
+        "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+        "    open_pages(a, n * 4);\n    open_pages(b, n * 4);\n    open_pages(out, n * 4);\n"
+        "    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];\n}\n"),
+    "device_variable": (
+        COPY_OUT + HOST_SUM + "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+        "    host_sum(a, b, n);\n    for (int64_t i = 0; i < n; ++i) sums[i] = hs[i];\n" + LAUNCH_COPY_OUT),
+    "proc_self_mem": (
+        "#include <fcntl.h>\n" + COPY_OUT + HOST_SUM +
+        "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+        "    host_sum(a, b, n);\n    int fd = open(\"/proc/self/mem\", O_RDWR);\n"
+        "    pwrite(fd, hs, n * 4, (off_t)(uintptr_t)sums);\n    close(fd);\n" + LAUNCH_COPY_OUT),
+    "process_vm_writev": (
+        "#include <sys/uio.h>\n" + COPY_OUT + HOST_SUM +
+        "void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n"
+        "    host_sum(a, b, n);\n    struct iovec mine = {hs, (size_t)n * 4}, theirs = {sums, (size_t)n * 4};\n"
+        "    process_vm_writev(getpid(), &mine, 1, &theirs, 1, 0);\n" + LAUNCH_COPY_OUT),
+}
+
+
+@pytest.mark.parametrize("how", sorted(HOST_WRITES))
+def test_host_code_that_writes_kernel_memory_fails_however_it_got_there(tmp_path, how):
+    """Not by catching each way around the guard: kernel memory is compared, as every kernel or runtime copy starts
+    and as the call ends, with what the last one left."""
+    done = _guarded_run(HOST_WRITES[how], tmp_path)
+    assert done.returncode != 0 and "SUM OK" not in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "HostWroteKernelMemory" in done.stderr and "host code wrote kernel memory outside a kernel" in done.stderr
+
+
+def test_device_variables_become_kernel_memory_and_every_declaration_still_compiles(tmp_path, monkeypatch):
+    """The translator puts namespace-scope __device__/__constant__ variables in the section the watch reads; not
+    functions, __managed__ memory (the host may write it) or const objects (a read-only object among writable
+    ones would not compile)."""
+    import ctypes
+
+    from fuselab.build.emulate.translate import translate
+    declarations = {
+        "__device__ float results[64];": True, "__constant__ float weights[4] = {1, 2};": True,
+        "static __device__ int counter = 0;": True, "__device__ __align__(16) float aligned[4];": True,
+        "__device__ float sized[(4 + 4) / 2];": True, "__device__ const float* pointers[2];": True,
+        "template <class T> __device__ T per_type = T(1);": True, "namespace k { __device__ float in_k[3]; }": True,
+        "__device__ const float table[2] = {1, 2};": False, "__device__ float* const fixed = nullptr;": False,
+        "__managed__ float unified[4];": False, "__device__ inline float twice(float x) { return 2 * x; }": False,
+        "__device__ float declared(float);": False,
+        "struct Pair { __device__ float first() const { return 1; } };": False,
+    }
+    translated = translate("\n".join(declarations)).splitlines()
+    for (line, tagged), out in zip(declarations.items(), translated):
+        assert ("FUSELAB_EMU_DEVICE_VARIABLE" in out) == tagged, (line, out)
+    monkeypatch.setenv("FUSELAB_CACHE_DIR", str(tmp_path))
+    mod = fuselab.build("\n".join(declarations) + "\n" + SCRATCH_KERNEL, ADD_PROTO, name="declarations",
+                        backend="emulate")
+    start = ctypes.c_void_p()
+    assert mod._lib.fuselab_emu_device_variable_bytes(ctypes.byref(start)) > 0 and start.value

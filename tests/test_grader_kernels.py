@@ -101,6 +101,46 @@ def test_a_kernel_that_crashes_its_process_costs_only_its_own_test(tmp_path):
     assert result.restarts == 1
 
 
+# the launcher opens the guard's pages again and computes the output in host code (the emulation gave it full
+# marks): the kernel worker finds kernel memory changed outside a kernel, however it was done
+HOST_WRITE = ("static void open_pages(const void* p, size_t bytes) {\n"
+              "    uintptr_t s = (uintptr_t)p & ~(uintptr_t)4095, e = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;\n"
+              "    mprotect((void*)s, e - s, PROT_READ | PROT_WRITE);\n}\n"
+              "void scale(const float* x, float* out, int64_t n, cudaStream_t stream) {\n"
+              "    open_pages(x, n * 4);\n    open_pages(out, n * 4);\n"
+              "    for (int64_t i = 0; i < n; ++i) out[i] = 2.0f * x[i];\n}\n")
+
+
+def test_host_code_that_writes_kernel_memory_fails_its_test_with_a_flag(tmp_path):
+    result = _run(tmp_path, first=HOST_WRITE)
+    first = result.cells["test_first"]
+    assert first.points == 0.0 and "host code wrote kernel memory outside a kernel" in first.message, first
+    assert "test_first: host code wrote kernel memory outside a kernel" in result.flags, result.flags
+    assert result.cells["test_second"].points == 3.0, result.cells["test_second"]
+
+
+CRASH = SCALE.format(tail="", crash="    { volatile int* nowhere = 0; *nowhere = 1; }\n")
+
+
+@pytest.mark.parametrize("source, said", [(HOST_WRITE, "HostWroteKernelMemory"), (CRASH, "ended")],
+                         ids=["host_write", "crash"])
+def test_a_test_that_catches_the_error_of_a_host_write_or_a_crash_still_fails(tmp_path, source, said):
+    """A test expecting some error from a launch (here: any) passed when the host write raised it, or when the
+    kernel's crash ended its process (which the checker sees as an error of the launch)."""
+    cells = [INSTRUCTOR[0], _cell("SRC = ''", "sol", solution=True),
+             _cell(f"mod = fuselab.build(SRC, {json.dumps([LAUNCHER])}, name='caught', backend='emulate')", "build"),
+             _cell("x = torch.randn(300)\nout = torch.empty_like(x)\ntry:\n    mod.scale(x, out, x.numel())\n"
+                   "except Exception:\n    pass\n", "test_caught", graded=True, points=1)]
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}
+    student = json.loads(json.dumps(nb))
+    student["cells"][1]["source"] = f"SRC = r'''{source}'''"
+    result = recheck.run_clean(nb, student, tmp_path, cell_timeout=120, total_timeout=300)
+    caught = result.cells["test_caught"]
+    assert caught.points == 0.0 and said in caught.message, caught
+    if source is HOST_WRITE:
+        assert result.flags == ["test_caught: host code wrote kernel memory outside a kernel"], result.flags
+
+
 def test_a_build_error_from_the_worker_keeps_its_type_and_the_students_line(tmp_path):
     cells = [INSTRUCTOR[0], _cell("SRC = ''", "sol", solution=True),
              _cell(f"try:\n    fuselab.build(SRC, {json.dumps([LAUNCHER])}, name='broken', backend='emulate')\n"

@@ -198,12 +198,20 @@ def main(plan_path, events_path) -> int:
             host.current_source = "" if HIDDEN_MARK in cell["source"] else cell["source"]
         started = time.perf_counter()
         value, error = None, None
+        host_writes = len(host.host_writes) if host is not None else 0
         with _captured_fds() as output:
             try:
                 value = _run_cell(cell, namespace, worker, host)
             except BaseException as exc:  # noqa: BLE001 - a cell's failure is its verdict
                 # a hidden test's failure says its type and where the student's code raised it, nothing more
                 error = failures.verdict_message(exc, cell, plan["cells"], MAX_TEXT)
+        flag = None
+        if host is not None and len(host.host_writes) > host_writes:
+            # host code wrote kernel memory outside a kernel: the cell fails even if it caught the error
+            flag = failures.HOST_WROTE_KERNEL_MEMORY
+            if error is None:
+                error = failures.verdict_message(failures.host_wrote(host.host_writes[host_writes]), cell,
+                                                 plan["cells"], MAX_TEXT)
         records, seen = _new_grade_records(grade_log, seen)
         number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
         stdout, stderr = output["stdout"][-MAX_TEXT:], output["stderr"][-MAX_TEXT:]
@@ -213,7 +221,7 @@ def main(plan_path, events_path) -> int:
             stderr = failures.HIDDEN_OUTPUT if stderr.strip() else ""
         events.write(event="end", index=index, grade_id=cell["grade_id"], error=error, value=number,
                      shown=shown, stdout=stdout, stderr=stderr,
-                     seconds=time.perf_counter() - started, speed=records)
+                     seconds=time.perf_counter() - started, speed=records, flag=flag)
         why = _unusable(host)
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
             events.write(event="poisoned", index=index, grade_id=cell["grade_id"], why=why)

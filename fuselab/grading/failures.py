@@ -19,6 +19,8 @@ Visible tests keep their full messages. A test cell with hidden tests keeps none
 
 from __future__ import annotations
 
+from ..errors import HostWroteKernelMemory
+from ..kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from ..notebook import HIDDEN_MARK
 
 HIDDEN_NOTE = ("Hidden tests' inputs, messages and output are not shown: try your code on cases of your own "
@@ -75,6 +77,14 @@ def hidden_message(exc: BaseException, plan_cells: list) -> str:
         return f"{name} in a hidden test, raised {where}. {HIDDEN_NOTE}"
     what = " (the test's check of your result failed)" if isinstance(exc, AssertionError) else ""
     return f"{name} in a hidden test{what}. {HIDDEN_NOTE}"
+
+
+def host_wrote(launcher: str) -> HostWroteKernelMemory:
+    """The error of a launch whose host code wrote kernel memory outside a kernel, for a cell that caught it."""
+    error = HostWroteKernelMemory(f"{launcher}: {HOST_WROTE_KERNEL_MEMORY} (the test caught the error; it fails "
+                                  "all the same)")
+    error.fuselab_origin = ("kernel", launcher)
+    return error
 
 
 def _origin(exc: BaseException):

@@ -29,13 +29,15 @@ import time
 
 import torch
 
+from ..errors import HostWroteKernelMemory
 from . import wire
 from .remote import RemoteFunction, RemoteModule, SolutionProcess
 from .transfer import Transfer, as_bytes
 
 # fuselab's own errors a kernel request may raise in the worker; they cross by name and keep their type here,
 # so a cell's `except fuselab.NotWrittenError` and the feedback's wording work as in a student's own run
-KERNEL_ERRORS = ("BuildError", "UnsupportedConstruct", "BuildTimeout", "NotWrittenError", "LaunchError")
+KERNEL_ERRORS = ("BuildError", "UnsupportedConstruct", "BuildTimeout", "NotWrittenError", "LaunchError",
+                 "HostWroteKernelMemory")
 
 # how far the worker's speedup may exceed the one the checker's clock measured from outside before it is capped
 # (and flagged): the two differ in method (events and an L2 flush there, back-to-back calls here). On the H200,
@@ -61,6 +63,9 @@ class KernelHost:
         self.poisoned = False        # a launch left the worker's CUDA context unusable
         self.current_source = ""     # the cell the checker is running (a speed test runs it in the worker)
         self.launches = 0
+        # launchers whose host code wrote kernel memory outside a kernel (emulation): the cell that launched
+        # them fails, and is flagged, even if it caught the error
+        self.host_writes: list = []
 
     def request(self, message):
         reply = self.process.request(message)
@@ -90,7 +95,11 @@ class KernelHost:
         for storage, (offset, size) in zip(storages, regions):
             self.transfer.region(offset, size).copy_(storage)
         places = [(offset, size, storage.device.type) for storage, (offset, size) in zip(storages, regions)]
-        reply = self.request(("launch", module.handle, launcher, places, packed_args, packed_kwargs))
+        try:
+            reply = self.request(("launch", module.handle, launcher, places, packed_args, packed_kwargs))
+        except HostWroteKernelMemory:
+            self.host_writes.append(launcher)
+            raise
         if type(reply) is list and reply and reply[0] == "poisoned":
             self.poisoned = True
             raise RuntimeError(f"{launcher}: the kernel left the GPU context unusable ({str(reply[1])[:300]}); "

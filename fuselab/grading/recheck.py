@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .. import course
 from .. import notebook as ipynb
+from ..kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from . import isolate, transfer
 from .lease import LeaseServer, clear_files
 from .sanitize import sanitize_cell
@@ -356,6 +357,9 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             cell = by_index.get(event.get("index"))
             if event["event"] == "end" and cell["graded"]:
                 verdicts[cell["grade_id"]] = _score(cell, event)
+            flag = f"{cell['grade_id'] or 'cell ' + str(cell['index'])}: {HOST_WROTE_KERNEL_MEMORY}" if cell else ""
+            if event["event"] == "end" and event.get("flag") == HOST_WROTE_KERNEL_MEMORY and flag not in flags:
+                flags.append(flag)  # the checker's own event (a setup cell rerun after a restart says it once)
         last = events[-1] if events else None
         if last and last["event"] == "done":
             break
@@ -372,10 +376,11 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             why = stop_reason or f"the process {outcome.describe()}"
         if culprit["graded"]:
             if last["event"] == "poisoned" and culprit["grade_id"] in verdicts:
-                # the cell ended in an error because its kernel crashed the process it ran in (the worker's,
-                # or this one's CUDA context): a crash, said as one
+                # its kernel crashed the process it ran in (the worker's, or this one's CUDA context): a crash, said
+                # as one, and no points even if the cell caught the error the crash raised here
                 failed = verdicts[culprit["grade_id"]]
-                failed.status, failed.message = "crashed", f"{why}: {failed.message}"[:4000]
+                failed.status, failed.message = "crashed", f"{why}: {failed.message}".rstrip(": ")[:4000]
+                failed.points = 0.0
             if last["event"] == "start":
                 verdicts[culprit["grade_id"]] = CellVerdict(
                     culprit["grade_id"], 0.0, culprit["points"],

@@ -164,6 +164,29 @@ class Rewriter:
                 return -1
         return -1
 
+    # ---- __device__ / __constant__ variables: kernel memory, in a section of their own ----
+    def device_variables(self):
+        """Tag each namespace-scope ``__device__``/``__constant__`` variable with ``FUSELAB_EMU_DEVICE_VARIABLE``:
+        the emulation watches them as kernel memory (host code may write them only through
+        ``cudaMemcpyToSymbol``). Functions, ``__managed__`` memory (the host may write it) and const objects (a
+        read-only object in a writable section would not compile) are left as they are; so is a qualifier inside
+        a macro, which the translator cannot follow."""
+        tagged = set()
+        for match in re.finditer(r"\b(__device__|__constant__)\b", self.structure):
+            pos = match.start()
+            if enclosing_functions(self.functions, pos):
+                continue
+            start = max(self.structure.rfind(c, 0, pos) for c in ";{}") + 1
+            end = _declarator_end(self.structure, match.end())
+            if start in tagged or end is None:
+                continue
+            head = self.structure[start:end]
+            words = IDENTIFIER.findall(head)
+            if "__managed__" in words or "constexpr" in words or _const_object(head):
+                continue
+            tagged.add(start)
+            self.edit(match.start(), match.end(), f"{match.group(0)} FUSELAB_EMU_DEVICE_VARIABLE")
+
     # ---- __shared__ declarations ----
     def shared_declarations(self):
         for match in re.finditer(r"\b__shared__\b", self.code):
@@ -214,6 +237,40 @@ class Rewriter:
             names.append(idents[-1])
         registrations = " ".join(f"::fuselab_emu::shared_static((void*)&({n}), sizeof({n}));" for n in names)
         return f"static thread_local {cleaned.strip()}; {registrations}"
+
+
+ATTRIBUTE_WORDS = {"__align__", "alignas", "__attribute__", "__declspec", "__launch_bounds__", "decltype"}
+
+
+def _declarator_end(code, pos):
+    """Where a declaration that starts before ``pos`` shows itself a variable (its ``;``, ``=`` or ``{``), or None
+    for a function (a ``(`` that is not an attribute's comes first)."""
+    i = pos
+    while i < len(code):
+        c = code[i]
+        if c in ";={":
+            return i
+        if c == "[":
+            close = match_forward(code, i)
+            if close < 0:
+                return None
+            i = close
+        elif c == "(":
+            word = re.search(r"([A-Za-z_]\w*)\s*$", code[max(0, i - 60):i])
+            if not (word and word.group(1) in ATTRIBUTE_WORDS):
+                return None
+            close = match_forward(code, i)
+            if close < 0:
+                return None
+            i = close
+        i += 1
+    return None
+
+
+def _const_object(head):
+    """Whether the declared object itself is const: ``const float x``, ``float* const p`` (not ``const float* p``)."""
+    consts = [m.start() for m in re.finditer(r"\bconst\b", head)]
+    return bool(consts) and consts[-1] > head.rfind("*")
 
 
 def _stripped(text, start, end):

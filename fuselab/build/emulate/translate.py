@@ -30,6 +30,7 @@ def translate_with_map(source: str, filename: str = "kernel.cu"):
     rewriter.pragmas()
     rewriter.launches()
     rewriter.shared_declarations()
+    rewriter.device_variables()
     rewriter.func_attributes()
     rewriter.tokens()
 

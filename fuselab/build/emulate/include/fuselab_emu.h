@@ -19,6 +19,8 @@
 #define __device__
 #define __host__
 #define __constant__
+// What the translator adds to a __device__ or __constant__ variable: kernel memory, which fuselab watches.
+#define FUSELAB_EMU_DEVICE_VARIABLE __attribute__((section("fuselab_emu_device_variables")))
 #define __managed__
 #define __forceinline__ inline
 // __noinline__ is rewritten by the translator: libstdc++ spells __attribute__((__noinline__)) itself.
@@ -83,23 +85,49 @@ extern "C" int fuselab_emu_end_call(char* msg, int cap) {
 }
 
 // Guard device memory from the launcher's host code for one call (see DeviceGuard): `bases`/`sizes` are the
-// page-aligned buffers fuselab's Python side staged the call's tensors in.
-extern "C" void fuselab_emu_guard(void** bases, unsigned long long* sizes, int n) {
+// page-aligned buffers fuselab's Python side staged the call's tensors in; `starting`/`ended` are called as each
+// kernel or runtime copy starts and ends.
+extern "C" void fuselab_emu_guard(void** bases, unsigned long long* sizes, int n, void (*starting)(),
+                                  void (*ended)()) {
   fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
   g.ranges = g.allocated;
   for (int i = 0; i < n; ++i) g.ranges.emplace_back(bases[i], (std::size_t)sizes[i]);
   g.open = 0;
+  g.starting = starting;
+  g.ended = ended;
   g.active = true;
   fuselab_emu::device_memory_for_host(true);
 }
 
 extern "C" void fuselab_emu_unguard() {
   fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
+  g.starting = g.ended = nullptr;
   if (!g.active) return;
   fuselab_emu::device_memory_for_host(false);
   g.active = false;
   g.open = 0;
   g.ranges.clear();
+}
+
+// cudaMalloc's buffers (at most `cap` of them into bases/sizes); returns how many there are.
+extern "C" int fuselab_emu_allocations(void** bases, unsigned long long* sizes, int cap) {
+  const auto& allocated = fuselab_emu::device_guard().allocated;
+  for (int i = 0; i < cap && i < (int)allocated.size(); ++i) {
+    bases[i] = allocated[i].first;
+    sizes[i] = allocated[i].second;
+  }
+  return (int)allocated.size();
+}
+
+// __device__ and __constant__ variables: the translator places them in this section (FUSELAB_EMU_DEVICE_VARIABLE),
+// whose bounds the linker gives; hidden, so a library without any never finds another library's.
+extern "C" char __start_fuselab_emu_device_variables[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_fuselab_emu_device_variables[] __attribute__((weak, visibility("hidden")));
+
+extern "C" unsigned long long fuselab_emu_device_variable_bytes(void** start) {
+  *start = __start_fuselab_emu_device_variables;
+  if (!__start_fuselab_emu_device_variables || !__stop_fuselab_emu_device_variables) return 0;
+  return (unsigned long long)(__stop_fuselab_emu_device_variables - __start_fuselab_emu_device_variables);
 }
 
 // How many OS threads run blocks (0: OpenMP's default, usually one per core).

@@ -60,11 +60,16 @@ namespace fuselab_emu {
 // (fuselab_emu_guard), the buffers it passed and every cudaMalloc'd buffer are inaccessible to host code, and
 // readable and writable only while a kernel or a runtime copy (cudaMemcpy, cudaMemset...) runs: a launcher that
 // reads or writes device memory itself faults, as it does on a GPU, instead of computing on the host.
+// Host code can undo page protections (mprotect, /proc/self/mem...), so the verdict does not rest on them:
+// fuselab's Python side (fuselab/kernel_memory.py) is told as each kernel or copy starts, to check that kernel
+// memory is what the last one left, and as it ends, to take what it holds now.
 struct DeviceGuard {
   bool active = false;
   int open = 0;                                             // nested device-side accesses
   std::vector<std::pair<void*, std::size_t>> ranges;        // page-aligned, for mprotect
   std::vector<std::pair<void*, std::size_t>> allocated;     // cudaMalloc's, always device memory
+  void (*starting)() = nullptr;                             // device work starts (memory open)
+  void (*ended)() = nullptr;                                // device work ended (memory still open)
 };
 
 inline DeviceGuard& device_guard() {
@@ -83,12 +88,18 @@ struct DeviceAccess {
     DeviceGuard& g = device_guard();
     if (g.active) {
       counted = true;
-      if (g.open++ == 0) device_memory_for_host(false);
+      if (g.open++ == 0) {
+        device_memory_for_host(false);
+        if (g.starting) g.starting();
+      }
     }
   }
   ~DeviceAccess() {
     DeviceGuard& g = device_guard();
-    if (counted && g.active && --g.open == 0) device_memory_for_host(true);
+    if (counted && g.active && --g.open == 0) {
+      if (g.ended) g.ended();
+      device_memory_for_host(true);
+    }
   }
   DeviceAccess(const DeviceAccess&) = delete;
   DeviceAccess& operator=(const DeviceAccess&) = delete;
@@ -269,6 +280,8 @@ inline cudaError_t cudaMallocAsync(T** p, std::size_t bytes, cudaStream_t) {
 }
 inline cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  // device work: the watch checks the buffer as it goes, and forgets it (its address may come back, zeroed)
+  fuselab_emu::DeviceAccess access;
   fuselab_emu::DeviceGuard& g = fuselab_emu::device_guard();
   std::size_t length = 0;
   for (auto* list : {&g.allocated, &g.ranges})
