@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .. import course
-from ..speed import calibration
+from ..speed import policy_entries
 from ..speed.policy import POLICY_PATH, load_policy
 from ..timing.policy import MIN_GRADABLE_SPEEDUP
 from . import nbgrader_run, recheck
@@ -55,7 +55,7 @@ def calibrate(labs=None, repeats=3, policy_path=None, write=True) -> list:
         if test_id not in policy["tests"]:
             lines.append(f"{test_id}: not in the policy file; add its mode, shape and dtype first")
             continue
-        entry = calibration.entry_for(s, note=f"fuselab calibrate: median of {len(found['speedups'])} clean runs "
+        entry = policy_entries.entry_for(s, note=f"fuselab calibrate: median of {len(found['speedups'])} clean runs "
                                               f"of the solution ({', '.join(f'{x:.3f}' for x in found['speedups'])})")
         policy["tests"][test_id].setdefault("gpus", {})[found["gpu"]] = entry
         if "threshold" in entry:

@@ -1,5 +1,5 @@
 """Speed grading, in one place: the policy file and its lookup (``policy``), the graded speedup test that nbgrader
-test cells call (``graded``), turning a GPU's measured plain speedups into policy entries (``calibration``), and the
+test cells call (``graded``), turning a GPU's measured plain speedups into policy entries (``policy_entries``), and the
 timing's side of the grader's GPU lease (``lease``).
 
 A notebook's speed cell calls ``fuselab.speed.speedup_test(test_id, ...)``. The student runtime below this floor

@@ -10,6 +10,7 @@ from ... import build, check, ceilings, compare, speed
 from ...course import REPO
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
+from ...timing.policy import MIN_GRADABLE_SPEEDUP
 from .. import lab0
 
 NOTEBOOK = REPO / "solutions" / lab0.NOTEBOOK
@@ -63,7 +64,7 @@ def run(out):
 
     points = speed.speedup_test(lab0.GRADED_TEST, candidate=plain, reference_op=reference_op,
                                 reference=lab0.reference, make_inputs=make, module=plain_mod, max_points=4)
-    threshold = full_points_threshold(s_plain) if s_plain >= 1.3 else None
+    threshold = full_points_threshold(s_plain) if s_plain >= MIN_GRADABLE_SPEEDUP else None
     tuned_frac = timings["tuned fused"]["fraction_of_copy"]
     return {"status": "ok", "plain_speedup": s_plain,
             "graded": {lab0.GRADED_TEST: {**lab0.GRADED_SETTINGS, "plain_speedup": s_plain}}, "threshold_from_plain": threshold,

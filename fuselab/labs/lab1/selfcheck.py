@@ -16,10 +16,11 @@ from ... import build, ceilings, check, speed
 from ...course import REPO
 from ...notebook_sources import string_assignments
 from ...timing import full_points_threshold
+from ...timing.policy import MIN_GRADABLE_SPEEDUP
 from .. import lab1
 
 NOTEBOOK = REPO / "solutions" / lab1.NOTEBOOK
-GRADED_FLOOR = 1.3  # docs/design.md §3: a speedup is graded only where the plain solution reaches it
+GRADED_FLOOR = MIN_GRADABLE_SPEEDUP  # docs/design.md §3: a speedup is graded only where the plain solution reaches it
 
 
 def _pipelines(reference_mod, candidate_mod):

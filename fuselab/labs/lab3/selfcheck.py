@@ -147,7 +147,7 @@ def run(out):
                  f"CI low {best['low']:.2f})" +
                  (f" -> threshold {full_points_threshold(best['speedup']):.2f}x" if gradable else
                   " < 1.3: show, don't grade"))
-    # what gpu_selfcheck calibrates the policy from (fuselab/speed/calibration.py); below 1.3 it is marked not gradable
+    # what the GPU self-check calibrates the policy from (fuselab/speed/policy_entries.py); below 1.3: not gradable
     graded = {lab3.GRADED_TEST: {"mode": best["mode"], "shape": [best["M"], best["N"], best["K"]],
                                  "dtype": best["dtype"], "plain_speedup": best["speedup"]}}
     goals = list(tuned_vs["goals"].values()) + list(tuned_vs["small_k_goals"].values())
@@ -328,7 +328,7 @@ def _tensor_core_ops():
         return {}, {}  # mma.sync.m16n8k16 needs compute capability 8.0: nothing to measure here
     labels = [lab3_tensorcore.variant_label(v) for v in lab3_tensorcore.VARIANTS]
     try:
-        child = subprocess.run([sys.executable, "-m", "fuselab.labs.lab3.tensorcore"], cwd=NOTEBOOK.parents[2],
+        child = subprocess.run([sys.executable, "-m", "fuselab.labs.lab3.tensorcore"], cwd=REPO,
                                capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         return {}, {label: "its check did not finish in 300 s" for label in labels}

@@ -115,11 +115,11 @@ def grade_rows(name, res):
 def calibrate_for_grading(results, out):
     """Before ``grade``: grade with thresholds measured in this very run by the labs' stages (as ``fuselab
     calibrate`` would write them)."""
-    from ...speed import calibration, load_policy
+    from ...speed import load_policy, policy_entries
     graded = {test: entry for res in results.values() if isinstance(res, dict)
               for test, entry in res.get("graded", {}).items()}
     if not graded or not torch.cuda.is_available():
         return
-    policy = calibration.calibrated(load_policy(), torch.cuda.get_device_name(), graded, git_commit())
-    os.environ["FUSELAB_POLICY"] = str(calibration.write(policy, Path(out) / "policy.json"))
+    policy = policy_entries.calibrated(load_policy(), torch.cuda.get_device_name(), graded, git_commit())
+    os.environ["FUSELAB_POLICY"] = str(policy_entries.write(policy, Path(out) / "policy.json"))
     print(f"== calibrated policy for this GPU: {', '.join(graded)} -> {out}/policy.json", flush=True)
