@@ -10,7 +10,7 @@
 from . import timing
 from .build import build, build_extension, resolve_backend
 from .check import CheckFailed, CheckResult, assert_close, check, compare as compare_outputs
-from .errors import (BuildError, BuildTimeout, FuselabError, LaunchError, NotWrittenError,
+from .errors import (BuildError, BuildTimeout, FuselabError, HostWroteKernelMemory, LaunchError, NotWrittenError,
                      UnsupportedConstruct)
 from .module import Module
 from .prototypes import PrototypeError
@@ -26,7 +26,8 @@ __all__ = [
     "check", "assert_close", "compare_outputs", "CheckFailed", "CheckResult",
     "timing", "measure", "compare", "Mode", "Measurement", "Comparison", "Speedup", "launch_overhead",
     "ceilings", "achieved", "speedup_points", "NoGPUError",
-    "FuselabError", "BuildError", "BuildTimeout", "NotWrittenError", "LaunchError", "UnsupportedConstruct",
+    "FuselabError", "BuildError", "BuildTimeout", "NotWrittenError", "LaunchError", "HostWroteKernelMemory",
+    "UnsupportedConstruct",
     "PrototypeError", "grading_mode",
 ]
 

@@ -50,6 +50,7 @@ class Watch:
         self.changed = None      # the first change found, in words
         self.problem = None      # the watch itself failed (never the student's doing)
         self.inside = False      # between a kernel's or copy's start and its end
+        self.windows = 0         # kernels and copies seen
         self.copies = {}
         self._take()
         # the runtime calls these; they must live as long as the guard does
@@ -99,9 +100,10 @@ class Watch:
             differs = now.ne(before) if before is not None else now.ne(0)
             if bool(differs.any()):
                 at = int(differs.nonzero()[0, 0]) * now.element_size()
-                self.changed = (f"{FLAG}: {what} changed (from byte {at} on) {when}, and no kernel or runtime "
-                                "copy (cudaMemcpy, cudaMemset, cudaMemcpyToSymbol) wrote it. On a GPU a launcher's "
-                                "host code cannot touch device memory: compute the result in a kernel")
+                self.changed = (f"{FLAG}: {what} changed (from byte {at} on) {when}. Only kernels and the "
+                                "runtime's copies (cudaMemcpy, cudaMemset, cudaMemcpyToSymbol) may change it: on a "
+                                "GPU a launcher's host code cannot touch device memory, so compute the result in a "
+                                "kernel")
                 return
 
     def _starting(self):
@@ -116,11 +118,13 @@ class Watch:
             if not self.inside:  # an end without a start the runtime announced: whatever changed counts
                 self._check("before a kernel or runtime copy ended")
             self.inside = False
+            self.windows += 1
             self._take()
         except BaseException as exc:  # noqa: BLE001
             self.problem = self.problem or f"{type(exc).__name__}: {exc}"
 
     def finish(self):
         """After the launcher returned (the guard is off, every page open): the change found, in words, or None."""
-        self._check("after the launcher's last kernel or runtime copy")
+        self._check("after the launcher's last kernel or runtime copy" if self.windows else
+                    "in the launcher's host code, which launched no kernel and made no runtime copy")
         return self.changed

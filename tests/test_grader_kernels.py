@@ -104,7 +104,8 @@ def test_a_kernel_that_crashes_its_process_costs_only_its_own_test(tmp_path):
 # the launcher opens the guard's pages again and computes the output in host code (the emulation gave it full
 # marks): the kernel worker finds kernel memory changed outside a kernel, however it was done
 HOST_WRITE = ("static void open_pages(const void* p, size_t bytes) {\n"
-              "    uintptr_t s = (uintptr_t)p & ~(uintptr_t)4095, e = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;\n"
+              "    uintptr_t s = (uintptr_t)p & ~(uintptr_t)4095;\n"
+              "    uintptr_t e = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;\n"
               "    mprotect((void*)s, e - s, PROT_READ | PROT_WRITE);\n}\n"
               "void scale(const float* x, float* out, int64_t n, cudaStream_t stream) {\n"
               "    open_pages(x, n * 4);\n    open_pages(out, n * 4);\n"

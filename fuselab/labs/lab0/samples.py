@@ -213,4 +213,19 @@ SAMPLES.update({
         why="the launcher computes the result itself, in host code, on device pointers: a segfault on a GPU, "
             "right answers under a CPU emulation that let host code read device memory; the emulation now keeps "
             "device memory from host code while the course grades"),
+    "host_loop_mprotect": Sample(
+        changes={"fused_source": lambda s: s.replace(
+            "    if (n > 0) add_relu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, e, out, n);",
+            "    auto open_pages = [](const void* p, int64_t bytes) {  // the guard's pages, opened again\n"
+            "        uintptr_t first = (uintptr_t)p & ~(uintptr_t)4095;\n"
+            "        uintptr_t last = ((uintptr_t)p + bytes + 4095) & ~(uintptr_t)4095;\n"
+            "        mprotect((void*)first, last - first, PROT_READ | PROT_WRITE);\n"
+            "    };\n"
+            "    for (const void* p : {(const void*)a, (const void*)b, (const void*)e, (const void*)out})\n"
+            "        open_pages(p, n * (int64_t)sizeof(float));\n"
+            "    for (int64_t i = 0; i < n; ++i) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];  // on the host")},
+        expect={"test_fused": "zero", "test_speedup": "zero"},
+        why="host_loop after undoing the emulation's page protection with mprotect: the grader compares kernel "
+            "memory as every kernel starts and as the call ends, so the host's writes are seen however they got "
+            "there (a failed test, flagged); it scores 0 on a GPU as well"),
 })
