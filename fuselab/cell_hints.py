@@ -5,6 +5,10 @@ undefined, and every later cell that uses them stops with a bare ``NameError: na
 below the error that caused it. Inside IPython (JupyterLab, nbclient, nbgrader), ``install()`` remembers which
 cells failed and what each one assigns, and a NameError for one of those names gets one sentence naming the
 failed cell, its first line and its error. Outside IPython it does nothing. Nothing is written to stderr.
+
+``student_traceback`` is how an error about the student's source (``BuildError``, ``NotWrittenError``) shows in
+IPython: the frames of the student's own code (the cell line that called ``fuselab.build``) and the message with
+its caret, without the frames of fuselab, torch and IPython that found it.
 """
 
 from __future__ import annotations
@@ -127,3 +131,59 @@ def install() -> None:
         _INSTALLED.add(id(shell))
     except Exception:  # noqa: BLE001
         pass
+
+
+def _library_folders() -> tuple:
+    """Where code that is not the student's lives: fuselab itself, the standard library, installed packages."""
+    import sysconfig
+    from pathlib import Path
+    folders = {str(Path(__file__).resolve().parent)}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            folders.add(str(Path(path).resolve()))
+    return tuple(folder.rstrip("/") + "/" for folder in folders)
+
+
+def _students(filename: str, folders: tuple) -> bool:
+    from pathlib import Path
+    if filename.startswith("<") and filename.endswith(">"):
+        return not filename.startswith("<frozen")  # "<string>", an exec'd cell: theirs
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return True
+    return not path.startswith(folders)
+
+
+def student_traceback(error: BaseException) -> list:
+    """IPython's rendering of ``error`` (its ``_render_traceback_``) with only the student's own frames: the
+    traceback lines IPython would show, minus fuselab's, torch's and IPython's frames. Never raises: on any
+    trouble, IPython's full rendering."""
+    import types
+    shell = _shell()
+    if shell is None:
+        import traceback
+        return traceback.format_exception(type(error), error, error.__traceback__)
+    try:
+        folders = _library_folders()
+        kept = []
+        tb = error.__traceback__
+        while tb is not None:
+            if _students(tb.tb_frame.f_code.co_filename, folders):
+                kept.append(tb)
+            tb = tb.tb_next
+        if not kept:  # nothing of the student's: called from a library, so show it whole
+            return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__, tb_offset=0)
+        trimmed = None
+        for tb in reversed(kept):
+            trimmed = types.TracebackType(trimmed, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+        # the error alone: what fuselab was handling when it found the error is fuselab's, not the student's
+        saved = error.__cause__, error.__suppress_context__
+        error.__cause__, error.__suppress_context__ = None, True
+        try:
+            return shell.InteractiveTB.structured_traceback(type(error), error, trimmed, tb_offset=0)
+        finally:
+            error.__cause__, error.__suppress_context__ = saved
+    except Exception:  # noqa: BLE001 - a shorter traceback must never cost the student the error itself
+        return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__)

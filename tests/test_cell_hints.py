@@ -43,3 +43,55 @@ def test_the_hint_goes_once_the_failed_cell_is_fixed():
     found = errors(nb)
     assert "ZeroDivisionError" in found[1] and "assigned by the cell In [2]" in found[2], found
     assert 3 not in found and "assigned by the cell" not in found[4], found  # that cell ran again and succeeded
+
+
+def _traceback_text(cell):
+    import re
+    text = "".join("\n".join(o.get("traceback", [])) for o in cell.outputs if o.get("output_type") == "error")
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # IPython's colours
+
+
+def test_a_build_error_shows_the_students_call_and_the_compiler_error_without_internal_frames():
+    """A kernel that does not compile: the cell shows its own line that called build and the BuildError with the
+    offending line and its caret, not the frames of fuselab and torch's cpp_extension that found the error. So does
+    a kernel not written yet (nbgrader's stub), built through a helper of the student's own."""
+    cells = ["import fuselab\nfrom fuselab.labs import lab0",
+             BROKEN_BUILD,
+             "fused_mod = fuselab.build(FUSED_SOURCE, [lab0.FUSED], name='msg_broken_tb', backend='emulate')",
+             "def build_mine(source):\n    return fuselab.build(source, [lab0.FUSED], name='msg_stub', backend='emulate')\n",
+             "stub_mod = build_mine('void add_relu_mul() {\\n    raise NotImplementedError()\\n}\\n')"]
+    nb = run_cells(cells, timeout=300)
+    found = errors(nb)
+    shown = _traceback_text(nb.cells[2])
+    assert found[2].startswith("BuildError"), found
+    assert "fused_mod = fuselab.build(FUSED_SOURCE" in shown and "msg_broken_tb.cu:2:" in shown, shown
+    caret = [line for line in shown.splitlines() if line.strip().startswith("|") and line.rstrip().endswith("^")]
+    assert caret, shown
+    for internal in ("fuselab/build", "torch/utils/cpp_extension", "fuselab/", "site-packages"):
+        assert internal not in shown, (internal, shown)
+    stub = _traceback_text(nb.cells[4])
+    assert found[4].startswith("NotWrittenError"), found
+    assert "stub_mod = build_mine(" in stub and "return fuselab.build(source" in stub, stub  # both of theirs
+    assert "fuselab/" not in stub and "site-packages" not in stub, stub
+    assert streams(nb, "stderr") == {}
+
+
+def test_a_build_error_in_plain_python_is_raised_from_build_itself(tmp_path):
+    """Outside IPython: the student's call, then one frame (`build`, which raised it), then the error."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    script = tmp_path / "student.py"
+    source = BROKEN_BUILD.split('"""')[1]
+    script.write_text("import fuselab\nfrom fuselab.labs import lab0\n"
+                      f"SOURCE = {source!r}\n"
+                      "mod = fuselab.build(SOURCE, [lab0.FUSED], name='msg_broken_plain', backend='emulate')\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    said = done.stderr
+    frames = [line for line in said.splitlines() if line.startswith('  File "')]
+    assert done.returncode == 1 and "fuselab.errors.BuildError: msg_broken_plain.cu failed to compile" in said, said
+    assert len(frames) == 2 and str(script) in frames[0] and "in build" in frames[1], said
+    assert "cpp_extension" not in said and "_compile" not in said and said.rstrip().endswith("^"), said

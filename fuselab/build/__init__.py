@@ -51,8 +51,18 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
     ``sanitize="address"`` builds an emulated kernel with AddressSanitizer (see the README's "No GPU?").
 
     Raises ``NotWrittenError`` for a kernel that still holds nbgrader's stub, ``BuildError`` with the
-    compiler's messages (lines of the student's own text) when it does not compile.
+    compiler's messages (lines of the student's own text) when it does not compile. Either is raised from here,
+    without the frames of fuselab and torch that found it (they say nothing about the student's source); in IPython
+    the error shows only the student's own frames (``fuselab.errors``).
     """
+    try:
+        return _build(source, launchers, name=name, backend=backend, extra_cflags=extra_cflags, timeout=timeout,
+                      sanitize=sanitize, verbose=verbose)
+    except (BuildError, NotWrittenError) as error:
+        raise error.with_traceback(None)  # noqa: B904 - the same error, its message says everything
+
+
+def _build(source, launchers, *, name, backend, extra_cflags, timeout, sanitize, verbose) -> Module:
     protos = prototypes.parse_all(launchers)
     toolchain.prepare_cuda_environment()  # before anything imports torch's cpp_extension, whatever the backend
     filename = f"{name}.cu"
