@@ -138,7 +138,9 @@ def test_graded_test_cells_end_in_a_number_or_nothing(lab, version):
             continue  # an assignment, an assert, a loop: no value displayed
         if isinstance(last.value, ast.Name) and last.value.id == "points":
             continue  # a speed test's points: a number (None, displayed as nothing, while validating)
-        if source.splitlines()[last.end_lineno - 1][last.end_col_offset:].lstrip().startswith(";"):
+        # ast's column offsets count UTF-8 bytes (a cell may say "A·B")
+        after = source.splitlines()[last.end_lineno - 1].encode()[last.end_col_offset:].decode()
+        if after.lstrip().startswith(";"):
             continue  # display suppressed
         bad.append(f"{grade_id(cell)}: ends in `{ast.unparse(last)[:70]}`")
     assert not bad, (f"{path.relative_to(ROOT)}: graded test cells must end in a number or nothing (end the last "
