@@ -86,9 +86,9 @@ class Launcher:
         except LaunchError as exc:
             nothing = _no_work(self.prototype, values)
             if nothing and "InvalidConfiguration" in str(exc):
-                raise LaunchError(f"{exc} ({nothing}: there is nothing to compute, and CUDA refuses a grid of "
-                                  f"0 blocks. Launch nothing when there is no work: `if (n > 0) "
-                                  f"kernel<<<...>>>(...)`.)") from None
+                why, guard = nothing
+                raise LaunchError(f"{exc} ({why}: there is nothing to compute, and CUDA refuses a grid of "
+                                  f"0 blocks. Launch nothing when there is no work: {guard}.)") from None
             if "InvalidConfiguration" in str(exc) and re.search(r"\bgrid \([^)]*\b0\b[^)]*\) has a zero", str(exc)):
                 raise LaunchError(f"{exc} (a grid of 0 blocks although this call has work to do: the block count "
                                   f"rounds down, as `n / 256` does for n < 256. Round it up: `(n + 255) / 256` "
@@ -340,16 +340,28 @@ class Module:
         setter(THREAD_ORDERS[order], seed)
 
 
-def _no_work(proto: Prototype, values: dict) -> str:
-    """"n = 0" or "'x' is empty" when this call has nothing to compute, else ""."""
-    for param in proto.call_params:  # a size of 0 first: it is what the launcher computes its grid from
-        if not param.is_tensor and SCALAR_TYPES[param.base_type][1] is int and values[param.name] == 0:
-            return f"{param.name} = 0"
-    for param in proto.call_params:
-        value = values[param.name]
-        if param.is_tensor and isinstance(value, torch.Tensor) and value.numel() == 0 and param.dims:
-            return f"{param.name!r} is empty (shape {tuple(value.shape)})"
-    return ""
+def _no_work(proto: Prototype, values: dict):
+    """``(why, guard)`` when this call has nothing to compute (every output tensor is empty), else None.
+
+    ``why`` names the sizes that are 0 ("n = 0", "M = 0"); ``guard`` is the launch condition that skips the call:
+    every size of the output that is an argument, `if (M > 0 && N > 0) kernel<<<...>>>(...)`, from the output's
+    shape declaration (without one, the integer arguments that are 0). Outputs that are not empty (a size argument
+    of 0 that is a flag or a padding, an empty K with a bias still to write) leave work to do: None."""
+    outputs = [p for p in proto.call_params if p.is_tensor and not p.const]
+    tensors = [values[p.name] for p in outputs]
+    if not outputs or not all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in tensors):
+        return None
+    sizes = {p.name: int(values[p.name]) for p in proto.call_params
+             if not p.is_tensor and SCALAR_TYPES[p.base_type][1] is int}
+    named = list(dict.fromkeys(d for p in outputs for d in p.dims if isinstance(d, str) and d in sizes))
+    if not named:
+        named = [name for name, value in sizes.items() if value == 0][:1]
+    zero = [name for name in named if sizes[name] == 0]
+    if not zero:
+        shapes = ", ".join(f"{p.name!r} is empty (shape {tuple(values[p.name].shape)})" for p in outputs)
+        return shapes, "return before the launch when the output is empty"
+    condition = " && ".join(f"{name} > 0" for name in named)
+    return ", ".join(f"{name} = 0" for name in zero), f"`if ({condition}) kernel<<<...>>>(...)`"
 
 
 def _off_stream_message(proto: Prototype, elsewhere: str) -> str:

@@ -479,3 +479,31 @@ def test_a_check_result_gives_nbgrader_no_value_to_read():
     result = check(lambda x, y: y.copy_(x), lambda x: x, lambda shape, seed: (torch.randn(shape),), [(3,)],
                    verbose=False)
     assert DisplayFormatter().format(result) == ({}, {})
+
+
+def test_a_case_built_for_one_bug_adds_its_hint_once_when_its_values_are_wrong():
+    from typing import NamedTuple
+
+    class Scaled(NamedTuple):
+        n: int
+        hint = "this case scales by 3: a factor left out?"
+
+    def make(case, seed):
+        return (torch.randn(tuple(case)[0]),)
+
+    def reference(x):
+        return 3 * x
+
+    def wrong(x, out):
+        out.copy_(x)
+
+    def unwritten(x, out):
+        pass
+
+    cases = [Scaled(5), Scaled(7), (6,)]
+    report = check(wrong, reference, make, cases, seeds=(0, 1), raise_on_fail=False, verbose=False).report()
+    assert report.count("this case: this case scales by 3") == 1, report  # once, not once per failing case
+    right = check(lambda x, out: out.copy_(3 * x), reference, make, cases, seeds=(0,), verbose=False)
+    assert right.passed and "this case" not in repr(right)
+    report = check(unwritten, reference, make, cases[:1], seeds=(0,), raise_on_fail=False, verbose=False).report()
+    assert "never written" in report and "this case:" not in report, report  # not a wrong value: not its bug

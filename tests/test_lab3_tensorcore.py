@@ -134,6 +134,10 @@ def test_the_tuned_kernel_takes_the_tensor_core_path_for_fp16_at_small_k_only():
     for dtype in (torch.float16, torch.float32):
         fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, dtype=dtype),
                       small_k + other, seeds=(4,), name=f"tuned {dtype}")
+    # one rounding on every path, the tensor cores' included (their accumulator starts at the bias): the cases
+    # where the bias cancels A·B, the notebook's and the hidden tests'
+    fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, dtype=torch.float16),
+                  lab3.CANCELLING_SHAPES + lab3.HIDDEN_CANCELLING_SHAPES, seeds=(4,), name="tuned fp16, cancelling")
     seeding = "acc[q][j][0] = acc[q][j][2] = bias_v[q][2 * j];"
     assert source.count(seeding) == 1
     broken = fuselab.build(source.replace(seeding, "acc[q][j][0] = acc[q][j][2] = 0.0f;"), lab3.FUSED_LAUNCHERS,
@@ -166,3 +170,31 @@ def test_the_tuned_kernel_with_the_tensor_core_path_compiles_for_gpus_without_mm
         built = subprocess.run([nvcc, "-std=c++17", f"-arch={arch}", "-c", str(cu),
                                 "-o", str(tmp_path / f"{arch}.o")], capture_output=True, text=True)
         assert built.returncode == 0, built.stderr[-3000:]
+
+
+def test_the_tensor_core_path_rounds_once_where_the_bias_cancels(emulated):
+    """The kernel starts its fp32 accumulator at the bias and rounds once, at the store: right where the bias
+    nearly cancels A·B. The same kernel rounding A·B to half before it adds the bias fails there, while it passes
+    the random shapes (where two roundings are within fp16's tolerance)."""
+    shapes = [s for s in lab3_tensorcore.EMULATED_SHAPES if isinstance(s, lab3.Cancelling)]
+    assert shapes and all(s.M > 16 and s.K <= 16 for s in shapes)  # shapes the tensor-core path takes
+    fuselab.check(lab3.fused(emulated), lab3.reference, _make, shapes, seeds=(6,), name="tensor cores, cancelling")
+    source = lab3_tensorcore.EMULATED_SOURCE
+    seeding = ("acc[q][j][0] = acc[q][j][2] = bias_v[q][2 * j];", "acc[q][j][1] = acc[q][j][3] = bias_v[q][2 * j + 1];")
+    gather = ("top[2 * j] = acc[q][j][0]; top[2 * j + 1] = acc[q][j][1];",
+              "bottom[2 * j] = acc[q][j][2]; bottom[2 * j + 1] = acc[q][j][3];")
+    assert all(source.count(text) == 1 for text in seeding + gather)
+    twice = source.replace(seeding[0], "acc[q][j][0] = acc[q][j][2] = 0.0f;").replace(
+        seeding[1], "acc[q][j][1] = acc[q][j][3] = 0.0f;")
+    for line, (first, second) in zip(gather, ((0, 1), (2, 3))):
+        name = line.split("[")[0]
+        twice = twice.replace(line, (
+            f"{name}[2 * j] = __half2float(__float2half_rn(acc[q][j][{first}])) + bias_v[q][2 * j]; "
+            f"{name}[2 * j + 1] = __half2float(__float2half_rn(acc[q][j][{second}])) + bias_v[q][2 * j + 1];"))
+    broken = fuselab.build(twice, lab3_tensorcore.LAUNCHERS, name="tc_rounding_twice", backend="emulate")
+    plain = [s for s in lab3_tensorcore.EMULATED_SHAPES if not isinstance(s, lab3.Cancelling)]
+    assert fuselab.check(lab3.fused(broken), lab3.reference, _make, plain, seeds=(6,), verbose=False,
+                         raise_on_fail=False).passed
+    result = fuselab.check(lab3.fused(broken), lab3.reference, _make, shapes, seeds=(6,), verbose=False,
+                           raise_on_fail=False)
+    assert len(result.failures) == len(shapes) and "Round once" in result.report(), result.report()

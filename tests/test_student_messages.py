@@ -317,3 +317,210 @@ def test_a_fold_without_eps_under_the_root_says_so(mistake):
         with pytest.raises(AssertionError) as raised:
             lab2.check_fold_weights(fold, [case], seed=random.Random(12).randint(0, 99))
         assert expected in str(raised.value), (case["name"], str(raised.value))
+
+
+# ------------------------------------------------------------------------------------------ fp16: rounding twice
+ACC_STORE = "float v = acc + (bias ? to_float(bias[col]) : 0.0f);  // bias added in fp32, before the single rounding"
+# Lab 3's template rounding twice, as students write it: A·B rounded to half, then the bias added (in half, or
+# after converting back, or by a second kernel over C, the unfused pipeline in disguise)
+DOUBLE_ROUNDINGS = {
+    "converted back": (ACC_STORE, "float v = __half2float(__float2half(acc)) + (bias ? to_float(bias[col]) : 0.0f);"),
+    "added in half": (ACC_STORE, "float v = to_float(T(acc) + (bias ? bias[col] : T(0.0f)));"),
+    "second kernel": None,  # the sample's unfused pipeline in disguise, with the bias in its second kernel
+}
+
+
+def _double_rounding_template(kind):
+    source = _lab_source("lab3", "TEMPLATE_SOURCE")
+    if DOUBLE_ROUNDINGS[kind]:
+        old, new = DOUBLE_ROUNDINGS[kind]
+        assert old in source
+        return source.replace(old, new)
+    # the GEMM stores A·B (one rounding) and a kernel of the student's own adds the bias to it (a second)
+    old = "        store(&c[(int64_t)row * N + col], relu ? fmaxf(v, 0.0f) : v);"
+    launch = "    gemm_bias_act_kernel<T><<<grid, block, 0, stream>>>(a, b, bias, c, M, N, K, relu);\n"
+    assert old in source and launch in source
+    second = ("template <typename T>\n__global__ void bias_act_in_place(T* c, const T* bias, int M, int N, int relu) {\n"
+              "    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n"
+              "    if (i >= (int64_t)M * N) return;\n"
+              "    float v = to_float(c[i]) + (bias ? to_float(bias[i % N]) : 0.0f);\n"
+              "    store(&c[i], relu ? fmaxf(v, 0.0f) : v);\n}\n\n")
+    source = source.replace(ACC_STORE, "float v = acc;").replace(old, "        store(&c[(int64_t)row * N + col], v);")
+    source = source.replace("template <typename T>\nstatic void launch(", second + "template <typename T>\nstatic void launch(")
+    return source.replace(launch, launch + "    bias_act_in_place<T><<<(unsigned)(((int64_t)M * N + 255) / 256), 256, 0, "
+                                           "stream>>>(c, bias, M, N, relu);\n")
+
+
+@pytest.mark.parametrize("kind", list(DOUBLE_ROUNDINGS))
+def test_lab3_rounding_twice_in_fp16_fails_the_visible_test_and_says_round_once(kind):
+    """A·B rounded to half before the bias is added: within the fp16 tolerance on random inputs (the intermediate is
+    as large as the result), so the visible test needs cases where the bias cancels A·B; they must fail, and say to
+    add the bias to the fp32 accumulator and round once. The same cases pass the solution's single rounding."""
+    from fuselab.labs import lab3
+    make16 = lambda s, seed: lab3.make_inputs(s, seed, device="cpu", dtype=torch.float16)  # noqa: E731
+    seeds = (random.Random(13).randint(0, 99),)
+    for name, source in (("right", _lab_source("lab3", "TEMPLATE_SOURCE")),
+                         (kind, _double_rounding_template(kind))):
+        mod = fuselab.build(source, lab3.FUSED_LAUNCHERS, name=f"msg_round_{name.replace(' ', '_')}",
+                            backend="emulate")
+        random_inputs = fuselab.check(lab3.fused(mod), lab3.reference, make16, lab3.SMALL_SHAPES, seeds=seeds,
+                                      verbose=False, raise_on_fail=False)
+        assert random_inputs.passed, (name, random_inputs.report())  # why a case built for it is needed
+        for shapes in (lab3.CANCELLING_SHAPES, lab3.HIDDEN_CANCELLING_SHAPES):  # the visible test, the hidden one
+            result = fuselab.check(lab3.fused(mod), lab3.reference, make16, shapes, seeds=seeds, verbose=False,
+                                   raise_on_fail=False)
+            if name == "right":
+                assert result.passed, result.report()
+                continue
+            report = result.report()
+            assert len(result.failures) == len(shapes), report
+            assert "Round once: add the bias to the fp32 accumulator before converting to half" in report, report
+            assert report.count("Round once") == 1, report  # said once, not once per failing case
+
+
+# ------------------------------------------------------------------------------------------ empty inputs, Labs 1-3
+def _empty_guard_cases():
+    """(id, lab, source variable, (guard as written, without it), op, reference, make_inputs, the notebook's visible
+    cases, the guard the message must name) for every launcher of Labs 1-3 that the visible tests check."""
+    from fuselab.labs import lab1, lab2, lab3
+
+    def conv_make(case, seed):
+        return lab1.make_conv_inputs(case, seed)
+
+    def depthwise_make(case, seed):
+        return lab1.make_depthwise_inputs(case, seed)
+
+    def bias_act(mod):  # the notebook's bias_act and make_bias_act (Lab 3, Exercise A.1)
+        return lambda x, bias, relu, out: mod.bias_act_f32(x, bias, out, x.shape[0], x.shape[1], relu)
+
+    def bias_act_make(shape, seed):
+        m, n, _, has_bias, relu = lab3.full_shape(shape)
+        return torch.randn(m, n), torch.randn(n) if has_bias else torch.empty(0), int(relu)
+
+    def bias_act_reference(x, bias, relu):
+        y = x + bias if bias.numel() else x
+        return torch.relu(y) if relu else y
+
+    def activation_make(shape, seed):
+        return torch.randn(shape), "leaky_relu", 0.1
+
+    conv_guard = ("    if (N <= 0 || K <= 0 || P <= 0 || Q <= 0) return;\n", "")
+    gemm_guard = ("    if (M <= 0 || N <= 0) return;\n", "")
+    return [
+        ("lab1 conv2d", "lab1", "CONV_SOURCE", conv_guard, lab1.conv, lab1.conv_only_reference, conv_make,
+         lab1.SMALL_CONV_CASES, "if (N > 0 && K > 0 && P > 0 && Q > 0)"),
+        ("lab1 activation", "lab1", "CONV_SOURCE", ("if (n > 0) activation_kernel", "activation_kernel"),
+         lab1.activation_op, lambda x, a, s: lab1.activate(x, a, s), activation_make, [(1,), (257,), (3, 5, 7), (0,)],
+         "if (n > 0)"),
+        ("lab1 conv2d_act", "lab1", "CONV_ACT_SOURCE", conv_guard, lab1.conv_fused, lab1.conv_reference, conv_make,
+         lab1.SMALL_CONV_CASES, "if (N > 0 && K > 0 && P > 0 && Q > 0)"),
+        ("lab1 depthwise", "lab1", "DEPTHWISE_SOURCE", ("    if (planes <= 0 || H <= 0 || W <= 0) return;\n", ""),
+         lab1.depthwise_fused, lab1.depthwise_reference, depthwise_make, lab1.SMALL_DEPTHWISE_CASES,
+         "if (N > 0 && C > 0 && H > 0 && W > 0)"),
+        ("lab2 fused", "lab2", "FUSED_SOURCE", ("    if (total > 0)\n", ""), lab2.fused, lab2.reference,
+         lab2.make_inputs, lab2.SMALL_SHAPES, "if (N > 0 && C > 0 && H > 0 && W > 0)"),
+        ("lab2 in registers", "lab2", "IN_REGISTERS_SOURCE", ("    if (total > 0)\n", ""), lab2.in_registers,
+         lab2.reference, lab2.make_inputs, lab2.SMALL_SHAPES, "if (N > 0 && C > 0 && H > 0 && W > 0)"),
+        ("lab3 bias_act", "lab3", "BIAS_ACT_SOURCE", ("if (n > 0) bias_act_kernel", "bias_act_kernel"), bias_act,
+         bias_act_reference, bias_act_make, lab3.SMALL_SHAPES, "if (M > 0 && N > 0)"),
+        ("lab3 fused", "lab3", "FUSED_SOURCE", gemm_guard, lab3.fused, lab3.reference,
+         lambda s, seed: lab3.make_inputs(s, seed), lab3.SMALL_SHAPES, "if (M > 0 && N > 0)"),
+        ("lab3 template", "lab3", "TEMPLATE_SOURCE", gemm_guard, lab3.fused, lab3.reference,
+         lambda s, seed: lab3.make_inputs(s, seed, dtype=torch.float16), lab3.SMALL_SHAPES, "if (M > 0 && N > 0)"),
+    ]
+
+
+@pytest.mark.parametrize("case", _empty_guard_cases(), ids=lambda case: case[0])
+def test_a_launcher_without_an_empty_input_guard_fails_the_visible_test_and_names_the_guard(case):
+    """Labs 1-3 as Lab 0 (tests/test_lab0.py): an empty input (batch 0, M = 0, N = 0, n = 0) must launch nothing,
+    since CUDA refuses a grid of 0 blocks ("invalid configuration argument"; the emulation fails the same way). The
+    visible cases include an empty one; the solution passes it, the launcher without its guard fails it, and the
+    message names the guard as Lab 0's does: the size that is 0 and `if (... > 0) kernel<<<...>>>(...)`."""
+    label, lab, variable, (guard, unguarded), op, reference, make_inputs, shapes, condition = case
+    solution = _lab_source(lab, variable)
+    assert solution.count(guard) >= 1, label
+    from fuselab.labs import lab_modules
+    launchers = lab_modules()[lab].SOLUTION_SOURCES[variable]
+    empty = [s for s in shapes if any(v == 0 and not isinstance(v, bool) for v in tuple(s)[:4])]  # a size of 0
+    assert empty, f"{label}: no empty case among the visible ones"
+    seeds = (random.Random(14).randint(0, 99),)
+    name = "msg_guard_" + label.replace(" ", "_")
+    right = fuselab.build(solution, launchers, name=name + "_right", backend="emulate")
+    fuselab.check(op(right), reference, make_inputs, shapes, seeds=seeds, verbose=False)
+    wrong = fuselab.build(solution.replace(guard, unguarded), launchers, name=name, backend="emulate")
+    result = fuselab.check(op(wrong), reference, make_inputs, shapes, seeds=seeds, verbose=False, raise_on_fail=False)
+    assert [tuple(f.shape) for f in result.failures] == [tuple(s) for s in empty], result.report()
+    report = result.report()
+    assert "invalid configuration argument" in report and "there is nothing to compute" in report, report
+    assert f"`{condition} kernel<<<...>>>(...)`" in report, report
+    assert "= 0: there is nothing to compute" in report, report  # the size that is 0, named
+
+
+def test_a_grid_that_rounds_down_is_not_called_empty_when_a_flag_or_the_padding_is_0():
+    """A size argument of 0 that is not a size (Lab 3's `relu`, Lab 1's `pad`) while the output has elements: the
+    grid of 0 blocks is a rounding-down bug, and the message must say so, not "relu = 0: nothing to compute"."""
+    from fuselab.labs import lab1, lab3
+    text = _lab_source("lab3", "FUSED_SOURCE").replace("grid((N + TILE - 1) / TILE,", "grid(N / TILE,")
+    mod = fuselab.build(text, [lab3.FUSED_F32], name="msg_gemm_round_down", backend="emulate")
+    n = random.Random(15).randint(2, 15)
+    a, b, bias, relu = lab3.make_inputs((3, n, 5, True, False), 0)
+    with pytest.raises(fuselab.LaunchError) as raised:
+        lab3.fused(mod)(a, b, bias, relu, torch.empty(3, n))
+    said = str(raised.value)
+    assert "rounds down" in said and "nothing to compute" not in said and "relu = 0" not in said, said
+    text = _lab_source("lab1", "CONV_SOURCE").replace("dim3 grid((P * Q + 255) / 256, K, N);",
+                                                      "dim3 grid(P * Q / 256, K, N);")
+    mod = fuselab.build(text, lab1.SOLUTION_SOURCES["CONV_SOURCE"], name="msg_conv_round_down", backend="emulate")
+    x, w, bias, stride, pad, act, slope = lab1.make_conv_inputs(lab1.ConvCase(1, 2, 9, 11, 3, 3, 1, 0), 0)
+    with pytest.raises(fuselab.LaunchError) as raised:
+        lab1.conv(mod)(x, w, bias, stride, pad, act, slope, torch.empty(1, 3, 7, 9))
+    said = str(raised.value)
+    assert "rounds down" in said and "nothing to compute" not in said and "pad = 0" not in said, said
+
+
+# ------------------------------------------------------------------------------------------ Lab 2: eps left out
+def _lab2_functions():
+    """The solution notebook's fold_conv_bn_weights and fold_conv_bn, as a student's cells define them."""
+    import copy
+    import json
+
+    from fuselab import notebook as ipynb
+
+    from .conftest import REPO
+    namespace = {"torch": torch, "nn": torch.nn, "copy": copy}
+    for cell in json.loads((REPO / "solutions/lab2/lab2.ipynb").read_text())["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") in ("fold_weights", "fold_module"):
+            exec(ipynb.source(cell), namespace)
+    return namespace
+
+
+def test_a_fold_without_eps_fails_at_the_default_eps_and_says_eps_is_left_out():
+    """`sqrt(var)` for `sqrt(var + eps)` with eps = 1e-5: running variances of about 1 hide it (a 5e-6 relative
+    change, within fp32's tolerance), so the visible and the hidden fold checks have default-eps cases with some
+    channels' variances between 1e-6 and 1e-4; there the fold must fail, and the hint name the mistake."""
+    from fuselab.labs import lab2
+    namespace = _lab2_functions()
+    right = namespace["fold_conv_bn_weights"]
+
+    def no_eps(conv_w, conv_b, mean, var, eps, gamma, beta):  # the bug: eps never reaches the square root
+        return right(conv_w, conv_b, mean, var, 0.0, gamma, beta)
+
+    def fold_conv_bn(conv, bn):  # the student's module fold, calling their weight fold
+        namespace["fold_conv_bn_weights"] = no_eps
+        try:
+            return namespace["fold_conv_bn"](conv, bn)
+        finally:
+            namespace["fold_conv_bn_weights"] = right
+
+    seed = random.Random(16).randint(0, 99)
+    for cases in (lab2.FOLD_CASES, lab2.HIDDEN_FOLD_CASES):  # what test_fold_weights and test_fold_module check
+        default = [c for c in cases if c.get("eps", 1e-5) == 1e-5 and c.get("small_variances")]
+        assert default, "no case where eps = 1e-5 matters"
+        lab2.check_fold_weights(right, default, seed=seed)
+        lab2.check_fold_module(namespace["fold_conv_bn"], default, seed=seed)
+        for case in default:
+            for check, fold in ((lab2.check_fold_weights, no_eps), (lab2.check_fold_module, fold_conv_bn)):
+                with pytest.raises(AssertionError) as raised:
+                    check(fold, [case], seed=seed)
+                said = str(raised.value)
+                assert "eps is left out: the scale is 1/sqrt(var), not 1/sqrt(var + eps)" in said, (case["name"], said)

@@ -37,7 +37,9 @@ def check(
     make_inputs  ``make_inputs(shape, seed)`` returns a tuple of inputs (tensors on the device to test, in the dtype to
                  test; other values such as ``eps`` pass through). torch's global RNG is seeded with ``seed`` around the
                  call (and restored after), so ``torch.randn`` inside it is reproducible.
-    shapes       a list of anything ``make_inputs`` understands: tuples, dicts.
+    shapes       a list of anything ``make_inputs`` understands: tuples, dicts. A case built to catch one bug can say
+                 so: a ``hint`` attribute (a string, e.g. a class attribute of a named tuple) is added to the report
+                 of that case when its values are wrong.
 
     Outputs take their shapes from the reference's results and their dtype from the first floating input (integer
     results keep theirs); ``out_dtype`` (one dtype, or one per output) overrides it. With ``outputs="write"`` each
@@ -105,7 +107,7 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
     expected = run_reference(reference, inputs, device)
     specs = _output_specs(expected, inputs, out_dtype)
     input_names, output_names = _argument_names(candidate, len(inputs), len(expected), outputs)
-    case = CaseResult(name=name, shape=shape, seed=seed)
+    case = CaseResult(name=name, shape=shape, seed=seed, hint=_case_hint(shape))
 
     originals = {i: item.clone() for i, item in enumerate(inputs) if isinstance(item, torch.Tensor)}
     guarded = [GuardedOutput(out_shape, dtype, device) for out_shape, dtype in specs] if outputs == "write" else []
@@ -134,6 +136,12 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
         if got_tensor is not None:
             case.comparisons.append(compare(got_tensor, expected_tensor, atol, rtol, name=out_name))
     return case, device
+
+
+def _case_hint(shape) -> str:
+    """What a case built for one bug says when it fails (its ``hint`` attribute), or ""."""
+    hint = getattr(shape, "hint", "")
+    return hint if isinstance(hint, str) else ""
 
 
 def _make_inputs(make_inputs, shape, seed) -> tuple:

@@ -20,6 +20,13 @@ class CaseResult:
     problems: list = field(default_factory=list)  # out-of-bounds writes, changed inputs, wrong return values
     error: str | None = None  # the exception the candidate raised, as "TypeError: ..."
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    hint: str = ""  # what a case built for one bug says when its values are wrong (the case's ``hint``)
+
+    @property
+    def wrong_values(self) -> bool:
+        """Some output has written, finite values outside the tolerance (not only unwritten or NaN ones)."""
+        return self.error is None and any(
+            not c.passed and not c.problem and c.n_bad > c.n_not_written + c.n_nan + c.n_inf for c in self.comparisons)
 
     @property
     def passed(self) -> bool:
@@ -41,7 +48,8 @@ class CaseResult:
             what = "; ".join([c.summary() for c in failing] + self.problems) or "; ".join(c.summary() for c in self.comparisons)
         return f"{mark} {self.label}  {_first_line(what)}"
 
-    def details(self) -> str:
+    def details(self, hint: bool = True) -> str:
+        """The case in full; ``hint=False`` leaves out the case's own hint (said already for another case)."""
         lines = [f"{'✓' if self.passed else '✗'} {self.name}, {self.label}"]
         if self.error:
             lines.append(f"    the candidate raised {self.error}")
@@ -50,6 +58,8 @@ class CaseResult:
         for comparison in self.comparisons:
             if not comparison.passed:
                 lines.append(comparison.report(indent="    "))
+        if hint and self.hint and self.wrong_values:
+            lines.append(f"    this case: {self.hint}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -61,6 +71,7 @@ class CaseResult:
             "error": self.error,
             "problems": list(self.problems),
             "outputs": [c.to_dict() for c in self.comparisons],
+            "hint": self.hint if self.wrong_values else "",
         }
 
 
@@ -118,7 +129,11 @@ class CheckResult:
             parts.append(f"✗ each of the {len(failures)} failing cases (the first: {failures[0].label}) raised the "
                          f"same error:\n    {failures[0].error}")
             failures = []
-        parts += [case.details() for case in failures[:_DETAILED_FAILURES]]
+        said = set()  # a case's own hint, once per report
+        for case in failures[:_DETAILED_FAILURES]:
+            parts.append(case.details(hint=case.hint not in said))
+            if case.wrong_values:
+                said.add(case.hint)
         if len(failures) > _DETAILED_FAILURES:
             more = failures[_DETAILED_FAILURES:]
             parts.append(f"{plural(len(more), 'more failing case')}:\n" + "\n".join("  " + case.line() for case in more))

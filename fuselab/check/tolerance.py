@@ -23,6 +23,12 @@ below sit between those.
                                    long sum (5e-3 at K=576) fails
     bfloat16   8e-3    8e-3        ~2 ulp: bf16 has 8 bits of mantissa; fp32 accumulation is ~2.7e-3
     integers   0       0           exact
+
+Two roundings pass because the tolerance is set by the output's own scale: with random inputs an intermediate
+(A·B before a bias is added, say) is about as large as the result, so rounding it to fp16 first costs at most
+0.5 ulp at the result's scale. Where an intermediate is much larger than the result (a bias that nearly cancels
+A·B) that first rounding is larger than the whole tolerance: a test that must tell one rounding from two needs
+such a case (Lab 3's ``lab3.Cancelling``), not a tighter tolerance, which would fail correct fp32 accumulation.
 """
 
 from dataclasses import dataclass

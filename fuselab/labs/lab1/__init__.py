@@ -243,20 +243,26 @@ SMALL_DEPTHWISE_CASES = [
     DepthwiseCase(2, 2, 3, 37, True, "leaky_relu"),
     DepthwiseCase(1, 3, 18, 2, False, "relu"),
 ]
+# Empty batches (N = 0): nothing to compute, and a launcher must launch nothing, since CUDA refuses a grid of 0
+# blocks. Last in each list: on a GPU a check stops at a case that raised, and the others come first.
+SMALL_CONV_CASES.append(ConvCase(0, 3, 6, 7, 4, 3, 1, 1, True, "relu"))
+SMALL_DEPTHWISE_CASES.append(DepthwiseCase(0, 3, 5, 7, True, "relu"))
 # Hidden tests on the CPU: more random small cases (fixed seeds).
-HIDDEN_SMALL_CONV_CASES = random_conv_cases(8, seed=101)
-HIDDEN_SMALL_DEPTHWISE_CASES = random_depthwise_cases(8, seed=102)
+HIDDEN_SMALL_CONV_CASES = random_conv_cases(8, seed=101) + [ConvCase(0, 2, 9, 4, 3, 1, 2, 0, False, "none")]
+HIDDEN_SMALL_DEPTHWISE_CASES = random_depthwise_cases(8, seed=102) + [DepthwiseCase(0, 5, 9, 40, False, "leaky_relu")]
 
 # GPU cases: hidden tests and timing. Odd sizes beyond one block, channel counts that are not multiples of
 # anything, and real network layers.
 GPU_CONV_CASES = random_conv_cases(10, seed=201, max_n=4, max_c=67, max_hw=61) + [
     ConvCase(1, 64, 56, 56, 64, 3, 1, 1, True, "relu"),
     ConvCase(2, 32, 57, 45, 48, 1, 2, 0, False, "leaky_relu"),
+    ConvCase(0, 64, 56, 56, 64, 3, 1, 1, True, "relu"),
 ]
 GPU_DEPTHWISE_CASES = random_depthwise_cases(10, seed=202, max_n=4, max_c=97, max_hw=131) + [
     DepthwiseCase(1, 32, 112, 112, True, "relu"),
     DepthwiseCase(3, 17, 67, 45, False, "leaky_relu"),
     DepthwiseCase(8, 96, 56, 56, True, "none"),
+    DepthwiseCase(0, 32, 112, 112, True, "relu"),
 ]
 
 # Timing. Part A: a naive 3x3 conv with 64 channels (compute-bound). Part B: the graded shape, an output of

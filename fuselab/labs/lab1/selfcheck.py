@@ -27,17 +27,19 @@ def _pipelines(reference_mod, candidate_mod):
     """Unfused depthwise + ReLU pipelines, op(x, w, bias, act, slope, out) each."""
     act_code = lab1.ACTIVATIONS
 
+    def planes(t):  # (N, C, H*W), sized by hand: an empty batch cannot infer a -1
+        return t.view(t.shape[0], t.shape[1], t.shape[2] * t.shape[3])
+
     def conv_then_bias_act(x, w, bias, act, slope, out):
         t = torch.empty_like(out)
         reference_mod.depthwise_conv(x, w, x.new_empty(0), t, *x.shape)
-        candidate_mod.bias_act(t.view(x.shape[0], x.shape[1], -1), bias, out.view(x.shape[0], x.shape[1], -1),
-                               x.shape[0], x.shape[1], x.shape[2] * x.shape[3], act_code[act], slope)
+        candidate_mod.bias_act(planes(t), bias, planes(out), x.shape[0], x.shape[1], x.shape[2] * x.shape[3],
+                               act_code[act], slope)
 
     def conv_then_bias_then_act(x, w, bias, act, slope, out):
         t1, t2 = torch.empty_like(out), torch.empty_like(out)
         reference_mod.depthwise_conv(x, w, x.new_empty(0), t1, *x.shape)
-        candidate_mod.bias_add(t1.view(x.shape[0], x.shape[1], -1), bias, t2.view(x.shape[0], x.shape[1], -1),
-                               x.shape[0], x.shape[1], x.shape[2] * x.shape[3])
+        candidate_mod.bias_add(planes(t1), bias, planes(t2), x.shape[0], x.shape[1], x.shape[2] * x.shape[3])
         reference_mod.activation(t2, out, out.numel(), act_code[act], slope)
 
     return {"conv+bias -> relu (graded)": lab1.depthwise_unfused(reference_mod),

@@ -108,9 +108,13 @@ def build_starter():
 # ------------------------------------------------------------------------------------------------ kernel inputs
 # (N, C, H, W). Small shapes run under the CPU emulation and in the visible tests: a single channel, a single
 # row, widths that are not multiples of 4, batch 1. GPU shapes are for the hidden tests and for timing.
-SMALL_SHAPES = [(1, 1, 1, 1), (1, 1, 3, 3), (2, 3, 5, 7), (1, 4, 16, 16), (3, 5, 9, 33), (2, 32, 12, 10)]
-HIDDEN_SMALL_SHAPES = [(1, 7, 31, 17), (5, 3, 1, 40), (2, 130, 6, 6), (1, 2, 40, 1), (4, 9, 13, 22)]
-GPU_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (1, 32, 112, 112), (3, 33, 57, 29), (5, 130, 31, 17), (8, 144, 56, 56)]
+# Each list ends in an empty batch (N = 0): nothing to compute, so a launcher must launch nothing (CUDA refuses a
+# grid of 0 blocks); last, because on a GPU a check stops at a case that raised and the others come first.
+SMALL_SHAPES = [(1, 1, 1, 1), (1, 1, 3, 3), (2, 3, 5, 7), (1, 4, 16, 16), (3, 5, 9, 33), (2, 32, 12, 10),
+                (0, 3, 5, 7)]
+HIDDEN_SMALL_SHAPES = [(1, 7, 31, 17), (5, 3, 1, 40), (2, 130, 6, 6), (1, 2, 40, 1), (4, 9, 13, 22), (0, 2, 4, 9)]
+GPU_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (1, 32, 112, 112), (3, 33, 57, 29), (5, 130, 31, 17), (8, 144, 56, 56),
+              (0, 32, 112, 112)]
 TIMED_SHAPE = (64, 96, 112, 112)      # 308 MB per activation tensor: far beyond the H200's 60 MB L2
 GRADED_TEST = "lab2.conv_bn_relu"
 LAUNCH_BOUND_SHAPE = (1, 32, 112, 112)

@@ -12,6 +12,7 @@ C is M×N, all row-major. A launcher gets ``bias == nullptr`` when there is no b
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -141,6 +142,48 @@ GPU_SHAPES = [(1, 4096, 4096, True, True), (8, 4096, 4096, True, False), (16, 40
               (3001, 2049, 17, True, True), (16384, 4096, 16, True, True)]
 
 
+# Empty outputs (M = 0, N = 0): nothing to compute, and a launcher must launch nothing, since CUDA refuses a grid
+# of 0 blocks. Last in each list: on a GPU a check stops at a case that raised, and the others come first.
+EMPTY_SHAPES = [(0, 7, 5, True, True), (6, 0, 5, True, False)]
+SMALL_SHAPES += EMPTY_SHAPES
+HIDDEN_SMALL_SHAPES += [(0, 1, 1, True, True), (3, 0, 17, False, True)]
+GPU_SHAPES += [(0, 4096, 16, True, True), (16384, 0, 16, True, True)]
+
+
+class Cancelling(NamedTuple):
+    """An fp16 case (M, N, K, relu) in which the bias nearly cancels A·B: each column's bias is about minus that
+    column's product, so C is of order 1 while A·B is of order ``CANCEL_SCALE`` (``make_inputs`` builds it; A's
+    rows are nearly equal so that one bias per column can cancel every row).
+
+    Random inputs cannot tell one rounding from two: A·B and the bias are then as large as C, and rounding A·B to
+    half first costs at most half an fp16 step of C, within the tolerance. Here it costs half a step of a value
+    ~256 times C, and the answer is lost. Pass it to ``fuselab.check`` like any shape; its ``hint`` is what a
+    failure of it means."""
+
+    M: int
+    N: int
+    K: int
+    relu: bool = False
+
+    hint = ("the bias nearly cancels A·B here (A·B is a few hundred, the result about 1), so a kernel that rounds "
+            "A·B to half and then adds the bias (in half, or after converting back) rounds twice, and the first "
+            "rounding, half an fp16 step of a few hundred, is larger than the tolerance of the small result. "
+            "Round once: add the bias to the fp32 accumulator before converting to half (and apply the ReLU in "
+            "float too), then store with one __float2half.")
+
+
+CANCEL_SCALE = 256.0  # |A·B| / |C| in a Cancelling case, about
+# fp16 only (in fp32 there is no intermediate rounding to catch, and the cancellation would test fp32's own
+# accumulation error): a single row (the bias cancels it exactly), odd sizes, ReLU or not, and small K with
+# M > 16, where the tuned kernel's tensor-core path runs (its accumulator starts at the bias)
+CANCELLING_SHAPES = [Cancelling(1, 37, 19), Cancelling(17, 31, 19, True), Cancelling(40, 50, 70),
+                     Cancelling(33, 40, 16, True)]
+HIDDEN_CANCELLING_SHAPES = [Cancelling(3, 130, 5, True), Cancelling(70, 65, 129), Cancelling(67, 129, 3),
+                            Cancelling(1, 100, 257, True)]
+GPU_CANCELLING_SHAPES = HIDDEN_CANCELLING_SHAPES + [Cancelling(1, 4096, 1024), Cancelling(1000, 1030, 513, True),
+                                                    Cancelling(16384, 4096, 16, True)]
+
+
 def random_shapes(count, high, seed):
     """``count`` shapes with M, N, K drawn from 1..high (log-uniform, so small sizes and 1 come up), random bias
     and ReLU flags: the hidden tests' shapes beyond the fixed awkward ones."""
@@ -169,7 +212,10 @@ SWEEP_RESULTS = "lab3_sweep.json"
 
 
 def full_shape(shape):
-    """``(M, N, K, has_bias, relu)`` from a 3- or 5-tuple (a bare ``(M, N, K)`` has a bias and a ReLU)."""
+    """``(M, N, K, has_bias, relu)`` from a 3- or 5-tuple (a bare ``(M, N, K)`` has a bias and a ReLU) or a
+    ``Cancelling`` case (which has a bias)."""
+    if isinstance(shape, Cancelling):
+        return (shape.M, shape.N, shape.K, True, bool(shape.relu))
     shape = tuple(shape)
     return shape + (True, True) if len(shape) == 3 else shape
 
@@ -183,10 +229,28 @@ def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
     m, n, k, has_bias, relu = full_shape(shape)
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)  # drawn where used: 4096² normals are slow on a CPU
+    if isinstance(shape, Cancelling):
+        return _cancelling_inputs(m, n, k, gen, device, dtype) + (int(relu),)
     a = torch.randn(m, k, generator=gen, device=device) / math.sqrt(k)
     b = torch.randn(k, n, generator=gen, device=device)
     bias = torch.randn(n, generator=gen, device=device) if has_bias else torch.empty(0, device=device)
     return tuple(t.to(dtype=dtype) for t in (a, b, bias)) + (int(relu),)
+
+
+def _cancelling_inputs(m, n, k, gen, device, dtype):
+    """(a, b, bias) with A·B of order CANCEL_SCALE and a bias that cancels each column of it to within O(1).
+
+    Every row of A is one common row plus a small difference (1/CANCEL_SCALE of it), so A·B is a column constant of
+    order CANCEL_SCALE plus a per-row part of order 1; the bias is minus the column's mean product (of the inputs as
+    rounded to ``dtype``) plus a normal number, rounded to ``dtype``. C = A·B + bias is then of order 1."""
+    common = torch.randn(1, k, generator=gen, device=device)
+    a = (common + torch.randn(m, k, generator=gen, device=device) / CANCEL_SCALE) * (CANCEL_SCALE / math.sqrt(k))
+    b = torch.randn(k, n, generator=gen, device=device)
+    a, b = a.to(dtype), b.to(dtype)
+    product = a.double() @ b.double()
+    column = product.mean(dim=0) if m else torch.zeros(n, dtype=torch.float64, device=device)
+    bias = torch.randn(n, generator=gen, device=device).double() - column
+    return a, b, bias.to(dtype)
 
 
 def reference(a, b, bias, relu):

@@ -88,13 +88,15 @@ void gemm_bias_act_f16(const __half* a, const __half* b, const __half* bias, __h
 """
 '''
 
-# The template's GEMM stores A·B, and a second kernel of the student's own adds the bias and applies the ReLU in
-# place, both launched from the fused launcher: right answers, the unfused pipeline's traffic and launches.
+# The template's GEMM stores A·B + bias, and a second kernel of the student's own applies the ReLU in place, both
+# launched from the fused launcher: right answers (the ReLU of a rounded value is the rounded ReLU, so fp16 is
+# still rounded once: a second kernel that added the bias to a C already rounded to fp16 would round twice and
+# fail the test where the bias cancels A·B), with the unfused pipeline's second pass over C and second launch.
 _EPILOGUE_KERNEL = '''template <typename T>
-__global__ void bias_act_in_place(T* c, const T* bias, int M, int N, int relu) {
+__global__ void relu_in_place(T* c, int M, int N, int relu) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)M * N) return;
-    float v = to_float(c[i]) + (bias ? to_float(bias[i % N]) : 0.0f);
+    float v = to_float(c[i]);
     store(&c[i], relu ? fmaxf(v, 0.0f) : v);
 }
 
@@ -103,7 +105,7 @@ static void launch('''
 _SECOND_LAUNCH = ('''    gemm_bias_act_kernel<T><<<grid, block, 0, stream>>>(a, b, bias, c, M, N, K, relu);
 ''', '''    gemm_bias_act_kernel<T><<<grid, block, 0, stream>>>(a, b, bias, c, M, N, K, relu);
     int64_t n = (int64_t)M * N;
-    bias_act_in_place<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(c, bias, M, N, relu);
+    relu_in_place<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(c, M, N, relu);
 ''')
 
 SAMPLES = {
@@ -134,12 +136,14 @@ SAMPLES = {
         changes={"template_source": _chain(
             _replace("float v = acc + (bias ? to_float(bias[col]) : 0.0f);  // bias added in fp32, before the "
                      "single rounding\n        store(&c[(int64_t)row * N + col], relu ? fmaxf(v, 0.0f) : v);",
-                     "store(&c[(int64_t)row * N + col], acc);  // bias and ReLU: a second kernel below"),
+                     "float v = acc + (bias ? to_float(bias[col]) : 0.0f);\n"
+                     "        store(&c[(int64_t)row * N + col], v);  // the ReLU: a second kernel below"),
             _replace("template <typename T>\nstatic void launch(", _EPILOGUE_KERNEL),
             _replace(*_SECOND_LAUNCH))},
         expect={"test_speedup_small_k": "zero"},
-        why="right answers, but the 'fused' launcher launches the GEMM and then a bias+ReLU kernel over C: the "
-            "unfused pipeline in disguise; the speed test's profiler counts two kernels: 0 speed points"),
+        why="right answers, but the 'fused' launcher launches the GEMM (bias included) and then a ReLU kernel over "
+            "C: the unfused pipeline's second pass in disguise; the speed test's profiler counts two kernels: 0 "
+            "speed points"),
     "cheat_cublas": Sample(
         changes={"dram_bytes": lambda s: s + (
             "\n\n# make the 'fused' op call cuBLAS (torch.addmm) instead of a kernel of my own\n"

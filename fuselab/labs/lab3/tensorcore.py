@@ -348,7 +348,7 @@ def tuned_path_source(backend: str) -> str:
     return "#define FUSELAB_TENSOR_CORES 1\n" + mma + _KERNEL + _SUPPORTED
 
 
-# (M, N, K, has_bias, relu), checked in fp16 against the float64 reference before any timing: K = 1, 3, 8, 17
+# (M, N, K, has_bias, relu) or lab3.Cancelling, checked in fp16 against the float64 reference before any timing: K = 1, 3, 8, 17
 # (scalar A loads, a zero-padded k step, two k steps), 4096 (256 k steps); M = 1 and M, N off every tile size
 # (16 rows, 8 and 32 columns, the block's 256); N % 8 != 0 (element stores); no bias, no ReLU; the timed shape.
 CHECK_SHAPES = [(1, 1, 1, True, True), (1, 4096, 16, True, True), (5, 7, 3, False, True), (16, 256, 16, True, True),
@@ -356,12 +356,15 @@ CHECK_SHAPES = [(1, 1, 1, True, True), (1, 4096, 16, True, True), (5, 7, 3, Fals
                 (33, 260, 8, False, True), (50, 70, 17, True, True), (300, 264, 32, True, True),
                 (129, 1000, 4096, True, True), (1, 4096, 4096, True, False), (1023, 1025, 513, True, True),
                 (4099, 1030, 1, True, True), (2050, 4096, 3, True, False), (3001, 2049, 17, True, True),
-                (16384, 4096, 8, False, True), lab3.SMALL_K + (True, True), lab3.SMALL_K + (False, False)]
+                (16384, 4096, 8, False, True), lab3.SMALL_K + (True, True), lab3.SMALL_K + (False, False),
+                # a bias that nearly cancels A·B: the accumulator starts at the bias, so C is rounded once
+                lab3.Cancelling(16384, 4096, 16, True), lab3.Cancelling(300, 264, 8)]
 # the same kinds of shape, small enough for the CPU emulation
 EMULATED_SHAPES = [(1, 1, 1, True, True), (1, 300, 16, True, True), (5, 7, 3, False, True),
                    (16, 256, 16, True, True), (17, 33, 16, True, False), (40, 130, 1, True, True),
                    (67, 129, 3, True, False), (33, 264, 8, False, True), (50, 70, 17, True, True),
-                   (37, 264, 32, True, True), (3, 40, 100, True, True), (140, 520, 16, True, True)]
+                   (37, 264, 32, True, True), (3, 40, 100, True, True), (140, 520, 16, True, True),
+                   lab3.Cancelling(70, 264, 16, True), lab3.Cancelling(33, 40, 3)]
 
 
 def variant_op(module, variant):
