@@ -23,15 +23,21 @@ def _sandbox():
     return (False, f"sandbox off: {problem}") if problem else (True, "sandboxed")
 
 
+def _listed(variable: str):
+    """The comma-separated names in an environment variable, or None (all) where it is unset or empty."""
+    return [name for name in os.environ.get(variable, "").split(",") if name] or None
+
+
 def stage_samples(out):
-    """The grader's sample class on this GPU (``FUSELAB_SAMPLES``: only these, comma-separated): every sample
+    """The grader's sample class on this GPU (``FUSELAB_SAMPLES``: only these samples, ``FUSELAB_SAMPLE_LABS``:
+    only these labs, each comma-separated, so that a class too large for one command runs as parts): every sample
     must get the grade it deserves."""
     from ...grading.samplecheck import grade_examples
     work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
-    chosen = [name for name in os.environ.get("FUSELAB_SAMPLES", "").split(",") if name] or None  # default: all
+    chosen = _listed("FUSELAB_SAMPLES")  # default: all
     sandbox, sandboxed = _sandbox()
-    result = grade_examples(work, samples=chosen, cell_timeout=30, submission_timeout=240, progress=False,
-                            sandbox=sandbox)
+    result = grade_examples(work, labs=_listed("FUSELAB_SAMPLE_LABS"), samples=chosen, cell_timeout=30,
+                            submission_timeout=240, progress=False, sandbox=sandbox)
     pack(out, "samples-run.tar.gz", work / "run",
           ["report.*", "grades.csv", "work/*/*/result.json", "reference/*/reference.json", "feedback/c*/*.html"])
     print(result["table"], flush=True)
