@@ -262,6 +262,34 @@ def test_modules_and_graphs_are_rebuilt_from_allowlisted_parts():
     assert isinstance(graph, fx.GraphModule) and torch.equal(graph(x), net(x))
 
 
+@pytest.mark.parametrize("how", ["forward", "_conv_forward", "eval", "a function", "nested"])
+def test_a_module_attribute_that_is_code_or_replaces_a_method_is_refused(how):
+    """An instance attribute is found before the class's methods: a conv whose own ``forward`` (or the
+    ``_conv_forward`` its forward calls, or ``eval``) is the unfolded conv and BN computes the right outputs from
+    zero weights. Module attributes cross as data only; the conv's ordinary attributes still do."""
+    conv, bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4).eval()
+    cheat = copy.deepcopy(conv)
+    with torch.no_grad():
+        cheat.weight.zero_()
+    unfolded = nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn))
+    target = cheat
+    if how == "nested":  # inside a container, as a folded network would carry it
+        target, cheat = cheat, nn.Sequential(cheat, nn.ReLU())
+    name = {"a function": "padding_mode"}.get(how, "forward" if how == "nested" else how)
+    value = (lambda *a: unfolded(a[0])) if how == "a function" else unfolded
+    target.__dict__[name] = value
+    if how == "a function":  # the worker does not send code at all
+        with pytest.raises(wire.Unsendable):
+            _roundtrip(cheat)
+    else:  # the worker sends a module as a module; the checker refuses it as an attribute
+        with pytest.raises(wire.WireError, match=f"attribute '{name}'"):
+            _roundtrip(cheat)
+    honest = _roundtrip(copy.deepcopy(conv))
+    assert honest.padding_mode == "zeros" and honest.stride == (1, 1)
+    x = torch.randn(1, 3, 5, 6)
+    assert torch.equal(honest(x), conv(x))
+
+
 def test_a_graph_that_calls_outside_the_allowlist_is_refused():
     traced = fx.symbolic_trace(nn.Sequential(nn.ReLU()))
     tree = wire.encode(traced)

@@ -474,6 +474,20 @@ def _module_class(path):
     return cls
 
 
+def _data_attribute(cls, key, value):
+    """``value`` as a module's own attribute: data (sizes, flags, eps, a tensor), never code. An instance attribute
+    is looked up before the class's methods, so one named ``forward`` (or ``_conv_forward``, ``eval``), or one that
+    is a module or a function, would make the rebuilt module run what the student sent instead of its class's code
+    on its parameters (a conv whose ``forward`` is the unfolded conv and BN). Submodules travel as children, where
+    they never shadow a method."""
+    import inspect
+    on_class = inspect.getattr_static(cls, key, None)
+    _check(on_class is None or not (callable(on_class) or hasattr(type(on_class), "__get__")),
+           f"attribute {key!r}, which would replace {cls.__name__}.{key}")
+    _check(not isinstance(value, nn.Module) and not callable(value), f"attribute {key!r} (code, not data)")
+    return value
+
+
 def _rebuild_module(node, depth):
     _check(len(node) == 7, "module record")
     _, path, attrs, params, buffers, children, training = node
@@ -484,7 +498,7 @@ def _rebuild_module(node, depth):
     for key, value in attrs.items():
         _check(type(key) is str and _IDENT.match(key) and not key.startswith("__")
                and key not in _MODULE_INTERNALS, f"attribute {key!r}")
-        module.__dict__[key] = decode(value, None, depth + 1)
+        module.__dict__[key] = _data_attribute(cls, key, decode(value, None, depth + 1))
     for key, value in params.items():
         _identifier(key, "parameter name")
         param = None if value is None else decode(value, None, depth + 1)
