@@ -101,7 +101,8 @@ def test_verdicts_flags_and_notes_are_said_next_to_their_tests(tmp_path):
         assert flag in _text_of(_verdict_block(page, test)), test
     assert flag not in _text_of(_verdict_block(page, "test_dram_bytes"))
     assert "test cell was changed" in _text_of(_verdict_block(page, "test_dram_bytes"))
-    assert "notebook run gave 2, clean recheck 0 of 2" in _text_of(_verdict_block(page, "test_fused"))
+    said = _text_of(_verdict_block(page, "test_fused"))
+    assert "scored differently from the grader's clean rerun" in said and "gave 2" not in said
     assert "a flag with no cell" in text
     assert "not measured" in _text_of(_verdict_block(page, "test_speedup"))
     # the grader's note on nbgrader's run, in the grader's words only: nbgrader's output never follows it
@@ -135,6 +136,25 @@ def test_the_page_carries_nothing_of_the_grader_runs(tmp_path, monkeypatch):
     release_test = next(c for c in _release()["cells"] if feedback._grade_id(c) == "test_dram_bytes")
     assert feedback._text(release_test["source"]).splitlines()[1] in text
     assert "0 of 2 points" in text and "ValueError" in text
+
+
+def test_the_notebook_runs_numbers_never_reach_the_page(tmp_path):
+    """The notebook run executes the student's code beside the hidden tests, and its gradebook is writable there:
+    its scores can be any numbers the code chose (71080 spells "GP", from a hidden line). A disagreement is said
+    in fixed words, on its test and for one on no known test; the numbers stay in the TA's report."""
+    chosen = ["714865", "71080", "3.14159"]
+    result = _result(tmp_path, _student_notebook(), disagreements=[
+        f"test_fused: notebook run gave {chosen[0]}, clean recheck 0 of 2 (the clean result counts)",
+        f"test_speedup: the notebook run scored {chosen[1]} in a speed test it does not measure: was the test cell "
+        "changed? (the clean result counts)",
+        f"some_cell_of_mine: notebook run gave {chosen[2]}"])
+    path, _ = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    page = path.read_text()
+    text = _text_of(page)
+    assert [number for number in chosen if number in page] == []
+    for test in ("test_fused", "test_speedup"):
+        assert "scored differently from the grader's clean rerun" in _text_of(_verdict_block(page, test)), test
+    assert "Your notebook's own run scored differently from the grader's clean rerun" in text
 
 
 def test_a_notebook_changed_after_grading_is_not_shown(tmp_path):

@@ -7,8 +7,9 @@ The page has two sources, and nothing else reaches it:
    (``labs/<lab>/<lab>.ipynb``, which ``nbgrader generate_assignment`` wrote without the hidden tests), whatever
    the submission holds in their place;
 2. the **grader's verdicts** (``result.json``, from the clean recheck): points, status, a bounded message, the
-   speed records' numbers, the flags, disagreements and notes of that submission, and the written answers'
-   scores and comments a teaching assistant entered in formgrader.
+   speed records' numbers, the flags and notes of that submission, whether the notebook run's score of a test
+   disagreed (in fixed words: never the notebook run's numbers, which the student's code can set), and the
+   written answers' scores and comments a teaching assistant entered in formgrader.
 
 Nothing printed while the grader ran the student's code (nbgrader's autograded notebook, the kernel's output,
 the clean recheck's stdout) is read. That is what keeps the hidden tests and the grading machine's files and
@@ -463,15 +464,24 @@ def _verdict_html(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> str:
     if speed:
         parts.append(f"<div>{_e(speed)}</div>")
     parts += [_flag_html(c, f, grade_id) for c, f in verdicts.flags_for_test(grade_id)]
-    for text in verdicts.disagreements.get(grade_id, []):
-        parts.append("<div class='flag'>Your notebook's own run of this test disagreed with the grader's clean "
-                     f"rerun: {_e(_flat(text, MAX_NOTE_CHARS))}. Only the clean rerun counts: it runs what your "
-                     "solution cells define, apart from the rest of your notebook's code.</div>")
+    if verdicts.disagreements.get(grade_id):
+        parts.append(f"<div class='flag'>{_DISAGREED}</div>")
     comment = _dict(manual.get(grade_id)).get("comment")
     if isinstance(comment, str) and comment.strip():
         parts.append(f"<div class='flag'>Comment: {_e(clean_text(comment, 4000))}</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+# A disagreement is said in these words alone. Its numbers are the notebook run's scores, and that run executes the
+# student's code beside the hidden tests, with its gradebook writable: a score there can be any number the code
+# chose, a channel for what it read (a hidden test's text, six digits a cell). The teaching assistant's report
+# keeps the numbers.
+_DISAGREED = ("Your notebook's own run of this test scored differently from the grader's clean rerun. Only the "
+              "clean rerun counts: it runs what your solution cells define, apart from the rest of your notebook's "
+              "code.")
+_DISAGREED_ELSEWHERE = ("Your notebook's own run scored differently from the grader's clean rerun. Only the clean "
+                        "rerun counts.")
 
 
 def _grader_notes(verdicts: _Verdicts, release_problem: str) -> list:
@@ -485,7 +495,7 @@ def _grader_notes(verdicts: _Verdicts, release_problem: str) -> list:
             for text in texts:
                 parts.append(f"<li><code>{_e(cell_id)}</code>{_e(cost)}: {_e(_flat(text, MAX_NOTE_CHARS))}</li>")
         parts.append("</ul>")
-    general = verdicts.other_flags + verdicts.other_disagreements
+    general = verdicts.other_flags + ([_DISAGREED_ELSEWHERE] if verdicts.other_disagreements else [])
     notes = verdicts.notes + ([release_problem] if release_problem else [])
     if general or notes:
         parts.append("<h2>Notes from the grader</h2><ul>")
