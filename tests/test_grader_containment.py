@@ -4,6 +4,7 @@ Nothing here builds a kernel. The sandbox tests fail, never skip, where bubblewr
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,9 @@ ATTACK = textwrap.dedent(r'''
     attempt("read_home", lambda: open(target["home_secret"]).read())
     attempt("list_home", lambda: os.listdir(os.path.dirname(target["home_secret"])))
     attempt("read_other_student", lambda: open(target["other_student"]).read())
+    attempt("read_earlier_run", lambda: open(target["earlier_run"]).read())
+    attempt("read_other_checkouts_solutions", lambda: open(target["other_checkout_solution"]).read())
+    attempt("read_other_checkouts_package", lambda: open(target["other_checkout_package"]).read())
     attempt("write_result", lambda: write(target["result"]))
     attempt("write_solutions", lambda: write(target["solutions"]))
     attempt("read_solutions", lambda: os.listdir(os.path.dirname(target["solutions"])))
@@ -99,7 +103,7 @@ def _listen(family, address):
     return server
 
 
-def test_the_sandbox_holds_against_a_submission_that_attacks_it(tmp_path):
+def test_the_sandbox_holds_against_a_submission_that_attacks_it(tmp_path, monkeypatch):
     _sandbox_or_fail()
     tag = f"fuselab-test-{os.getpid()}"
     classroom, out = tmp_path / "class", tmp_path / "out"
@@ -116,7 +120,21 @@ def test_the_sandbox_holds_against_a_submission_that_attacks_it(tmp_path):
     servers = [_listen(socket.AF_UNIX, str(unix_path)), _listen(socket.AF_UNIX, "\0" + tag),
                _listen(socket.AF_INET, ("127.0.0.1", 0))]
     solutions_file = course.SOLUTIONS / "lab0" / f"{tag}.txt"
+    # an earlier run's grades, written world-readable where nobody thought to hide anything; and a second
+    # checkout of the course that is on sys.path (an editable install): its package shows, its solutions do not
+    scratch = Path("/var/lib") / tag
+    earlier = scratch / "grading-lab0" / "grades.csv"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("alice,10")
+    checkout = scratch / "checkout"
+    (checkout / "solutions" / "lab0").mkdir(parents=True)
+    (checkout / "solutions" / "lab0" / "lab0.ipynb").write_text("the instructor's notebook")
+    (checkout / "fuselab_extra.py").write_text("A = 1")
+    os.chmod(scratch, 0o755)
+    monkeypatch.syspath_prepend(str(checkout))
     target = {"home_secret": str(home_secret), "other_student": str(other), "result": str(result),
+              "earlier_run": str(earlier), "other_checkout_solution": str(checkout / "solutions/lab0/lab0.ipynb"),
+              "other_checkout_package": str(checkout / "fuselab_extra.py"),
               "solutions": str(solutions_file), "own": str(own), "unix_socket": str(unix_path),
               "abstract_socket": tag, "tcp_port": servers[2].getsockname()[1], "shm_name": tag,
               "grader_pid": os.getpid()}
@@ -132,16 +150,19 @@ def test_the_sandbox_holds_against_a_submission_that_attacks_it(tmp_path):
             server.close()
         for path in (home_secret, unix_path, solutions_file, Path("/dev/shm") / tag):
             path.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     def refused(name):  # an exception, a failing exit status or -1 from a system call, or nothing found
         return seen[name].startswith("refused") or seen[name] in ("False", "-1") or \
             (seen[name].isdigit() and seen[name] != "0")
-    for name in ("read_home", "read_other_student", "read_solutions", "remount_rw", "remount_bind_rw",
+    for name in ("read_home", "read_other_student", "read_earlier_run", "read_other_checkouts_solutions",
+                 "read_solutions", "remount_rw", "remount_bind_rw",
                  "unshare_mount", "unshare_user", "unix_socket", "abstract_socket", "tcp_host_loopback",
                  "host_processes", "secret_env_of_pid1"):
         assert refused(name), f"{name}: {seen[name]}"
     assert seen["secret_env"] == "None"
     assert home_secret.name not in seen["list_home"]  # an empty home (where the Python lives there, only that)
     assert seen["write_own"] == "'written'" and seen["own_loopback"] == "'loopback works'"  # what it may do
+    assert seen["read_other_checkouts_package"] == "'A = 1'"  # the runtime it needs
     assert seen["write_shm"] == "'written'" and not (Path("/dev/shm") / tag).exists()  # a private /dev/shm
     assert int(seen["cap_eff"], 16) == 0 and seen["uid"] != 0
     basic = {"core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty",

@@ -276,10 +276,38 @@ ALLOWED_ENV = (r"PATH|HOME|LANG|LANGUAGE|LC_[A-Z_]+|TZ|TERM|LD_LIBRARY_PATH|VIRT
                r"TORCH_[A-Z0-9_]+|TORCHINDUCTOR_[A-Z0-9_]+|TRITON_[A-Z0-9_]+")
 # System folders that hold other programs' sockets, scratch files or the TA's things: each replaced by an empty one
 # (the host's Unix sockets live in /run, /tmp and /var/run; homes hold keys and tokens).
-HIDDEN_SYSTEM = ("/tmp", "/var/tmp", "/run", "/var/run", "/root", "/home", "/mnt", "/media", "/srv")
-# the course's folders a submission must never read: the solutions (and their history), the sample class,
-# other runs of the grader
+# What of the machine a sandbox sees: the system's programs, libraries and settings, read-only. Everything else
+# (homes, /work, /srv, /var, /opt, other checkouts of the course, earlier runs' folders wherever they were written)
+# is absent unless the sandbox is given it: the Python environment and the course (``runtime_folders``), and the
+# folders of the call. An allow-list, so that no place the grader's authors did not think of is left readable.
+SYSTEM_SHOWN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
+# private and empty inside: a runtime folder is never one of these as a whole
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")
+# the course's folders a submission must never read, in any checkout of the course the runtime shows (an
+# editable install puts its checkout on sys.path): the solutions (and their history), the sample class, runs
 HIDDEN_IN_REPO = ("solutions", ".git", "grader/examples", "grader/runs")
+
+
+def runtime_folders() -> list:
+    """The folders a sandboxed Python, its compilers and the course need beyond ``SYSTEM_SHOWN``: the interpreter's
+    prefixes, ``sys.path`` (a PYTHONPATH wheelhouse, as on the GPU machine; an editable checkout), the course, the
+    CUDA toolkit. The outermost of nested ones; never ``/``, a home or a private folder as a whole."""
+    from ..toolchain import find_cuda_home
+    shown = [Path(p) for p in SYSTEM_SHOWN]
+    never = {Path("/"), Path.home(), Path("/home"), Path("/root"), *map(Path, PRIVATE)}
+    candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, course.REPO,
+                  *[Path(p) for p in sys.path if p and os.path.isabs(p)]]
+    cuda = find_cuda_home()
+    if cuda:
+        candidates.append(Path(cuda))
+    folders = []
+    for folder in candidates:
+        folder = Path(os.path.abspath(folder))
+        if folder in never or not folder.is_dir() or any(folder == s or s in folder.parents for s in shown):
+            continue
+        folders.append(folder)
+    folders = list(dict.fromkeys(folders))
+    return [f for f in folders if not any(o in f.parents for o in folders)]
 
 
 def gpu_device_nodes() -> list:
@@ -294,8 +322,9 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     - it runs as a user without rights: run as root, the grader enters the sandbox as ``SANDBOX_UID`` (chowning
       ``own`` to it); every capability is gone (``CapEff`` 0), no user namespace can be made inside, so ``mount``,
       ``unshare`` and remounting read-write fail;
-    - the system is read-only; ``HIDDEN_SYSTEM``, the TA's home, the course's solutions and sample class
-      (``HIDDEN_IN_REPO``) and ``hide`` are empty folders; ``readonly`` folders are shown again read-only;
+    - it sees only the system (``SYSTEM_SHOWN``) and the runtime (``runtime_folders``), read-only: no home, no
+      other checkout's or run's files; the course's solutions and sample class (``HIDDEN_IN_REPO``, in every
+      checkout shown) and ``hide`` are empty folders; ``readonly`` folders are shown again read-only;
       ``own`` folders (the submission's) are writable, the first one is ``HOME``; the working folder is the
       caller's where it is visible inside;
     - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp`` and ``/dev/shm``;
@@ -307,36 +336,27 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     bwrap = bubblewrap()
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    repo = course.REPO
-    home = Path.home()
-    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--unshare-user", "--disable-userns", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-            "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--tmpfs", "/dev/shm"]
+    args = [bwrap]
+    for folder in SYSTEM_SHOWN:
+        if os.path.isdir(folder):  # a link (/bin -> usr/bin) is shown as the folder it names
+            args += ["--ro-bind", folder, folder]
+    args += ["--dev", "/dev", "--proc", "/proc",
+             "--unshare-user", "--disable-userns", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+             "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+             "--cap-drop", "ALL"]
+    for folder in PRIVATE:
+        args += ["--tmpfs", folder]
     for node in gpu_device_nodes():
         args += ["--dev-bind", node, node]
-    covered = []
-    for folder in [*HIDDEN_SYSTEM, home, *hide]:
-        folder = Path(folder)
-        if folder.is_dir() and not folder.is_symlink() and folder not in covered:
-            args += ["--tmpfs", str(folder)]
-            covered.append(folder)
-    # The Python environment and the course itself must stay visible even when they live under a hidden folder
-    # (a clone in /tmp, as CI makes): show them again, read-only, on top of the empty ones; then hide again
-    # what of the course a submission must not read.
-    # (sys.path too: a PYTHONPATH wheelhouse, as on the GPU machine)
-    runtime = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, repo,
-               *[Path(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]]
-    runtime = [p for p in dict.fromkeys(runtime) if any(c in p.parents for c in covered)]  # never a whole /tmp
-    runtime = [p for p in runtime if not any(r in p.parents for r in runtime)]  # the outermost of nested ones
+    runtime = runtime_folders()
     for folder in runtime:
-        if Path(folder).exists():
-            args += ["--fuselab-ro-bind", str(folder), str(folder)]
-    for name in HIDDEN_IN_REPO:
-        if (repo / name).is_dir():
-            args += ["--tmpfs", str(repo / name)]
-    for folder in [*hide]:  # hidden again where a runtime folder showed it (a run folder inside the repository)
-        if Path(folder).is_dir() and any(Path(folder) != r and r in Path(folder).parents for r in runtime):
+        args += ["--fuselab-ro-bind", str(folder), str(folder)]
+    for folder in runtime:  # every checkout of the course the runtime shows, not only the running one
+        for name in HIDDEN_IN_REPO:
+            if (folder / name).is_dir():
+                args += ["--tmpfs", str(folder / name)]
+    for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
+        if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
             args += ["--tmpfs", str(folder)]
     for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():
