@@ -156,34 +156,54 @@ def _students(filename: str, folders: tuple) -> bool:
     return not path.startswith(folders)
 
 
+def _students_frames(tb, folders):
+    """The traceback ``tb`` with only the student's own frames, or None where it has none."""
+    import types
+    kept = []
+    while tb is not None:
+        if _students(tb.tb_frame.f_code.co_filename, folders):
+            kept.append(tb)
+        tb = tb.tb_next
+    trimmed = None
+    for tb in reversed(kept):
+        trimmed = types.TracebackType(trimmed, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return trimmed
+
+
 def student_traceback(error: BaseException) -> list:
     """IPython's rendering of ``error`` (its ``_render_traceback_``) with only the student's own frames: the
-    traceback lines IPython would show, minus fuselab's, torch's and IPython's frames. Never raises: on any
-    trouble, IPython's full rendering."""
-    import types
+    traceback lines IPython would show, minus fuselab's, torch's and IPython's frames. An exception it was raised
+    from (a ``CheckFailed`` from the candidate's first error) is shown the same way where the student's code raised
+    it, and left out where it came from fuselab or torch alone (the message says what it was). Never raises: on
+    any trouble, IPython's full rendering."""
     shell = _shell()
     if shell is None:
         import traceback
         return traceback.format_exception(type(error), error, error.__traceback__)
+    saved = []  # (exception, traceback, cause, context, suppress): put back after rendering
     try:
         folders = _library_folders()
-        kept = []
-        tb = error.__traceback__
-        while tb is not None:
-            if _students(tb.tb_frame.f_code.co_filename, folders):
-                kept.append(tb)
-            tb = tb.tb_next
-        if not kept:  # nothing of the student's: called from a library, so show it whole
+        top = _students_frames(error.__traceback__, folders)
+        if top is None:  # nothing of the student's: called from a library, so show it whole
             return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__, tb_offset=0)
-        trimmed = None
-        for tb in reversed(kept):
-            trimmed = types.TracebackType(trimmed, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
-        # the error alone: what fuselab was handling when it found the error is fuselab's, not the student's
-        saved = error.__cause__, error.__suppress_context__
-        error.__cause__, error.__suppress_context__ = None, True
-        try:
-            return shell.InteractiveTB.structured_traceback(type(error), error, trimmed, tb_offset=0)
-        finally:
-            error.__cause__, error.__suppress_context__ = saved
+        current, frames, seen = error, top, set()
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            saved.append((current, current.__traceback__, current.__cause__, current.__context__,
+                          current.__suppress_context__))
+            current.__traceback__ = frames
+            chained = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+            chained_frames = _students_frames(chained.__traceback__, folders) if chained is not None else None
+            if chained_frames is None:  # fuselab's or torch's own error: the message already says what it was
+                current.__cause__, current.__context__, current.__suppress_context__ = None, None, True
+                break
+            current, frames = chained, chained_frames
+        return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__, tb_offset=0)
     except Exception:  # noqa: BLE001 - a shorter traceback must never cost the student the error itself
+        for exc, tb, cause, context, suppress in saved:
+            exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__ = tb, cause, context, suppress
+        saved = []
         return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__)
+    finally:
+        for exc, tb, cause, context, suppress in saved:
+            exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__ = tb, cause, context, suppress

@@ -5,7 +5,7 @@ class FuselabError(Exception):
     """Base class of every error fuselab raises on purpose."""
 
 
-class _ShownWithoutInternals:
+class ShownWithoutInternals:
     """An error about the student's own source: in IPython (JupyterLab, nbclient, nbgrader) its traceback shows the
     student's frames (the cell line that called ``fuselab.build``) and the message, not fuselab's and torch's
     frames that found it. IPython asks ``_render_traceback_``; plain Python never does."""
@@ -15,7 +15,7 @@ class _ShownWithoutInternals:
         return student_traceback(self)
 
 
-class BuildError(_ShownWithoutInternals, FuselabError):
+class BuildError(ShownWithoutInternals, FuselabError):
     """The student's source did not compile or link.
 
     ``diagnostics`` holds the compiler's messages with line numbers of the student's own text;
@@ -45,7 +45,7 @@ class BuildTimeout(BuildError):
     """The compiler ran past the configured time limit and was stopped."""
 
 
-class NotWrittenError(_ShownWithoutInternals, FuselabError, NotImplementedError):
+class NotWrittenError(ShownWithoutInternals, FuselabError, NotImplementedError):
     """The source still holds nbgrader's stub: the student has not written this kernel yet."""
 
 

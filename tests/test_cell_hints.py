@@ -95,3 +95,36 @@ def test_a_build_error_in_plain_python_is_raised_from_build_itself(tmp_path):
     assert done.returncode == 1 and "fuselab.errors.BuildError: msg_broken_plain.cu failed to compile" in said, said
     assert len(frames) == 2 and str(script) in frames[0] and "in build" in frames[1], said
     assert "cpp_extension" not in said and "_compile" not in said and said.rstrip().endswith("^"), said
+
+
+OFF_BY_ONE = '''FUSED_SOURCE = r"""
+__global__ void k(const float* a, const float* b, const float* e, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n - 1) out[i] = fmaxf(a[i] + b[i], 0.0f) * e[i];
+}
+void add_relu_mul(const float* a, const float* b, const float* e, float* out, int64_t n, cudaStream_t stream) {
+    if (n > 0) k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, e, out, n);
+}
+"""'''
+
+
+def test_a_failed_check_shows_the_students_call_and_the_report_not_fuselabs_frames():
+    """A check that fails shows the student's cell line and the report; the candidate's first error (here none:
+    wrong values) is shown only where the student's own Python raised it, with their line."""
+    cells = ["import torch\nimport fuselab\nfrom fuselab.labs import lab0",
+             OFF_BY_ONE,
+             "mod = fuselab.build(FUSED_SOURCE, [lab0.FUSED], name='msg_off_by_one_tb', backend='emulate')\n"
+             "fused = lab0.fused(mod)",
+             "fuselab.check(fused, lab0.reference, lambda s, seed: lab0.make_inputs(s, seed), [(5,), (300,)])",
+             "def mine(a, b, e, out):\n    raise ValueError('my wrapper is wrong')\n",
+             "fuselab.check(mine, lab0.reference, lambda s, seed: lab0.make_inputs(s, seed), [(5,)])"]
+    nb = run_cells(cells, timeout=300)
+    found = errors(nb)
+    wrong = _traceback_text(nb.cells[3])
+    assert found[3].startswith("CheckFailed"), found
+    assert "fuselab.check(fused, lab0.reference" in wrong and "✗" in wrong, wrong
+    assert "fuselab/" not in wrong and "site-packages" not in wrong and "direct cause" not in wrong, wrong
+    raised = _traceback_text(nb.cells[5])
+    assert "raise ValueError('my wrapper is wrong')" in raised and "fuselab.check(mine" in raised, raised
+    assert "fuselab/" not in raised and "site-packages" not in raised, raised
+    assert streams(nb, "stderr") == {}
