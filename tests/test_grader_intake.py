@@ -175,3 +175,30 @@ def test_the_report_survives_names_that_are_not_utf8(tmp_path):
     text = report.write_report(result, tmp_path).read_text()
     assert "caf\\\\xe9/lab0.ipynb" in text  # the undecodable byte as an escape, its backslash escaped for markdown
     assert "caf\\xe9/lab0.ipynb" in (tmp_path / "report.html").read_text()
+
+
+def test_a_notebook_too_large_to_parse_and_duplicate_zip_members_are_listed_not_read(tmp_path, monkeypatch):
+    """JSON costs memory per value: a small zip can unpack to a notebook of millions of empty lists that would take
+    gigabytes to parse (and a MemoryError stopped the class). Such a notebook, and one over the size limit, is a
+    problem with its reason, read no further; two zip members of one name are neither chosen silently."""
+    root = tmp_path / "in"
+    _write(root / "ok" / "lab0.ipynb")
+    monkeypatch.setattr(intake, "MAX_JSON_VALUES", 20_000)  # the real limits, scaled down 50 and 1000 times
+    monkeypatch.setattr(intake, "MAX_NOTEBOOK_BYTES", 100_000)
+    bomb = NB[:-1] + ', "x": [' + "[]," * 20_000 + "[]]}"
+    with zipfile.ZipFile(root / "mallory.zip", "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("lab0/lab0.ipynb", bomb)
+    assert (root / "mallory.zip").stat().st_size < len(bomb) / 100
+    _write(root / "big" / "lab0.ipynb", NB[:-1] + ', "x": "' + "y" * 200_000 + '"}')
+    with zipfile.ZipFile(root / "dup.zip", "w") as zf:
+        zf.writestr("lab0/lab0.ipynb", NB)
+        zf.writestr("lab0/lab0.ipynb", NB.replace('"cells": []', '"cells": [], "other": 1'))
+    read, loads = [], json.loads
+    monkeypatch.setattr(intake.json, "loads", lambda text, *a, **k: read.append(len(text)) or loads(text, *a, **k))
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    assert _found(subs) == [("ok", "lab0")]
+    text = "\n".join(f"{p.student}: {p.where}: {p.message}" for p in problems)
+    assert "mallory: " in text and "values (the limit is" in text, text
+    assert "big: " in text and "too large to grade" in text, text
+    assert "dup: " in text and "2 files named 'lab0/lab0.ipynb'; none of them was unpacked" in text, text
+    assert max(read) < 1000  # neither large notebook was parsed

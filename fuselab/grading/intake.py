@@ -33,6 +33,11 @@ from pathlib import Path
 MAX_UNZIPPED_BYTES = 500 * 2**20  # a class's notebooks are a few MB each; more is a zip bomb or a mistake
 MAX_ZIP_MEMBERS = 20_000
 MAX_JSON_DEPTH = 200  # a notebook is a few levels deep, its outputs' JSON a few dozen; more is an attack
+# Parsing JSON costs memory per value, not per byte: 450 MB of "[]," is 150 million lists, ~10 GB in Python. A
+# notebook is read only below both limits, so that one file cannot take the grader's memory (a few MB and some
+# thousands of values are usual; outputs with plots or long logs stay far below).
+MAX_NOTEBOOK_BYTES = 100 * 2**20
+MAX_JSON_VALUES = 5_000_000
 _IGNORED = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store")
 _CANVAS = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?\d+_\d+_(?P<rest>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_\w*?_?$")
@@ -105,8 +110,17 @@ def safe_extract(archive: Path, target: Path) -> list:
             if total > MAX_UNZIPPED_BYTES:
                 return [f"{archive.name}: unpacks to {total / 2**20:.0f} MB (limit {MAX_UNZIPPED_BYTES >> 20} MB); "
                         "not unpacked"]
+            counts: dict = {}
+            for member in members:
+                counts[member.filename] = counts.get(member.filename, 0) + 1
+            duplicated = {name for name, count in counts.items() if count > 1}
+            for name in sorted(duplicated):  # which copy is the student's cannot be told: neither is graded
+                problems.append(f"{archive.name}: {counts[name]} files named {name!r}; none of them was unpacked "
+                                "(keep one)")
             for member in members:
                 name = member.filename
+                if name in duplicated:
+                    continue
                 if name.startswith("/") or ".." in Path(name).parts or ":" in Path(name).parts[0]:
                     problems.append(f"{archive.name}: skipped unsafe path {name!r}")
                     continue
@@ -131,11 +145,22 @@ def check_notebook(path: Path) -> str | None:
     """Why ``path`` is not a gradable notebook, or None. A notebook accepted here can be read by every later step
     (its cells are objects, their sources text, their metadata objects)."""
     try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            return (f"too large to grade ({size / 2**20:.1f} MB; the limit is {MAX_NOTEBOOK_BYTES / 2**20:g} MB): "
+                    "clear the outputs (Kernel > Restart Kernel and Clear Outputs) and submit again")
+        data = path.read_bytes()
+        values = data.count(b",") + data.count(b"[") + data.count(b"{") + 1  # at least as many as JSON holds
+        if values > MAX_JSON_VALUES:
+            return (f"not a notebook that can be graded: its JSON would hold up to {values:,} values (the limit is "
+                    f"{MAX_JSON_VALUES:,}); clear the outputs and submit again")
+        nb = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         return f"not a valid notebook (JSON: {exc})"
     except RecursionError:
         return "not a valid notebook (JSON nested too deeply)"
+    except MemoryError:
+        return "too large to read in the grader's memory: clear the outputs and submit again"
     except OSError as exc:
         return f"cannot read it ({exc})"
     if _depth(nb) > MAX_JSON_DEPTH:
@@ -270,6 +295,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
 
     found: dict = {}
     raw_owners: dict = {}   # student id → the folder/file names it came from (two names, one id: refused)
+    on_disk: dict = {}      # student id → the first folder or file of theirs, by its name on disk
     for relative in _files(root):
         path = root / relative
         owner, below = _owner(relative)
@@ -289,6 +315,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
             owner, below = path.stem, Path()
         if owner is not None:
             raw_owners.setdefault(student_id(owner), set()).add(owner)
+            on_disk.setdefault(student_id(owner), relative.parts[0])  # as named there (an LMS folder in full)
         if path.suffix.lower() not in (".ipynb", ".zip"):
             continue
         if owner is None:
@@ -331,8 +358,8 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
         if students and student not in students:
             continue
         if len(raw_owners[student]) == 1 and not any(p.student == student for p in problems):
-            problems.append(Problem(printable(next(iter(raw_owners[student]))), "no notebook found",
-                                    student=student))
+            problems.append(Problem(printable(on_disk.get(student, next(iter(raw_owners[student])))),
+                                    "no notebook found", student=student))
 
     submissions = []
     for student, notebooks in sorted(found.items()):
