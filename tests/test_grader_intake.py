@@ -202,3 +202,16 @@ def test_a_notebook_too_large_to_parse_and_duplicate_zip_members_are_listed_not_
     assert "big: " in text and "too large to grade" in text, text
     assert "dup: " in text and "2 files named 'lab0/lab0.ipynb'; none of them was unpacked" in text, text
     assert max(read) < 1000  # neither large notebook was parsed
+
+
+def test_a_student_id_never_reads_as_an_option(tmp_path):
+    """A folder named `--force` or `-rf` is a student, and nbgrader's command line must not take it for an option:
+    ids never start with '-'; one that then equals another student's is refused like any two names of one id."""
+    assert [intake.student_id(n) for n in ("--force", "-rf", "-.-x", "a-b-")] == ["force", "rf", "x", "a-b-"]
+    root = tmp_path / "in"
+    _write(root / "--force" / "lab0.ipynb")
+    _write(root / "-rf" / "lab0.ipynb")
+    _write(root / "rf" / "lab0.ipynb")
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    assert _found(subs) == [("force", "lab0")]
+    assert any("-rf" in p.where and "rf" in p.where and "become student id 'rf'" in p.message for p in problems)

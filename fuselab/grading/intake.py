@@ -74,8 +74,9 @@ class Problem:
 
 
 def student_id(raw: str) -> str:
-    """An nbgrader-safe student id: letters, digits, ``_ . -``; case kept."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", raw.strip()).strip("._")
+    """An nbgrader-safe student id: letters, digits, ``_ . -``; case kept. Never starting with ``-``: nbgrader's
+    command line would read ``--force`` or ``-rf`` as an option, and its run of that student would be lost."""
+    cleaned = re.sub(r"^[-._]+|[._]+$", "", re.sub(r"[^A-Za-z0-9_.-]+", "_", raw.strip()))
     return cleaned or "unnamed"
 
 
