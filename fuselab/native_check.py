@@ -10,8 +10,10 @@ for the checker) checks:
   CPU emulation, what its own runtime uses (OpenMP, its fibers' ``mmap``). No Python C API, no
   ``dlsym``/``dlopen``, no ``syscall``, no file, process or socket functions;
 - the source holds no ``__attribute__((constructor))``/``destructor``, ``init_priority``, ``section``
-  attributes, ``asm`` (host or device: PTX too), ``dlfcn.h``/``Python.h``, ``/proc`` or ``syscall``: code that
-  runs at load time or reaches past the symbol table.
+  attributes (in any spelling GCC accepts), ``asm`` (host or device: PTX too), ``dlfcn.h``/``Python.h``,
+  ``/proc`` or ``syscall``: code that asks to run at load time or reaches past the symbol table. A C++ static
+  initialiser (``static int x = f();``) also runs at load time and is not refused: it can call only what the
+  symbol list allows, and it runs in the kernel worker, where no verdict is computed.
 
 A library that fails is never loaded: its module's launchers raise ``NativeCodeRefused`` saying why, so every
 test that uses it scores 0 with that message, and the grader's report flags it.
@@ -62,7 +64,9 @@ CUDA_PREFIXES = ("__cuda", "cuda")
 CUDA_REFUSED_PREFIXES = ("cudaIpc", "cudaHostRegister", "cudaHostGetDevicePointer", "cudaProfiler")
 
 SOURCE_RULES = [
-    (re.compile(r"\b(constructor|destructor|init_priority)\b"), "a function that runs when the library loads "
+    # any spelling GCC accepts: constructor, __constructor__, init_priority, __init_priority__
+    (re.compile(r"(?<![A-Za-z0-9_])_*(constructor|destructor|init_priority)_*(?![A-Za-z0-9_])"),
+     "a function that runs when the library loads "
      "(constructor/destructor/init_priority attributes)"),
     (re.compile(r"__attribute__\s*\(\(\s*section\b|\.init_array|\.fini_array|\.ctors\b"),
      "code placed in a load-time section"),

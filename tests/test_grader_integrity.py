@@ -371,6 +371,9 @@ def test_a_library_that_calls_the_loader_or_runs_at_load_time_is_never_loaded(mo
     assert torch.equal(out, 2 * x)
     for source, why in [(PASTED + KERNEL, "dlsym"),
                         ("__attribute__((constructor)) static void boom() {}\n" + KERNEL, "runs when the library"),
+                        ("__attribute__((__constructor__)) static void boom() {}\n" + KERNEL, "runs when the library"),
+                        ("__attribute__ ((__destructor__(101))) static void boom() {}\n" + KERNEL, "runs when"),
+                        ("struct S {}; S s __attribute__((__init_priority__(200)));\n" + KERNEL, "runs when"),
                         ('#include <cstdlib>\nstatic int ran = system("true");\n' + KERNEL, "system")]:
         mod = fuselab.build(source, [LAUNCHER], name="scale_bad", backend="emulate")
         assert isinstance(mod, native_check.RefusedModule)
