@@ -524,3 +524,25 @@ def test_a_fold_without_eps_fails_at_the_default_eps_and_says_eps_is_left_out():
                     check(fold, [case], seed=seed)
                 said = str(raised.value)
                 assert "eps is left out: the scale is 1/sqrt(var), not 1/sqrt(var + eps)" in said, (case["name"], said)
+
+
+# ------------------------------------------------------------------------------------------ reads past an input
+def test_a_read_past_the_end_of_an_input_fails_every_time_with_the_nan_hint():
+    """Lab 3's A tile loaded without `k0 + tx < K`: the value read past a row (or past A) is multiplied by a zero
+    of the B tile, so with whatever memory lies there the case passed or failed by chance (a hidden result that
+    changed from run to run). Inputs sit between NaN bands in every check: NaN * 0 is NaN, and the read shows."""
+    from fuselab.labs import lab3
+    good = "a_tile[ty][tx] = (row < M && k0 + tx < K) ? a[(int64_t)row * K + k0 + tx] : 0.0f;"
+    text = _lab_source("lab3", "FUSED_SOURCE")
+    assert good in text
+    mod = fuselab.build(text.replace(good, "a_tile[ty][tx] = (row < M) ? a[(int64_t)row * K + k0 + tx] : 0.0f;"),
+                        [lab3.FUSED_F32], name="msg_read_past_a", backend="emulate")
+    make = lambda s, seed: lab3.make_inputs(s, seed)  # noqa: E731
+    seeds = (random.Random(17).randint(0, 99),)
+    for _ in range(2):  # the same verdict each time
+        result = fuselab.check(lab3.fused(mod), lab3.reference, make, lab3.SMALL_SHAPES, seeds=seeds, verbose=False,
+                               raise_on_fail=False)
+        assert not result.passed
+        assert "an input read out of bounds (the tests put NaN just before and after every input" in result.report()
+    right = fuselab.build(text, [lab3.FUSED_F32], name="msg_read_past_a_right", backend="emulate")
+    fuselab.check(lab3.fused(right), lab3.reference, make, lab3.SMALL_SHAPES, seeds=seeds, verbose=False)

@@ -8,7 +8,7 @@ from ..native_check import NativeCodeRefused
 from .outputs import compare
 from .errors import CheckFailed
 from .formatting import format_index, format_value, plural
-from .poison import GuardedOutput, bits_differ
+from .poison import GuardedOutput, bits_differ, guarded_input
 from .reference import run_reference
 from .report import CaseResult, CheckResult
 
@@ -109,6 +109,7 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
     input_names, output_names = _argument_names(candidate, len(inputs), len(expected), outputs)
     case = CaseResult(name=name, shape=shape, seed=seed, hint=_case_hint(shape))
 
+    inputs = tuple(guarded_input(item) for item in inputs)  # NaN around each input: reads past it show
     originals = {i: item.clone() for i, item in enumerate(inputs) if isinstance(item, torch.Tensor)}
     guarded = [GuardedOutput(out_shape, dtype, device) for out_shape, dtype in specs] if outputs == "write" else []
     try:

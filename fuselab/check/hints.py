@@ -124,7 +124,8 @@ def _nan(ev: Evidence) -> str:
         return ""
     return (
         "NaN (not-a-number) values: a 0/0, a sqrt or log of a negative number, or a read of memory nobody wrote "
-        "(shared memory read before `__syncthreads()`, an input read out of bounds)."
+        "(shared memory read before `__syncthreads()`), or an input read out of bounds (the tests put NaN just "
+        "before and after every input, so a read past its end shows even where it is multiplied by 0)."
     )
 
 

@@ -119,6 +119,22 @@ class GuardDamage:
         return "; ".join(parts) + ": out-of-bounds writes (a missing `if (i < n)` bounds check?)"
 
 
+def guarded_input(value):
+    """A floating, contiguous input tensor copied into the middle of a buffer whose bands on both sides hold NaN:
+    a kernel that reads past the end (or before the start) of an input then computes NaN, which the comparison
+    catches, instead of whatever memory lay there (a value multiplied by a zero of the other input, say, which made
+    such a read pass or fail by chance). Anything else is returned as it is."""
+    if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.is_contiguous()
+            and value.numel() > 0 and not value.requires_grad):
+        return value
+    numel = value.numel()
+    guard = guard_size(numel)
+    buffer = torch.full((numel + 2 * guard,), float("nan"), dtype=value.dtype, device=value.device)
+    view = buffer[guard: guard + numel].view(value.shape)
+    view.copy_(value)
+    return view
+
+
 class GuardedOutput:
     """One output tensor living inside a poisoned buffer with guard bands on both sides."""
 
