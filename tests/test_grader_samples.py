@@ -2,7 +2,8 @@
 are "not measured (no GPU)", feedback hides the hidden tests, the gradebook holds the final scores, a second run
 resumes instead of regrading, and the course's own folders are untouched.
 
-What CI grades: every Lab 0 sample, the "correct" sample of every other lab, and the samples that prove the clean
+What CI grades: every Lab 0 sample but those that differ only on a GPU (`samplecheck.GPU_ONLY`), the "correct"
+sample of every other lab, and the samples that prove the clean
 recheck's isolation boundary outside Lab 0 (`samplecheck.CI_SAMPLES`: a lying int, honest fold idioms, a network
 "folded" into functional batch norms); the labs' other samples run on the GPU self-check, where time is cheaper
 than on CI's two cores.
