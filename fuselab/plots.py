@@ -55,8 +55,8 @@ def plot_dataflow(stages, inputs_per_stage, title, outputs=None, ax=None):
     return ax
 
 
-def plot_bytes(named_bytes: dict, ax=None, unit=2**20, unit_name="MiB"):
-    """Bars of bytes moved per version."""
+def plot_bytes(named_bytes: dict, ax=None, unit=1e6, unit_name="MB"):
+    """Bars of bytes moved per version, in MB as the labs' text gives tensor sizes (caches are in MiB)."""
     ax = _axes(ax, size=(5, 3))
     names = list(named_bytes)
     values = [named_bytes[n] / unit for n in names]
