@@ -546,3 +546,33 @@ def test_a_read_past_the_end_of_an_input_fails_every_time_with_the_nan_hint():
         assert "an input read out of bounds (the tests put NaN just before and after every input" in result.report()
     right = fuselab.build(text, [lab3.FUSED_F32], name="msg_read_past_a_right", backend="emulate")
     fuselab.check(lab3.fused(right), lab3.reference, make, lab3.SMALL_SHAPES, seeds=seeds, verbose=False)
+
+
+# ------------------------------------------------------------------------------------------ hints on tiny cases
+def test_a_bug_that_only_some_cases_show_is_named_by_what_sets_them_apart_not_by_the_tiny_first_case():
+    """Lab 1's depthwise kernel that ignores the bias: the first failing case is a 1×1 output that the ReLU makes 0,
+    which read as "the kernel stores zeros (integer division?)"; the telling fact is that every case with
+    bias=True fails and every case with bias=False passes. Patterns need enough elements to mean something."""
+    from fuselab.labs import lab1
+    text = _lab_source("lab1", "DEPTHWISE_SOURCE")
+    assert "float acc = bias ? bias[c] : 0.0f;" in text
+    mod = fuselab.build(text.replace("float acc = bias ? bias[c] : 0.0f;", "float acc = 0.0f;"),
+                        lab1.SOLUTION_SOURCES["DEPTHWISE_SOURCE"], name="msg_bias_ignored", backend="emulate")
+    result = fuselab.check(lab1.depthwise_fused(mod), lab1.depthwise_reference, lab1.make_depthwise_inputs,
+                           lab1.SMALL_DEPTHWISE_CASES, seeds=(random.Random(18).randint(0, 99),), verbose=False,
+                           raise_on_fail=False)
+    report = result.report()
+    assert not result.passed
+    assert "every case with bias=True fails, and every case with bias=False passes" in report, report
+    assert "the kernel stores zeros" not in report and "integer division" not in report, report
+
+
+def test_a_3x3_output_is_too_small_to_blame_its_border():
+    """8 of a 3×3 output's 9 elements are border: a missing ReLU there is no padding bug."""
+    from fuselab.check.hints import Evidence, hint_for
+    expected = torch.tensor([[[-1.0, 2.0, -3.0], [4.0, 5.0, -6.0], [7.0, -8.0, 9.0]]], dtype=torch.float64)
+    got = expected.clone()
+    expected = expected.clamp(min=0)  # the ReLU the kernel forgot; the centre (5) is right either way
+    bad = (got - expected).abs() > 0
+    hint = hint_for(Evidence(got, expected, bad, torch.zeros_like(bad), torch.zeros_like(got), "y", torch.float32))
+    assert "border" not in hint and "ReLU" in hint, hint

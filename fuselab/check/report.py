@@ -123,6 +123,9 @@ class CheckResult:
             return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
+        separated = _separating_field(self.cases)
+        if separated:
+            parts.append(separated)
         errors = {case.error for case in failures}
         if len(failures) > 1 and len(errors) == 1 and None not in errors:
             # the same exception in every failing case (a launch error, a wrong argument): said once
@@ -175,3 +178,32 @@ def _first_line(text: str) -> str:
 
 
 __all__ = ["CaseResult", "CheckResult", "OutputComparison"]
+
+
+def _fields(shape) -> dict:
+    """A case's named fields (a named tuple's, a dict's), or {} for a bare tuple."""
+    if isinstance(shape, dict):
+        return dict(shape)
+    names = getattr(type(shape), "_fields", None)
+    return dict(zip(names, shape)) if names else {}
+
+
+def _separating_field(cases) -> str:
+    """One sentence where a flag or a choice of the cases (``bias=True``, ``act='leaky_relu'``) tells every failing
+    case from every passing one: the tiny cases shown first may hide it, and it points at the bug (the bias
+    ignored, the slope of LeakyReLU). Only bool and str fields, and at least two cases on each side, so that a
+    size that happens to differ is never offered as the cause."""
+    failing = [_fields(c.shape) for c in cases if not c.passed]
+    # a case with nothing to compute (an empty batch) passes whatever the code does with its flags
+    passing = [_fields(c.shape) for c in cases if c.passed and any(o.numel for o in c.comparisons)]
+    if len(failing) < 2 or len(passing) < 2 or not failing[0]:
+        return ""
+    for name, value in failing[0].items():
+        if not isinstance(value, (bool, str)):
+            continue
+        if all(f.get(name) == value for f in failing) and all(p.get(name) != value for p in passing):
+            others = sorted({repr(p.get(name)) for p in passing})
+            return (f"every case with {name}={value!r} fails, and every case with {name}={' or '.join(others)} "
+                    f"passes: look at what your code does with {name}.")
+    return ""
+
