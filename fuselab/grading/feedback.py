@@ -7,9 +7,9 @@ The page has two sources, and nothing else reaches it:
    (``labs/<lab>/<lab>.ipynb``, which ``nbgrader generate_assignment`` wrote without the hidden tests), whatever
    the submission holds in their place;
 2. the **grader's verdicts** (``result.json``, from the clean recheck): points, status, a bounded message, the
-   speed records' numbers, the flags and notes of that submission, whether the notebook run's score of a test
-   disagreed (in fixed words: never the notebook run's numbers, which the student's code can set), and the
-   written answers' scores and comments a teaching assistant entered in formgrader.
+   speed records' numbers, the flags and notes of that submission, whether the notebook run scored anything
+   differently (one fixed sentence a page: never the notebook run's numbers, nor which tests, which the student's
+   code can choose), and the written answers' scores and comments a teaching assistant entered in formgrader.
 
 Nothing printed while the grader ran the student's code (nbgrader's autograded notebook, the kernel's output,
 the clean recheck's stdout) is read. That is what keeps the hidden tests and the grading machine's files and
@@ -19,7 +19,7 @@ does reach the page is a failed test's message (an exception's type and message,
 own values): it is cut short, and lines of it that quote a hidden test or a value of the grader's environment
 are replaced, as a second line of defence.
 
-Every flag, disagreement and note of the submission is said on the page, next to the test it concerns (a flag on
+Every flag and note of the submission is said on the page, next to the test it concerns (a flag on
 a solution cell next to the tests that use what that cell defines). A notebook that cannot be read or rendered
 (not JSON, not UTF-8, any JSON shape, huge outputs) still gets a page with the verdicts and a line saying what
 could not be shown; building feedback never raises.
@@ -420,8 +420,6 @@ def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> 
         flags = verdicts.flags_for_test(grade_id)
         if flags:
             why.append(f"{len(flags)} note(s) from the grader about your code (see below)")
-        if grade_id in verdicts.disagreements:
-            why.append("your notebook's own run of it scored differently (see below)")
         speed = _speed_line(cell.get("speed"))
         if speed and status not in speed:
             why.append(speed)
@@ -464,8 +462,6 @@ def _verdict_html(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> str:
     if speed:
         parts.append(f"<div>{_e(speed)}</div>")
     parts += [_flag_html(c, f, grade_id) for c, f in verdicts.flags_for_test(grade_id)]
-    if verdicts.disagreements.get(grade_id):
-        parts.append(f"<div class='flag'>{_DISAGREED}</div>")
     comment = _dict(manual.get(grade_id)).get("comment")
     if isinstance(comment, str) and comment.strip():
         parts.append(f"<div class='flag'>Comment: {_e(clean_text(comment, 4000))}</div>")
@@ -473,15 +469,12 @@ def _verdict_html(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> str:
     return "".join(parts)
 
 
-# A disagreement is said in these words alone. Its numbers are the notebook run's scores, and that run executes the
-# student's code beside the hidden tests, with its gradebook writable: a score there can be any number the code
-# chose, a channel for what it read (a hidden test's text, six digits a cell). The teaching assistant's report
-# keeps the numbers.
-_DISAGREED = ("Your notebook's own run of this test scored differently from the grader's clean rerun. Only the "
-              "clean rerun counts: it runs what your solution cells define, apart from the rest of your notebook's "
-              "code.")
-_DISAGREED_ELSEWHERE = ("Your notebook's own run scored differently from the grader's clean rerun. Only the clean "
-                        "rerun counts.")
+# A disagreement is said once a page, in these words alone. The notebook run executes the student's code beside the
+# hidden tests, with its gradebook writable, so what it scored is the student's code's choice: its numbers were a
+# channel for what that code read (six digits of a hidden line a test), and which tests disagreed is one too (a bit
+# a test). Once a page, it is one bit a submission. The teaching assistant's report keeps the numbers and the tests.
+_DISAGREED = ("Your notebook's own run scored differently from the grader's clean rerun. Only the clean rerun "
+              "counts: it runs what your solution cells define, apart from the rest of your notebook's code.")
 
 
 def _grader_notes(verdicts: _Verdicts, release_problem: str) -> list:
@@ -495,7 +488,8 @@ def _grader_notes(verdicts: _Verdicts, release_problem: str) -> list:
             for text in texts:
                 parts.append(f"<li><code>{_e(cell_id)}</code>{_e(cost)}: {_e(_flat(text, MAX_NOTE_CHARS))}</li>")
         parts.append("</ul>")
-    general = verdicts.other_flags + ([_DISAGREED_ELSEWHERE] if verdicts.other_disagreements else [])
+    disagreed = bool(verdicts.other_disagreements) or any(verdicts.disagreements.values())
+    general = verdicts.other_flags + ([_DISAGREED] if disagreed else [])
     notes = verdicts.notes + ([release_problem] if release_problem else [])
     if general or notes:
         parts.append("<h2>Notes from the grader</h2><ul>")
