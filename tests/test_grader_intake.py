@@ -142,8 +142,8 @@ def test_hostile_names_members_links_and_json_are_listed_and_the_class_is_graded
         zf.writestr("lab1/lab1.ipynb", NB)
     _encrypted(root / "oscar.zip")
     with zipfile.ZipFile(root / "trudy.zip", "w") as zf:
-        zf.writestr("lab0", "a file here")
-        zf.writestr("lab0/lab0.ipynb", NB)  # and a folder of the same name
+        zf.writestr("lab0.ipynb", "a file here")
+        zf.writestr("lab0.ipynb/lab0.ipynb", NB)  # and a folder of the same name
     _write(root / "deep" / "lab0.ipynb", "[" * 100_000 + "]" * 100_000)
     _write(root / "shapes" / "lab0.ipynb", json.dumps({"nbformat": 4, "cells": [{"cell_type": "code",
                                                                                   "metadata": []}]}))
@@ -215,3 +215,34 @@ def test_a_student_id_never_reads_as_an_option(tmp_path):
     subs, problems = intake.collect(root, tmp_path / "staging", LABS)
     assert _found(subs) == [("force", "lab0")]
     assert any("-rf" in p.where and "rf" in p.where and "become student id 'rf'" in p.message for p in problems)
+
+
+def test_zips_inside_a_zip_write_only_notebooks_and_the_class_has_one_budget(tmp_path, monkeypatch):
+    """A class zip of student zips: each inner zip counts at its compressed size when the class zip is unpacked,
+    so a few MB of nested zips of zeros wrote gigabytes. Only notebooks (and the zips that hold them) are written,
+    a notebook too large to grade is never written, and all archives of one intake share one budget."""
+    import io
+    monkeypatch.setattr(intake, "MAX_CLASS_UNZIPPED_BYTES", 3_000_000)  # scaled down, like the class below
+    monkeypatch.setattr(intake, "MAX_NOTEBOOK_BYTES", 200_000)
+    root = tmp_path / "in"
+    root.mkdir()
+
+    def inner(padding_name, padding_bytes):
+        data = io.BytesIO()
+        with zipfile.ZipFile(data, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("lab0/lab0.ipynb", NB)
+            zf.writestr(padding_name, b"\0" * padding_bytes)
+        return data.getvalue()
+
+    with zipfile.ZipFile(root / "class.zip", "w") as zf:
+        zf.writestr("alice.zip", inner("zeros.bin", 2_000_000))     # not a notebook: never written
+        zf.writestr("bob.zip", inner("lab1/lab1.ipynb", 400_000))   # a notebook too large to grade
+        for n in range(3):                                           # together past the class's budget
+            zf.writestr(f"m{n}.zip", inner("lab1/big.ipynb", 900_000))
+    subs, problems = intake.collect(root / "class.zip", tmp_path / "staging", LABS)
+    written = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".zip")
+    text = "\n".join(f"{p.student}: {p.where}: {p.message}" for p in problems)
+    assert ("alice", "lab0") in _found(subs) and ("bob", "lab0") in _found(subs), text
+    assert "bob: " in text and "too large to grade" in text, text
+    assert "would pass what the whole class may unpack" in text, text
+    assert written < 3_000_000 + 100_000, written  # the zeros and the refused notebooks never reached the disk

@@ -38,6 +38,7 @@ MAX_JSON_DEPTH = 200  # a notebook is a few levels deep, its outputs' JSON a few
 # thousands of values are usual; outputs with plots or long logs stay far below).
 MAX_NOTEBOOK_BYTES = 100 * 2**20
 MAX_JSON_VALUES = 5_000_000
+MAX_CLASS_UNZIPPED_BYTES = 4 * 2**30  # all archives of one intake together (a class of 300 needs a few hundred MB)
 _IGNORED = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store")
 _CANVAS = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?\d+_\d+_(?P<rest>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_\w*?_?$")
@@ -99,18 +100,38 @@ def lab_of(path: Path, labs: dict) -> str | None:
     return None
 
 
-def safe_extract(archive: Path, target: Path) -> list:
-    """Unzip ``archive`` into ``target``; refuse absolute paths, ``..``, links and zip bombs. Returns problems."""
+@dataclass
+class UnpackBudget:
+    """What one intake may still write to disk from archives, over all of them: a zip inside a zip counts at its
+    compressed size when its parent is unpacked, so a per-archive limit alone lets a few MB of nested zips write
+    gigabytes."""
+    remaining: int = field(default_factory=lambda: MAX_CLASS_UNZIPPED_BYTES)
+
+
+def _wanted(name: str) -> bool:
+    """Members intake can use: notebooks, and zips that may hold them. Anything else is never written."""
+    return name.lower().endswith((".ipynb", ".zip"))
+
+
+def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None) -> list:
+    """Unzip the notebooks and zips of ``archive`` into ``target``; refuse absolute paths, ``..``, links, zip bombs
+    and notebooks too large to grade, within ``budget`` (one for the whole intake). Returns problems."""
     problems = []
+    budget = budget if budget is not None else UnpackBudget()
     try:
         with zipfile.ZipFile(archive) as zf:
             members = zf.infolist()
             if len(members) > MAX_ZIP_MEMBERS:
                 return [f"{archive.name}: {len(members)} files is too many for a submission; not unpacked"]
+            members = [m for m in members if _wanted(m.filename)]
             total = sum(m.file_size for m in members)
             if total > MAX_UNZIPPED_BYTES:
                 return [f"{archive.name}: unpacks to {total / 2**20:.0f} MB (limit {MAX_UNZIPPED_BYTES >> 20} MB); "
                         "not unpacked"]
+            if total > budget.remaining:
+                return [f"{archive.name}: unpacking it would pass what the whole class may unpack "
+                        f"({MAX_CLASS_UNZIPPED_BYTES >> 30} GB); not unpacked"]
+            budget.remaining -= total
             counts: dict = {}
             for member in members:
                 counts[member.filename] = counts.get(member.filename, 0) + 1
@@ -130,6 +151,11 @@ def safe_extract(archive: Path, target: Path) -> list:
                     continue
                 if member.flag_bits & 0x1:
                     problems.append(f"{archive.name}: skipped {name!r}: it is encrypted (password protected)")
+                    continue
+                if name.lower().endswith(".ipynb") and member.file_size > MAX_NOTEBOOK_BYTES:
+                    problems.append(f"{archive.name}: skipped {name!r}: too large to grade "
+                                    f"({member.file_size / 2**20:.1f} MB; the limit is "
+                                    f"{MAX_NOTEBOOK_BYTES / 2**20:g} MB): clear the outputs and submit again")
                     continue
                 try:
                     zf.extract(member, target)
@@ -285,11 +311,12 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     unpacked = staging.parent / (staging.name + "-unpacked")
     shutil.rmtree(unpacked, ignore_errors=True)
     problems: list = []
+    budget = UnpackBudget()
     if not source.exists():
         raise FileNotFoundError(f"no such folder or zip: {source}")
     if source.is_file():
         root = unpacked / "root"
-        problems += [Problem(str(source), p) for p in safe_extract(source, root)]
+        problems += [Problem(str(source), p) for p in safe_extract(source, root, budget)]
         root = _class_folder(root.resolve(), labs)
     else:
         root = source.resolve()
@@ -334,7 +361,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
             continue
         if path.suffix.lower() == ".zip":
             inner = unpacked / "zips" / student / f"{len(found.get(student, []))}-{path.stem}"[:100]
-            problems += [Problem(str(relative), p, student=student) for p in safe_extract(path, inner)]
+            problems += [Problem(str(relative), p, student=student) for p in safe_extract(path, inner, budget)]
             for nb_relative in _files(inner) if inner.exists() else []:
                 nb = inner / nb_relative
                 if nb.suffix.lower() != ".ipynb" or nb.is_symlink() or not nb.is_file():
