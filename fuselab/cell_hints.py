@@ -200,10 +200,14 @@ def student_traceback(error: BaseException) -> list:
             current, frames = chained, chained_frames
         return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__, tb_offset=0)
     except Exception:  # noqa: BLE001 - a shorter traceback must never cost the student the error itself
-        for exc, tb, cause, context, suppress in saved:
-            exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__ = tb, cause, context, suppress
+        _restore(saved)
         saved = []
         return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__)
     finally:
-        for exc, tb, cause, context, suppress in saved:
-            exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__ = tb, cause, context, suppress
+        _restore(saved)
+
+
+def _restore(saved) -> None:
+    """Put back the tracebacks and chains ``student_traceback`` trimmed for rendering."""
+    for exc, tb, cause, context, suppress in saved:
+        exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__ = tb, cause, context, suppress

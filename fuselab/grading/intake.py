@@ -153,9 +153,7 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                     problems.append(f"{archive.name}: skipped {name!r}: it is encrypted (password protected)")
                     continue
                 if name.lower().endswith(".ipynb") and member.file_size > MAX_NOTEBOOK_BYTES:
-                    problems.append(f"{archive.name}: skipped {name!r}: too large to grade "
-                                    f"({member.file_size / 2**20:.1f} MB; the limit is "
-                                    f"{MAX_NOTEBOOK_BYTES / 2**20:g} MB): clear the outputs and submit again")
+                    problems.append(f"{archive.name}: skipped {name!r}: {_too_large_to_grade(member.file_size)}")
                     continue
                 try:
                     zf.extract(member, target)
@@ -168,14 +166,18 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
     return problems
 
 
+def _too_large_to_grade(size: int) -> str:
+    return (f"too large to grade ({size / 2**20:.1f} MB; the limit is {MAX_NOTEBOOK_BYTES / 2**20:g} MB): clear the "
+            "outputs (Kernel > Restart Kernel and Clear Outputs) and submit again")
+
+
 def check_notebook(path: Path) -> str | None:
     """Why ``path`` is not a gradable notebook, or None. A notebook accepted here can be read by every later step
     (its cells are objects, their sources text, their metadata objects)."""
     try:
         size = path.stat().st_size
         if size > MAX_NOTEBOOK_BYTES:
-            return (f"too large to grade ({size / 2**20:.1f} MB; the limit is {MAX_NOTEBOOK_BYTES / 2**20:g} MB): "
-                    "clear the outputs (Kernel > Restart Kernel and Clear Outputs) and submit again")
+            return _too_large_to_grade(size)
         data = path.read_bytes()
         values = data.count(b",") + data.count(b"[") + data.count(b"{") + 1  # at least as many as JSON holds
         if values > MAX_JSON_VALUES:
