@@ -450,3 +450,66 @@ def test_the_pause_log_gives_the_pause_total_when_a_test_started():
     time.sleep(0.01)
     log.sample(131.0)  # a wait of 130 s ended after the test had started
     assert log.at(started) == 1.0 and log.at(time.time()) == 131.0
+
+
+
+KERNEL_WORKER_TIMING = """
+import io, os, pickle, sys
+from fuselab.grading import kernel_worker, wire
+from fuselab.speed import lease
+in_fd, out_fd, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+lease.ask_through(lambda: kernel_worker._lease_from_checker(in_fd, out_fd))
+while True:
+    try:
+        label, timings = pickle.load(io.BytesIO(wire.receive(in_fd)))
+    except EOFError:
+        break
+    seen = []
+    for _ in range(timings):  # each timing: did the checker hold the GPU while it ran?
+        with lease.exclusive_gpu():
+            seen.append(os.path.exists(marker))
+    wire.send(out_fd, wire.dump_tree(["ok", wire.encode([label, seen])]))
+"""
+
+
+def test_the_kernel_worker_holds_the_gpu_only_while_it_times_through_its_checker(tmp_path, monkeypatch):
+    # The kernel worker never talks to the grader: its timing asks its checker, which takes the grader's lease for
+    # it at the ask and gives it back after its own batches (the checks before a timing share the GPU). A second
+    # ask in one speed test, or an ask in a request that is no speed test, is refused: that timing runs unheld.
+    import contextlib
+    import os
+    from fuselab.grading import kernels, remote
+    marker = tmp_path / "held"
+    holds = []
+
+    @contextlib.contextmanager
+    def checker_lease():
+        marker.write_text("")
+        holds.append("taken")
+        try:
+            yield
+        finally:
+            marker.unlink()
+            holds.append("given back")
+    monkeypatch.setattr("fuselab.speed.lease.exclusive_gpu", checker_lease)
+    to_worker_r, to_worker_w = os.pipe()
+    from_worker_r, from_worker_w = os.pipe()
+    worker = subprocess.Popen([sys.executable, "-c", KERNEL_WORKER_TIMING, str(to_worker_r), str(from_worker_w),
+                               str(marker)], pass_fds=(to_worker_r, from_worker_w))
+    os.close(to_worker_r)
+    os.close(from_worker_w)
+    host = kernels.KernelHost.__new__(kernels.KernelHost)
+    host.process, host.holding = remote.SolutionProcess(to_worker_w, from_worker_r), False
+    try:
+        with contextlib.ExitStack() as hold:
+            assert host.process.result(host.request(("speed", 1), hold=hold)) == ["speed", [True]]
+            assert holds == ["taken"] and host.holding  # the checker's own batches follow in the same hold
+        assert holds == ["taken", "given back"] and not host.holding and not marker.exists()
+        with contextlib.ExitStack() as hold:  # asked twice: one hold, the second ask refused (and seen inside it)
+            assert host.process.result(host.request(("speed twice", 2), hold=hold)) == ["speed twice", [True, True]]
+        assert host.process.result(host.request(("cell", 1))) == ["cell", [False]]  # no hold offered: refused
+        assert holds == ["taken", "given back"] * 2
+    finally:
+        os.close(to_worker_w)
+        worker.wait(timeout=30)
+        os.close(from_worker_r)

@@ -16,11 +16,13 @@ Requests (pickles from the checker): ``("cell", label, source, values)``, ``("bu
 ``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s file), ``("thread_order", handle, order, seed)``,
 ``("speed", source, test_id)``, ``("speed_batch", calls)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
-or ``["raise", "fuselab", type, message]``.
+or ``["raise", "fuselab", type, message]``. In the middle of a request, a timing here asks for the GPU with
+``["lease"]`` and ends its hold with ``["released"]`` (``_lease_from_checker``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -142,8 +144,7 @@ class KernelWorker:
             return ["raise", "RuntimeError", "no timed call to repeat"]
         for _ in range(max(1, int(calls))):
             speed.graded.LAST_TIMED()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+        _synchronize()
         return ["ok", ["v", None]]
 
 
@@ -169,7 +170,30 @@ REQUESTS = {"cell": KernelWorker.cell, "build": KernelWorker.build, "launch": Ke
             "speed_batch": KernelWorker.speed_batch}
 
 
+@contextlib.contextmanager
+def _lease_from_checker(in_fd: int, out_fd: int):
+    """A timing's ``exclusive_gpu`` here: the checker holds the grader's lease while it runs (``kernels.KernelHost
+    .request``), so that only the timing stops the other submissions. Asked in the middle of a request: the
+    checker answers ``("granted",)`` or ``("refused",)``, and waits for ``["released"]`` after a grant."""
+    _synchronize()  # work queued before the block is not the timing's
+    wire.send(out_fd, wire.dump_tree(["lease"]))
+    granted = pickle.load(io.BytesIO(wire.receive(in_fd))) == ("granted",)
+    try:
+        yield
+    finally:
+        if granted:
+            _synchronize()
+            wire.send(out_fd, wire.dump_tree(["released"]))
+
+
+def _synchronize():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def main(in_fd: int, out_fd: int) -> int:
+    from ..speed import lease
+    lease.ask_through(lambda: _lease_from_checker(in_fd, out_fd))
     worker = KernelWorker()
     while True:
         try:

@@ -23,6 +23,7 @@ here), plus ``WALL_TOLERANCE``. Without that bound there are no points.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import time
@@ -63,12 +64,28 @@ class KernelHost:
         self.poisoned = False        # a launch left the worker's CUDA context unusable
         self.current_source = ""     # the cell the checker is running (a speed test runs it in the worker)
         self.launches = 0
+        self.holding = False         # the grader's lease, taken for the worker's timing (``request``)
         # launchers whose host code wrote kernel memory outside a kernel (emulation): the cell that launched
         # them fails, and is flagged, even if it caught the error
         self.host_writes: list = []
 
-    def request(self, message):
+    def request(self, message, hold=None):
+        """Send ``message``; its reply. On the way the worker may ask for the GPU to itself (its timing's
+        ``exclusive_gpu``): with ``hold`` (a ``contextlib.ExitStack``) its first ask takes the grader's lease into
+        it, held until the caller closes it (the checker's own batches follow the worker's timing in the same
+        hold: one settling of the GPU, not two); any other ask is refused, and the worker times without it."""
         reply = self.process.request(message)
+        while _is(reply, "lease"):
+            if hold is None or self.holding:
+                reply = self.process.request(("refused",))
+                continue
+            from ..speed.lease import exclusive_gpu
+            hold.enter_context(exclusive_gpu())
+            hold.callback(setattr, self, "holding", False)
+            self.holding = True
+            reply = self.process.request(("granted",))
+            if _is(reply, "released"):
+                reply = self.process.receive()
         if type(reply) is list and len(reply) == 4 and reply[0] == "raise" and reply[1] == "fuselab":
             raise _kernel_error(reply[2], reply[3])
         return reply
@@ -127,11 +144,13 @@ class KernelHost:
 
     def measure_speedup(self, test_id, max_points, checker_side: dict, input_sets: int) -> dict:
         """A speed test: run in the kernel worker, bounded by what the checker's own clock saw (``SpeedCheck``)."""
-        from ..speed.lease import exclusive_gpu
-        with exclusive_gpu():  # the kernel worker is this checker's companion: it runs while others are stopped
-            reply = self.request(("speed", self.current_source, test_id))
-            worker_record = _record(self.process.result(reply))
-            return SpeedCheck(self, worker_record, checker_side, input_sets).verdict(test_id, max_points)
+        # The GPU is the speed test's alone from the worker's timing to the end of the checker's batches: the input
+        # sets, references and checks before them share it with the other submissions.
+        check = SpeedCheck(self, checker_side, input_sets)
+        check.prepare()
+        with contextlib.ExitStack() as hold:
+            reply = self.request(("speed", self.current_source, test_id), hold=hold)
+            return check.verdict(test_id, max_points, _record(self.process.result(reply)))
 
 
 class WorkerModule:
@@ -208,6 +227,11 @@ def _pack(args, kwargs):
     return storages, packed_args, packed_kwargs
 
 
+def _is(reply, word: str) -> bool:
+    """Whether the worker's ``reply`` is the one-word message ``word`` (plain types only: nothing of its own runs)."""
+    return type(reply) is list and len(reply) == 1 and type(reply[0]) is str and reply[0] == word
+
+
 def _kernel_error(name, message):
     """fuselab's own error type, made with the worker's message alone (whatever its constructor's arguments)."""
     from .. import errors
@@ -246,12 +270,33 @@ def _record(value) -> dict:
 class SpeedCheck:
     """What the checker verifies of a speed the worker measured: its own clock, from outside, over a batch."""
 
-    def __init__(self, host: KernelHost, worker_record: dict, checker_side: dict, input_sets: int):
-        self.host, self.worker, self.side, self.input_sets = host, worker_record, checker_side, input_sets
+    def __init__(self, host: KernelHost, checker_side: dict, input_sets: int):
+        self.host, self.side, self.input_sets = host, checker_side, input_sets
+        self.sets = self.outs = None
+        self.prepared = False
 
-    def verdict(self, test_id, max_points) -> dict:
+    def prepare(self) -> None:
+        """The checker's input sets and outputs at the policy's shape, and its reference warmed, before anything
+        holds the GPU (idempotent)."""
+        if self.prepared:
+            return
+        self.prepared = True
+        reference_op, make_inputs = self.side.get("reference_op"), self.side.get("make_inputs")
+        if reference_op is None or make_inputs is None:
+            return
+        shape = tuple(self.side["shape"])  # the policy's, never a shape the worker names
+        sets = [make_inputs(shape, seed=1000 + k) for k in range(self.input_sets)]
+        expected = self.side["reference"](*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
+        self.sets, self.outs = sets, [torch.empty(expected, device=sets[0][0].device, dtype=sets[0][0].dtype)
+                                      for _ in sets]
+        before = self.host.launches
+        self._reference_batch(len(sets))  # warm, and: is the reference this process's own?
+        if self.host.launches != before:
+            self.sets = None  # the reference was not built in the shared builds: it runs in the worker too
+
+    def verdict(self, test_id, max_points, worker_record: dict) -> dict:
         from .. import timing
-        record = dict(self.worker, test=test_id, max_points=max_points, points=0.0, mode=self.side["mode"],
+        record = dict(worker_record, test=test_id, max_points=max_points, points=0.0, mode=self.side["mode"],
                       shape=list(self.side["shape"]), threshold=float(self.side["threshold"]),
                       gpu=self.side.get("gpu"))
         if self.side.get("policy_note"):
@@ -281,32 +326,27 @@ class SpeedCheck:
         record["points"] = timing.speedup_points(speedup, record["threshold"], max_points)
         return record
 
-    def wall_speedup(self, record):
-        """The reference's batch time here over the student's batch time in the worker, both by this clock."""
-        reference_op, make_inputs = self.side.get("reference_op"), self.side.get("make_inputs")
-        if reference_op is None or make_inputs is None:
-            return None
-        shape = tuple(self.side["shape"])  # the policy's, never a shape the worker names
-        sets = [make_inputs(shape, seed=1000 + k) for k in range(self.input_sets)]
-        expected = self.side["reference"](*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
-        outs = [torch.empty(expected, device=sets[0][0].device, dtype=sets[0][0].dtype) for _ in sets]
-
-        def reference_batch(count):
-            started = time.perf_counter()
-            for k in range(count):
-                reference_op(*sets[k % len(sets)], outs[k % len(sets)])
-            _synchronize()
-            return time.perf_counter() - started
-        before = self.host.launches
-        reference_batch(len(sets))  # warm, and: is the reference this process's own?
-        if self.host.launches != before:
-            return None  # the reference was not built in the shared builds: it runs in the worker too
-        # as many calls on each side, sized by this clock (never by a number the worker sent)
-        per_call = reference_batch(len(sets)) / len(sets)
-        calls = min(MAX_WALL_CALLS, max(len(sets), int(WALL_BATCH_S / max(per_call, 1e-7))))
-        reference_wall = reference_batch(calls) / calls
+    def _reference_batch(self, count):
         started = time.perf_counter()
-        self.host.process.result(self.host.request(("speed_batch", calls)))
-        student_wall = (time.perf_counter() - started) / calls
+        for k in range(count):
+            self.side["reference_op"](*self.sets[k % len(self.sets)], self.outs[k % len(self.outs)])
+        _synchronize()
+        return time.perf_counter() - started
+
+    def wall_speedup(self, record):
+        """The reference's batch time here over the student's batch time in the worker, both by this clock, with
+        the GPU to themselves (held since the worker's timing, or taken now)."""
+        self.prepare()
+        if self.sets is None:
+            return None
+        from ..speed.lease import exclusive_gpu
+        with contextlib.nullcontext() if self.host.holding else exclusive_gpu():
+            # as many calls on each side, sized by this clock (never by a number the worker sent)
+            per_call = self._reference_batch(len(self.sets)) / len(self.sets)
+            calls = min(MAX_WALL_CALLS, max(len(self.sets), int(WALL_BATCH_S / max(per_call, 1e-7))))
+            reference_wall = self._reference_batch(calls) / calls
+            started = time.perf_counter()
+            self.host.process.result(self.host.request(("speed_batch", calls)))
+            student_wall = (time.perf_counter() - started) / calls
         record.update(reference_wall_s=reference_wall, student_wall_s=student_wall)
         return reference_wall / student_wall if student_wall > 0 else None

@@ -40,11 +40,23 @@ class SolutionProcess:
         _Pickler(buffer).dump(message)
         try:
             wire.send(self.to_worker, buffer.getvalue())
+        except (BrokenPipeError, OSError) as exc:
+            self._went(exc)
+        return self.receive()
+
+    def receive(self):
+        """The worker's next message (a request's reply, or a message it sends in the middle of one)."""
+        if self.gone:
+            raise SolutionProcessGone(self.gone)
+        try:
             blob = wire.receive(self.from_worker)
-        except (EOFError, BrokenPipeError, OSError) as exc:
-            self.gone = f"{self.GONE}: {type(exc).__name__}"
-            raise SolutionProcessGone(self.gone) from None
+        except (EOFError, OSError) as exc:
+            self._went(exc)
         return wire.load_tree(blob)
+
+    def _went(self, exc):
+        self.gone = f"{self.GONE}: {type(exc).__name__}"
+        raise SolutionProcessGone(self.gone) from None
 
     def handle(self, number, kind):
         if number < 0:  # one of the call's own arguments, returned
