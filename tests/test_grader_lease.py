@@ -513,3 +513,53 @@ def test_the_kernel_worker_holds_the_gpu_only_while_it_times_through_its_checker
         os.close(to_worker_w)
         worker.wait(timeout=30)
         os.close(from_worker_r)
+
+
+SLOT_USER = """
+import os, sys, time
+from fuselab.speed.lease import speed_test_slot
+with speed_test_slot():
+    started = time.time()
+    if sys.argv[2] == "dies":
+        os._exit(1)  # killed inside its speed test: never says it is done
+    time.sleep(0.6)
+open(sys.argv[1], "w").write(repr([started, time.time()]))
+"""
+
+
+@pytest.mark.parametrize("slots, dies", [(2, False), (1, True)])
+def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_slots(tmp_path, slots, dies):
+    # Speed tests at GPU size, in every submission sharing the GPU at once, ran it out of memory (every Lab 0 speed
+    # test of the first round failed at 10 sharing an H200). They take slots: the GPU stays shared, at most
+    # `slots` of them at once, and a child that dies in its speed test gives its slot back.
+    import os
+    import threading
+    shared = lease.DeviceLease("0", speed_slots=slots)
+    servers, reports = [], []
+    for k in range(3):
+        folder = tmp_path / f"submission{k}"
+        folder.mkdir()
+        reports.append(folder / "span")
+        env = dict(os.environ, FUSELAB_GPU_LEASE=str(folder), FUSELAB_GPU_LEASE_TAG=f"t{k}")
+        child = isolate.Child([sys.executable, "-c", SLOT_USER, str(reports[-1]), "dies" if dies and k == 0 else ""],
+                              limits=_limits(), env=env, registry=shared)
+        servers.append(lease.LeaseServer(shared, folder, child, f"t{k}"))
+
+    def serve(server):  # as each submission's recheck loop does, in a thread of its own
+        while server.child.alive():
+            server.poll()
+            time.sleep(0.01)
+        server.close()
+    threads = [threading.Thread(target=serve, args=(server,)) for server in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    spans = [eval(r.read_text()) for r in reports if r.exists()]  # noqa: S307 - our own child's repr
+    assert len(spans) == (2 if dies else 3)
+    most_at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert most_at_once == (1 if dies else 2)
+    assert all(not list(s.folder.glob("slot-*")) for s in servers), "slot files left behind"
+    # every slot came back, the dead child's too
+    assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))
+    assert not shared.speed_slots.acquire(blocking=False)

@@ -14,7 +14,7 @@ buffers a launch sends back in its own memory, and bounds a speed measured here 
 
 Requests (pickles from the checker): ``("cell", label, source, values)``, ``("build", kwargs)``,
 ``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s file), ``("thread_order", handle, order, seed)``,
-``("speed", source, test_id)``, ``("speed_batch", calls)``. Replies (``wire.dump_tree``): ``["ok", value]``,
+``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
 or ``["raise", "fuselab", type, message]``. In the middle of a request, a timing here asks for the GPU with
 ``["lease"]`` and ends its hold with ``["released"]`` (``_lease_from_checker``).
@@ -148,6 +148,15 @@ class KernelWorker:
         return ["ok", ["v", None]]
 
 
+    def speed_end(self) -> list:
+        """The speed test is over: its input sets and outputs (kept for the checker's batch) are let go."""
+        from .. import speed
+        from .kernels import _free_gpu_memory
+        speed.graded.LAST_TIMED = speed.graded.LAST_RECORD = None
+        _free_gpu_memory()
+        return ["ok", ["v", None]]
+
+
 def _why_not(status) -> str:
     """A speed test's failure, said in the course's own words (never a text the kernel could have shaped)."""
     status = status if isinstance(status, str) else ""
@@ -167,7 +176,7 @@ def _error_record(exc: BaseException) -> list:
 
 REQUESTS = {"cell": KernelWorker.cell, "build": KernelWorker.build, "launch": KernelWorker.launch,
             "thread_order": KernelWorker.thread_order, "speed": KernelWorker.speed,
-            "speed_batch": KernelWorker.speed_batch}
+            "speed_batch": KernelWorker.speed_batch, "speed_end": KernelWorker.speed_end}
 
 
 @contextlib.contextmanager

@@ -147,10 +147,18 @@ class KernelHost:
         # The GPU is the speed test's alone from the worker's timing to the end of the checker's batches: the input
         # sets, references and checks before them share it with the other submissions.
         check = SpeedCheck(self, checker_side, input_sets)
-        check.prepare()
-        with contextlib.ExitStack() as hold:
-            reply = self.request(("speed", self.current_source, test_id), hold=hold)
-            return check.verdict(test_id, max_points, _record(self.process.result(reply)))
+        try:
+            check.prepare()
+            with contextlib.ExitStack() as hold:
+                reply = self.request(("speed", self.current_source, test_id), hold=hold)
+                return check.verdict(test_id, max_points, _record(self.process.result(reply)))
+        finally:
+            # the speed test's slot goes back with its memory: both processes' GPU-sized sets are let go, and the
+            # caching allocator's blocks returned, for the next speed test on this GPU
+            check.sets = check.outs = None
+            if not self.process.gone:
+                self.process.result(self.request(("speed_end",)))
+            _free_gpu_memory()
 
 
 class WorkerModule:
@@ -250,6 +258,15 @@ def _kernel_error(name, message):
 def _synchronize():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def _free_gpu_memory():
+    """Return what PyTorch's caching allocator keeps of tensors no longer used to the driver (other processes
+    sharing the GPU can then have it)."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _record(value) -> dict:

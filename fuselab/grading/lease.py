@@ -25,10 +25,20 @@ import threading
 import time
 from pathlib import Path
 
-from ..speed.lease import GRANTED, RELEASED, REQUEST
+from ..speed.lease import GRANTED, RELEASED, REQUEST, SLOT_GRANTED, SLOT_RELEASED, SLOT_REQUEST
 from .isolate import children_of, gpu_processes, process_trees
 
-PREFIXES = (REQUEST, GRANTED, RELEASED)
+PREFIXES = (REQUEST, GRANTED, RELEASED, SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED)
+
+# GPU memory one speed test may take at its peak, its checker and kernel worker together (input sets, outputs and
+# float64 references at the timed shape, as PyTorch's caching allocator keeps them): a DeviceLease runs at most
+# memory / SPEED_TEST_GIB speed tests at once, at least one
+SPEED_TEST_GIB = 24.0
+
+
+def speed_test_slots(memory_gib) -> int:
+    """How many speed tests may run at once on a GPU of ``memory_gib`` (None: unknown, one at a time)."""
+    return max(1, int(memory_gib // SPEED_TEST_GIB)) if memory_gib else 1
 
 
 class _Utilization(ctypes.Structure):
@@ -96,8 +106,10 @@ class DeviceLease:
     """The processes the grader runs on one GPU, and one exclusive timing at a time among them."""
 
     def __init__(self, device, idle_timeout_s: float = 60.0, max_hold_s: float = 120.0,
-                 own_busy_timeout_s: float | None = None, settle_s: float = 3.0):
+                 own_busy_timeout_s: float | None = None, settle_s: float = 3.0, speed_slots: int = 1):
         self.device = device
+        # speed tests at GPU size at once (``fuselab.speed.lease.speed_test_slot``): the GPU's memory, rationed
+        self.speed_slots = threading.BoundedSemaphore(max(1, int(speed_slots)))
         # How long a timing waits for the GPU to go idle before it runs anyway (flagged): ``idle_timeout_s`` when
         # another program has a context on the GPU, ``own_busy_timeout_s`` (default the same) when only the
         # grader's own processes do, so a kernel that never ends is still running: it ends at its own test's
@@ -221,6 +233,15 @@ class DeviceLease:
             self._timing.release()
 
 
+def grading_lease(device, cell_timeout: float) -> DeviceLease:
+    """The lease of a GPU the grader shares among submissions. A timing waits out another submission's endless
+    kernel: it ends at that test's time limit, which runs at two thirds of wall-clock speed while timings keep
+    trying (see ``DeviceLease.acquire``). Speed tests run as many at once as the GPU's memory holds."""
+    from .schedule import smallest_gpu_memory_gib
+    return DeviceLease(device, own_busy_timeout_s=2 * cell_timeout + 60,
+                       speed_slots=speed_test_slots(smallest_gpu_memory_gib([device])))
+
+
 def clear_files(folder) -> None:
     """Remove lease files from ``folder`` (before a child starts: nothing left by an earlier one is served)."""
     for prefix in PREFIXES:
@@ -234,6 +255,7 @@ class LeaseServer:
 
     def __init__(self, lease: DeviceLease | None, folder: Path, child, tag: str):
         self.lease, self.folder, self.child, self.tag = lease, Path(folder), child, tag
+        self.slot = None             # the speed test slot held (its request's number)
         self.holding = None          # the request being served
         self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
         self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
@@ -253,6 +275,7 @@ class LeaseServer:
     def poll(self) -> None:
         if self.lease is None:
             return
+        self._poll_slot()
         if self.holding is None:
             requests = sorted(self.folder.glob(f"{REQUEST}{self.tag}-*"))
             if requests and self.child.alive():
@@ -265,6 +288,43 @@ class LeaseServer:
                               "stopped")
             self.finish()
 
+    def _poll_slot(self) -> None:
+        """A speed test's slot: waited for (a pause, as the lease's wait), granted, given back when released or
+        when the child dies. Never asked while holding the GPU to itself, so the two cannot wait on each other."""
+        if self.slot is None:
+            requests = sorted(self.folder.glob(f"{SLOT_REQUEST}{self.tag}-*"))
+            if not requests or not self.child.alive():
+                return
+            number = requests[0].name[len(SLOT_REQUEST):]
+            asked = time.monotonic()
+            while not self.lease.speed_slots.acquire(timeout=0.05):
+                if not self.child.alive():
+                    return
+            self.waited_s += time.monotonic() - asked
+            self.slot = number
+            if not self._answer(SLOT_GRANTED + number, "a speed test slot"):
+                self._give_back_slot()
+        elif (self.folder / (SLOT_RELEASED + self.slot)).exists() or not self.child.alive():
+            self._give_back_slot()
+
+    def _give_back_slot(self) -> None:
+        if self.slot is not None:
+            for prefix in (SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED):
+                with contextlib.suppress(OSError):
+                    (self.folder / (prefix + self.slot)).unlink()
+            self.slot = None
+            self.lease.speed_slots.release()
+
+    def _answer(self, name: str, what: str) -> bool:
+        """Write the grant ``name``; never through a link the child planted: O_EXCL refuses any existing name."""
+        try:
+            os.close(os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+            return True
+        except OSError as exc:
+            self.stop_reason = f"its request for {what} could not be answered (a file in the way of the grant)"
+            self.notes.append(f"a grant of {what} could not be written ({exc.strerror}): given back")
+            return False
+
     def _grant(self, number: str) -> None:
         acquired = self.lease.acquire(self.child)
         if acquired is None:
@@ -274,18 +334,18 @@ class LeaseServer:
         if note:
             self.notes.append(note)
         self.holding, self._granted_at, self._granted_epoch = number, time.monotonic(), time.time()
-        try:  # never through a link the child planted: O_EXCL refuses any existing name
-            os.close(os.open(self.folder / (GRANTED + number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o644))
-        except OSError as exc:
-            self.stop_reason = "its request for the GPU could not be answered (a file in the way of the grant)"
-            self.notes.append(f"a lease grant could not be written ({exc.strerror}): the GPU was given back")
+        if not self._answer(GRANTED + number, "the GPU"):
             self.finish()
+
+    def close(self) -> None:
+        """Give back everything the child held: the GPU and its speed test slot (idempotent)."""
+        self.finish()
+        self._give_back_slot()
 
     def finish(self) -> None:
         """Give the GPU back (idempotent)."""
         if self.holding is not None:
-            for prefix in PREFIXES:
+            for prefix in (REQUEST, GRANTED, RELEASED):
                 with contextlib.suppress(OSError):
                     (self.folder / (prefix + self.holding)).unlink()
             self.holding = None

@@ -29,7 +29,7 @@ from .. import course
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
 from . import feedback, intake, isolate, nbgrader_run, recheck, report, schedule
-from .lease import DeviceLease
+from .lease import grading_lease
 from .results import CellResult, SubmissionResult
 
 RUNS = course.GRADER / "runs"
@@ -430,9 +430,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     clock = phase_done("intake and course", clock)
 
     devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
-    # a timing waits out another submission's endless kernel: it ends at that test's time limit, which runs at
-    # two thirds of wall-clock speed while timings keep trying (see DeviceLease.acquire)
-    leases = {d: DeviceLease(d, own_busy_timeout_s=2 * settings.cell_timeout + 60) for d in devices if d is not None}
+    leases = {d: grading_lease(d, settings.cell_timeout) for d in devices if d is not None}
     # the labs' reference runs side by side (their timings take turns), before any student of theirs
     labs_graded = sorted({s.lab for s in submissions})
     settings.cpu_threads = _threads_per_child(len(labs_graded))

@@ -338,7 +338,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
             child.wait(timeout=10)
             raise
         finally:
-            server.finish()  # the GPU goes back to the others whatever happened here
+            server.close()  # the GPU and its slot go back to the others whatever happened here
             for helper in (worker, kernel_worker):
                 if helper is not None:
                     helper.stop(timed_out=False)

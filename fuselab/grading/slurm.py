@@ -50,7 +50,7 @@ from pathlib import Path
 from .. import course
 from . import intake, nbgrader_run, pipeline, schedule
 from .isolate import nvidia_smi
-from .lease import DeviceLease
+from .lease import grading_lease
 from .results import SubmissionResult
 
 SUBMISSIONS_PER_SHARD = 40   # default shard size: ~4 min on an H200 at 10 sharing it (5 s each, docs/RESULTS.md)
@@ -357,7 +357,7 @@ def reference_runs(out: Path, labs: list, settings: pipeline.Settings, model: st
         # the labs side by side, their timings taking the GPU in turn, as on one host
         shared = pipeline.Settings(**{**settings.__dict__, "out": references})
         shared.cpu_threads = max(1, schedule.available_cores() // max(1, len(labs)))
-        lease = DeviceLease(device, own_busy_timeout_s=2 * settings.cell_timeout + 60) if device is not None else None
+        lease = grading_lease(device, settings.cell_timeout) if device is not None else None
         with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
             list(pool.map(lambda lab: pipeline.reference_run(lab, shared, device, lease), labs))
     link = settings.out / "reference"

@@ -13,7 +13,9 @@ anything else would count as full marks). The test:
    student's own (a library GEMM/conv or a PyTorch op inside the fused op is caught here);
 4. checks the result at the timed shape (poison, guard bands, unchanged inputs), and that all its work runs on
    the stream it is given (one call captured in a CUDA graph and replayed must write the output);
-5. times the student's op against the lab's fixed unfused reference, interleaved, with rotating input sets;
+5. times the student's op against the lab's fixed unfused reference, interleaved, with rotating input sets
+   (while the grader shares the GPU: with the GPU to itself for the timing alone, and steps 3-6 in one of the few
+   speed test slots the GPU's memory allows at once);
 6. refreshes every input set's contents in place and checks the outputs again, so a result cache keyed by
    pointer returns stale results and fails;
 7. turns the speedup into points: 0 at 1.0x, linear to full points at the threshold.
@@ -34,7 +36,7 @@ from .. import timing
 from ..check import assert_close, check
 from ..quiet import captured_output
 from ..runmode import graded_by_the_course, validating
-from .lease import exclusive_gpu
+from .lease import exclusive_gpu, speed_test_slot
 from .policy import policy_entry
 
 LAST_TIMED = None   # the last graded timing's rotating call of the student's op
@@ -80,10 +82,11 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         # bounds that by its own clock and computes the points (``grading.kernels.SpeedCheck``)
         gpu_name = torch.cuda.get_device_name()
         test, entry, note = policy_entry(test_id, gpu_name, policy)
-        record = host.measure_speedup(
-            test_id, max_points, dict(reference_op=reference_op, make_inputs=make_inputs, reference=reference,
-                                      shape=test["shape"], mode=test["mode"], threshold=entry["threshold"],
-                                      gpu=gpu_name, policy_note=note), input_sets=input_sets)
+        with speed_test_slot():
+            record = host.measure_speedup(
+                test_id, max_points, dict(reference_op=reference_op, make_inputs=make_inputs, reference=reference,
+                                          shape=test["shape"], mode=test["mode"], threshold=entry["threshold"],
+                                          gpu=gpu_name, policy_note=note), input_sets=input_sets)
         say(_said(record))
         return _finish(record)
     gpu_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -115,70 +118,72 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         say(note)
         record["policy_note"] = note  # the grader's report says which GPU's thresholds were used
     shape, threshold, mode = tuple(test["shape"]), float(entry["threshold"]), test["mode"]
+    # a speed test's input sets, outputs and float64 references at the timed shape take GPU memory for all of it:
+    # while the grader shares the GPU, only a few speed tests run at once (the timing itself has the GPU alone)
+    with speed_test_slot():
+        sets = [make_inputs(shape, seed=1000 + k) for k in range(input_sets)]
+        expected_shape = reference(*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
+        outs = {name: [torch.empty(expected_shape, device="cuda", dtype=sets[0][0].dtype) for _ in sets]
+                for name in ("student", "reference")}
 
-    sets = [make_inputs(shape, seed=1000 + k) for k in range(input_sets)]
-    expected_shape = reference(*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
-    outs = {name: [torch.empty(expected_shape, device="cuda", dtype=sets[0][0].dtype) for _ in sets]
-            for name in ("student", "reference")}
+        # 3. exactly the expected kernels, all the student's own
+        own = own_kernel_names(module.source)
+        kernels = launched_kernels(lambda: candidate(*sets[0], outs["student"][0]))
+        foreign = [k for k in kernels if not any(name in k for name in own)]
+        if len(kernels) != expected_kernels or foreign:
+            record["status"] = f"launched {len(kernels)} kernel(s) {kernels}, expected {expected_kernels} of its own"
+            say(f"{test_id}: 0 of {max_points} points: one call launched {len(kernels)} kernel(s) "
+                f"({', '.join(kernels) or 'none'}); a fused op must launch exactly {expected_kernels} kernel(s) "
+                f"of its own ({', '.join(sorted(own)) or 'none found in the source'}).")
+            return _finish(record)
 
-    # 3. exactly the expected kernels, all the student's own
-    own = own_kernel_names(module.source)
-    kernels = launched_kernels(lambda: candidate(*sets[0], outs["student"][0]))
-    foreign = [k for k in kernels if not any(name in k for name in own)]
-    if len(kernels) != expected_kernels or foreign:
-        record["status"] = f"launched {len(kernels)} kernel(s) {kernels}, expected {expected_kernels} of its own"
-        say(f"{test_id}: 0 of {max_points} points: one call launched {len(kernels)} kernel(s) "
-            f"({', '.join(kernels) or 'none'}); a fused op must launch exactly {expected_kernels} kernel(s) "
-            f"of its own ({', '.join(sorted(own)) or 'none found in the source'}).")
+        # 4. right at the timed shape
+        check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id,
+              verbose=verbose)
+
+        # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
+        # a CUDA graph's capture, so a replayed capture leaves the output unwritten
+        escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference)
+        if escaped:
+            record["status"] = escaped
+            say(f"{test_id}: 0 of {max_points} points: {escaped}")
+            return _finish(record)
+
+        # 5. interleaved timing over rotating input sets
+        def rotating(op, name):
+            counter = itertools.count()
+
+            def call():
+                k = next(counter) % len(sets)
+                op(*sets[k], outs[name][k])
+            return call
+
+        global LAST_TIMED
+        LAST_TIMED = rotating(candidate, "student")  # the grader's checker times a batch of it from outside
+        with exclusive_gpu():  # while the grader shares this GPU among submissions, only the timing gets it alone
+            result = timing.compare({"reference": rotating(reference_op, "reference"),
+                                     "student": LAST_TIMED},
+                                    baseline="reference", mode=mode, budget_s=budget_s)
+        speedup = result.graded_speedup("student")
+        record.update(student_s=result["student"].median, reference_s=result["reference"].median)
+
+        # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
+        for k, inputs in enumerate(sets):
+            fresh = make_inputs(shape, seed=2000 + k)
+            for old, new in zip(inputs, fresh):
+                if torch.is_tensor(old):
+                    old.copy_(new)
+            candidate(*inputs, outs["student"][k])
+            assert_close(outs["student"][k], reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
+
+        points = timing.speedup_points(speedup, threshold, max_points)
+        s = result.speedup("student")
+        record.update(points=points, speedup=speedup, ci=[s.low, s.high], threshold=threshold, mode=mode,
+                      gpu=gpu_name, shape=list(shape), status="measured")
+        say(f"{test_id}: {speedup:.2f}x faster than the lab's unfused reference (95% CI {s.low:.2f}-{s.high:.2f}, "
+            f"{mode} time at shape {list(shape)}); full points from {threshold:.2f}x → "
+            f"{points:.2f} of {max_points} points")
         return _finish(record)
-
-    # 4. right at the timed shape
-    check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id,
-          verbose=verbose)
-
-    # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
-    # a CUDA graph's capture, so a replayed capture leaves the output unwritten
-    escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference)
-    if escaped:
-        record["status"] = escaped
-        say(f"{test_id}: 0 of {max_points} points: {escaped}")
-        return _finish(record)
-
-    # 5. interleaved timing over rotating input sets
-    def rotating(op, name):
-        counter = itertools.count()
-
-        def call():
-            k = next(counter) % len(sets)
-            op(*sets[k], outs[name][k])
-        return call
-
-    global LAST_TIMED
-    LAST_TIMED = rotating(candidate, "student")  # the grader's checker times a batch of it from outside
-    with exclusive_gpu():  # while the grader shares this GPU among submissions, only the timing gets it alone
-        result = timing.compare({"reference": rotating(reference_op, "reference"),
-                                 "student": LAST_TIMED},
-                                baseline="reference", mode=mode, budget_s=budget_s)
-    speedup = result.graded_speedup("student")
-    record.update(student_s=result["student"].median, reference_s=result["reference"].median)
-
-    # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
-    for k, inputs in enumerate(sets):
-        fresh = make_inputs(shape, seed=2000 + k)
-        for old, new in zip(inputs, fresh):
-            if torch.is_tensor(old):
-                old.copy_(new)
-        candidate(*inputs, outs["student"][k])
-        assert_close(outs["student"][k], reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
-
-    points = timing.speedup_points(speedup, threshold, max_points)
-    s = result.speedup("student")
-    record.update(points=points, speedup=speedup, ci=[s.low, s.high], threshold=threshold, mode=mode,
-                  gpu=gpu_name, shape=list(shape), status="measured")
-    say(f"{test_id}: {speedup:.2f}x faster than the lab's unfused reference (95% CI {s.low:.2f}-{s.high:.2f}, "
-        f"{mode} time at shape {list(shape)}); full points from {threshold:.2f}x → "
-        f"{points:.2f} of {max_points} points")
-    return _finish(record)
 
 
 def _escapes_stream(candidate, inputs, out, reference):

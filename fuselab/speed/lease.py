@@ -4,7 +4,8 @@ While the grader shares one GPU among several submissions, a graded timing asks 
 in a folder the grader names (``FUSELAB_GPU_LEASE``): it writes ``lease-request-T-N``, waits for
 ``lease-granted-T-N``, and writes ``lease-released-T-N`` when done. Files, not signals or sockets, because the
 timing may run sandboxed. Standard library only: the speed test imports it in a student's own run, where it does
-nothing.
+nothing. A speed test as a whole (its input sets and checks at GPU size) first takes one of a few slots the same
+way (``slot-request-T-N``, ``speed_test_slot``): the GPU stays shared, its memory is rationed.
 
 The clean recheck's kernel worker times a student's kernel but never talks to the grader: it asks its checker,
 which holds the lease for it (``ask_through``), so that only the timing itself stops the other submissions, not
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
+SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED = "slot-request-", "slot-granted-", "slot-released-"
 
 _requests = itertools.count(1)
 _asker = None  # set by ask_through: this process's timings ask another process for the GPU
@@ -43,20 +45,39 @@ def exclusive_gpu():
         with _asker():
             yield
         return
+    torch = sys.modules.get("torch")
+    synchronize = torch.cuda.synchronize if torch is not None and torch.cuda.is_initialized() else (lambda: None)
+    synchronize()  # work queued before the block is not the timing's
+    with _held(REQUEST, GRANTED, RELEASED):
+        try:
+            yield
+        finally:
+            synchronize()
+
+
+@contextlib.contextmanager
+def speed_test_slot():
+    """The child's side: one of the few places for a speed test at GPU size on the shared GPU, for the ``with``
+    block. The GPU stays shared (only ``exclusive_gpu`` stops the others); what is rationed is its memory: a speed
+    test's input sets, outputs and float64 references at the timed shape, in the checker and its kernel worker at
+    once, take several GiB, and every submission sharing the GPU in that phase at once ran it out of memory.
+    Outside the grader it does nothing."""
+    with _held(SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED):
+        yield
+
+
+@contextlib.contextmanager
+def _held(request, granted, released):
     folder = os.environ.get("FUSELAB_GPU_LEASE")
     if not folder:
         yield
         return
-    torch = sys.modules.get("torch")
-    synchronize = torch.cuda.synchronize if torch is not None and torch.cuda.is_initialized() else (lambda: None)
-    synchronize()  # work queued before the block is not the timing's
     number = f"{os.environ.get('FUSELAB_GPU_LEASE_TAG', '0')}-{next(_requests):04d}"
-    (Path(folder) / (REQUEST + number)).write_text("")
-    granted = Path(folder) / (GRANTED + number)
-    while not granted.exists():  # the grader's time limit for this test still applies
+    (Path(folder) / (request + number)).write_text("")
+    grant = Path(folder) / (granted + number)
+    while not grant.exists():  # the grader's time limit for this test still applies
         time.sleep(0.002)
     try:
         yield
     finally:
-        synchronize()
-        (Path(folder) / (RELEASED + number)).write_text("")
+        (Path(folder) / (released + number)).write_text("")

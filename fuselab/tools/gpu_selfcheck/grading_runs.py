@@ -150,6 +150,9 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
            for r in result.results]
     for r, full_result in zip(per, result.results):
         r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}
+        # a copy of a correct sample that lost points: why, in the run's own words
+        r["lost"] = {k: f"{c.status}: {(c.message or '')[:300]}" for k, c in full_result.cells.items()
+                     if c.points < c.max_points}
     full = sum(r.full_marks for r in result.results)
     n = len(per)
     sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
