@@ -17,6 +17,7 @@ import re
 
 import torch
 
+from . import launch_record
 from .errors import HostWroteKernelMemory, LaunchError
 from .prototypes import SCALAR_TYPES, Prototype, evaluate, expression_names
 
@@ -77,6 +78,8 @@ class Launcher:
                     host_wrote = device.finish()
             finally:
                 elsewhere = self._module._end_call() if watched else None
+        if self._module.emulated:
+            launch_record.launched(self._module, self._module._take_barrier_note())
         if host_wrote:
             raise HostWroteKernelMemory(f"{self.prototype.name}: {host_wrote}")
         if elsewhere:
@@ -324,6 +327,26 @@ class Module:
             code, buffer.value = returned, f"launcher returned error code {returned}".encode()
         if code != 0:
             raise LaunchError(f"{launcher_name} failed to launch: {buffer.value.decode(errors='replace')}")
+
+    def _take_barrier_note(self):
+        """Emulation: the first barrier since the last call that not every thread of its block reached, in words
+        (the emulation lets the others go on, as a current GPU does; CUDA leaves it undefined), or None."""
+        take = getattr(self._lib, "fuselab_emu_take_barrier_note", None)
+        if take is None:
+            return None
+        buffer = ctypes.create_string_buffer(512)
+        take.argtypes, take.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+        return buffer.value.decode(errors="replace") if take(buffer, len(buffer)) else None
+
+    @property
+    def thread_order(self) -> tuple:
+        """Emulation only: the order each block's threads run in, and its seed, as ``set_thread_order`` takes them."""
+        if self.backend != "emulate":
+            raise RuntimeError("thread order can only be chosen under the CPU emulation")
+        get_order, get_seed = self._lib.fuselab_emu_get_thread_order, self._lib.fuselab_emu_get_thread_seed
+        get_order.restype, get_seed.restype = ctypes.c_int, ctypes.c_ulonglong
+        order = get_order()
+        return next(name for name, code in THREAD_ORDERS.items() if code == order), int(get_seed())
 
     def set_thread_order(self, order: str = "forward", seed: int = 0):
         """Emulation only: run the threads of each block forward, in reverse or in a seeded random order.

@@ -67,6 +67,21 @@ extern "C" void fuselab_emu_set_thread_order(int order, unsigned long long seed)
 
 extern "C" int fuselab_emu_get_thread_order() { return fuselab_emu::thread_order(); }
 
+extern "C" unsigned long long fuselab_emu_get_thread_seed() {
+  fuselab_emu::thread_order();  // the seed of FUSELAB_EMU_SEED is read with the order
+  return fuselab_emu::settings().seed.load();
+}
+
+// The first barrier not reached by every thread of its block since the last call (into msg): 1, or 0 if none.
+extern "C" int fuselab_emu_take_barrier_note(char* msg, int cap) {
+  fuselab_emu::Settings& s = fuselab_emu::settings();
+  std::lock_guard<std::mutex> lock(s.note_mutex);
+  if (s.barrier_note.empty()) return 0;
+  if (msg && cap > 0) std::snprintf(msg, cap, "%s", s.barrier_note.c_str());
+  s.barrier_note.clear();
+  return 1;
+}
+
 // Watch the stream of one launcher call: `stream` is what fuselab passed it.
 extern "C" void fuselab_emu_begin_call(void* stream) {
   fuselab_emu::CallStream& call = fuselab_emu::call_stream();

@@ -136,6 +136,8 @@ struct Settings {
   std::atomic<unsigned long long> launches{0}, loop_blocks{0}, fiber_blocks{0}, switches{0}, fibers{0};
   std::mutex attributes_mutex;
   std::vector<std::pair<std::string, int>> max_dynamic_shared;  // cudaFuncSetAttribute, by kernel name
+  std::mutex note_mutex;
+  std::string barrier_note;  // the first barrier not reached by every thread of a block, since Python last asked
 };
 
 static inline Settings& settings() {
@@ -192,6 +194,14 @@ struct LaunchPlan {
   std::mutex mutex;
   cudaError_t error = cudaSuccess;
   std::string message;
+  std::string barrier_note;  // the launch's first barrier that not every thread of its block reached
+  std::atomic<bool> has_barrier_note{false};  // read without the lock: every later divergent barrier skips the words
+
+  void note_barrier(const std::string& note) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (barrier_note.empty()) barrier_note = note;
+    has_barrier_note = true;
+  }
 
   void fail(cudaError_t code, const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -297,11 +307,20 @@ class Worker {
   }
 
   // __syncthreads and friends. Returns the barrier's phase, for __syncthreads_count.
-  unsigned block_barrier(int predicate, const char* what) {
+  // `line`: where the kernel calls it (0: not known).
+  unsigned block_barrier(int predicate, const char* what, int line = 0) {
     require_fibers(what);
     const unsigned phase = block_phase_;
     block_count_[phase & 1] += predicate ? 1 : 0;
     state_[current] = ThreadState::at_block_barrier;
+    if (block_arrived_ == 0) {
+      barrier_line_ = line;
+      other_line_ = 0;
+    } else if (!barrier_line_) {
+      barrier_line_ = line;
+    } else if (line && line != barrier_line_ && !other_line_) {
+      other_line_ = line;
+    }
     ++block_arrived_;
     if (block_arrived_ == live_) release_block();
     yield();
@@ -344,6 +363,7 @@ class Worker {
   std::vector<Fiber*> fiber_of_;
   std::vector<int> order_;
   int live_ = 0, block_arrived_ = 0;
+  int barrier_line_ = 0, other_line_ = 0;  // the lines of the current barrier's arrivals: the first, another one
   unsigned block_phase_ = 0;
   long long block_count_[2] = {0, 0}, block_participants_[2] = {0, 0};
   std::vector<unsigned> warp_live_, warp_arrived_, warp_want_, warp_gen_, warp_released_;
@@ -560,6 +580,7 @@ class Worker {
   }
 
   void release_block() {
+    if (block_arrived_ < nthreads || other_line_) note_divergent_barrier();
     for (int t = 0; t < nthreads; ++t)
       if (state_[t] == ThreadState::at_block_barrier) state_[t] = ThreadState::runnable;
     block_participants_[block_phase_ & 1] = block_arrived_;
@@ -579,6 +600,30 @@ class Worker {
     warp_arrived_[w] = 0;
     warp_want_[w] = 0;
     ++warp_gen_[w];
+  }
+
+  // A barrier released although not every thread of the block waited at it: some had exited (a `return` before
+  // it, a barrier inside an `if`), or they waited at another __syncthreads() of the kernel. CUDA requires every
+  // thread of the block to reach the same barrier; the emulation, like a current GPU, lets the others go on.
+  void note_divergent_barrier() {
+    if (plan->has_barrier_note.load(std::memory_order_relaxed)) return;
+    auto at = [](int line) {
+      return line ? "the __syncthreads() at line " + std::to_string(line) : std::string("a barrier");
+    };
+    char block[64];
+    std::snprintf(block, sizeof block, "block (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z);
+    std::string note;
+    if (other_line_) {
+      note = "in " + std::string(block) + " of kernel " + plan->site.kernel + ", threads met at two different " +
+             "barriers, " + at(barrier_line_) + " and " + at(other_line_) + ": a __syncthreads() inside a branch " +
+             "that not every thread of the block takes";
+    } else {
+      note = at(barrier_line_) + " of kernel " + plan->site.kernel + " was passed by " +
+             std::to_string(block_arrived_) + " of the " + std::to_string(nthreads) + " threads of " + block +
+             "; the other " + std::to_string(nthreads - block_arrived_) + " had returned without reaching it " +
+             "(a barrier inside an `if` that not every thread takes, or a `return` before it)";
+    }
+    plan->note_barrier(note);
   }
 
   // After a failed block, threads still parked mid-kernel are abandoned: rewind their fibers.
@@ -703,6 +748,10 @@ static inline void launch_kernel(const LaunchSite& site, dim3 grid, dim3 block, 
     tls_worker = outer;
   }
   if (plan.failed.load()) record_error(plan.error, plan.message, /*during_execution=*/true);
+  if (!plan.barrier_note.empty()) {
+    std::lock_guard<std::mutex> lock(s.note_mutex);
+    if (s.barrier_note.empty()) s.barrier_note = plan.barrier_note;
+  }
 }
 
 template <class Fn, class Tuple>

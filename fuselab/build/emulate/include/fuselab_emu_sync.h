@@ -69,7 +69,11 @@ static inline std::uint64_t warp_reduce(unsigned mask, std::uint64_t bits, std::
 
 }  // namespace fuselab_emu
 
-static inline void __syncthreads() { fuselab_emu::current_worker("__syncthreads").block_barrier(0, "__syncthreads()"); }
+// The caller's line (g++ gives it to a default argument, after the build's #line): a barrier that threads reach at
+// different lines, or that some threads never reach, is named by it in the launch's barrier note.
+static inline void __syncthreads(int line = __builtin_LINE()) {
+  fuselab_emu::current_worker("__syncthreads").block_barrier(0, "__syncthreads()", line);
+}
 
 static inline int __syncthreads_count(int predicate) {
   fuselab_emu::Worker& w = fuselab_emu::current_worker("__syncthreads_count");
