@@ -5,6 +5,7 @@ name the bug (and say the fix once).
 """
 
 import random
+import re
 
 import pytest
 import torch
@@ -576,3 +577,196 @@ def test_a_3x3_output_is_too_small_to_blame_its_border():
     bad = (got - expected).abs() > 0
     hint = hint_for(Evidence(got, expected, bad, torch.zeros_like(bad), torch.zeros_like(got), "y", torch.float32))
     assert "border" not in hint and "ReLU" in hint, hint
+
+
+# ------------------------------------------------------------------------------------------ index mistakes
+def _conv_check(text, name, cases, seeds=(0,)):
+    from fuselab.labs import lab1
+    mod = fuselab.build(text, lab1.SOLUTION_SOURCES["CONV_SOURCE"], name=name, backend="emulate")
+    return fuselab.check(lab1.conv(mod), lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                         cases, seeds=seeds, verbose=False, raise_on_fail=False)
+
+
+def _depthwise_check(text, name, cases=None, seeds=(0,)):
+    from fuselab.labs import lab1
+    mod = fuselab.build(text, lab1.SOLUTION_SOURCES["DEPTHWISE_SOURCE"], name=name, backend="emulate")
+    return fuselab.check(lab1.depthwise_fused(mod), lab1.depthwise_reference, lab1.make_depthwise_inputs,
+                         cases or lab1.SMALL_DEPTHWISE_CASES, seeds=seeds, verbose=False, raise_on_fail=False)
+
+
+@pytest.mark.parametrize("bug", ["n = 0", "one block along z", "first plane only"])
+def test_a_batch_or_plane_index_that_is_not_the_grids_says_only_the_first_item_is_right(bug):
+    """The batch (or plane) index taken as 0, or a grid with one block along z: only out[0] (the first plane) is
+    right. The hint said the grid stops short and to round the block count up, which points at the launcher's x."""
+    from fuselab.labs import lab1
+    seeds = (random.Random(19).randint(0, 99),)
+    if bug == "first plane only":
+        text = _lab_source("lab1", "DEPTHWISE_SOURCE")
+        loop = "for (int p = blockIdx.z; p < planes; p += gridDim.z) {"
+        assert loop in text
+        result = _depthwise_check(text.replace(loop, "for (int p = 0; p < 1; ++p) {"), "msg_first_plane", seeds=seeds)
+        said = "(the first plane: index 0 along each of dimensions 0 to 1) is right"
+    else:
+        text = _lab_source("lab1", "CONV_SOURCE")
+        old, new = {"n = 0": ("int k = blockIdx.y, n = blockIdx.z;", "int k = blockIdx.y, n = 0;"),
+                    "one block along z": ("dim3 grid((P * Q + 255) / 256, K, N);",
+                                          "dim3 grid((P * Q + 255) / 256, K, 1);")}[bug]
+        assert old in text
+        result = _conv_check(text.replace(old, new), "msg_batch_" + bug.replace(" ", "_"), lab1.SMALL_CONV_CASES, seeds)
+        said = "only `out[0]` (index 0 along dimension 0) is right"
+    report = result.report()
+    assert not result.passed and said in report and "every thread works on the first one" in report, report
+    assert "blockIdx.z" in report and "round the number of blocks up" not in report, report
+
+
+def test_a_size_used_as_the_batch_index_says_every_write_landed_outside():
+    """`n = C` (a size where blockIdx.z belongs): every write lands past the output. "Nothing was written: did the
+    kernel launch?" pointed away from the index."""
+    from fuselab.labs import lab1
+    rng = random.Random(20)
+    text = _lab_source("lab1", "CONV_SOURCE").replace("int k = blockIdx.y, n = blockIdx.z;",
+                                                      "int k = blockIdx.y, n = C;")
+    case = lab1.ConvCase(1, 1, rng.randint(4, 9), rng.randint(4, 9), rng.randint(1, 3), 3, 1, 1, True, "none")
+    report = _conv_check(text, "msg_batch_size", [case]).report()
+    assert "nothing was written inside `out`, but" in report and "a size (N, C, K, ...) where an index" in report, \
+        report
+    assert "Did the kernel launch" not in report, report
+
+
+@pytest.mark.parametrize("bug", ["conv input row", "conv bound", "conv output pixel", "depthwise input row",
+                                 "depthwise bound"])
+def test_h_and_w_swapped_says_only_square_images_are_right(bug):
+    """H for W in an index or a bound: right exactly where H == W. The visible cases hold square images, and the
+    report says that every square case passes and every other fails."""
+    variable, old, new = {
+        "conv input row": ("CONV_SOURCE", "acc += xc[(size_t)ih * W + iw]", "acc += xc[(size_t)ih * H + iw]"),
+        "conv bound": ("CONV_SOURCE", "if (iw < 0 || iw >= W) continue;", "if (iw < 0 || iw >= H) continue;"),
+        "conv output pixel": ("CONV_SOURCE", "int p = pq / Q, q = pq % Q;", "int p = pq / P, q = pq % P;"),
+        "depthwise input row": ("DEPTHWISE_SOURCE", "acc += xp[(size_t)ih * W + iw]",
+                                "acc += xp[(size_t)ih * H + iw]"),
+        "depthwise bound": ("DEPTHWISE_SOURCE", "if (iw < 0 || iw >= W) continue;",
+                            "if (iw < 0 || iw >= H) continue;"),
+    }[bug]
+    text = _lab_source("lab1", variable)
+    assert old in text, bug
+    name, seeds = "msg_hw_" + bug.replace(" ", "_"), (random.Random(21).randint(0, 99),)
+    from fuselab.labs import lab1
+    result = (_conv_check(text.replace(old, new), name, lab1.SMALL_CONV_CASES, seeds) if variable == "CONV_SOURCE"
+              else _depthwise_check(text.replace(old, new), name, seeds=seeds))
+    report = result.report()
+    assert not result.passed, bug
+    assert "every case with H == W passes, and " in report and "with H != W fail" in report, report
+    assert "a square image" in report, report
+
+
+@pytest.mark.parametrize("kernel", ["gemm", "depthwise"])
+def test_a_grid_with_x_and_y_swapped_is_not_called_a_grid_that_rounds_down(kernel):
+    """The blocks along x computed from the rows and along y from the columns: rows (or columns) from some index on
+    are never written. The hint said to round the block count up, which the launcher already does; the index
+    where the output stops is the other dimension's size rounded up (Lab 3), or no rounding of this one (Lab 1)."""
+    seeds = (random.Random(22).randint(0, 99),)
+    if kernel == "gemm":
+        from fuselab.labs import lab3
+        text = _lab_source("lab3", "FUSED_SOURCE")
+        old = "grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE)"
+        assert old in text
+        mod = fuselab.build(text.replace(old, "grid((M + TILE - 1) / TILE, (N + TILE - 1) / TILE)"), [lab3.FUSED_F32],
+                            name="msg_grid_swap_gemm", backend="emulate")
+        result = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed),
+                               lab3.SMALL_SHAPES, seeds=seeds, verbose=False, raise_on_fail=False)
+        said = "rounded up to a multiple of 16: the grid's extent along this axis was computed from that size"
+    else:
+        text = _lab_source("lab1", "DEPTHWISE_SOURCE")
+        old = "dim3 grid((W + 31) / 32, (H + 7) / 8,"
+        assert old in text
+        result = _depthwise_check(text.replace(old, "dim3 grid((H + 7) / 8, (W + 31) / 32,"), "msg_grid_swap_dw",
+                                  seeds=seeds)
+        said = "is not 19 rounded down to a block size"
+    report = result.report()
+    assert not result.passed and said in report and "Are the grid's x and y swapped?" in report, report
+    assert "only the first 16 elements" not in report, report
+
+
+def test_two_indices_taken_from_each_others_grid_axis_are_called_swapped():
+    """`n = blockIdx.y, k = blockIdx.z` in Lab 1's conv: the channels from N on are never written and the writes of
+    the batch items past the first land past the output; the hint said the grid stops short along the channels."""
+    from fuselab.labs import lab1
+    text = _lab_source("lab1", "CONV_SOURCE").replace("int k = blockIdx.y, n = blockIdx.z;",
+                                                      "int n = blockIdx.y, k = blockIdx.z;")
+    rng = random.Random(23)
+    case = lab1.ConvCase(2, 2, rng.randint(5, 9), rng.randint(5, 9), rng.randint(4, 6), 3, 1, 1, True, "none")
+    report = _conv_check(text, "msg_index_swap", [case]).report()
+    assert "2 is the size of dimension 0" in report and "Are the two indices swapped" in report, report
+    assert "round the number of blocks up" not in report, report
+
+
+# ------------------------------------------------------------------------------------------ barriers
+def _lab3_barrier_bug(variable, old, new, name):
+    from fuselab.labs import lab3
+    text = _lab_source("lab3", variable)
+    assert old in text, old
+    launchers = [lab3.FUSED_F32] if variable == "FUSED_SOURCE" else lab3.FUSED_LAUNCHERS
+    mod = fuselab.build(text.replace(old, new), launchers, name=name, backend="emulate")
+    result = fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed),
+                           lab3.SMALL_SHAPES, seeds=(random.Random(24).randint(0, 99),), verbose=False,
+                           raise_on_fail=False)
+    return mod, text.replace(old, new), result
+
+
+@pytest.mark.parametrize("variable", ["FUSED_SOURCE", "TEMPLATE_SOURCE"])
+def test_a_missing_second_barrier_is_called_a_race_from_a_rerun_in_another_thread_order(variable):
+    """Lab 3 without the `__syncthreads()` after the tile loop: the next iteration's loads overwrite tiles other
+    threads still read. Under the emulation that is wrong every time, with no hint at all; the check reruns the
+    first failing case with the threads in reverse order, sees the result change, and says it is a race."""
+    second = "        __syncthreads();  // everyone is done reading before the next iteration overwrites them\n"
+    old = {"FUSED_SOURCE": second,
+           "TEMPLATE_SOURCE": "        for (int kk = 0; kk < TILE; ++kk) acc += a_tile[ty][kk] * b_tile[kk][tx];\n"
+                              "        __syncthreads();\n"}[variable]
+    new = "" if variable == "FUSED_SOURCE" else old.replace("        __syncthreads();\n", "")
+    mod, _, result = _lab3_barrier_bug(variable, old, new, f"msg_race_{variable.lower()}")
+    report = result.report()
+    assert not result.passed and "the result depends on the order the threads of a block run in" in report, report
+    assert "set_thread_order(\"reverse\")" in report and "`__syncthreads()`" in report, report
+    assert report.count("the result depends on the order") == 1, report  # one rerun per check, said once
+    assert mod.thread_order == ("forward", 0), mod.thread_order  # the rerun put the order back
+
+
+@pytest.mark.parametrize("bug", ["barrier in a branch", "return before the loop"])
+def test_a_barrier_that_not_every_thread_reaches_is_named_with_its_line(bug):
+    """A `__syncthreads()` inside an `if` that only the threads of C take, or a `return` before the tile loop: the
+    report said NaN (or nothing), and now says which barrier not every thread of the block reached."""
+    first = "        __syncthreads();  // the tiles are complete before anyone reads them\n"
+    old, new = {
+        "barrier in a branch": (first, "        if (row < M && col < N) __syncthreads();\n"),
+        "return before the loop": ("    float acc = 0.0f;\n",
+                                   "    float acc = 0.0f;\n    if (row >= M || col >= N) return;\n"),
+    }[bug]
+    _, text, result = _lab3_barrier_bug("FUSED_SOURCE", old, new, "msg_divergent_" + bug.replace(" ", "_"))
+    line = 1 + text[:text.index("__syncthreads();")].count("\n")
+    report = result.report()
+    assert not result.passed and re.search(rf"the __syncthreads\(\) at line {line}\b", report), report
+    if bug == "barrier in a branch":
+        assert "threads met at two different barriers" in report and "a branch that not every thread" in report
+    else:
+        assert "had returned without reaching it" in report, report
+
+
+# ------------------------------------------------------------------------------------------ Lab 2: eps in registers
+@pytest.mark.parametrize("bug", ["/ (sqrtf(var[c]) + eps)", "* (1.0f / (sqrtf(var[c]) + eps))"])
+def test_eps_outside_the_square_root_in_registers_says_the_error_grows_where_the_variance_is_small(bug):
+    """Lab 2's BN in registers with `1/(sqrtf(var) + eps)`: a few percent off in the channels with small variances,
+    nearly right in the others. The visible cases include one with variances over six decades; the report reads
+    from the data that the error is where `var` is small, and names eps outside the square root."""
+    from fuselab.labs import lab2
+    text = _lab_source("lab2", "IN_REGISTERS_SOURCE")
+    old = "/ sqrtf(var[c] + eps)"
+    assert old in text
+    mod = fuselab.build(text.replace(old, bug), lab2.SOLUTION_SOURCES["IN_REGISTERS_SOURCE"],
+                        name="msg_eps_registers_" + str(len(bug)), backend="emulate")
+    assert any(isinstance(s, lab2.VarianceSpread) for s in lab2.SMALL_SHAPES)
+    result = fuselab.check(lab2.in_registers(mod), lab2.reference, lab2.make_inputs, lab2.SMALL_SHAPES,
+                           seeds=(random.Random(25).randint(0, 99),), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "the error grows where `var` is smallest" in report, report
+    assert "eps outside the square root" in report, report
+

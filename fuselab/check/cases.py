@@ -4,11 +4,13 @@ import inspect
 
 import torch
 
+from .. import launch_record
 from ..native_check import NativeCodeRefused
 from .outputs import compare
 from .errors import CheckFailed
 from .formatting import format_index, format_value, plural
 from .poison import GuardedOutput, bits_differ, guarded_input
+from .races import order_dependence
 from .reference import run_reference
 from .report import CaseResult, CheckResult
 
@@ -67,7 +69,10 @@ def check(
     result = CheckResult(name)
     for shape in shapes:
         for seed in seeds:
-            case, device = _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype)
+            # one rerun in another thread order per check: the first case with wrong values says if it is a race
+            probe = not any(case.reran for case in result.cases)
+            case, device = _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs,
+                                     out_dtype, probe)
             result.cases.append(case)
             if isinstance(case.exception, NameError):
                 result.could_not_run = _missing_name_note(case.exception)
@@ -101,7 +106,7 @@ def _missing_name_note(exc: NameError) -> str:
             f"the first error there, then run this cell again.")
 
 
-def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype):
+def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, outputs, out_dtype, probe=False):
     inputs = _make_inputs(make_inputs, shape, seed)
     device = _device_of(inputs)
     expected = run_reference(reference, inputs, device)
@@ -113,7 +118,7 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
     originals = {i: item.clone() for i, item in enumerate(inputs) if isinstance(item, torch.Tensor)}
     guarded = [GuardedOutput(out_shape, dtype, device) for out_shape, dtype in specs] if outputs == "write" else []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), launch_record.recording() as launched:
             returned = candidate(*inputs, *(g.view for g in guarded))
         _synchronize(device)
     except NativeCodeRefused:
@@ -124,18 +129,29 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
         return case, device
 
     case.problems += _changed_inputs(originals, inputs, input_names)
+    outside = [0] * len(expected)  # elements written out of bounds, per output
     if outputs == "write":
         got = [g.view for g in guarded]
-        for output, out_name in zip(guarded, output_names):
+        for position, (output, out_name) in enumerate(zip(guarded, output_names)):
             damage = output.damage()
             if damage.any:
                 case.problems.append(damage.describe(out_name))
+                outside[position] = damage.before_count + damage.after_count
     else:
         got, problems = _returned_outputs(returned, specs, device)
         case.problems += problems
-    for got_tensor, expected_tensor, out_name in zip(got, expected, output_names):
+    named_inputs = {n: item for n, item in zip(input_names, inputs) if isinstance(item, torch.Tensor)}
+    for got_tensor, expected_tensor, out_name, wrote_outside in zip(got, expected, output_names, outside):
         if got_tensor is not None:
-            case.comparisons.append(compare(got_tensor, expected_tensor, atol, rtol, name=out_name))
+            case.comparisons.append(compare(got_tensor, expected_tensor, atol, rtol, name=out_name,
+                                            inputs=named_inputs, wrote_outside=wrote_outside))
+    if not case.passed:
+        case.emulation_notes += launched.barrier_notes
+        if probe and outputs == "write" and any(not c.passed and not c.problem for c in case.comparisons):
+            case.reran = bool(launched.modules)
+            race = order_dependence(candidate, originals, inputs, specs, got, output_names, launched.modules)
+            if race:
+                case.emulation_notes.append(race)
     return case, device
 
 

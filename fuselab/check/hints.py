@@ -6,7 +6,7 @@ All tensors are float64 (``got`` and ``expected``), ``bad``/``not_written`` are 
 and ``allowed`` is the per-element tolerance.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,8 @@ class Evidence:
     allowed: torch.Tensor
     name: str
     dtype: torch.dtype
+    inputs: dict = field(default_factory=dict)  # the inputs by name, for hints that relate the error to them
+    wrote_outside: int = 0  # elements written out of bounds, in the guard bands around the output
 
     def close(self, got, expected, allowed) -> bool:
         return bool(((got - expected).abs() <= allowed).all())
@@ -40,6 +42,12 @@ def hint_for(evidence: Evidence) -> str:
 def _nothing_written(ev: Evidence) -> str:
     if not bool(ev.not_written.all()):
         return ""
+    if ev.wrote_outside:
+        return (f"nothing was written inside `{ev.name}`, but {plural(ev.wrote_outside, 'element')} around it "
+                f"{'was' if ev.wrote_outside == 1 else 'were'}: every thread's index lands outside `{ev.name}`. An "
+                f"index that is too large for every thread does that: a size (N, C, K, ...) where an index "
+                f"belongs (an index runs from 0 to its size - 1: the batch or plane index from `blockIdx.z`, a "
+                f"channel from `blockIdx.y`), or an offset added twice.")
     return (
         f"nothing was written to `{ev.name}`. Did the kernel launch (a grid of 0 blocks, a launch error)? "
         f"Does it write through the output pointer? In Python, `{ev.name} = ...` only rebinds the name: "
@@ -54,6 +62,111 @@ def _what(ev: Evidence) -> str:
 
 # Block sizes students use: a power of two from one warp to the 1024-thread limit.
 _BLOCK_SIZES = {32, 64, 128, 256, 512, 1024}
+
+
+def _only_the_first_along_a_dimension(ev: Evidence) -> str:
+    """Index 0 along a leading dimension (or the first plane of the leading dimensions) right, every other index
+    wrong: every thread works on the first item, as when the batch or plane index is a constant or a size instead
+    of coming from the grid (``blockIdx.z``), or the grid has one block along that axis."""
+    bad, shape = ev.bad, tuple(ev.bad.shape)
+    for lead in range(1, len(shape)):  # the first `lead` dimensions, flattened: dimension 0, then the planes
+        items = 1
+        for size in shape[:lead]:
+            items *= size
+        rest = bad.numel() // items if items else 0
+        if items < 2 or rest < _FEW:
+            continue
+        flat = bad.reshape(items, rest)
+        if bool(flat[0].any()) or not bool(flat[1:].all()):
+            continue
+        first = format_index(ev.name, (0,) * lead)
+        if lead == 1:
+            which = (f"`{first}` (index 0 along dimension 0) is right; the other {items - 1} "
+                     f"{'index' if items == 2 else 'indices'} along it")
+        else:
+            which = (f"`{first}` (the first plane: index 0 along each of dimensions 0 to {lead - 1}) is right; the "
+                     f"other {items - 1} of the {items} planes")
+        expected_first = ev.expected.reshape(items, rest)[0]
+        copies_first = ev.close(ev.got.reshape(items, rest)[1:], expected_first.expand(items - 1, rest),
+                                ev.allowed.reshape(items, rest)[1:])
+        one = items == 2
+        if bool(ev.not_written[bad].all()):
+            how = "is never written" if one else "are never written"
+        elif copies_first:
+            how = f"{'holds' if one else 'each hold'} what `{first}` should hold"
+        else:
+            how = f"{'is' if one else 'are'} wrong, though written"
+        return (f"only {which} {how}: every thread works on the first one. Its index is 0 or the same for every "
+                f"thread (a size such as N, C or K where an index belongs), or the grid has a single block along the "
+                f"axis that walks it. Take that index from the grid (`blockIdx.z` for a grid whose z dimension has "
+                f"one block per item, as `dim3 grid(x, y, N)` gives), and launch that many blocks along it.")
+    return ""
+
+
+def _tail_start(bad: torch.Tensor, dim: int):
+    """The index from which every element along ``dim`` is bad and before which none is, or None."""
+    size = bad.shape[dim]
+    others = [d for d in range(bad.dim()) if d != dim]
+    any_bad = bad.any(dim=others) if others else bad
+    all_bad = bad.all(dim=others) if others else bad
+    start = int(any_bad.to(torch.uint8).argmax())
+    if start == 0 or not bool(all_bad[start:].all()) or start >= size:
+        return None
+    return start
+
+
+def _two_indices_swapped(ev: Evidence) -> str:
+    """A dimension never written from the size of another dimension on, while elements past the output were
+    written: the two indices (or the grid axes or sizes they come from) are swapped, so one stops at the other's
+    size and the other runs past its own."""
+    bad, shape = ev.bad, tuple(ev.bad.shape)
+    if not ev.wrote_outside or not bool(ev.not_written[bad].all()):
+        return ""
+    for dim, size in enumerate(shape):
+        start = _tail_start(bad, dim) if size >= 2 else None
+        other = next((d for d, s in enumerate(shape) if d != dim and s == start), None) if start else None
+        if other is None:
+            continue
+        return (f"everything from index {start} on along dimension {dim} (size {size}) is never written, {start} "
+                f"is the size of dimension {other}, and elements past `{ev.name}` were written: the index along "
+                f"dimension {dim} stops where dimension {other}'s should, and dimension {other}'s runs past its "
+                f"end. Are the two indices swapped (each taken from the grid axis, such as `blockIdx.y` or "
+                f"`blockIdx.z`, or the size that belongs to the other)?")
+    return ""
+
+
+def _grid_axis_from_another_size(ev: Evidence) -> str:
+    """Rows (or columns) from some index on never written, where that index is not the size rounded down to a
+    block, or is the other dimension's size rounded up to a block: the grid's extent along this axis came from
+    the other dimension, as when the grid's x and y are swapped."""
+    bad = ev.bad
+    if bad.dim() < 2 or min(bad.shape[-2:]) < 1 or not bool(ev.not_written[bad].all()):
+        return ""
+    rows, cols = bad.dim() - 2, bad.dim() - 1
+    for dim, other in ((rows, cols), (cols, rows)):
+        start = _tail_start(bad, dim)
+        if start is None:
+            continue
+        size, other_size = bad.shape[dim], bad.shape[other]
+        rounded_down = any(start == size // block * block for block in range(1, start + 1) if start % block == 0)
+        from_other = next((block for block in (8, 16, 32, 64, 128, 256, 512, 1024)
+                           if start % block == 0 and start == -(-other_size // block) * block), None)
+        if rounded_down and from_other is None:
+            return ""  # a grid that rounds down: the tail rules below say so
+        what = "rows" if dim == rows else "columns"
+        said = (f"`{ev.name}`'s {what} from index {start} on along dimension {dim} (size {size}) are never "
+                f"written, and every one before is right")
+        swapped = ("Are the grid's x and y swapped? x walks the columns (the last dimension: "
+                   "`blockIdx.x * blockDim.x + threadIdx.x`, with enough blocks for the columns), y the rows")
+        if from_other is not None:
+            why = (f"{start} is the other dimension's size ({other_size}, dimension {other}) rounded up to a "
+                   f"multiple of {from_other}: the grid's extent along this axis was computed from that size")
+            also = (f" (Or the number of blocks rounds down, {size} / block: round it up, (n + block - 1) / block.)"
+                    if rounded_down else "")
+            return f"{said}. {why}. {swapped}.{also}"
+        return (f"{said}, and {start} is not {size} rounded down to a block size: the grid's extent along this axis "
+                f"was computed from another size. {swapped}.")
+    return ""
 
 
 def _correct_only_below(ev: Evidence) -> str:
@@ -87,11 +200,8 @@ def _tail_along_a_dimension(ev: Evidence) -> str:
         size = bad.shape[dim]
         if size < 2:
             continue
-        others = [d for d in range(bad.dim()) if d != dim]
-        any_bad = bad.any(dim=others) if others else bad
-        all_bad = bad.all(dim=others) if others else bad
-        start = int(any_bad.to(torch.uint8).argmax())
-        if start == 0 or not bool(all_bad[start:].all()) or bad.numel() // size * (size - start) < 2:
+        start = _tail_start(bad, dim)
+        if start is None or bad.numel() // size * (size - start) < 2:
             continue
         where = f"index {start} on along dimension {dim} (size {size})" if bad.dim() > 1 else f"`{ev.name}[{start}]` on"
         if not bool((ev.not_written & bad).any()):
@@ -241,6 +351,52 @@ def _depends_on_one_dimension(ev: Evidence) -> str:
     return ""
 
 
+def _error_follows_an_input(ev: Evidence) -> str:
+    """The error concentrated at the indices (along one dimension) where a per-index input is smallest (or
+    largest): something that matters only for small values of it, such as eps added outside a square root
+    (1/(sqrt(var) + eps) is close to 1/sqrt(var + eps) only where var is large)."""
+    got, expected = ev.got, ev.expected
+    if not bool(torch.isfinite(got).all()) or not bool(torch.isfinite(expected).all()):
+        return ""
+    for name, values in ev.inputs.items():
+        if not (isinstance(values, torch.Tensor) and values.dim() == 1 and values.is_floating_point()):
+            continue
+        length = values.numel()
+        if length < 4 or not bool(torch.isfinite(values).all()):
+            continue
+        values = values.detach().to("cpu", torch.float64)
+        for dim in range(got.dim()):
+            if got.shape[dim] != length or got.dim() < 2:
+                continue
+            others = [d for d in range(got.dim()) if d != dim]
+            scale = expected.abs().amax(dim=others).cpu().clamp_min(1e-30)
+            error = (got - expected).abs().amax(dim=others).cpu() / scale  # relative to each index's own scale
+            total = float(error.sum())
+            if total == 0:
+                continue
+            order = torch.argsort(error, descending=True)
+            share = torch.cumsum(error[order], 0) / total
+            worst = order[: int((share < 0.9).sum()) + 1]
+            rest = order[len(worst):]
+            if len(worst) > length // 2 or not len(rest):
+                continue
+            if float(values[worst].max()) < float(values[rest].min()):
+                side, bound = "smallest", f"{name} <= {format_value(float(values[worst].max()))}"
+            elif float(values[worst].min()) > float(values[rest].max()):
+                side, bound = "largest", f"{name} >= {format_value(float(values[worst].min()))}"
+            else:
+                continue
+            cause = ("A constant added in the wrong place does that (for a variance: eps outside the square root, "
+                     "1/(sqrtf(var) + eps) where rsqrtf(var + eps) belongs), or a division by it."
+                     if side == "smallest" else f"Look at what the code computes from `{name}` where it is large.")
+            where = f"{len(worst)} {'index' if len(worst) == 1 else 'indices'} along dimension {dim} (of {length})"
+            return (f"the error grows where `{name}` is {side}: 90% of it is at the {where} where {bound}, up to "
+                    f"{format_value(float(error[worst].max()))} relative to their values, and at most "
+                    f"{format_value(float(error[rest].max()))} elsewhere: something goes wrong only where `{name}` "
+                    f"is {'small' if side == 'smallest' else 'large'}. {cause}")
+    return ""
+
+
 def _half_precision_rounding(ev: Evidence) -> str:
     """A half-precision output a little off here and there: arithmetic done in half precision (an fp16 accumulator,
     the bias added in fp16, an intermediate rounded twice) instead of float with one rounding at the end."""
@@ -260,6 +416,9 @@ def _half_precision_rounding(ev: Evidence) -> str:
 
 _RULES = (
     _nothing_written,
+    _only_the_first_along_a_dimension,
+    _two_indices_swapped,
+    _grid_axis_from_another_size,
     _correct_only_below,
     _tail_along_a_dimension,
     _some_not_written,
@@ -270,6 +429,7 @@ _RULES = (
     _border_only,
     _shifted_by_one,
     _relu,
+    _error_follows_an_input,
     _constant_error,
     _depends_on_one_dimension,
     _half_precision_rounding,

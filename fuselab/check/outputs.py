@@ -110,12 +110,15 @@ class OutputComparison:
         return self.report()
 
 
-def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *, name: str = "out") -> OutputComparison:
+def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *,
+            name: str = "out", inputs: dict | None = None, wrote_outside: int = 0) -> OutputComparison:
     """Judge ``got`` against ``expected`` (ideally a float64 reference) with ``got.dtype``'s tolerance.
 
     ``atol`` (absolute) and ``rtol`` override the defaults of ``fuselab.check.tolerance``. NaN or inf in ``got``
     pass only where ``expected`` has NaN, or the same infinity once rounded to ``got.dtype``. Elements that
-    still hold fuselab's poison are reported as never written, not as wrong values.
+    still hold fuselab's poison are reported as never written, not as wrong values. ``inputs`` (name -> tensor),
+    the inputs that computed ``expected``, let a hint relate where the error is to an input's values;
+    ``wrote_outside``, the elements the candidate wrote around ``got`` (its guard bands), what an unwritten one means.
     """
     got = torch.as_tensor(got)
     expected = torch.as_tensor(expected).to(got.device)
@@ -125,10 +128,11 @@ def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None
             problem=f"has shape {tuple(got.shape)}, expected shape {tuple(expected.shape)}",
         )
     with torch.no_grad():
-        return _compare_values(got, expected, tolerance_for(got.dtype, atol, rtol), name)
+        return _compare_values(got, expected, tolerance_for(got.dtype, atol, rtol), name, inputs or {},
+                               wrote_outside)
 
 
-def _compare_values(got, expected, tolerance, name) -> OutputComparison:
+def _compare_values(got, expected, tolerance, name, inputs, wrote_outside) -> OutputComparison:
     poisoned = poison_mask(got)
     exact = not (got.dtype.is_floating_point or got.dtype.is_complex)
     wide = torch.complex128 if got.is_complex() or expected.is_complex() else torch.float64
@@ -184,7 +188,7 @@ def _compare_values(got, expected, tolerance, name) -> OutputComparison:
     if bool(finite_bad.any()):
         result.worst = element(int(torch.where(finite_bad, error, -1.0).reshape(-1).argmax()))
     if not got.is_complex():
-        result.hint = hint_for(Evidence(g, e, bad, not_written, allowed, name, got.dtype))
+        result.hint = hint_for(Evidence(g, e, bad, not_written, allowed, name, got.dtype, inputs, wrote_outside))
     return result
 
 

@@ -21,6 +21,10 @@ class CaseResult:
     error: str | None = None  # the exception the candidate raised, as "TypeError: ..."
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     hint: str = ""  # what a case built for one bug says when its values are wrong (the case's ``hint``)
+    # what the CPU emulation saw while the case failed: a barrier some threads skipped, a result that changed
+    # with the threads' order (``races.py``)
+    emulation_notes: list = field(default_factory=list)
+    reran: bool = field(default=False, repr=False, compare=False)  # rerun in another thread order
 
     @property
     def wrong_values(self) -> bool:
@@ -48,8 +52,9 @@ class CaseResult:
             what = "; ".join([c.summary() for c in failing] + self.problems) or "; ".join(c.summary() for c in self.comparisons)
         return f"{mark} {self.label}  {_first_line(what)}"
 
-    def details(self, hint: bool = True) -> str:
-        """The case in full; ``hint=False`` leaves out the case's own hint (said already for another case)."""
+    def details(self, hint: bool = True, said: set = frozenset()) -> str:
+        """The case in full; ``hint=False`` leaves out the case's own hint, and ``said`` the emulation's notes, that
+        the report gave for another case already."""
         lines = [f"{'✓' if self.passed else '✗'} {self.name}, {self.label}"]
         if self.error:
             lines.append(f"    the candidate raised {self.error}")
@@ -58,6 +63,9 @@ class CaseResult:
         for comparison in self.comparisons:
             if not comparison.passed:
                 lines.append(comparison.report(indent="    "))
+        for note in self.emulation_notes:
+            if note not in said:
+                lines.append(f"    the emulation saw: {note}")
         if hint and self.hint and self.wrong_values:
             lines.append(f"    this case: {self.hint}")
         return "\n".join(lines)
@@ -123,7 +131,7 @@ class CheckResult:
             return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
-        separated = _separating_field(self.cases)
+        separated = _separating_field(self.cases) or _separating_equality(self.cases)
         if separated:
             parts.append(separated)
         errors = {case.error for case in failures}
@@ -132,11 +140,20 @@ class CheckResult:
             parts.append(f"✗ each of the {len(failures)} failing cases (the first: {failures[0].label}) raised the "
                          f"same error:\n    {failures[0].error}")
             failures = []
-        said = set()  # a case's own hint, once per report
+        said = set()  # a case's own hint and the emulation's notes, once per report
         for case in failures[:_DETAILED_FAILURES]:
-            parts.append(case.details(hint=case.hint not in said))
+            parts.append(case.details(hint=case.hint not in said, said=said))
+            said.update(case.emulation_notes)
             if case.wrong_values:
                 said.add(case.hint)
+        shown = failures[:_DETAILED_FAILURES]
+        if shown and not any(c.hint for case in shown for c in case.comparisons):
+            # the first failing cases are often tiny (one channel, one pixel): too small to show a pattern
+            telling = next(((case, c) for case in failures[_DETAILED_FAILURES:] for c in case.comparisons if c.hint),
+                           None)
+            if telling:
+                case, comparison = telling
+                parts.append(f"a later failing case, {case.label}, shows a pattern:\n    hint: {comparison.hint}")
         if len(failures) > _DETAILED_FAILURES:
             more = failures[_DETAILED_FAILURES:]
             parts.append(f"{plural(len(more), 'more failing case')}:\n" + "\n".join("  " + case.line() for case in more))
@@ -178,6 +195,54 @@ def _first_line(text: str) -> str:
 
 
 __all__ = ["CaseResult", "CheckResult", "OutputComparison"]
+
+
+def _sizes(case) -> dict:
+    """A case's integer fields by name (``H``, ``W``), or, for a case without names, its first output's dimensions
+    (keys ``0``, ``1``, ...): the sizes an equality between two of them can be read from."""
+    named = {name: value for name, value in _fields(case.shape).items()
+             if isinstance(value, int) and not isinstance(value, bool)}
+    if named:
+        return named
+    return dict(enumerate(case.comparisons[0].shape)) if case.comparisons else {}
+
+
+def _separating_equality(cases) -> str:
+    """One sentence where every case with two sizes equal passes (H == W: a square image) and every failing case
+    has them different, nearly every such case failing: an index, a bound or a grid axis that uses one where the
+    other belongs is right exactly when they are equal (and wherever it happens not to matter, a 1 × 1 filter,
+    say). At least two different equal-size shapes, one larger than 1 × 1, so that a lone or a trivial square is
+    never offered as the cause, and three quarters of the others failing, so that a bug of the large cases (where
+    the squares happen to be small) is not either."""
+    sized = [(_sizes(c), c.passed) for c in cases if any(o.numel for o in c.comparisons) or not c.passed]
+    failing = [sizes for sizes, passed in sized if not passed]
+    if len(failing) < 2 or not failing[0]:
+        return ""
+    keys = list(failing[0])
+    for i, first in enumerate(keys):
+        for second in keys[i + 1:]:
+            if any(first not in f or second not in f or f[first] == f[second] for f in failing):
+                continue
+            equal = [(sizes[first], passed) for sizes, passed in sized if sizes.get(first) == sizes.get(second)]
+            unequal = [passed for sizes, passed in sized if sizes.get(first) != sizes.get(second)]
+            squares = {size for size, _ in equal}
+            if (len(squares) < 2 or max(squares) < 2 or not all(passed for _, passed in equal)
+                    or 4 * unequal.count(False) < 3 * len(unequal)):
+                continue
+            if isinstance(first, int):
+                output = next(c.comparisons[0].name for c in cases if c.comparisons)
+                equal_cases = f"every case where `{output}` is as long along dimension {first} as along {second}"
+                others = "every other case" if all(not p for p in unequal) else \
+                    f"{unequal.count(False)} of the {len(unequal)} other cases"
+            else:
+                equal_cases = f"every case with {first} == {second}"
+                others = f"every case with {first} != {second}" if all(not p for p in unequal) else \
+                    f"{unequal.count(False)} of the {len(unequal)} cases with {first} != {second}"
+            return (f"{equal_cases} passes, and {others} fail{'s' if others.startswith('every') else ''}: the "
+                    f"result is right when the two are equal (a square image or matrix). Somewhere one is used "
+                    f"where the other belongs: in an index (row * width + col), a bound, a loop, an output size, "
+                    f"or the grid's x and y.")
+    return ""
 
 
 def _fields(shape) -> dict:

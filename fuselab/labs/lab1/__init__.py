@@ -243,6 +243,11 @@ SMALL_DEPTHWISE_CASES = [
     DepthwiseCase(2, 2, 3, 37, True, "leaky_relu"),
     DepthwiseCase(1, 3, 18, 2, False, "relu"),
 ]
+# Square images beside the others: H and W swapped somewhere (an index, a bound, the grid's x and y) is right
+# exactly where H == W, and a check can say so only where some cases are square and others are not. Two sizes,
+# one larger than a block of 8 rows, so that a square case is no accident.
+SMALL_CONV_CASES += [ConvCase(1, 2, 9, 9, 3, 3, 1, 1, True, "relu"), ConvCase(2, 3, 12, 12, 2, 3, 2, 0, False, "none")]
+SMALL_DEPTHWISE_CASES += [DepthwiseCase(1, 2, 6, 6, True, "relu"), DepthwiseCase(2, 2, 11, 11, False, "none")]
 # Empty batches (N = 0): nothing to compute, and a launcher must launch nothing, since CUDA refuses a grid of 0
 # blocks. Last in each list: on a GPU a check stops at a case that raised, and the others come first.
 SMALL_CONV_CASES.append(ConvCase(0, 3, 6, 7, 4, 3, 1, 1, True, "relu"))

@@ -17,7 +17,7 @@ from .kernels import (
     HIDDEN_SMALL_SHAPES, IN_REGISTERS, LAUNCH_BOUND_SHAPE, NETWORK_RESULTS, NOTEBOOK, REFERENCE_SOURCES,
     REFERENCE_UNFUSED_SOURCE, RELU, SMALL_SHAPES, SOLUTION_SOURCES, STARTER_SOURCE, TIMED_SHAPE, UNFUSED_LAUNCHERS,
     build_reference, build_starter, bytes_moved, conv_bn, eager, eager_folded, fused, in_registers, make_inputs,
-    reference, unfused,
+    reference, unfused, VarianceSpread,
 )
 from .fold import (
     FOLD_CASES, HIDDEN_FOLD_CASES, _BNS, _CONVS, _check_pair_refusals, _input_for, _snapshot, _unchanged,

@@ -1,6 +1,8 @@
 """Lab 2's kernels: the launchers, the fixed unfused reference and the starter kernel, the inputs, float64
 references and shapes of part C."""
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -110,8 +112,22 @@ def build_starter():
 # row, widths that are not multiples of 4, batch 1. GPU shapes are for the hidden tests and for timing.
 # Each list ends in an empty batch (N = 0): nothing to compute, so a launcher must launch nothing (CUDA refuses a
 # grid of 0 blocks); last, because on a GPU a check stops at a case that raised and the others come first.
-SMALL_SHAPES = [(1, 1, 1, 1), (1, 1, 3, 3), (2, 3, 5, 7), (1, 4, 16, 16), (3, 5, 9, 33), (2, 32, 12, 10),
-                (0, 3, 5, 7)]
+class VarianceSpread(NamedTuple):
+    """An (N, C, H, W) case whose running variances spread over six decades, 1e-4 to 1e2, instead of 0.05 to 1.5.
+
+    eps (1e-3) is then larger than the smallest variances and negligible next to the largest, so a BN applied with
+    eps in the wrong place (1/(sqrtf(var) + eps) for rsqrtf(var + eps)) is far off in the small-variance channels
+    and nearly right in the others, and the check's hint can read that from the data."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+
+
+# The case built for eps comes early: a report details the first failing cases, and its pattern is the telling one.
+SMALL_SHAPES = [(1, 1, 1, 1), (1, 1, 3, 3), VarianceSpread(1, 16, 6, 7), (2, 3, 5, 7), (1, 4, 16, 16), (3, 5, 9, 33),
+                (2, 32, 12, 10), (0, 3, 5, 7)]
 HIDDEN_SMALL_SHAPES = [(1, 7, 31, 17), (5, 3, 1, 40), (2, 130, 6, 6), (1, 2, 40, 1), (4, 9, 13, 22), (0, 2, 4, 9)]
 GPU_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (1, 32, 112, 112), (3, 33, 57, 29), (5, 130, 31, 17), (8, 144, 56, 56),
               (0, 32, 112, 112)]
@@ -126,9 +142,10 @@ NETWORK_RESULTS = "lab2_network.json"  # the folded network at batch 1, timed bo
 def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
     """x, w, b, mean, var, gamma, beta, w_folded, b_folded for a depthwise 3×3 conv + BN on an (N, C, H, W) input.
 
-    Random and never zero: some γ negative, variances from 0.05 (where eps matters) to 1.5. The folded parameters
-    come from ``torch.nn.utils.fusion.fuse_conv_bn_weights`` in float64, rounded once to ``dtype``. The activation
-    is drawn on ``device`` itself (77M normal numbers take seconds on a CPU), so its values depend on the device.
+    Random and never zero: some γ negative, variances from 0.05 (where eps matters) to 1.5 (1e-4 to 1e2 for a
+    ``VarianceSpread`` case). The folded parameters come from ``torch.nn.utils.fusion.fuse_conv_bn_weights`` in
+    float64, rounded once to ``dtype``. The activation is drawn on ``device`` itself (77M normal numbers take
+    seconds on a CPU), so its values depend on the device.
     """
     n, c, h, w = shape
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -141,6 +158,8 @@ def make_inputs(shape, seed, device="cpu", dtype=torch.float32):
     bias = normal(c, scale=0.3)
     mean = normal(c, scale=0.5)
     var = torch.rand(c, generator=gen, dtype=torch.float64) * 1.45 + 0.05
+    if isinstance(shape, VarianceSpread):
+        var = 10.0 ** (torch.rand(c, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 6 - 4)
     gamma = normal(c, scale=0.5, shift=1.0)
     beta = normal(c, scale=0.3)
     w_folded, b_folded = torch.nn.utils.fusion.fuse_conv_bn_weights(weight, bias, mean, var, EPS, gamma, beta)
