@@ -60,6 +60,79 @@ def count_errors(diagnostics: str) -> int:
     return len(re.findall(r"\berror\b", diagnostics, re.I))
 
 
+_WITH = re.compile(r"\[with ([^\]]*)\]")
+
+
+def merge_repeated(diagnostics: str, log: str, filename: str) -> tuple[str, int]:
+    """Each distinct message once: a template compiled for several types (``float`` and ``__half``) reports the same
+    error at the same line once per instantiation, which reads as twice the mistakes. A repeated message keeps its
+    first copy, followed by a line naming the instantiations it came from (``T = float``, ``T = __half``). Returns
+    the merged text and how many repeats were merged into an earlier copy."""
+    blocks = _blocks(diagnostics.split("\n"), filename)
+    instantiations = iter(_gcc_instantiations(log, filename))
+    merged, seen, repeats = [], {}, 0
+    for block in blocks:
+        key = "\n".join(line for line in block if "instantiation" not in line and "required from" not in line)
+        is_message = bool(re.match(rf"{re.escape(filename)}[:(]", block[0])) and _MESSAGE.search(block[0])
+        where = _WITH.search("\n".join(block[1:]))  # nvcc names the instantiation under the message
+        label = where.group(1) if where else (next(instantiations, None) if is_message else None)
+        if is_message and key in seen:
+            seen[key][1].append(label)
+            repeats += 1
+            continue
+        entry = [list(block), [label]]
+        merged.append(entry)
+        if is_message:
+            seen[key] = entry
+    out = []
+    for block, labels in merged:
+        out += block
+        if len(labels) > 1:
+            named = [_tidy(label) for label in labels if label]
+            if not named:
+                out.append(f"      (the compiler reported this {len(labels)} times; one fix removes them all)")
+                continue
+            which = f": {', '.join(named)}" if len(named) == len(labels) and len(set(named)) == len(named) else ""
+            out.append(f"      (reported once for each of {len(labels)} instantiations of the template{which}; "
+                       f"one fix removes them all)")
+    return "\n".join(out), repeats
+
+
+def _blocks(lines: list, filename: str) -> list:
+    """The diagnostics in blocks: a line naming the file, with the indented lines under it."""
+    blocks = []
+    for line in lines:
+        if blocks and (not line.startswith(filename)) and (line.startswith((" ", "|")) or not line.strip()):
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+    return blocks
+
+
+def _gcc_instantiations(log: str, filename: str) -> list:
+    """For each of g++'s messages about ``filename``, in order: the template arguments of the instantiation it
+    came from (g++ names it on an ``In instantiation of`` line before the message), or None."""
+    labels, current = [], None
+    for line in strip_ansi(log).splitlines():
+        line = _shorten_paths(line.rstrip(), filename)
+        if not line.startswith(filename):
+            continue
+        if "In instantiation of" in line:
+            found = _WITH.search(line)
+            current = found.group(1) if found else None
+        elif re.match(rf"{re.escape(filename)}: (In function|At global scope|In member function)", line):
+            current = None
+        elif re.match(rf"{re.escape(filename)}:\d+:\d+:\s*(fatal error|error|warning|note)\b", line):
+            if not re.match(rf"{re.escape(filename)}:\d+:\d+:\s*note\b", line):
+                labels.append(current)
+    return labels
+
+
+def _tidy(label: str) -> str:
+    """``T=float`` (nvcc) and ``T = float`` (g++) alike: ``T = float``."""
+    return re.sub(r"\s*=\s*", " = ", label.strip())
+
+
 def _shorten_paths(line: str, filename: str) -> str:
     # "/root/.cache/fuselab/builds/x/cuda.cu" style paths and "/path/to/kernel.cu" both become "kernel.cu".
     return re.sub(r"(?:/[^\s:()\"']+/)" + re.escape(filename), filename, line)

@@ -770,3 +770,18 @@ def test_eps_outside_the_square_root_in_registers_says_the_error_grows_where_the
     assert not result.passed and "the error grows where `var` is smallest" in report, report
     assert "eps outside the square root" in report, report
 
+
+# ------------------------------------------------------------------------------------------ template errors
+def test_a_template_error_is_reported_once_with_the_instantiations_it_came_from():
+    """Lab 3's template compiled for float and __half: a mistake in it was reported twice, as two errors."""
+    from fuselab.labs import lab3
+    text = _lab_source("lab3", "TEMPLATE_SOURCE")
+    typo = random.Random(26).choice(["to_flaot", "to_floatt", "tofloat"])
+    old = "? to_float(a[(int64_t)row * K + k0 + tx])"
+    assert old in text
+    with pytest.raises(fuselab.BuildError) as raised:
+        fuselab.build(text.replace(old, old.replace("to_float", typo)), lab3.FUSED_LAUNCHERS,
+                      name="msg_template_" + typo, backend="emulate")
+    said = str(raised.value)
+    assert len(re.findall(rf"[‘']{typo}[’'] was not declared", said)) == 1 and "(1 distinct error)" in said, said
+    assert "2 instantiations of the template: T = float, T = __half" in said, said
