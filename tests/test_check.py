@@ -507,3 +507,85 @@ def test_a_case_built_for_one_bug_adds_its_hint_once_when_its_values_are_wrong()
     assert right.passed and "this case" not in repr(right)
     report = check(unwritten, reference, make, cases[:1], seeds=(0,), raise_on_fail=False, verbose=False).report()
     assert "never written" in report and "this case:" not in report, report  # not a wrong value: not its bug
+
+
+# --- patterns of where the bad elements are, from the data alone -----------------------------------------------
+
+
+def _hint(got, expected, name="y", **evidence):
+    from fuselab.check.hints import Evidence, hint_for
+    got, expected = got.double(), expected.double()
+    not_written = torch.isnan(got)
+    bad = not_written | ((got - expected).abs() > 1e-6)
+    return hint_for(Evidence(got, expected, bad, not_written, torch.full_like(got, 1e-6), name, torch.float32,
+                             **evidence))
+
+
+def test_only_the_first_plane_right_is_said_so_with_the_grid_axis_that_walks_the_planes():
+    expected = torch.randn(2, 3, 5, 6)
+    got = torch.full_like(expected, float("nan"))
+    got[0, 0] = expected[0, 0]  # a plane index that is 0 for every thread
+    hint = _hint(got, expected)
+    assert "only `y[0, 0]` (the first plane" in hint and "the other 5 of the 6 planes are never written" in hint
+    assert "blockIdx.z" in hint, hint
+    batch = torch.randn(3, 2, 4, 5)
+    copies = batch[:1].expand_as(batch).clone()  # every batch item computed from the inputs of item 0
+    assert "the other 2 indices along it each hold what `y[0]` should hold" in _hint(copies, batch)
+
+
+def test_a_tail_from_the_other_dimensions_rounded_up_size_suggests_swapped_grid_axes():
+    expected = torch.randn(40, 50)
+    got = expected.clone()
+    got[:, 48:] = float("nan")  # blocks along x from the 40 rows: 3 × 16 = 48 columns
+    hint = _hint(got, expected)
+    assert "48 is the other dimension's size (40, dimension 0) rounded up to a multiple of 16" in hint, hint
+    assert "Are the grid's x and y swapped?" in hint and "rounds down" in hint, hint  # 50 / 16 = 3 blocks, too
+    got = expected.clone()
+    got[:, 8:] = float("nan")  # 8 of 50 columns: no rounding of 50, nor of 40
+    hint = _hint(got, expected)
+    assert "8 is not 50 rounded down to a block size" in hint and "x and y swapped" in hint, hint
+
+
+def test_a_grid_that_rounds_down_keeps_the_round_up_hint():
+    expected = torch.randn(3, 37)
+    got = expected.clone()
+    got[:, 32:] = float("nan")
+    hint = _hint(got, expected)  # 32 is 37 rounded down to 32, and 3 rounded up to 32: the rounding comes first
+    assert "either the number of blocks along it rounds down (37 / block: round it up" in hint, hint
+    assert hint.index("round it up") < hint.index("x and y swapped"), hint
+
+
+def test_two_indices_swapped_when_a_dimension_stops_at_another_ones_size_and_writes_land_past_the_end():
+    expected = torch.randn(2, 5, 3, 4)
+    got = expected.clone()
+    got[:, 2:] = float("nan")
+    hint = _hint(got, expected, wrote_outside=72)
+    assert "2 is the size of dimension 0" in hint and "Are the two indices swapped" in hint, hint
+    assert "Are the two indices swapped" not in _hint(got, expected)  # nothing written outside: a short grid
+
+
+def test_an_error_concentrated_where_an_input_is_smallest_names_it():
+    var = torch.logspace(-4, 2, 12)[torch.randperm(12, generator=torch.Generator().manual_seed(3))]
+    expected = torch.randn(1, 12, 4, 5) + 3
+    got = expected * (1 + 1e-3 / var.sqrt()).reshape(1, 12, 1, 1)  # a relative error that grows as var shrinks
+    hint = _hint(got, expected, inputs={"mean": torch.randn(12), "var": var})
+    assert "the error grows where `var` is smallest" in hint and "eps outside the square root" in hint, hint
+    shuffled = expected * (1 + 1e-3 * torch.rand(12, generator=torch.Generator().manual_seed(4))).reshape(1, 12, 1, 1)
+    assert "grows where" not in _hint(shuffled, expected, inputs={"var": var})  # unrelated to var
+
+
+def test_a_check_says_when_exactly_the_square_cases_pass():
+    def make_inputs(shape, seed):
+        return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)
+
+    def transpose_blindly(x, y):  # right only where rows == columns
+        y.copy_(x.reshape(x.shape[1], x.shape[0]).T if x.shape[0] != x.shape[1] else x)
+
+    shapes = [(3, 3), (6, 6), (4, 7), (9, 5), (2, 8)]
+    result = check(transpose_blindly, lambda x: x, make_inputs, shapes, seeds=(0,), raise_on_fail=False,
+                   verbose=False)
+    assert "every case where `y` is as long along dimension 0 as along 1 passes, and every other case fails" in \
+        result.report(), result.report()
+    result = check(transpose_blindly, lambda x: x, make_inputs, [(1, 1), (4, 7), (9, 5)], seeds=(0, 1),
+                   raise_on_fail=False, verbose=False)
+    assert "as long along" not in result.report()  # one square shape, and a trivial one: no evidence

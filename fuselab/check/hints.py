@@ -65,41 +65,44 @@ _BLOCK_SIZES = {32, 64, 128, 256, 512, 1024}
 
 
 def _only_the_first_along_a_dimension(ev: Evidence) -> str:
-    """Index 0 along a leading dimension (or the first plane of the leading dimensions) right, every other index
-    wrong: every thread works on the first item, as when the batch or plane index is a constant or a size instead
-    of coming from the grid (``blockIdx.z``), or the grid has one block along that axis."""
-    bad, shape = ev.bad, tuple(ev.bad.shape)
-    for lead in range(1, len(shape)):  # the first `lead` dimensions, flattened: dimension 0, then the planes
-        items = 1
-        for size in shape[:lead]:
-            items *= size
-        rest = bad.numel() // items if items else 0
+    """Index 0 along a dimension before the last two (the batch, the channels), or the first plane of them, right,
+    every other index wrong: every thread works on the first item, as when that index is a constant or a size
+    instead of coming from the grid (``blockIdx.z``), or the grid has one block along the axis that walks it."""
+    shape = tuple(ev.bad.shape)
+    # (description, how to bring that dimension or those dimensions to the front, flattened)
+    views = [(f"index 0 along dimension {d}", d, lambda t, d=d: t.movedim(d, 0)) for d in range(len(shape) - 2)]
+    views += [(f"the first plane: index 0 along each of dimensions 0 to {lead - 1}", lead, None)
+              for lead in range(2, len(shape) - 1)]
+    for what, where, front in views:
+        if front is None:  # the first `where` dimensions, flattened
+            items = 1
+            for size in shape[:where]:
+                items *= size
+            first = format_index(ev.name, (0,) * where)
+            front = lambda t: t  # noqa: E731 - already in front
+        else:
+            items = shape[where]
+            first = f"{ev.name}[" + ", ".join("0" if d == where else ":" for d in range(where + 1)) + "]"
+        rest = ev.bad.numel() // items if items else 0
         if items < 2 or rest < _FEW:
             continue
-        flat = bad.reshape(items, rest)
-        if bool(flat[0].any()) or not bool(flat[1:].all()):
+        bad, got, expected, allowed = (front(t).reshape(items, rest) for t in (ev.bad, ev.got, ev.expected, ev.allowed))
+        if bool(bad[0].any()) or not bool(bad[1:].all()):
             continue
-        first = format_index(ev.name, (0,) * lead)
-        if lead == 1:
-            which = (f"`{first}` (index 0 along dimension 0) is right; the other {items - 1} "
-                     f"{'index' if items == 2 else 'indices'} along it")
-        else:
-            which = (f"`{first}` (the first plane: index 0 along each of dimensions 0 to {lead - 1}) is right; the "
-                     f"other {items - 1} of the {items} planes")
-        expected_first = ev.expected.reshape(items, rest)[0]
-        copies_first = ev.close(ev.got.reshape(items, rest)[1:], expected_first.expand(items - 1, rest),
-                                ev.allowed.reshape(items, rest)[1:])
         one = items == 2
-        if bool(ev.not_written[bad].all()):
+        others = f"the other {items - 1} {'index' if one else 'indices'} along it" if "plane" not in what else \
+            f"the other {items - 1} of the {items} planes"
+        if bool(front(ev.not_written).reshape(items, rest)[1:].all()):
             how = "is never written" if one else "are never written"
-        elif copies_first:
+        elif ev.close(got[1:], expected[0].expand(items - 1, rest), allowed[1:]):
             how = f"{'holds' if one else 'each hold'} what `{first}` should hold"
         else:
             how = f"{'is' if one else 'are'} wrong, though written"
-        return (f"only {which} {how}: every thread works on the first one. Its index is 0 or the same for every "
-                f"thread (a size such as N, C or K where an index belongs), or the grid has a single block along the "
-                f"axis that walks it. Take that index from the grid (`blockIdx.z` for a grid whose z dimension has "
-                f"one block per item, as `dim3 grid(x, y, N)` gives), and launch that many blocks along it.")
+        return (f"only `{first}` ({what}) is right; {others} {how}: every thread works on the first one. Its index "
+                f"is 0 or the same for every thread (a size such as N, C or K where an index belongs), or the grid "
+                f"has a single block along the axis that walks it (as when the grid's axes are swapped). Take that "
+                f"index from the grid (`blockIdx.z` for a grid whose z dimension has one block per item, as "
+                f"`dim3 grid(x, y, N)` gives), and launch that many blocks along it.")
     return ""
 
 
@@ -158,11 +161,16 @@ def _grid_axis_from_another_size(ev: Evidence) -> str:
                 f"written, and every one before is right")
         swapped = ("Are the grid's x and y swapped? x walks the columns (the last dimension: "
                    "`blockIdx.x * blockDim.x + threadIdx.x`, with enough blocks for the columns), y the rows")
+        swapped_weak = "Are the grid's x and y swapped (x walks the columns, the last dimension; y the rows)"
+        round_up = f"the number of blocks along it rounds down ({size} / block: round it up, (n + block - 1) / block)"
+        if from_other is not None and rounded_down and other_size <= from_other:
+            # any size below one block rounds up to it: weak evidence, so the common cause comes first
+            return (f"{said}: either {round_up}, or it was computed from the other dimension ({start} is its size, "
+                    f"{other_size}, rounded up to a multiple of {from_other}). {swapped_weak}?")
         if from_other is not None:
             why = (f"{start} is the other dimension's size ({other_size}, dimension {other}) rounded up to a "
                    f"multiple of {from_other}: the grid's extent along this axis was computed from that size")
-            also = (f" (Or the number of blocks rounds down, {size} / block: round it up, (n + block - 1) / block.)"
-                    if rounded_down else "")
+            also = f" (Or {round_up}.)" if rounded_down else ""
             return f"{said}. {why}. {swapped}.{also}"
         return (f"{said}, and {start} is not {size} rounded down to a block size: the grid's extent along this axis "
                 f"was computed from another size. {swapped}.")

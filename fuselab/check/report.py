@@ -198,13 +198,11 @@ __all__ = ["CaseResult", "CheckResult", "OutputComparison"]
 
 
 def _sizes(case) -> dict:
-    """A case's integer fields by name (``H``, ``W``), or, for a case without names, its first output's dimensions
-    (keys ``0``, ``1``, ...): the sizes an equality between two of them can be read from."""
+    """A case's integer fields by name (``H``, ``W``), then its first output's dimensions (keys ``0``, ``1``, ...,
+    which cases with and without names share): the sizes an equality between two of them can be read from."""
     named = {name: value for name, value in _fields(case.shape).items()
              if isinstance(value, int) and not isinstance(value, bool)}
-    if named:
-        return named
-    return dict(enumerate(case.comparisons[0].shape)) if case.comparisons else {}
+    return {**named, **(dict(enumerate(case.comparisons[0].shape)) if case.comparisons else {})}
 
 
 def _separating_equality(cases) -> str:
