@@ -620,7 +620,7 @@ class Worker {
     } else {
       note = at(barrier_line_) + " of kernel " + plan->site.kernel + " was passed by " +
              std::to_string(block_arrived_) + " of the " + std::to_string(nthreads) + " threads of " + block +
-             "; the other " + std::to_string(nthreads - block_arrived_) + " had returned without reaching it " +
+             "; the other " + std::to_string(nthreads - block_arrived_) + " had exited without reaching it " +
              "(a barrier inside an `if` that not every thread takes, or a `return` before it)";
     }
     plan->note_barrier(note);
