@@ -3,7 +3,6 @@
 import os
 import stat
 import time
-from pathlib import Path
 
 import pytest
 
@@ -136,34 +135,3 @@ def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
     assert "bob" not in section
     quiet = ClassResult(out=tmp_path, results=[result("bob", [])], problems=[])
     assert "Nothing." in report.markdown(quiet).split("## To look at")[1]
-
-
-@pytest.mark.parametrize("device, side_by_side", [("0", True), (None, False)])
-def test_the_two_runs_of_a_submission_overlap_on_a_gpu_and_follow_each_other_on_a_cpu(monkeypatch, device,
-                                                                                      side_by_side):
-    # On a GPU both runs mostly wait (process starts, another submission's timing), so a submission takes the
-    # longer of the two, not their sum; the notebook run then builds its own kernels instead of copying builds
-    # the recheck is still writing. On a CPU worker each run is CPU time: one after the other, builds copied.
-    from types import SimpleNamespace
-    from fuselab.grading import pipeline
-    spans, copied = {}, []
-
-    def timed(name):
-        def run_it(run, **kwargs):
-            spans[name] = [time.monotonic()]
-            time.sleep(0.5)
-            spans[name].append(time.monotonic())
-        return run_it
-    monkeypatch.setattr(pipeline, "clean_recheck", timed("clean"))
-    monkeypatch.setattr(pipeline, "_copy_builds", lambda source, target: copied.append(source))
-    monkeypatch.setattr(pipeline.nbgrader_run, "autograde_one", lambda *a, **k: timed("nbgrader")(None))
-    monkeypatch.setattr(pipeline, "_base_env", lambda *a: {})
-    run = SimpleNamespace(device=device, settings=SimpleNamespace(out=Path("/nonexistent"), cell_timeout=1,
-                                                                   submission_timeout=1, sandbox=False),
-                          workdir=Path("/nonexistent/work"), sub=SimpleNamespace(student="s", lab="lab0",
-                                                                                 notebook="n.ipynb"),
-                          limits=None, hide=[], lease=None)
-    pipeline.both_runs(run)
-    overlap = min(spans["clean"][1], spans["nbgrader"][1]) - max(spans["clean"][0], spans["nbgrader"][0])
-    assert (overlap > 0.3) if side_by_side else (overlap < 0 and spans["clean"][1] <= spans["nbgrader"][0])
-    assert bool(copied) != side_by_side

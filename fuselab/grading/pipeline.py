@@ -214,38 +214,18 @@ def clean_recheck(run: SubmissionRun) -> None:
                                   sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
 
 
-def notebook_run(run: SubmissionRun, after_recheck: bool = True) -> None:
+def notebook_run(run: SubmissionRun) -> None:
     """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck."""
     settings = run.settings
-    if after_recheck:
-        # it builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so nothing the
-        # notebook run does reaches what the clean recheck used)
-        _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", run.workdir / "cache")
+    # it builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so nothing the
+    # notebook run does reaches what the clean recheck used)
+    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", run.workdir / "cache")
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
     env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
     run.notebook_run = nbgrader_run.autograde_one(
         settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
         cell_timeout=settings.cell_timeout, wall_timeout=settings.submission_timeout, limits=run.limits, env=env,
         sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
-
-
-def both_runs(run: SubmissionRun) -> None:
-    """The clean recheck and nbgrader's run of the notebook. On a GPU they run side by side: each spends most of
-    its time waiting (Python, torch and CUDA starting in each process, nbgrader and its kernel starting, the GPU
-    held by another submission's timing), so one after the other a submission took their sum (120 s of 89 + 31
-    with 10 sharing an H200, docs/RESULTS.md). The notebook run then builds its own kernels (about a second
-    each). On a CPU worker they follow each other, the notebook run starting from the recheck's builds: the
-    emulation's builds and kernels are CPU time, and the cores are already shared out among the workers."""
-    if run.device is None:
-        clean_recheck(run)
-        notebook_run(run)
-        return
-    with ThreadPoolExecutor(max_workers=1) as side:
-        nbgrader_run_done = side.submit(notebook_run, run, after_recheck=False)
-        try:
-            clean_recheck(run)
-        finally:
-            nbgrader_run_done.result()  # ends by its own limits; its error, if any, is raised here
 
 
 def combine_runs(run: SubmissionRun) -> None:
@@ -279,7 +259,7 @@ def save(run: SubmissionRun) -> None:
     _write_result(run.workdir / "result.json", run.result)
 
 
-SUBMISSION_STEPS = (prepare, both_runs, combine_runs, scrub_messages, stamp, sandbox_held, save)
+SUBMISSION_STEPS = (prepare, clean_recheck, notebook_run, combine_runs, scrub_messages, stamp, sandbox_held, save)
 
 
 def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
