@@ -9,7 +9,7 @@ from ..native_check import NativeCodeRefused
 from .outputs import compare
 from .errors import CheckFailed
 from .formatting import format_index, format_value, plural
-from .poison import GuardedOutput, bits_differ, guarded_input
+from .poison import GuardedOutput, bits_differ, first_change, guarded_input
 from .races import order_dependence
 from .reference import run_reference
 from .report import CaseResult, CheckResult
@@ -222,14 +222,11 @@ def _changed_inputs(originals: dict, inputs: tuple, names: list) -> list:
         if tuple(after.shape) != tuple(before.shape) or after.dtype != before.dtype:
             problems.append(f"{label} was changed in place: now {after.dtype} of shape {tuple(after.shape)}")
             continue
-        changed = bits_differ(before, after)
-        count = int(changed.sum())
-        if count == 0:
+        change = first_change(bits_differ(before, after), before, after)
+        if change is None:
             continue
-        flat = int(changed.reshape(-1).to(torch.uint8).argmax())
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), after.shape)) if after.dim() else ()
+        count, index, was, now = change
         where = format_index(name, index) if named else f"index {index}"
-        was, now = before.reshape(-1)[flat].item(), after.reshape(-1)[flat].item()
         problems.append(
             f"{label} was modified: {count} of {plural(after.numel(), 'element')} changed "
             f"(first {where}: was {format_value(was)}, now {format_value(now)}). "

@@ -81,6 +81,17 @@ def bits_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a != b) & ~both_nan
 
 
+def first_change(changed: torch.Tensor, before: torch.Tensor, after: torch.Tensor):
+    """What a report says of a change: ``(how many changed, the first one's index, its value before, after)``, or
+    None where ``changed`` (an elementwise mask over both) holds nowhere."""
+    count = int(changed.sum())
+    if count == 0:
+        return None
+    flat = int(changed.reshape(-1).to(torch.uint8).argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), after.shape)) if after.dim() else ()
+    return count, index, before.reshape(-1)[flat].item(), after.reshape(-1)[flat].item()
+
+
 def guard_size(numel: int) -> int:
     """Guard elements on each side: at least 4096 (a few rounded-up grids), up to the output's own size."""
     size = min(max(numel, _GUARD_MIN), _GUARD_MAX)

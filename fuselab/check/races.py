@@ -10,7 +10,7 @@ kernels the emulation ran in this process can be rerun so (``fuselab.launch_reco
 import torch
 
 from .formatting import format_index, format_value, plural
-from .poison import GuardedOutput, guarded_input
+from .poison import GuardedOutput, first_change, guarded_input
 from .tolerance import tolerance_for
 
 
@@ -36,13 +36,10 @@ def order_dependence(candidate, originals: dict, inputs: tuple, specs: list, fir
         for module, (order, seed) in saved:
             module.set_thread_order(order, seed)
     for before, after, name in zip(first, (o.view for o in outputs), names):
-        changed = _changed(before, after)
-        count = int(changed.sum())
-        if count == 0:
+        change = first_change(_changed(before, after), before, after)
+        if change is None:
             continue
-        flat = int(changed.reshape(-1).to(torch.uint8).argmax())
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), before.shape)) if before.dim() else ()
-        was, now = before.reshape(-1)[flat].item(), after.reshape(-1)[flat].item()
+        count, index, was, now = change
         return (f"the result depends on the order the threads of a block run in: run again with them in {other} "
                 f"order (the module's `set_thread_order(\"{other}\")`), `{name}` changes at "
                 f"{count} of {plural(before.numel(), 'element')} (first {format_index(name, index)}: "

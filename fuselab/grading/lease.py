@@ -308,11 +308,15 @@ class LeaseServer:
         elif (self.folder / (SLOT_RELEASED + self.slot)).exists() or not self.child.alive():
             self._give_back_slot()
 
+    def _remove(self, prefixes, number: str) -> None:
+        """One request's files (a link is removed, never followed)."""
+        for prefix in prefixes:
+            with contextlib.suppress(OSError):
+                (self.folder / (prefix + number)).unlink()
+
     def _give_back_slot(self) -> None:
         if self.slot is not None:
-            for prefix in (SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED):
-                with contextlib.suppress(OSError):
-                    (self.folder / (prefix + self.slot)).unlink()
+            self._remove((SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED), self.slot)
             self.slot = None
             self.lease.speed_slots.release()
 
@@ -346,9 +350,7 @@ class LeaseServer:
     def finish(self) -> None:
         """Give the GPU back (idempotent)."""
         if self.holding is not None:
-            for prefix in (REQUEST, GRANTED, RELEASED):
-                with contextlib.suppress(OSError):
-                    (self.folder / (prefix + self.holding)).unlink()
+            self._remove((REQUEST, GRANTED, RELEASED), self.holding)
             self.holding = None
             self.holds.append([self._granted_epoch, time.time()])
             self.lease.release()
