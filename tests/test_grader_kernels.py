@@ -222,6 +222,7 @@ def test_a_speedup_the_checkers_clock_cannot_see_is_capped_and_flagged(monkeypat
     monkeypatch.setattr(kernels, "WALL_BATCH_S", 0.2)
     # the worker claims 6x; from outside its calls take twice as long as the reference's: graded at the bound
     check = kernels.SpeedCheck(_Host(per_call=0.008), _side(0.004), 3)
+    check.prepare()
     record = check.verdict("lab0.add_relu_mul", 4, _worker_record(6.0, 0.004, 0.004 / 6))
     assert 0.35 < record["wall_speedup"] < 0.65, record
     assert record["graded_speedup"] == pytest.approx(record["wall_speedup"] * (1 + kernels.WALL_TOLERANCE))
@@ -232,6 +233,7 @@ def test_a_speedup_the_checkers_clock_cannot_see_is_capped_and_flagged(monkeypat
 def test_an_honest_speedup_the_clock_confirms_is_graded_as_measured(monkeypatch):
     monkeypatch.setattr(kernels, "WALL_BATCH_S", 0.2)
     check = kernels.SpeedCheck(_Host(per_call=0.002), _side(0.004), 3)
+    check.prepare()
     record = check.verdict("lab0.add_relu_mul", 4, _worker_record(1.9, 0.004, 0.0021))
     assert record["graded_speedup"] == record["speedup"] == record["worker_speedup"] == 1.9
     assert "flag" not in record and record["points"] == 4.0
@@ -240,11 +242,14 @@ def test_an_honest_speedup_the_clock_confirms_is_graded_as_measured(monkeypatch)
 
 def test_a_record_that_was_not_measured_or_cannot_be_verified_earns_nothing():
     check = kernels.SpeedCheck(_Host(0.0), _side(0.0), 3)
+    check.prepare()
     record = check.verdict("lab0.add_relu_mul", 4, kernels._record({"status": "not measured (no GPU)", "points": 4.0}))
     assert record["points"] == 0.0 and record["status"] == "not measured (no GPU)"
     # a measured speedup the checker cannot bound by its own clock (no reference of its own) fails closed
     side = dict(_side(0.0), reference_op=None)
-    record = kernels.SpeedCheck(_Host(0.0), side, 3).verdict("t", 4, _worker_record(50.0, 1e-3, 2e-5))
+    unbounded = kernels.SpeedCheck(_Host(0.0), side, 3)
+    unbounded.prepare()
+    record = unbounded.verdict("t", 4, _worker_record(50.0, 1e-3, 2e-5))
     assert record["points"] == 0.0 and record["status"].startswith("not verified") and record["flag"]
     # a NaN, or no number at all, is not a speedup
     record = kernels.SpeedCheck(_Host(0.0), _side(0.0), 3).verdict(

@@ -559,6 +559,8 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     assert len(spans) == (2 if dies else 3)
     most_at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
     assert most_at_once == (1 if dies else 2)
+    # the wait for a slot is a pause (not held against the test's time limit), however long it lasts
+    assert max(server.waited_s for server in servers) > 0.3
     assert all(not list(s.folder.glob("slot-*")) for s in servers), "slot files left behind"
     # every slot came back, the dead child's too
     assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))

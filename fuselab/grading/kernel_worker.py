@@ -17,7 +17,7 @@ Requests (pickles from the checker): ``("cell", label, source, values)``, ``("bu
 ``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
 or ``["raise", "fuselab", type, message]``. In the middle of a request, a timing here asks for the GPU with
-``["lease"]`` and ends its hold with ``["released"]`` (``_lease_from_checker``).
+``["lease"]`` and waits for the checker's answer (``_lease_from_checker``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from . import wire
 from .cellrunner import _cuda_poisoned, _execute
-from .kernels import KERNEL_ERRORS
+from .kernels import KERNEL_ERRORS, _free_gpu_memory, _synchronize
 from .transfer import ENV as TRANSFER_ENV, Transfer
 
 SPEED_STATUSES = ("measured", "not measured (no GPU)")
@@ -147,11 +147,9 @@ class KernelWorker:
         _synchronize()
         return ["ok", ["v", None]]
 
-
     def speed_end(self) -> list:
         """The speed test is over: its input sets and outputs (kept for the checker's batch) are let go."""
         from .. import speed
-        from .kernels import _free_gpu_memory
         speed.graded.LAST_TIMED = speed.graded.LAST_RECORD = None
         _free_gpu_memory()
         return ["ok", ["v", None]]
@@ -181,23 +179,16 @@ REQUESTS = {"cell": KernelWorker.cell, "build": KernelWorker.build, "launch": Ke
 
 @contextlib.contextmanager
 def _lease_from_checker(in_fd: int, out_fd: int):
-    """A timing's ``exclusive_gpu`` here: the checker holds the grader's lease while it runs (``kernels.KernelHost
-    .request``), so that only the timing stops the other submissions. Asked in the middle of a request: the
-    checker answers ``("granted",)`` or ``("refused",)``, and waits for ``["released"]`` after a grant."""
+    """A timing's ``exclusive_gpu`` here: asked in the middle of a request, the checker answers ``("granted",)``
+    or ``("refused",)``. A grant is the checker's to give back: it holds the grader's lease from here to the end
+    of its own batches, after this request (``kernels.KernelHost.request``)."""
     _synchronize()  # work queued before the block is not the timing's
     wire.send(out_fd, wire.dump_tree(["lease"]))
-    granted = pickle.load(io.BytesIO(wire.receive(in_fd))) == ("granted",)
+    pickle.load(io.BytesIO(wire.receive(in_fd)))  # either answer: the timing runs, held or not
     try:
         yield
     finally:
-        if granted:
-            _synchronize()
-            wire.send(out_fd, wire.dump_tree(["released"]))
-
-
-def _synchronize():
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        _synchronize()
 
 
 def main(in_fd: int, out_fd: int) -> int:

@@ -72,8 +72,9 @@ class KernelHost:
     def request(self, message, hold=None):
         """Send ``message``; its reply. On the way the worker may ask for the GPU to itself (its timing's
         ``exclusive_gpu``): with ``hold`` (a ``contextlib.ExitStack``) its first ask takes the grader's lease into
-        it, held until the caller closes it (the checker's own batches follow the worker's timing in the same
-        hold: one settling of the GPU, not two); any other ask is refused, and the worker times without it."""
+        it, held until the caller closes it, through the rest of the worker's speed test (its refreshed inputs'
+        check) and the checker's own batches: one settling of the GPU, not two. Any other ask is refused, and the
+        worker times without it."""
         reply = self.process.request(message)
         while _is(reply, "lease"):
             if hold is None or self.holding:
@@ -84,8 +85,6 @@ class KernelHost:
             hold.callback(setattr, self, "holding", False)
             self.holding = True
             reply = self.process.request(("granted",))
-            if _is(reply, "released"):
-                reply = self.process.receive()
         if type(reply) is list and len(reply) == 4 and reply[0] == "raise" and reply[1] == "fuselab":
             raise _kernel_error(reply[2], reply[3])
         return reply
@@ -154,11 +153,14 @@ class KernelHost:
                 return check.verdict(test_id, max_points, _record(self.process.result(reply)))
         finally:
             # the speed test's slot goes back with its memory: both processes' GPU-sized sets are let go, and the
-            # caching allocator's blocks returned, for the next speed test on this GPU
+            # caching allocator's blocks returned, for the next speed test on this GPU. Never at the cost of the
+            # verdict or of the error being raised: a poisoned or gone worker keeps its memory until it ends.
             check.sets = check.outs = None
-            if not self.process.gone:
-                self.process.result(self.request(("speed_end",)))
-            _free_gpu_memory()
+            if not (self.process.gone or self.poisoned):
+                with contextlib.suppress(Exception):
+                    self.process.result(self.request(("speed_end",)))
+            with contextlib.suppress(Exception):
+                _free_gpu_memory()
 
 
 class WorkerModule:
@@ -290,14 +292,10 @@ class SpeedCheck:
     def __init__(self, host: KernelHost, checker_side: dict, input_sets: int):
         self.host, self.side, self.input_sets = host, checker_side, input_sets
         self.sets = self.outs = None
-        self.prepared = False
 
     def prepare(self) -> None:
         """The checker's input sets and outputs at the policy's shape, and its reference warmed, before anything
-        holds the GPU (idempotent)."""
-        if self.prepared:
-            return
-        self.prepared = True
+        holds the GPU; without them (no reference of its own) ``wall_speedup`` has no bound to give."""
         reference_op, make_inputs = self.side.get("reference_op"), self.side.get("make_inputs")
         if reference_op is None or make_inputs is None:
             return
@@ -353,7 +351,6 @@ class SpeedCheck:
     def wall_speedup(self, record):
         """The reference's batch time here over the student's batch time in the worker, both by this clock, with
         the GPU to themselves (held since the worker's timing, or taken now)."""
-        self.prepare()
         if self.sets is None:
             return None
         from ..speed.lease import exclusive_gpu

@@ -257,6 +257,7 @@ class LeaseServer:
     def __init__(self, lease: DeviceLease | None, folder: Path, child, tag: str):
         self.lease, self.folder, self.child, self.tag = lease, Path(folder), child, tag
         self.slot = None             # the speed test slot held (its request's number)
+        self._slot_asked = None      # (when, the child's paused seconds then) while it waits for a slot
         self.holding = None          # the request being served
         self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
         self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
@@ -270,8 +271,9 @@ class LeaseServer:
         return sum(end - start for start, end in self.holds)
 
     def paused_s(self) -> float:
-        """Seconds the child spent waiting for the GPU or stopped for others' timings: not its own time."""
-        return self.waited_s + self.child.paused()
+        """Seconds the child spent waiting for the GPU or a speed test slot, or stopped for others' timings: not
+        its own time."""
+        return self.waited_s + self._slot_wait() + self.child.paused()
 
     def poll(self) -> None:
         if self.lease is None:
@@ -290,23 +292,33 @@ class LeaseServer:
             self.finish()
 
     def _poll_slot(self) -> None:
-        """A speed test's slot: waited for (a pause, as the lease's wait), granted, given back when released or
-        when the child dies. Never asked while holding the GPU to itself, so the two cannot wait on each other."""
+        """A speed test's slot: taken when one is free (asked again at every poll, so the loop that polls goes on
+        watching the child's time limits meanwhile), given back when released or when the child dies. Not served
+        while the child holds the GPU to itself: its checker never asks then, and with everyone else stopped no
+        slot could come back."""
         if self.slot is None:
             requests = sorted(self.folder.glob(f"{SLOT_REQUEST}{self.tag}-*"))
-            if not requests or not self.child.alive():
+            if not requests or not self.child.alive() or self.holding is not None:
                 return
-            number = requests[0].name[len(SLOT_REQUEST):]
-            asked = time.monotonic()
-            while not self.lease.speed_slots.acquire(timeout=0.05):
-                if not self.child.alive():
-                    return
-            self.waited_s += time.monotonic() - asked
-            self.slot = number
-            if not self._answer(SLOT_GRANTED + number, "a speed test slot"):
+            if self._slot_asked is None:
+                self._slot_asked = (time.monotonic(), self.child.paused())
+            if not self.lease.speed_slots.acquire(blocking=False):
+                return
+            self.waited_s += self._slot_wait()
+            self._slot_asked = None
+            self.slot = requests[0].name[len(SLOT_REQUEST):]
+            if not self._answer(SLOT_GRANTED + self.slot, "a speed test slot"):
                 self._give_back_slot()
         elif (self.folder / (SLOT_RELEASED + self.slot)).exists() or not self.child.alive():
             self._give_back_slot()
+
+    def _slot_wait(self) -> float:
+        """Seconds of the current wait for a slot, less the time the child was stopped meanwhile (counted as a
+        pause already)."""
+        if self._slot_asked is None:
+            return 0.0
+        asked, paused = self._slot_asked
+        return max(0.0, time.monotonic() - asked - (self.child.paused() - paused))
 
     def _remove(self, prefixes, number: str) -> None:
         """One request's files (a link is removed, never followed)."""

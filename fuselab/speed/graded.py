@@ -36,7 +36,7 @@ from .. import timing
 from ..check import assert_close, check
 from ..quiet import captured_output
 from ..runmode import graded_by_the_course, validating
-from .lease import exclusive_gpu, speed_test_slot
+from .lease import asks_a_checker, exclusive_gpu, speed_test_slot
 from .policy import policy_entry
 
 LAST_TIMED = None   # the last graded timing's rotating call of the student's op
@@ -118,9 +118,9 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         say(note)
         record["policy_note"] = note  # the grader's report says which GPU's thresholds were used
     shape, threshold, mode = tuple(test["shape"]), float(entry["threshold"]), test["mode"]
-    # a speed test's input sets, outputs and float64 references at the timed shape take GPU memory for all of it:
-    # while the grader shares the GPU, only a few speed tests run at once (the timing itself has the GPU alone)
-    with speed_test_slot():
+
+    def measure() -> dict:
+        """Steps 3-6 on this process's GPU: ``record``, filled in."""
         sets = [make_inputs(shape, seed=1000 + k) for k in range(input_sets)]
         expected_shape = reference(*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
         outs = {name: [torch.empty(expected_shape, device="cuda", dtype=sets[0][0].dtype) for _ in sets]
@@ -135,7 +135,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             say(f"{test_id}: 0 of {max_points} points: one call launched {len(kernels)} kernel(s) "
                 f"({', '.join(kernels) or 'none'}); a fused op must launch exactly {expected_kernels} kernel(s) "
                 f"of its own ({', '.join(sorted(own)) or 'none found in the source'}).")
-            return _finish(record)
+            return record
 
         # 4. right at the timed shape
         check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id,
@@ -147,7 +147,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         if escaped:
             record["status"] = escaped
             say(f"{test_id}: 0 of {max_points} points: {escaped}")
-            return _finish(record)
+            return record
 
         # 5. interleaved timing over rotating input sets
         def rotating(op, name):
@@ -183,7 +183,26 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         say(f"{test_id}: {speedup:.2f}x faster than the lab's unfused reference (95% CI {s.low:.2f}-{s.high:.2f}, "
             f"{mode} time at shape {list(shape)}); full points from {threshold:.2f}x → "
             f"{points:.2f} of {max_points} points")
-        return _finish(record)
+        return record
+
+    # a speed test's input sets, outputs and float64 references at the timed shape take GPU memory for all of it:
+    # while the grader shares the GPU, only a few speed tests run at once (the timing itself has the GPU alone),
+    # and their memory goes back when it ends
+    with speed_test_slot():
+        try:
+            return _finish(measure())
+        finally:
+            _let_go_of_timed_sets()
+
+
+def _let_go_of_timed_sets():
+    """The timed input sets outlive a speed test only through ``LAST_TIMED``, and only in the kernel worker, whose
+    checker times a batch of it and then says so (``speed_end``); elsewhere they go now, memory and all."""
+    global LAST_TIMED
+    if not asks_a_checker():
+        LAST_TIMED = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 def _escapes_stream(candidate, inputs, out, reference):

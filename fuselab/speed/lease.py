@@ -8,8 +8,8 @@ nothing. A speed test as a whole (its input sets and checks at GPU size) first t
 way (``slot-request-T-N``, ``speed_test_slot``): the GPU stays shared, its memory is rationed.
 
 The clean recheck's kernel worker times a student's kernel but never talks to the grader: it asks its checker,
-which holds the lease for it (``ask_through``), so that only the timing itself stops the other submissions, not
-the checks and input sets around it.
+which holds the lease for it (``ask_through``) from the timing to the end of its own outside-clock batches, so
+that the input sets and checks before the timing do not stop the other submissions.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ def ask_through(holder) -> None:
     for it (the kernel worker's pipe to its checker); None restores the files."""
     global _asker
     _asker = holder
+
+
+def asks_a_checker() -> bool:
+    """Whether this process's timings ask another process for the GPU (``ask_through``: the kernel worker)."""
+    return _asker is not None
 
 
 @contextlib.contextmanager
@@ -75,7 +80,7 @@ def _held(request, granted, released):
     number = f"{os.environ.get('FUSELAB_GPU_LEASE_TAG', '0')}-{next(_requests):04d}"
     (Path(folder) / (request + number)).write_text("")
     grant = Path(folder) / (granted + number)
-    while not grant.exists():  # the grader's time limit for this test still applies
+    while not grant.exists():  # a wait the grader counts as a pause: it ends at the grant, or with this process
         time.sleep(0.002)
     try:
         yield
