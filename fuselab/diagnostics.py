@@ -71,14 +71,24 @@ def merge_repeated(diagnostics: str, log: str, filename: str) -> tuple[str, int]
     blocks = _blocks(diagnostics.split("\n"), filename)
     instantiations = iter(_gcc_instantiations(log, filename))
     merged, seen, repeats = [], {}, 0
+    dropped = False  # the last error or warning was a repeat: the notes under it go with it
     for block in blocks:
         key = "\n".join(line for line in block if "instantiation" not in line and "required from" not in line)
-        is_message = bool(re.match(rf"{re.escape(filename)}[:(]", block[0])) and _MESSAGE.search(block[0])
+        kind = _kind(block[0], filename)
+        if kind == "note":
+            # a note belongs to the message above it (a candidate, a declaration): kept or dropped with it, and
+            # it takes no instantiation's label (g++ names none for it; _gcc_instantiations skips notes too)
+            if not dropped:
+                merged.append([list(block), []])
+            continue
+        is_message = kind is not None
+        dropped = False
         where = _WITH.search("\n".join(block[1:]))  # nvcc names the instantiation under the message
         label = where.group(1) if where else (next(instantiations, None) if is_message else None)
         if is_message and key in seen:
             seen[key][1].append(label)
             repeats += 1
+            dropped = True
             continue
         entry = [list(block), [label]]
         merged.append(entry)
@@ -96,6 +106,14 @@ def merge_repeated(diagnostics: str, log: str, filename: str) -> tuple[str, int]
             out.append(f"      (reported once for each of {len(labels)} instantiations of the template{which}; "
                        f"one fix removes them all)")
     return "\n".join(out), repeats
+
+
+def _kind(line: str, filename: str):
+    """"error", "warning" or "fatal error" for a message about ``filename``, "note" for a note, else None."""
+    if not re.match(rf"{re.escape(filename)}[:(]", line):
+        return None
+    found = _MESSAGE.search(line)  # the first such word: the kind, before the message's own words
+    return found.group(1).lower() if found else None
 
 
 def _blocks(lines: list, filename: str) -> list:

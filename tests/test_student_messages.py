@@ -785,3 +785,25 @@ def test_a_template_error_is_reported_once_with_the_instantiations_it_came_from(
     said = str(raised.value)
     assert len(re.findall(rf"[‘']{typo}[’'] was not declared", said)) == 1 and "(1 distinct error)" in said, said
     assert "2 instantiations of the template: T = float, T = __half" in said, said
+
+
+def test_a_template_error_followed_by_a_note_keeps_its_instantiations_and_its_note_once():
+    """g++ writes a note under an error (here: where the function is declared, later in the file), once per
+    instantiation. The notes took the instantiations' labels meant for the errors, so the merged error no longer
+    named its types, and the repeated note was reported as a repeated message of its own."""
+    from fuselab.labs import lab3
+    text = _lab_source("lab3", "TEMPLATE_SOURCE")
+    name = random.Random(27).choice(["add_bias", "with_bias", "plus_bias"])
+    old, launcher = "float v = acc + (bias ? to_float(bias[col]) : 0.0f);", "template <typename T>\nstatic void launch"
+    assert old in text and launcher in text
+    text = text.replace(old, f"float v = {name}(acc, bias ? to_float(bias[col]) : 0.0f);")
+    text = text.replace(launcher, f"__device__ float {name}(float acc, float b) {{ return acc + b; }}\n\n{launcher}")
+    with pytest.raises(fuselab.BuildError) as raised:
+        fuselab.build(text, lab3.FUSED_LAUNCHERS, name="msg_template_note_" + name, backend="emulate")
+    said, log = str(raised.value), raised.value.log
+    assert len(re.findall(r"\berror:", log)) == 2 and len(re.findall(r"\bnote:", log)) == 2, log  # g++'s own
+    assert len(re.findall(rf"error: [‘']{name}[’'] was not declared", said)) == 1, said
+    assert "(1 distinct error)" in said, said
+    assert "2 instantiations of the template: T = float, T = __half" in said, said
+    assert said.count("declared here, later in the translation unit") == 1, said
+    assert said.count("reported once for each") == 1 and "the compiler reported this" not in said, said
