@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import numbers
 import re
+import threading
 
 import torch
 
@@ -273,14 +274,26 @@ class Module:
         self.cached = cached
         self.name = name
         self._lib = ctypes.CDLL(self.library_path)
-        self._error_fn = self._lib.fuselab_last_error
-        self._error_fn.restype = ctypes.c_int
-        self._error_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        # what every launch calls in the library, typed once here, and the buffers its messages are read into
+        # (one call at a time reads them: ``_buffers_lock``)
+        self._error_fn = _c_function(self._lib, "fuselab_last_error", ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
+        self._error_buffer = ctypes.create_string_buffer(1024)
+        self._message_buffer = ctypes.create_string_buffer(512)
+        self._buffers_lock = threading.Lock()
+        self._begin_call_fn = self._end_call_fn = self._take_note_fn = None
+        self._can_guard = False
         if backend == "emulate":
-            self._lib.fuselab_emu_begin_call.argtypes = [ctypes.c_void_p]
-            self._lib.fuselab_emu_begin_call.restype = None
-            self._lib.fuselab_emu_end_call.argtypes = [ctypes.c_char_p, ctypes.c_int]
-            self._lib.fuselab_emu_end_call.restype = ctypes.c_int
+            lib = self._lib
+            self._begin_call_fn = _c_function(lib, "fuselab_emu_begin_call", None, ctypes.c_void_p)
+            self._end_call_fn = _c_function(lib, "fuselab_emu_end_call", ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
+            # a library built before the emulation had these lacks them
+            self._take_note_fn = _c_function(lib, "fuselab_emu_take_barrier_note", ctypes.c_int, ctypes.c_char_p,
+                                             ctypes.c_int, optional=True)
+            self._can_guard = hasattr(lib, "fuselab_emu_guard")
+            self._get_order_fn = _c_function(lib, "fuselab_emu_get_thread_order", ctypes.c_int)
+            self._get_seed_fn = _c_function(lib, "fuselab_emu_get_thread_seed", ctypes.c_ulonglong)
+            self._set_order_fn = _c_function(lib, "fuselab_emu_set_thread_order", None, ctypes.c_int,
+                                             ctypes.c_ulonglong)
         self.launchers = {}
         for proto in prototypes:
             launcher = Launcher(self, proto, getattr(self._lib, proto.name))
@@ -301,7 +314,7 @@ class Module:
         """Emulation only: whether a launcher's own host code is kept from device memory (``_DeviceCopies``): on
         while the course grades (``FUSELAB_GRADING=1``), or with ``FUSELAB_EMU_GUARD=1``; ``=0`` turns it off."""
         import os
-        if not self.emulated or not hasattr(self._lib, "fuselab_emu_guard"):
+        if not self._can_guard:
             return False
         return os.environ.get("FUSELAB_EMU_GUARD", os.environ.get("FUSELAB_GRADING", "0")) == "1"
 
@@ -311,42 +324,42 @@ class Module:
         return EMULATED_STREAM
 
     def _begin_call(self):
-        self._lib.fuselab_emu_begin_call(ctypes.c_void_p(EMULATED_STREAM))
+        self._begin_call_fn(ctypes.c_void_p(EMULATED_STREAM))
+
+    def _read_message(self, function):
+        """``function(buffer, size)``'s message, or None where it returns 0."""
+        with self._buffers_lock:
+            buffer = self._message_buffer
+            return buffer.value.decode(errors="replace") if function(buffer, len(buffer)) else None
 
     def _end_call(self):
         """What the launcher put on another stream than its own during the call, or None."""
-        buffer = ctypes.create_string_buffer(512)
-        if self._lib.fuselab_emu_end_call(buffer, len(buffer)):
-            return buffer.value.decode(errors="replace")
-        return None
+        return self._read_message(self._end_call_fn)
 
     def _raise_launch_error(self, launcher_name, returned):
-        buffer = ctypes.create_string_buffer(1024)
-        code = self._error_fn(buffer, len(buffer))
+        with self._buffers_lock:
+            buffer = self._error_buffer
+            code = self._error_fn(buffer, len(buffer))
+            message = buffer.value.decode(errors="replace") if code != 0 else ""
         if code == 0 and returned not in (None, 0):
-            code, buffer.value = returned, f"launcher returned error code {returned}".encode()
+            code, message = returned, f"launcher returned error code {returned}"
         if code != 0:
-            raise LaunchError(f"{launcher_name} failed to launch: {buffer.value.decode(errors='replace')}")
+            raise LaunchError(f"{launcher_name} failed to launch: {message}")
 
     def _take_barrier_note(self):
         """Emulation: the first barrier since the last call that not every thread of its block reached, in words
         (the emulation lets the others go on, as a current GPU does; CUDA leaves it undefined), or None."""
-        take = getattr(self._lib, "fuselab_emu_take_barrier_note", None)
-        if take is None:
+        if self._take_note_fn is None:
             return None
-        buffer = ctypes.create_string_buffer(512)
-        take.argtypes, take.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
-        return buffer.value.decode(errors="replace") if take(buffer, len(buffer)) else None
+        return self._read_message(self._take_note_fn)
 
     @property
     def thread_order(self) -> tuple:
         """Emulation only: the order each block's threads run in, and its seed, as ``set_thread_order`` takes them."""
         if self.backend != "emulate":
             raise RuntimeError("thread order can only be chosen under the CPU emulation")
-        get_order, get_seed = self._lib.fuselab_emu_get_thread_order, self._lib.fuselab_emu_get_thread_seed
-        get_order.restype, get_seed.restype = ctypes.c_int, ctypes.c_ulonglong
-        order = get_order()
-        return next(name for name, code in THREAD_ORDERS.items() if code == order), int(get_seed())
+        order = self._get_order_fn()
+        return next(name for name, code in THREAD_ORDERS.items() if code == order), int(self._get_seed_fn())
 
     def set_thread_order(self, order: str = "forward", seed: int = 0):
         """Emulation only: run the threads of each block forward, in reverse or in a seeded random order.
@@ -357,10 +370,15 @@ class Module:
             raise RuntimeError("thread order can only be chosen under the CPU emulation")
         if order not in THREAD_ORDERS:
             raise ValueError(f"thread order must be one of {sorted(THREAD_ORDERS)}, got {order!r}")
-        setter = self._lib.fuselab_emu_set_thread_order
-        setter.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
-        setter.restype = None
-        setter(THREAD_ORDERS[order], seed)
+        self._set_order_fn(THREAD_ORDERS[order], seed)
+
+
+def _c_function(lib, name, restype, *argtypes, optional=False):
+    """``lib``'s function ``name``, typed; None where ``optional`` and the library lacks it."""
+    function = getattr(lib, name, None) if optional else getattr(lib, name)
+    if function is not None:
+        function.restype, function.argtypes = restype, list(argtypes)
+    return function
 
 
 def _no_work(proto: Prototype, values: dict):

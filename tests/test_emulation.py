@@ -112,6 +112,27 @@ def test_math_functions_elementwise(basics, n):
     assert_close(out, ref, rtol=1e-5, atol=1e-4)
 
 
+def test_a_launch_types_and_allocates_nothing_in_ctypes(basics, monkeypatch):
+    """What every launch calls in the library (the barrier note, the stream watch, the last error) is typed and its
+    buffers made once, as the library loads: a launch neither looks a function up by name nor allocates a buffer."""
+    class NoLookups:
+        def __getattr__(self, name):
+            raise AssertionError(f"a launch looked up {name} in the library")
+
+    made = []
+    real = ctypes.create_string_buffer
+    monkeypatch.setenv("FUSELAB_EMU_GUARD", "0")
+    monkeypatch.setattr(ctypes, "create_string_buffer", lambda *a: made.append(a) or real(*a))
+    monkeypatch.setattr(basics, "_lib", NoLookups())
+    n = 300
+    x, y = random_tensor(n, seed=1), random_tensor(n, seed=2)
+    outs = [torch.empty(n) for _ in range(3)]
+    for out in outs:
+        basics.math_launch(x, y, out, n)
+    assert made == [], made
+    assert all(torch.equal(out, outs[0]) for out in outs) and bool(torch.isfinite(outs[0]).all())
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 17, 19, 4), (1, 1, 1, 1, 1), (1, 2, 16, 33, 3)])
 def test_conv3x3_padding(basics, shape):
     N, C, H, W, K = shape
