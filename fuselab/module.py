@@ -294,6 +294,8 @@ class Module:
             self._get_seed_fn = _c_function(lib, "fuselab_emu_get_thread_seed", ctypes.c_ulonglong)
             self._set_order_fn = _c_function(lib, "fuselab_emu_set_thread_order", None, ctypes.c_int,
                                              ctypes.c_ulonglong)
+            self._get_os_threads_fn = _c_function(lib, "fuselab_emu_get_num_threads", ctypes.c_int, optional=True)
+            self._set_os_threads_fn = _c_function(lib, "fuselab_emu_set_num_threads", None, ctypes.c_int)
         self.launchers = {}
         for proto in prototypes:
             launcher = Launcher(self, proto, getattr(self._lib, proto.name))
@@ -371,6 +373,21 @@ class Module:
         if order not in THREAD_ORDERS:
             raise ValueError(f"thread order must be one of {sorted(THREAD_ORDERS)}, got {order!r}")
         self._set_order_fn(THREAD_ORDERS[order], seed)
+
+    @property
+    def os_threads(self):
+        """Emulation only: how many OS threads run a launch's blocks (0: OpenMP's default, one per core), or None
+        for a library built before the emulation could say."""
+        if self.backend != "emulate":
+            raise RuntimeError("OS threads exist only under the CPU emulation")
+        return None if self._get_os_threads_fn is None else int(self._get_os_threads_fn())
+
+    def set_os_threads(self, n: int = 0):
+        """Emulation only: run each launch's blocks on ``n`` OS threads (0: OpenMP's default). With 1 the blocks
+        run one after another, in order: a race between blocks then gives one result every time."""
+        if self.backend != "emulate":
+            raise RuntimeError("OS threads exist only under the CPU emulation")
+        self._set_os_threads_fn(int(n))
 
 
 def _c_function(lib, name, restype, *argtypes, optional=False):

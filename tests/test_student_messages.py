@@ -807,3 +807,74 @@ def test_a_template_error_followed_by_a_note_keeps_its_instantiations_and_its_no
     assert "2 instantiations of the template: T = float, T = __half" in said, said
     assert said.count("declared here, later in the translation unit") == 1, said
     assert said.count("reported once for each") == 1 and "the compiler reported this" not in said, said
+
+
+# ------------------------------------------------------------------------------------------ results that change run to run
+SHARES = r'''
+__global__ void sum_kernel(const float* x, float* total, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) ADD;
+}
+
+__global__ void share_kernel(const float* x, const float* total, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] / *total;
+}
+
+void shares(const float* x, float* total, float* out, int64_t n, cudaStream_t stream) {
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    ZERO
+    sum_kernel<<<blocks, 256, 0, stream>>>(x, total, n);
+    share_kernel<<<blocks, 256, 0, stream>>>(x, total, out, n);
+}
+'''
+SHARES_LAUNCHER = ("void shares(const float* x /*[n]*/, float* total /*[1]*/, float* out /*[n]*/, int64_t n, "
+                   "cudaStream_t stream)")
+
+
+def _shares_check(add, zero, name, shapes, total=None):
+    """x / x.sum() through a total the launcher adds into: ``total`` a workspace the candidate keeps from call to
+    call, or a fresh one (zeroed by the launcher) each call."""
+    mod = fuselab.build(SHARES.replace("ADD", add).replace("ZERO", zero), [SHARES_LAUNCHER], name=name,
+                        backend="emulate")
+
+    def candidate(x, out):
+        mod.shares(x, total if total is not None else torch.empty(1), out, x.numel())
+
+    def make_inputs(shape, seed):
+        return (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) + 0.5,)
+
+    result = fuselab.check(candidate, lambda x: x / x.sum(), make_inputs, shapes, seeds=(0,), verbose=False,
+                           raise_on_fail=False)
+    return mod, result
+
+
+def test_a_candidate_that_keeps_its_workspace_is_not_called_a_race_between_threads():
+    """A total kept from one call to the next and never reset: the first case is right, the next ones wrong, and
+    every rerun differs from the one before. The rerun in reverse thread order differed, and the report called it a
+    race between the threads of a block, a missing `__syncthreads()`: a rerun in the same order differs too."""
+    n = random.Random(28).randint(300, 2000)
+    mod, result = _shares_check("atomicAdd(total, x[i])", "", "msg_kept_workspace", [(n,), (n + 7,)],
+                                total=torch.zeros(1))
+    report = result.report()
+    assert [case.passed for case in result.cases] == [True, False], report
+    assert "the threads of a block" not in report and "__syncthreads" not in report, report
+    assert "the result is not the same from run to run" in report and "from one call to the next" in report, report
+    assert mod.thread_order == ("forward", 0) and mod.os_threads == 0, (mod.thread_order, mod.os_threads)
+
+
+def test_a_race_between_blocks_is_not_called_a_race_between_the_threads_of_a_block():
+    """`*total += x[i]` where atomicAdd belongs: blocks run at the same time (on the CPU's cores), the additions of
+    one are lost to another's, and every run loses others. The rerun in reverse thread order differed, and the
+    report blamed the order of a block's threads; the reruns now run the blocks one after another."""
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("blocks run at the same time only on two cores or more")
+    shapes = [(random.Random(29).randint(1 << 19, 1 << 20),), (1 << 20,)]
+    mod, result = _shares_check("*total += x[i]", "cudaMemsetAsync(total, 0, sizeof(float), stream);",
+                                "msg_block_race", shapes)
+    report = result.report()
+    assert not result.passed, report
+    assert "the threads of a block" not in report and "__syncthreads" not in report, report
+    assert "the result is not the same from run to run" in report and "`atomicAdd` belongs" in report, report
+    assert mod.thread_order == ("forward", 0) and mod.os_threads == 0, (mod.thread_order, mod.os_threads)

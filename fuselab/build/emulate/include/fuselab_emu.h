@@ -148,6 +148,8 @@ extern "C" unsigned long long fuselab_emu_device_variable_bytes(void** start) {
 // How many OS threads run blocks (0: OpenMP's default, usually one per core).
 extern "C" void fuselab_emu_set_num_threads(int n) { fuselab_emu::settings().os_threads = n < 0 ? 0 : n; }
 
+extern "C" int fuselab_emu_get_num_threads() { return fuselab_emu::settings().os_threads.load(); }
+
 // Counters: 0 launches, 1 blocks run as plain loops, 2 blocks run on fibers, 3 context switches,
 // 4 fibers created.
 extern "C" unsigned long long fuselab_emu_stat(int which) {
