@@ -589,3 +589,17 @@ def test_a_check_says_when_exactly_the_square_cases_pass():
     result = check(transpose_blindly, lambda x: x, make_inputs, [(1, 1), (4, 7), (9, 5)], seeds=(0, 1),
                    raise_on_fail=False, verbose=False)
     assert "as long along" not in result.report()  # one square shape, and a trivial one: no evidence
+
+
+def test_items_past_the_first_written_but_wrong_say_the_offset_of_each_item_not_the_first_item_only():
+    """A batch stride of H * W where C * H * W belongs: item 0 is right (its offset is 0 whatever the stride), the
+    others are written from the wrong place. The hint said every thread works on the first item, use blockIdx.z."""
+    x = torch.randn(3, 4, 5, 6)
+    expected = x * 2
+    flat = x.reshape(-1)
+    got = torch.stack([flat[n * 5 * 6: n * 5 * 6 + 4 * 5 * 6].reshape(4, 5, 6) * 2 for n in range(3)])
+    hint = _hint(got, expected)
+    assert "only `y[0]` (index 0 along dimension 0) is right; the other 2 indices along it are written, but wrong" \
+        in hint, hint
+    assert "offset of each item is computed wrongly" in hint and "stride" in hint, hint
+    assert "every thread works on the first one" not in hint and "blockIdx.z" not in hint, hint

@@ -619,6 +619,21 @@ def test_a_batch_or_plane_index_that_is_not_the_grids_says_only_the_first_item_i
     assert "blockIdx.z" in report and "round the number of blocks up" not in report, report
 
 
+def test_a_wrong_batch_stride_says_the_offset_of_each_item_is_wrong():
+    """`x + (n + c) * H * W` for `x + (n * C + c) * H * W`: every batch item is written, and only item 0 (whose
+    offset is 0 whatever the stride) is right. The hint said every thread works on the first item, use blockIdx.z."""
+    from fuselab.labs import lab1
+    old = "const float* xc = x + ((size_t)n * C + c) * H * W;"
+    text = _lab_source("lab1", "CONV_SOURCE")
+    assert old in text
+    result = _conv_check(text.replace(old, "const float* xc = x + ((size_t)n + c) * H * W;"), "msg_batch_stride",
+                         lab1.SMALL_CONV_CASES, (random.Random(30).randint(0, 99),))
+    report = result.report()
+    assert not result.passed and "only `out[0]` (index 0 along dimension 0) is right" in report, report
+    assert "written, but wrong" in report and "offset of each item is computed wrongly" in report, report
+    assert "every thread works on the first one" not in report and "blockIdx.z" not in report, report
+
+
 def test_a_size_used_as_the_batch_index_says_every_write_landed_outside():
     """`n = C` (a size where blockIdx.z belongs): every write lands past the output. "Nothing was written: did the
     kernel launch?" pointed away from the index."""

@@ -67,7 +67,8 @@ _BLOCK_SIZES = {32, 64, 128, 256, 512, 1024}
 def _only_the_first_along_a_dimension(ev: Evidence) -> str:
     """Index 0 along a dimension before the last two (the batch, the channels), or the first plane of them, right,
     every other index wrong: every thread works on the first item, as when that index is a constant or a size
-    instead of coming from the grid (``blockIdx.z``), or the grid has one block along the axis that walks it."""
+    instead of coming from the grid (``blockIdx.z``), or the grid has one block along the axis that walks it. Where
+    the other items are written, but wrong, the threads reach them: each item's offset (a stride) is wrong."""
     shape = tuple(ev.bad.shape)
     # (description, how to bring that dimension or those dimensions to the front, flattened)
     views = [(f"index 0 along dimension {d}", d, lambda t, d=d: t.movedim(d, 0)) for d in range(len(shape) - 2)]
@@ -97,7 +98,16 @@ def _only_the_first_along_a_dimension(ev: Evidence) -> str:
         elif ev.close(got[1:], expected[0].expand(items - 1, rest), allowed[1:]):
             how = f"{'holds' if one else 'each hold'} what `{first}` should hold"
         else:
-            how = f"{'is' if one else 'are'} wrong, though written"
+            # elements past the first item are written (so the threads reach them), but only the first item is
+            # right: where each item's data is found goes wrong, and the first item's offset is 0 whatever its stride
+            unwritten = bool(front(ev.not_written).reshape(items, rest)[1:].any())
+            state = "wrong (some never written)" if unwritten else "written, but wrong"
+            return (f"only `{first}` ({what}) is right; {others} {'is' if one else 'are'} {state}: the threads "
+                    f"reach the other items, and only the first, whose offset is 0 whatever the stride, is right. "
+                    f"The offset of each item is computed wrongly: check the stride its index is multiplied by (the "
+                    f"number of elements one item holds: the product of the sizes after it, such as C * H * W for "
+                    f"an (N, C, H, W) tensor, not H * W) and the offset added to each pointer, inputs and output "
+                    f"alike.")
         return (f"only `{first}` ({what}) is right; {others} {how}: every thread works on the first one. Its index "
                 f"is 0 or the same for every thread (a size such as N, C or K where an index belongs), or the grid "
                 f"has a single block along the axis that walks it (as when the grid's axes are swapped). Take that "
