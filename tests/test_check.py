@@ -540,10 +540,33 @@ def test_a_tail_from_the_other_dimensions_rounded_up_size_suggests_swapped_grid_
     hint = _hint(got, expected)
     assert "48 is the other dimension's size (40, dimension 0) rounded up to a multiple of 16" in hint, hint
     assert "Are the grid's x and y swapped?" in hint and "rounds down" in hint, hint  # 50 / 16 = 3 blocks, too
+
+
+@pytest.mark.parametrize("rows, stop", [(40, 8), (40, 16), (3, 16)])
+def test_a_tail_that_no_size_in_the_data_explains_is_not_called_swapped_grid_axes(rows, stop):
+    """A grid of one block along x (a constant), or a loop that stops at a constant: the columns from `stop` on are
+    never written. `stop` is no rounding of the 50 columns, and the other dimension's size rounds up to it only where
+    it fits in one block (3 rows: any size up to 16 does): nothing says which size the grid came from.
+    The hint said it was computed from another size, with the grid's x and y swapped."""
+    expected = torch.randn(rows, 50)
     got = expected.clone()
-    got[:, 8:] = float("nan")  # 8 of 50 columns: no rounding of 50, nor of 40
+    got[:, stop:] = float("nan")
     hint = _hint(got, expected)
-    assert "8 is not 50 rounded down to a block size" in hint and "x and y swapped" in hint, hint
+    assert f"stops at {stop}, which is not 50 rounded down to a block size" in hint, hint
+    assert "swapped" not in hint and "round the number of blocks up" not in hint, hint
+
+
+@pytest.mark.parametrize("shape", [(33, 1), (1000,)])
+def test_a_stop_far_short_of_the_size_is_not_called_a_grid_that_rounds_down(shape):
+    """Everything from index 16 on never written, out of 33 rows of one column (a grid of one 16-row block along y)
+    or of 1000 elements: a count of blocks that rounds down stops less than one block short, so this is no rounding
+    of the size. The hints said to round the block count up, or that the grid's x and y were swapped."""
+    expected = torch.randn(shape)
+    got = expected.clone()
+    got[16:] = float("nan")
+    hint = _hint(got, expected)
+    assert f"stops at 16, which is not {shape[0]} rounded down to a block size" in hint, hint
+    assert "swapped" not in hint and "round the number of blocks up" not in hint, hint
 
 
 def test_a_grid_that_rounds_down_keeps_the_round_up_hint():

@@ -149,9 +149,9 @@ def _two_indices_swapped(ev: Evidence) -> str:
 
 
 def _grid_axis_from_another_size(ev: Evidence) -> str:
-    """Rows (or columns) from some index on never written, where that index is not the size rounded down to a
-    block, or is the other dimension's size rounded up to a block: the grid's extent along this axis came from
-    the other dimension, as when the grid's x and y are swapped."""
+    """Rows (or columns) from some index on never written, where that index is the other dimension's size rounded
+    up to a block of two or more blocks: the grid's extent along this axis came from the other dimension, as when
+    the grid's x and y are swapped. Where the data show no other size, the tail rules below say where it stops."""
     bad = ev.bad
     if bad.dim() < 2 or min(bad.shape[-2:]) < 1 or not bool(ev.not_written[bad].all()):
         return ""
@@ -161,30 +161,35 @@ def _grid_axis_from_another_size(ev: Evidence) -> str:
         if start is None:
             continue
         size, other_size = bad.shape[dim], bad.shape[other]
-        rounded_down = any(start == size // block * block for block in range(1, start + 1) if start % block == 0)
+        rounded_down = _rounds_down_to(size, start)
         from_other = next((block for block in (8, 16, 32, 64, 128, 256, 512, 1024)
                            if start % block == 0 and start == -(-other_size // block) * block), None)
-        if rounded_down and from_other is None:
-            return ""  # a grid that rounds down: the tail rules below say so
+        if from_other is None:
+            continue  # no other size in the data: a grid that rounds down, or a constant, says the tail rule
         what = "rows" if dim == rows else "columns"
         said = (f"`{ev.name}`'s {what} from index {start} on along dimension {dim} (size {size}) are never "
                 f"written, and every one before is right")
-        swapped = ("Are the grid's x and y swapped? x walks the columns (the last dimension: "
-                   "`blockIdx.x * blockDim.x + threadIdx.x`, with enough blocks for the columns), y the rows")
-        swapped_weak = "Are the grid's x and y swapped (x walks the columns, the last dimension; y the rows)"
         round_up = f"the number of blocks along it rounds down ({size} / block: round it up, (n + block - 1) / block)"
-        if from_other is not None and rounded_down and other_size <= from_other:
-            # any size below one block rounds up to it: weak evidence, so the common cause comes first
+        if other_size <= from_other:
+            # any size up to one block rounds up to it: one block along the axis, whatever size it came from
+            if not rounded_down:
+                continue  # a grid of one block (a constant?): no evidence of the other size
+            # weak evidence, so the common cause comes first
             return (f"{said}: either {round_up}, or it was computed from the other dimension ({start} is its size, "
-                    f"{other_size}, rounded up to a multiple of {from_other}). {swapped_weak}?")
-        if from_other is not None:
-            why = (f"{start} is the other dimension's size ({other_size}, dimension {other}) rounded up to a "
-                   f"multiple of {from_other}: the grid's extent along this axis was computed from that size")
-            also = f" (Or {round_up}.)" if rounded_down else ""
-            return f"{said}. {why}. {swapped}.{also}"
-        return (f"{said}, and {start} is not {size} rounded down to a block size: the grid's extent along this axis "
-                f"was computed from another size. {swapped}.")
+                    f"{other_size}, rounded up to a multiple of {from_other}). Are the grid's x and y swapped (x "
+                    f"walks the columns, the last dimension; y the rows)?")
+        why = (f"{start} is the other dimension's size ({other_size}, dimension {other}) rounded up to a "
+               f"multiple of {from_other}: the grid's extent along this axis was computed from that size")
+        also = f" (Or {round_up}.)" if rounded_down else ""
+        return (f"{said}. {why}. Are the grid's x and y swapped? x walks the columns (the last dimension: "
+                f"`blockIdx.x * blockDim.x + threadIdx.x`, with enough blocks for the columns), y the rows.{also}")
     return ""
+
+
+def _rounds_down_to(size: int, start: int) -> bool:
+    """Whether ``start`` is ``size`` rounded down to a multiple of some block (a block that divides ``start``): for
+    a block b, size // b * b == start needs start <= size < start + b <= 2 * start, and b = start gives it then."""
+    return start <= size < 2 * start
 
 
 def _correct_only_below(ev: Evidence) -> str:
@@ -202,6 +207,8 @@ def _correct_only_below(ev: Evidence) -> str:
         return (f"{said}, though written: the grid reaches them, so look at what each one reads. An index along "
                 f"the wrong axis (a per-column value such as a bias read as bias[row] instead of bias[col], a "
                 f"per-channel value read with the wrong channel) or a wrong stride gives exactly this.")
+    if k not in _BLOCK_SIZES and not _rounds_down_to(flat.numel(), k):
+        return ""  # neither one block nor a count of blocks rounded down: the tail rule says where it stops
     one_block = (f"{k} is one block of {k} threads: does the index use blockIdx? "
                  "`i = threadIdx.x` makes every block write the same first elements; "
                  "use `i = blockIdx.x * blockDim.x + threadIdx.x`")
@@ -229,6 +236,12 @@ def _tail_along_a_dimension(ev: Evidence) -> str:
                 f"values. Check the bounds conditions there (`ih >= H` written as `ih > H`, `<=` for `<`) and the "
                 f"padding: an input index past the last row or column must count as 0, not be read."
             )
+        if not _rounds_down_to(size, start):
+            # a grid that rounds down stops less than one block short: this one stops further back
+            return (f"everything from {where} is {_what(ev)}: your grid or loop stops at {start}, which is not "
+                    f"{size} rounded down to a block size (a count of blocks that rounds down stops less than one "
+                    f"block short). The number of blocks (or the loop's bound) along dimension {dim} does not come "
+                    f"from its size, {size}: is it a constant, or a size that belongs to another dimension?")
         return (
             f"everything from {where} is {_what(ev)}: your grid or loop stops at {start}. "
             f"If {size} is not a multiple of your block size, round the number of blocks up: (n + block - 1) / block."
