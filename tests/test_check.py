@@ -597,6 +597,42 @@ def test_an_error_concentrated_where_an_input_is_smallest_names_it():
     assert "grows where" not in _hint(shuffled, expected, inputs={"var": var})  # unrelated to var
 
 
+def _bn_like(channels=8, seed=5):
+    """A BN-like output (N, C, H, W) whose scale per channel grows as `var` shrinks, and `var` over four decades."""
+    g = torch.Generator().manual_seed(seed)
+    var = torch.logspace(-3, 1, channels, dtype=torch.float64)[torch.randperm(channels, generator=g)]
+    x = torch.randn(2, channels, 4, 5, generator=g, dtype=torch.float64)
+    return x / var.sqrt().reshape(1, channels, 1, 1), var, g
+
+
+def test_one_wrong_channel_is_not_said_to_follow_an_input():
+    """A bug in one of 8 channels, the one where `var` happens to be smallest: one index is the smallest or largest
+    of some input one time in four. The hint said the error grows where `var` is smallest: eps outside the root."""
+    expected, var, _ = _bn_like()
+    got = expected.clone()
+    wrong = int(var.argmin())
+    got[:, wrong] = got[:, wrong] * 1.3 + 0.1
+    assert "grows where" not in _hint(got, expected, inputs={"var": var})
+
+
+def test_a_uniform_error_over_a_scale_that_follows_an_input_is_not_said_to_follow_it():
+    """An error of about 1e-3 everywhere, on outputs whose scale grows as `var` shrinks: relative to each channel's
+    scale it grows with `var`. The hint said the error grows where `var` is largest."""
+    expected, var, g = _bn_like()
+    got = expected + 1e-3 * (1 + torch.rand(expected.shape, generator=g, dtype=torch.float64))
+    assert "grows where" not in _hint(got, expected, inputs={"var": var})
+
+
+def test_an_error_that_depends_only_on_the_channel_says_so_before_it_follows_an_input():
+    """A per-channel term that is wrong by 0.01 / sqrt(var): the error does grow where `var` is small, but that it
+    depends only on the channel (a per-channel term: a bias, a BN shift) says more, and came second."""
+    _, var, g = _bn_like()
+    expected = torch.randn(2, 8, 4, 5, generator=g, dtype=torch.float64)
+    got = expected + (1e-2 / var.sqrt()).reshape(1, 8, 1, 1)
+    hint = _hint(got, expected, inputs={"var": var})
+    assert "depends only on the index along dimension 1" in hint and "grows where" not in hint, hint
+
+
 def test_a_check_says_when_exactly_the_square_cases_pass():
     def make_inputs(shape, seed):
         return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)

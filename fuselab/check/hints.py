@@ -382,50 +382,73 @@ def _depends_on_one_dimension(ev: Evidence) -> str:
     return ""
 
 
+# An error that follows an input: at least this many indices along the dimension (fewer make any ranking look
+# strong), at least this many of them holding 90% of the error (one wrong index is the smallest or largest of some
+# input by chance most of the time), and a rank correlation at least this strong between the input and the error.
+_FOLLOWS_LENGTH, _FOLLOWS_WORST, _FOLLOWS_CORRELATION = 8, 3, 0.8
+
+
 def _error_follows_an_input(ev: Evidence) -> str:
     """The error concentrated at the indices (along one dimension) where a per-index input is smallest (or
-    largest): something that matters only for small values of it, such as eps added outside a square root
-    (1/(sqrt(var) + eps) is close to 1/sqrt(var + eps) only where var is large)."""
+    largest), and growing with it: something that matters only for small values of it, such as eps added outside a
+    square root (1/(sqrt(var) + eps) is close to 1/sqrt(var + eps) only where var is large). The error must rank
+    with the input both as it is and relative to each index's own scale: a uniform error divided by a scale that
+    follows the input (a BN output's, which grows as var shrinks) would follow it too."""
     got, expected = ev.got, ev.expected
-    if not bool(torch.isfinite(got).all()) or not bool(torch.isfinite(expected).all()):
+    if got.dim() < 2 or not bool(torch.isfinite(got).all()) or not bool(torch.isfinite(expected).all()):
         return ""
+    found = []  # (strength, hint)
     for name, values in ev.inputs.items():
         if not (isinstance(values, torch.Tensor) and values.dim() == 1 and values.is_floating_point()):
             continue
         length = values.numel()
-        if length < 4 or not bool(torch.isfinite(values).all()):
+        if length < _FOLLOWS_LENGTH or not bool(torch.isfinite(values).all()):
             continue
         values = values.detach().to("cpu", torch.float64)
         for dim in range(got.dim()):
-            if got.shape[dim] != length or got.dim() < 2:
+            if got.shape[dim] != length:
                 continue
             others = [d for d in range(got.dim()) if d != dim]
+            absolute = (got - expected).abs().amax(dim=others).cpu()
             scale = expected.abs().amax(dim=others).cpu().clamp_min(1e-30)
-            error = (got - expected).abs().amax(dim=others).cpu() / scale  # relative to each index's own scale
+            error = absolute / scale  # relative to each index's own scale
             total = float(error.sum())
             if total == 0:
                 continue
+            correlation = _rank_correlation(error, values)
+            if abs(correlation) < _FOLLOWS_CORRELATION or \
+                    _rank_correlation(absolute, values) * correlation < _FOLLOWS_CORRELATION * abs(correlation):
+                continue  # not strong, or not so without the division by each index's scale
             order = torch.argsort(error, descending=True)
             share = torch.cumsum(error[order], 0) / total
             worst = order[: int((share < 0.9).sum()) + 1]
             rest = order[len(worst):]
-            if len(worst) > length // 2 or not len(rest):
+            if len(worst) < _FOLLOWS_WORST or len(worst) > length // 2:
                 continue
-            if float(values[worst].max()) < float(values[rest].min()):
+            if correlation < 0 and float(values[worst].max()) < float(values[rest].min()):
                 side, bound = "smallest", f"{name} <= {format_value(float(values[worst].max()))}"
-            elif float(values[worst].min()) > float(values[rest].max()):
+            elif correlation > 0 and float(values[worst].min()) > float(values[rest].max()):
                 side, bound = "largest", f"{name} >= {format_value(float(values[worst].min()))}"
             else:
                 continue
             cause = ("A constant added in the wrong place does that (for a variance: eps outside the square root, "
                      "1/(sqrtf(var) + eps) where rsqrtf(var + eps) belongs), or a division by it."
                      if side == "smallest" else f"Look at what the code computes from `{name}` where it is large.")
-            where = f"{len(worst)} {'index' if len(worst) == 1 else 'indices'} along dimension {dim} (of {length})"
-            return (f"the error grows where `{name}` is {side}: 90% of it is at the {where} where {bound}, up to "
-                    f"{format_value(float(error[worst].max()))} relative to their values, and at most "
-                    f"{format_value(float(error[rest].max()))} elsewhere: something goes wrong only where `{name}` "
-                    f"is {'small' if side == 'smallest' else 'large'}. {cause}")
-    return ""
+            where = f"{len(worst)} indices along dimension {dim} (of {length})"
+            found.append((abs(correlation), (
+                f"the error grows where `{name}` is {side}: 90% of it is at the {where} where {bound}, up to "
+                f"{format_value(float(error[worst].max()))} relative to their values, and at most "
+                f"{format_value(float(error[rest].max()))} elsewhere: something goes wrong only where `{name}` "
+                f"is {'small' if side == 'smallest' else 'large'}. {cause}")))
+    return max(found, key=lambda item: item[0])[1] if found else ""
+
+
+def _rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rank correlation of two 1-D tensors (ties ranked in order), 0 where either is constant."""
+    ranks = torch.stack([t.argsort().argsort().double() for t in (a, b)])
+    ranks -= ranks.mean(dim=1, keepdim=True)
+    norm = float(ranks.norm(dim=1).prod())
+    return float((ranks[0] * ranks[1]).sum()) / norm if norm else 0.0
 
 
 def _half_precision_rounding(ev: Evidence) -> str:
@@ -460,8 +483,8 @@ _RULES = (
     _border_only,
     _shifted_by_one,
     _relu,
-    _error_follows_an_input,
     _constant_error,
     _depends_on_one_dimension,
+    _error_follows_an_input,
     _half_precision_rounding,
 )
