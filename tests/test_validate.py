@@ -58,3 +58,20 @@ def test_validate_of_a_correct_notebook_without_a_gpu_says_success(tmp_path):
     assert result.returncode == 0, said
     assert "Success! Your notebook passes all the tests." in result.stdout, said
     assert "cannot be converted" not in said and "WILL NOT" not in said, said
+
+
+def test_validate_with_the_students_configuration_shows_a_failed_checks_explanation_whole(tmp_path):
+    # nbgrader cuts each line of a failure at Validator.width (90 by default); a check's explanation is one line
+    # of hundreds of characters, and the cut took the part that named the bug
+    explanation = "the result depends on the order the threads of a block run in: " + "x" * 300 + " missing barrier"
+    cells = [_cell(f"raise AssertionError({explanation!r})", "test_long", points=1)]
+    notebook = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}
+    (tmp_path / "lab.ipynb").write_text(json.dumps(notebook))
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(REPO / "student"),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    for name in ("FUSELAB_GRADING", "FUSELAB_GRADE_LOG", "NBGRADER_VALIDATING"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-m", "nbgrader", "validate", "lab.ipynb"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert explanation in result.stdout, result.stdout[-2000:]
