@@ -440,6 +440,8 @@ def test_a_long_wait_for_the_gpu_is_not_held_against_the_test_that_waits(tmp_pat
     verdict = result.cells["test_timed"]
     assert verdict.status == "passed" and verdict.points == 4, verdict.message
     assert result.gpu_wait_s > 4  # it did wait past its time limit, and the wait was not its own time
+    # and the timeline says where the speed test's time went (the throughput report's medians read it)
+    assert result.timeline[recheck.LEASE_WAIT] > 4 and recheck.SLOT_WAIT not in result.timeline
 
 
 def test_the_pause_log_gives_the_pause_total_when_a_test_started():
@@ -561,6 +563,7 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     assert most_at_once == (1 if dies else 2)
     # the wait for a slot is a pause (not held against the test's time limit), however long it lasts
     assert max(server.waited_s for server in servers) > 0.3
+    assert all(server.slot_waited_s == server.waited_s for server in servers)  # none waited for the GPU alone
     assert all(not list(s.folder.glob("slot-*")) for s in servers), "slot files left behind"
     # every slot came back, the dead child's too
     assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))

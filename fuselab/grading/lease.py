@@ -259,7 +259,8 @@ class LeaseServer:
         self.slot = None             # the speed test slot held (its request's number)
         self._slot_asked = None      # (when, the child's paused seconds then) while it waits for a slot
         self.holding = None          # the request being served
-        self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings
+        self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings, or for a slot
+        self.slot_waited_s = 0.0     # the part of it spent waiting for a speed test slot
         self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
         self.notes: list = []
         self.stop_reason = None      # set when the child must be stopped (held too long, broke the protocol)
@@ -304,7 +305,9 @@ class LeaseServer:
                 self._slot_asked = (time.monotonic(), self.child.paused())
             if not self.lease.speed_slots.acquire(blocking=False):
                 return
-            self.waited_s += self._slot_wait()
+            waited = self._slot_wait()
+            self.waited_s += waited
+            self.slot_waited_s += waited
             self._slot_asked = None
             self.slot = requests[0].name[len(SLOT_REQUEST):]
             if not self._answer(SLOT_GRANTED + self.slot, "a speed test slot"):

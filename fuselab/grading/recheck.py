@@ -244,6 +244,10 @@ class PauseLog:
         return before[-1] if before else 0.0
 
 
+# the timeline's entries for the GPU's sharing (part of the speed tests' own time)
+SLOT_WAIT, LEASE_WAIT, HELD = "waiting for a speed test slot", "waiting for the GPU alone", "the GPU held alone"
+
+
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = dict(base_env)
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
@@ -353,6 +357,11 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         by_index = {c["index"]: c for c in cells}
         events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
         _add_timeline(timeline, events, by_index, spawned)
+        # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
+        for label, seconds in ((SLOT_WAIT, server.slot_waited_s), (LEASE_WAIT, server.waited_s - server.slot_waited_s),
+                               (HELD, server.held_s)):
+            if seconds > 0:
+                timeline[label] = timeline.get(label, 0.0) + seconds
         for event in events:
             cell = by_index.get(event.get("index"))
             if event["event"] == "end" and cell["graded"]:
