@@ -893,3 +893,27 @@ def test_a_race_between_blocks_is_not_called_a_race_between_the_threads_of_a_blo
     assert "the threads of a block" not in report and "__syncthreads" not in report, report
     assert "the result is not the same from run to run" in report and "`atomicAdd` belongs" in report, report
     assert mod.thread_order == ("forward", 0) and mod.os_threads == 0, (mod.thread_order, mod.os_threads)
+
+
+@pytest.mark.parametrize("bug", ["threadIdx only", "a loop from threadIdx"])
+def test_a_plane_index_without_blockidx_says_so_not_round_the_blocks_up(bug):
+    """`pq = threadIdx.x` for an (n, k) plane's output pixel (or a loop over the plane that starts at threadIdx.x and
+    strides past it): in every plane exactly the first 256 pixels are written. With Q = 32 those are 8 whole rows,
+    and the hint said everything from index 8 on along dimension 2 is never written: round the block count up."""
+    from fuselab.labs import lab1
+    text = _lab_source("lab1", "CONV_SOURCE")
+    head = ("    int pq = blockIdx.x * blockDim.x + threadIdx.x;\n    int k = blockIdx.y, n = blockIdx.z;\n"
+            "    if (pq >= P * Q) return;\n")
+    tail = "    y[((size_t)n * K + k) * P * Q + pq] = acc;\n"
+    assert head in text and tail in text
+    if bug == "threadIdx only":
+        text = text.replace(head, head.replace("blockIdx.x * blockDim.x + threadIdx.x", "threadIdx.x"))
+    else:
+        text = text.replace(head, "    int k = blockIdx.y, n = blockIdx.z;\n"
+                                  "    for (int pq = threadIdx.x; pq < P * Q; pq += blockDim.x * gridDim.x) {\n")
+        text = text.replace(tail, tail + "    }\n")
+    rng = random.Random(31)
+    cases = lab1.SMALL_CONV_CASES + [lab1.ConvCase(1, 2, rng.randint(10, 20), 32, 3, 3, 1, 1, True, "relu")]
+    report = _conv_check(text, "msg_plane_" + bug.replace(" ", "_"), cases).report()
+    assert "the index does not use blockIdx (everything from one block's worth on, in every plane" in report, report
+    assert "round the number of blocks up" not in report and "along dimension 2" not in report, report

@@ -148,6 +148,38 @@ def _two_indices_swapped(ev: Evidence) -> str:
     return ""
 
 
+def _one_block_in_every_plane(ev: Evidence) -> str:
+    """Within every plane (the trailing dimensions an index is flattened over, as ``pq`` runs over an (n, k) plane's
+    P * Q pixels), exactly the first k elements written, k one block of threads, and the rest of every plane never
+    written, in two planes or more: every block along the axis that walks the plane writes the same first k
+    elements, as when the index is ``threadIdx.x`` alone. The whole tensor's flat index stops nowhere, and a stop
+    at a row of one plane reads as a short grid along that dimension."""
+    bad, shape = ev.bad, tuple(ev.bad.shape)
+    if not bool(ev.not_written[bad].all()):
+        return ""
+    for lead in range(1, len(shape) - 1):  # dimensions lead.. are one plane, flattened: two or more of them
+        planes = 1
+        for size in shape[:lead]:
+            planes *= size
+        plane = bad.numel() // planes if planes else 0
+        if planes < 2 or plane < 2:
+            continue
+        rows = bad.reshape(planes, plane)
+        k = int(rows[0].to(torch.uint8).argmax())
+        if k not in _BLOCK_SIZES or k >= plane or bool(rows[:, :k].any()) or not bool(rows[:, k:].all()):
+            continue
+        dims = f"dimensions {lead} to {len(shape) - 1}"
+        return (f"in each of the {planes} planes of `{ev.name}` ({dims}, flattened: {plane} elements each), the "
+                f"first {k} elements are right and everything from element {k} on is never written, the same in "
+                f"every plane. {k} is one block of {k} threads: the index does not use blockIdx (everything from "
+                f"one block's worth on, in every plane, is unwritten). `pq = threadIdx.x` (or a loop that starts "
+                f"at threadIdx.x and stops at blockDim.x) makes every block along the plane write the same first "
+                f"{k} elements: use `pq = blockIdx.x * blockDim.x + threadIdx.x`, with (P * Q + block - 1) / block "
+                f"blocks. (If {k} is a whole number of your blocks instead, the grid has too few blocks along the "
+                f"plane: round their number up.)")
+    return ""
+
+
 def _grid_axis_from_another_size(ev: Evidence) -> str:
     """Rows (or columns) from some index on never written, where that index is the other dimension's size rounded
     up to a block of two or more blocks: the grid's extent along this axis came from the other dimension, as when
@@ -472,6 +504,7 @@ _RULES = (
     _nothing_written,
     _only_the_first_along_a_dimension,
     _two_indices_swapped,
+    _one_block_in_every_plane,
     _grid_axis_from_another_size,
     _correct_only_below,
     _tail_along_a_dimension,
