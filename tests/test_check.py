@@ -662,3 +662,33 @@ def test_items_past_the_first_written_but_wrong_say_the_offset_of_each_item_not_
         in hint, hint
     assert "offset of each item is computed wrongly" in hint and "stride" in hint, hint
     assert "every thread works on the first one" not in hint and "blockIdx.z" not in hint, hint
+
+
+# --- what sets the failing cases apart ----------------------------------------------------------------------
+
+
+def _case(shape, passed, numel=12):
+    from collections import namedtuple
+
+    from fuselab.check import CaseResult
+    Case = namedtuple("Case", "N C H W bias act")
+    fields = Case(*shape)
+    out = OutputComparison(name="out", shape=(fields.N, fields.C, fields.H, fields.W), dtype="float32",
+                           passed=passed, numel=fields.N * fields.C * fields.H * fields.W,
+                           n_bad=0 if passed else 1, n_not_written=0 if passed else 1)
+    return CaseResult(name="run", shape=fields, seed=0, comparisons=[out])
+
+
+def test_a_flag_that_goes_with_a_size_is_not_offered_as_the_cause():
+    """Lab 1's depthwise cases: the only ones with W > 16 have act='leaky_relu', so a column index without blockIdx
+    (16-wide blocks) failed exactly those, and the report blamed act. Where a size past which every case fails
+    separates the same cases, the flag is not offered; where no size does, it still is."""
+    passing = [((1, 1, 1, 1, True, "relu"), True), ((1, 3, 5, 7, True, "relu"), True),
+               ((1, 4, 9, 8, True, "none"), True), ((1, 3, 18, 2, False, "relu"), True)]
+    wide = [((2, 5, 19, 17, False, "leaky_relu"), False), ((2, 2, 3, 37, True, "leaky_relu"), False)]
+    result = CheckResult("run", [_case(shape, passed) for shape, passed in passing + wide])
+    assert "look at what your code does with act" not in result.report(), result.report()
+    # the same flag where sizes do not separate the cases (a narrow leaky_relu case fails too): offered
+    narrow = [((1, 2, 4, 5, False, "leaky_relu"), False)]
+    result = CheckResult("run", [_case(shape, passed) for shape, passed in passing + wide + narrow])
+    assert "every case with act='leaky_relu' fails" in result.report(), result.report()

@@ -131,6 +131,14 @@ class CheckResult:
             return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
+        said = set()  # a case's own hint and the emulation's notes, once per report
+        # what the emulation saw while a case failed (a race, a barrier not every thread reached) was observed, not
+        # read from which cases fail: it comes before any guess from the cases
+        for case in failures:
+            for note in case.emulation_notes:
+                if note not in said:
+                    parts.append(f"the emulation saw, in {case.label}: {note}")
+                    said.add(note)
         separated = _separating_field(self.cases) or _separating_equality(self.cases)
         if separated:
             parts.append(separated)
@@ -140,7 +148,6 @@ class CheckResult:
             parts.append(f"✗ each of the {len(failures)} failing cases (the first: {failures[0].label}) raised the "
                          f"same error:\n    {failures[0].error}")
             failures = []
-        said = set()  # a case's own hint and the emulation's notes, once per report
         for case in failures[:_DETAILED_FAILURES]:
             parts.append(case.details(hint=case.hint not in said, said=said))
             said.update(case.emulation_notes)
@@ -214,8 +221,8 @@ def _separating_equality(cases) -> str:
     the squares happen to be small) is not either."""
     sized = [(_sizes(c), c.passed) for c in cases if any(o.numel for o in c.comparisons) or not c.passed]
     failing = [sizes for sizes, passed in sized if not passed]
-    if len(failing) < 2 or not failing[0]:
-        return ""
+    if len(failing) < 2 or not failing[0] or _size_threshold(cases):
+        return ""  # a size past which every case fails separates them as well (more than one K tile, say)
     keys = list(failing[0])
     for i, first in enumerate(keys):
         for second in keys[i + 1:]:
@@ -243,6 +250,33 @@ def _separating_equality(cases) -> str:
     return ""
 
 
+def _size_threshold(cases) -> str:
+    """A size past which every case fails and up to which every case passes (``K > 16``: more than one tile, a
+    block), as "K > 16", or "". The sizes: ``_sizes``, and a bare tuple's integers (Lab 3's (M, N, K, ...)) as
+    ``shape[i]``; cases with nothing to compute that pass say nothing. Only this direction: code that breaks at some
+    size breaks from that size on (a block, a tile, a bound), so a bug of the small cases alone is no size's."""
+    sized = []
+    for case in cases:
+        if case.passed and not any(o.numel for o in case.comparisons):
+            continue
+        sizes = _sizes(case)
+        if isinstance(case.shape, (tuple, list)) and not _fields(case.shape):
+            sizes.update({f"shape[{i}]": v for i, v in enumerate(case.shape)
+                          if isinstance(v, int) and not isinstance(v, bool)})
+        sized.append((sizes, case.passed))
+    failing = [sizes for sizes, passed in sized if not passed]
+    passing = [sizes for sizes, passed in sized if passed]
+    if not failing or not passing:
+        return ""
+    for key in failing[0]:
+        if not all(key in sizes for sizes, _ in sized):
+            continue
+        below = max(sizes[key] for sizes in passing)
+        if min(sizes[key] for sizes in failing) > below:
+            return f"{key} > {below}" if not isinstance(key, int) else f"dimension {key} longer than {below}"
+    return ""
+
+
 def _fields(shape) -> dict:
     """A case's named fields (a named tuple's, a dict's), or {} for a bare tuple."""
     if isinstance(shape, dict):
@@ -255,12 +289,15 @@ def _separating_field(cases) -> str:
     """One sentence where a flag or a choice of the cases (``bias=True``, ``act='leaky_relu'``) tells every failing
     case from every passing one: the tiny cases shown first may hide it, and it points at the bug (the bias
     ignored, the slope of LeakyReLU). Only bool and str fields, and at least two cases on each side, so that a
-    size that happens to differ is never offered as the cause."""
+    size that happens to differ is never offered as the cause; and nothing where a size past which every case
+    fails separates the same cases (the only wide images all with act='leaky_relu'): the flag may only go with it."""
     failing = [_fields(c.shape) for c in cases if not c.passed]
     # a case with nothing to compute (an empty batch) passes whatever the code does with its flags
     passing = [_fields(c.shape) for c in cases if c.passed and any(o.numel for o in c.comparisons)]
     if len(failing) < 2 or len(passing) < 2 or not failing[0]:
         return ""
+    if _size_threshold(cases):
+        return ""  # a size separates the same cases as well: the cases' own hints (a tail, a stop) speak for it
     for name, value in failing[0].items():
         if not isinstance(value, (bool, str)):
             continue
