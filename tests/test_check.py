@@ -692,3 +692,36 @@ def test_a_flag_that_goes_with_a_size_is_not_offered_as_the_cause():
     narrow = [((1, 2, 4, 5, False, "leaky_relu"), False)]
     result = CheckResult("run", [_case(shape, passed) for shape, passed in passing + wide + narrow])
     assert "every case with act='leaky_relu' fails" in result.report(), result.report()
+
+
+# --- NaN read from past an input --------------------------------------------------------------------------------
+
+
+def _evidence(got, expected):
+    from fuselab.check.hints import Evidence
+    bad = ~((got - expected).abs() <= 1e-6)
+    return Evidence(got, expected, bad, torch.zeros_like(bad), torch.full_like(got, 1e-6), "out", torch.float32)
+
+
+def test_nan_in_the_output_wins_over_the_pattern_of_where_the_wrong_values_are():
+    """Only item 0 right and the others written, some with NaN: a wrong stride that reads past an input's end (into
+    the NaN around it). The NaN is the evidence, and the hint said only that each item's offset is wrong."""
+    from fuselab.check.hints import hint_for
+    g = torch.Generator().manual_seed(0)
+    expected = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    got = expected.clone()
+    got[1:] = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    got[2, 3, 1:] = float("nan")
+    hint = hint_for(_evidence(got, expected))
+    assert "an input read out of bounds" in hint and "offset of each item" not in hint, hint
+
+
+def test_an_all_zero_relu_output_is_not_called_integer_division():
+    """Every element 0 where the expected values are a ReLU's: the values before the ReLU may have been NaN (read past
+    an input), which fmaxf(NaN, 0) makes 0. Without a ReLU (negative values expected) the old hint stays."""
+    from fuselab.check.hints import hint_for
+    expected = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    hint = hint_for(_evidence(torch.zeros_like(expected), expected.clamp(min=0)))
+    assert "integer division" not in hint and "fmaxf(NaN, 0.0f)" in hint and "out of bounds" in hint, hint
+    hint = hint_for(_evidence(torch.zeros_like(expected), expected))
+    assert "integer division" in hint, hint

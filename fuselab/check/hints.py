@@ -251,9 +251,18 @@ def _correct_only_below(ev: Evidence) -> str:
     return f"{said}: {short_grid}. (If {k} is your block size, the index is missing blockIdx.)"
 
 
-def _tail_along_a_dimension(ev: Evidence) -> str:
+def _wrong_far_edge_read(ev: Evidence) -> str:
+    """Every wrong element written, some NaN, and the wrong ones the far end of a row or column dimension (one of the
+    last two): a bound at that edge (`ih > H`) reads past the input, into the NaN around it. The tail rule names
+    the edge's bound, which the NaN hint (that runs before the other patterns) would only guess at."""
+    if bool((ev.not_written & ev.bad).any()) or not bool((torch.isnan(ev.got) & ev.bad).any()):
+        return ""
+    return _tail_along_a_dimension(ev, dims=range(max(ev.bad.dim() - 2, 0), ev.bad.dim()))
+
+
+def _tail_along_a_dimension(ev: Evidence, dims=None) -> str:
     bad = ev.bad
-    for dim in range(bad.dim()):
+    for dim in (range(bad.dim()) if dims is None else dims):
         size = bad.shape[dim]
         if size < 2:
             continue
@@ -293,7 +302,10 @@ def _some_not_written(ev: Evidence) -> str:
 
 
 def _nan(ev: Evidence) -> str:
-    if not bool((torch.isnan(ev.got) & ev.bad).any()):
+    """NaN the candidate wrote (not the poison of an element never written). It runs before the rules that read a
+    pattern from where the wrong values are: inputs sit between NaN bands, so a NaN in the output is evidence of a
+    read past an input (or of shared memory nobody wrote), and a wrong stride or a far edge read so shows it."""
+    if not bool((torch.isnan(ev.got) & ev.bad & ~ev.not_written).any()):
         return ""
     return (
         "NaN (not-a-number) values: a 0/0, a sqrt or log of a negative number, or a read of memory nobody wrote "
@@ -315,6 +327,14 @@ _FEW = 4  # fewer nonzero elements than this say nothing about a pattern: one ou
 def _all_zero(ev: Evidence) -> str:
     if not bool((ev.got == 0).all()) or int((ev.expected != 0).sum()) < _FEW:
         return ""
+    if bool((ev.expected >= 0).all()) and 8 * int((ev.expected == 0).sum()) >= ev.expected.numel():
+        # a ReLU's output (none negative, many exactly 0): fmaxf(NaN, 0) is 0, so a NaN read before the ReLU (an
+        # input read past its end, into the NaN around it) leaves 0 as a negative value does
+        return (f"every element of `{ev.name}` is 0, and the expected values are a ReLU's (none negative, many "
+                f"exactly 0): a ReLU makes 0 of a negative value and of a NaN alike (`fmaxf(NaN, 0.0f)` is 0). "
+                f"Was every value before the ReLU NaN? An input read out of bounds gives NaN (the tests put NaN "
+                f"just before and after every input), and so does shared memory nobody wrote. Or is nothing "
+                f"computed or stored?")
     return (
         f"every element of `{ev.name}` is 0: the kernel stores zeros. Is the result computed and stored? "
         "(In C, 1/2 == 0: integer division.)"
@@ -502,6 +522,8 @@ def _half_precision_rounding(ev: Evidence) -> str:
 
 _RULES = (
     _nothing_written,
+    _wrong_far_edge_read,
+    _nan,
     _only_the_first_along_a_dimension,
     _two_indices_swapped,
     _one_block_in_every_plane,
@@ -509,7 +531,6 @@ _RULES = (
     _correct_only_below,
     _tail_along_a_dimension,
     _some_not_written,
-    _nan,
     _inf,
     _all_zero,
     _transposed,
