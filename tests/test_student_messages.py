@@ -921,3 +921,27 @@ def test_a_plane_index_without_blockidx_says_so_not_round_the_blocks_up(bug):
     report = _conv_check(text, "msg_plane_" + bug.replace(" ", "_"), cases).report()
     assert "the index does not use blockIdx (everything from one block's worth on, in every plane" in report, report
     assert "round the number of blocks up" not in report and "along dimension 2" not in report, report
+
+
+@pytest.mark.parametrize("kernel", ["pitfall", "fused"])
+def test_a_bias_on_the_wrong_axis_with_a_relu_is_named_on_a_many_row_output(kernel):
+    """Lab 3's `wrong_axis` pitfall (bias[i / N] for bias[i % N]) on (17, 31, 19) with a ReLU: no hint at all. The
+    ReLU cuts some errors to 0, so no error is constant or depends on one dimension; where neither value is cut,
+    each is off by exactly bias[row] - bias[col], and the diagonal is right."""
+    from fuselab.labs import lab3
+    rng = random.Random(32)
+    if kernel == "pitfall":
+        mod = fuselab.build(lab3.pitfall_source("wrong_axis"), lab3.UNFUSED_LAUNCHERS, name="msg_wrong_axis",
+                            backend="emulate")
+        op = lab3.unfused(mod)
+    else:
+        text = _lab_source("lab3", "FUSED_SOURCE")
+        assert "(bias ? bias[col] : 0.0f)" in text
+        mod = fuselab.build(text.replace("(bias ? bias[col] : 0.0f)", "(bias ? bias[row] : 0.0f)"), [lab3.FUSED_F32],
+                            name="msg_wrong_axis_fused", backend="emulate")
+        op = lab3.fused(mod)
+    shapes = [(17, 31, 19, True, True), (rng.randint(5, 15), rng.randint(20, 40), rng.randint(2, 40), True, True)]
+    result = fuselab.check(op, lab3.reference, lambda s, seed: lab3.make_inputs(s, seed), shapes,
+                           seeds=(rng.randint(0, 99),), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and report.count("bias[row] instead of bias[col]") >= 2, report

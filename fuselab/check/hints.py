@@ -341,6 +341,43 @@ def _all_zero(ev: Evidence) -> str:
     )
 
 
+def _per_index_value_on_the_wrong_axis(ev: Evidence) -> str:
+    """A 1-D input with one value per column (or row) of the output, read with the other index (``bias[row]`` for
+    ``bias[col]``, ``bias[i / N]`` for ``bias[i % N]``): where neither value was cut to 0 (by a ReLU), each element is
+    off by exactly v[other index] - v[own index], and the diagonal, where the two indices are equal, is right. With
+    a ReLU no error depends on one dimension and no element is off by a constant, so no other rule speaks."""
+    got, expected = ev.got, ev.expected
+    if got.dim() < 2 or min(got.shape[-2:]) < 2:
+        return ""
+    rows, cols = got.shape[-2], got.shape[-1]
+    for name, values in ev.inputs.items():
+        if not (isinstance(values, torch.Tensor) and values.dim() == 1 and values.is_floating_point()):
+            continue
+        v = values.detach().to("cpu", torch.float64).to(got.device)
+        for own, other, wrong, right in ((-1, -2, "row", "col"), (-2, -1, "col", "row")):
+            if v.numel() != got.shape[own]:
+                continue
+            reach = min(got.shape[other], v.numel())  # other indices past the input's end read its NaN band
+            g, e, a, bad = (t.narrow(other, 0, reach) for t in (got, expected, ev.allowed, ev.bad))
+            if own == -1:
+                delta = v[:reach].unsqueeze(1) - v.unsqueeze(0)  # (row, col): v[row] - v[col]
+            else:
+                delta = v[:reach].unsqueeze(0) - v.unsqueeze(1)  # (row, col): v[col] - v[row]
+            kept = (g != 0) & (e != 0) & torch.isfinite(g) & torch.isfinite(e)  # not cut to 0 by a ReLU
+            if int(kept.sum()) < 2 * _FEW or int((kept & bad).sum()) < _FEW or not bool((delta != 0).any()):
+                continue
+            shifted = (e + delta.expand_as(e))[kept]
+            if not ev.close(g[kept], shifted, a[kept]):
+                continue
+            per = "column" if own == -1 else "row"
+            return (f"where neither value is cut to 0 (by the ReLU), each wrong element is off by exactly "
+                    f"`{name}[{wrong}] - {name}[{right}]`, and the elements with {wrong} == {right} are right: "
+                    f"`{name}` holds one value per {per} and is read with the {wrong} index: {name}[{wrong}] "
+                    f"instead of {name}[{right}] (for a flat index i over a {rows} × {cols} output: "
+                    f"{'i / N where i % N' if own == -1 else 'i % N where i / N'} belongs).")
+    return ""
+
+
 def _transposed(ev: Evidence) -> str:
     if ev.got.dim() < 2 or ev.got.shape[-1] < 2 or ev.got.shape[-2] < 2:
         return ""
@@ -533,6 +570,7 @@ _RULES = (
     _some_not_written,
     _inf,
     _all_zero,
+    _per_index_value_on_the_wrong_axis,
     _transposed,
     _border_only,
     _shifted_by_one,
