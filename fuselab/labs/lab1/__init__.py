@@ -242,6 +242,10 @@ SMALL_DEPTHWISE_CASES = [
     DepthwiseCase(1, 4, 9, 8, True, "none"),
     DepthwiseCase(2, 2, 3, 37, True, "leaky_relu"),
     DepthwiseCase(1, 3, 18, 2, False, "relu"),
+    # the activation apart from the size: a small LeakyReLU case and a wide ReLU one. With LeakyReLU only on the
+    # two wide images, a check could not tell a slope bug from a column index that stops at one block
+    DepthwiseCase(1, 2, 4, 5, True, "leaky_relu"),
+    DepthwiseCase(1, 2, 5, 33, False, "relu"),
 ]
 # Square images beside the others: H and W swapped somewhere (an index, a bound, the grid's x and y) is right
 # exactly where H == W, and a check can say so only where some cases are square and others are not. Two sizes,
