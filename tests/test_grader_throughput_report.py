@@ -135,3 +135,31 @@ def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
     assert "bob" not in section
     quiet = ClassResult(out=tmp_path, results=[result("bob", [])], problems=[])
     assert "Nothing." in report.markdown(quiet).split("## To look at")[1]
+
+
+def test_the_load_sampler_counts_cpu_by_the_kind_of_process(monkeypatch):
+    import subprocess
+    import sys
+    monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
+    # a busy child whose command line names it as a checker (``cellrunner``) would
+    busy = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n# cellrunner"
+    with LoadSampler(every_s=0.1) as load:
+        since = time.monotonic()
+        subprocess.run([sys.executable, "-c", busy], check=True)
+        time.sleep(0.3)
+        until = time.monotonic()
+    kinds = load.cpu_by_kind(since, until)
+    if load.summary(since, until)["cpu_busy"] is None:
+        pytest.skip("this kernel's /proc/stat counts nothing (gVisor)")
+    assert 0.5 <= kinds.get("checker", 0.0) <= 1.5, kinds
+    assert "missed" in kinds and kinds["missed"] >= 0
+
+
+def test_a_speed_record_keeps_only_the_phases_the_course_names():
+    from fuselab.grading.kernels import _record
+    from fuselab.speed.graded import PHASES
+    record = _record({"status": "measured", "speedup": 1.5,
+                      "phases": {PHASES[0]: 0.25, "timing": float("nan"), "made up": 1.0, "refreshed check": -1.0,
+                                 "check at the timed shape": 3}})
+    assert record["phases"] == {PHASES[0]: 0.25}  # finite, non-negative floats of the course's own labels only
+    assert "phases" not in _record({"status": "measured", "phases": ["timing", 1.0]})

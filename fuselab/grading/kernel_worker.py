@@ -136,6 +136,10 @@ class KernelWorker:
                 reply[key] = float(value)
         if type(record.get("ci")) is list:
             reply["ci"] = [float(v) for v in record["ci"][:2] if type(v) in (int, float) and math.isfinite(v)]
+        phases = record.get("phases")
+        if type(phases) is dict:
+            reply["phases"] = {k: float(v) for k, v in phases.items()
+                               if k in speed.graded.PHASES and type(v) in (int, float) and math.isfinite(v)}
         return ["ok", wire.encode(reply)]
 
     def speed_batch(self, calls) -> list:

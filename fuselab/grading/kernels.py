@@ -146,21 +146,30 @@ class KernelHost:
         # The GPU is the speed test's alone from the worker's timing to the end of the checker's batches: the input
         # sets, references and checks before them share it with the other submissions.
         check = SpeedCheck(self, checker_side, input_sets)
+        record, clock = None, time.perf_counter()
         try:
             check.prepare()
+            prepared = time.perf_counter()
             with contextlib.ExitStack() as hold:
                 reply = self.request(("speed", self.current_source, test_id), hold=hold)
-                return check.verdict(test_id, max_points, _record(self.process.result(reply)))
+                worker_done = time.perf_counter()
+                record = check.verdict(test_id, max_points, _record(self.process.result(reply)))
+            record.setdefault("phases", {}).update({"checker's input sets": prepared - clock,
+                                                    "outside clock": time.perf_counter() - worker_done})
+            return record
         finally:
             # the speed test's slot goes back with its memory: both processes' GPU-sized sets are let go, and the
             # caching allocator's blocks returned, for the next speed test on this GPU. Never at the cost of the
             # verdict or of the error being raised: a poisoned or gone worker keeps its memory until it ends.
+            clock = time.perf_counter()
             check.sets = check.outs = None
             if not (self.process.gone or self.poisoned):
                 with contextlib.suppress(Exception):
                     self.process.result(self.request(("speed_end",)))
             with contextlib.suppress(Exception):
                 _free_gpu_memory()
+            if record is not None:  # the same dict the caller gets
+                record["phases"]["memory returned"] = time.perf_counter() - clock
 
 
 class WorkerModule:
@@ -283,6 +292,11 @@ def _record(value) -> dict:
     ci = value.get("ci")
     if type(ci) is list and len(ci) == 2 and all(type(v) is float and math.isfinite(v) for v in ci):
         record["ci"] = ci
+    from ..speed.graded import PHASES
+    phases = value.get("phases")
+    if type(phases) is dict:  # where the worker's time went, for the throughput report only: it grades nothing
+        record["phases"] = {k: v for k, v in phases.items()
+                            if type(k) is str and k in PHASES and type(v) is float and math.isfinite(v) and v >= 0}
     return record
 
 

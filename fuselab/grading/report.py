@@ -178,12 +178,18 @@ def markdown(class_result) -> str:
 
 def median_steps(results) -> dict:
     """Per lab, the median seconds of each step of a submission: the clean recheck's cells and process starts
-    (``clean_timeline``), nbgrader's phases, and both runs' totals."""
+    (``clean_timeline``), the phases of its speed tests (``speed: …``), nbgrader's phases, and both runs' totals."""
     import statistics
     by_lab = {}
     for r in _typed(results):
         steps = by_lab.setdefault(r.lab, {})
-        for label, seconds in {**(r.clean_timeline or {}),
+        speed_phases = {}
+        for cell in r.cells.values():
+            for record in cell.speed or []:
+                for label, seconds in (record.get("phases") or {}).items() if isinstance(record, dict) else ():
+                    if isinstance(seconds, (int, float)):
+                        speed_phases[f"speed: {label}"] = speed_phases.get(f"speed: {label}", 0.0) + seconds
+        for label, seconds in {**(r.clean_timeline or {}), **speed_phases,
                                **{f"nbgrader {k}": v for k, v in (r.nbgrader_phases or {}).items()},
                                "clean total": r.clean_seconds or 0.0,
                                "nbgrader total": r.nbgrader_seconds or 0.0}.items():
@@ -208,7 +214,7 @@ def _throughput(class_result) -> list:
               "| lab | clean recheck | its slowest steps | nbgrader run | nbgrader + kernel start |",
               "| --- | --- | --- | --- | --- |"]
     for lab, steps in sorted(median_steps(results).items()):
-        cells = {k: v for k, v in steps.items() if not k.startswith("nbgrader") and k != "clean total"}
+        cells = {k: v for k, v in steps.items() if not k.startswith(("nbgrader", "speed: ")) and k != "clean total"}
         slowest = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cells.items(), key=lambda kv: -kv[1])[:3])
         start = steps.get("nbgrader start")
         lines.append(f"| {lab} | {steps['clean total']:.1f} s | {slowest} | {steps['nbgrader total']:.1f} s | "

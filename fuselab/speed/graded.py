@@ -41,6 +41,10 @@ from .policy import policy_entry
 
 LAST_TIMED = None   # the last graded timing's rotating call of the student's op
 LAST_RECORD = None  # the last speed test's record
+# where a speed test's time goes, in the order it runs (the record's "phases": label → seconds, for the grader's
+# throughput report; the kernel worker sends only these labels)
+PHASES = ("input sets", "kernel list", "check at the timed shape", "stream check", "timing",
+          "refreshed check")
 SPEED_IN_RECHECK_ENV = "FUSELAB_SPEED_IN_RECHECK"  # set by the grader for its nbgrader run of a notebook
 _OWN_KERNEL = re.compile(r"__global__\s+[\w:<>,\s]*?\b(\w+)\s*\(")
 
@@ -119,14 +123,19 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         record["policy_note"] = note  # the grader's report says which GPU's thresholds were used
     shape, threshold, mode = tuple(test["shape"]), float(entry["threshold"]), test["mode"]
 
+    phases = record["phases"] = {}
+    phase = _phase_clock(phases)
+
     def measure() -> dict:
         """Steps 3-6 on this process's GPU: ``record``, filled in."""
+        phase("input sets")
         sets = [make_inputs(shape, seed=1000 + k) for k in range(input_sets)]
         expected_shape = reference(*[x.double() if torch.is_tensor(x) else x for x in sets[0]]).shape
         outs = {name: [torch.empty(expected_shape, device="cuda", dtype=sets[0][0].dtype) for _ in sets]
                 for name in ("student", "reference")}
 
         # 3. exactly the expected kernels, all the student's own
+        phase("kernel list")
         own = own_kernel_names(module.source)
         kernels = launched_kernels(lambda: candidate(*sets[0], outs["student"][0]))
         foreign = [k for k in kernels if not any(name in k for name in own)]
@@ -138,11 +147,13 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             return record
 
         # 4. right at the timed shape
+        phase("check at the timed shape")
         check(candidate, reference, lambda s, seed: make_inputs(s, seed=seed), [shape], seeds=(7,), name=test_id,
               verbose=verbose)
 
         # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
         # a CUDA graph's capture, so a replayed capture leaves the output unwritten
+        phase("stream check")
         escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference)
         if escaped:
             record["status"] = escaped
@@ -159,6 +170,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             return call
 
         global LAST_TIMED
+        phase("timing")
         LAST_TIMED = rotating(candidate, "student")  # the grader's checker times a batch of it from outside
         with exclusive_gpu():  # while the grader shares this GPU among submissions, only the timing gets it alone
             result = timing.compare({"reference": rotating(reference_op, "reference"),
@@ -168,6 +180,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         record.update(student_s=result["student"].median, reference_s=result["reference"].median)
 
         # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
+        phase("refreshed check")
         for k, inputs in enumerate(sets):
             fresh = make_inputs(shape, seed=2000 + k)
             for old, new in zip(inputs, fresh):
@@ -176,6 +189,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             candidate(*inputs, outs["student"][k])
             assert_close(outs["student"][k], reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
 
+        phase(None)
         points = timing.speedup_points(speedup, threshold, max_points)
         s = result.speedup("student")
         record.update(points=points, speedup=speedup, ci=[s.low, s.high], threshold=threshold, mode=mode,
@@ -192,7 +206,28 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         try:
             return _finish(measure())
         finally:
+            phase(None)
             _let_go_of_timed_sets()
+
+
+def _phase_clock(phases: dict):
+    """``phase(label)`` ends the phase running (adding its seconds to ``phases``) and starts ``label`` (None: none);
+    each phase waits for the GPU work it queued, so its seconds are its own."""
+    import time
+    running = [None, 0.0]
+
+    def phase(label):
+        now = time.perf_counter()
+        if running[0] is not None:
+            try:  # a failing phase's error (a poisoned context, say) is the one raised, not this one's
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()
+                    now = time.perf_counter()
+            except Exception:  # noqa: BLE001
+                pass
+            phases[running[0]] = round(phases.get(running[0], 0.0) + now - running[1], 4)
+        running[:] = [label, now]
+    return phase
 
 
 def _let_go_of_timed_sets():

@@ -37,19 +37,67 @@ def _gpu_memory_used_mib():
         return None
 
 
+# how a process's command line names its part in grading (the first that matches), for ``cpu_by_kind``
+PROCESS_KINDS = (("cellrunner", "checker"), ("kernel_worker", "kernel worker"),
+                 ("solution_worker", "solution worker"), ("ipykernel", "notebook kernel"), ("nbgrader", "nbgrader"),
+                 ("keeper", "keeper"), ("bwrap", "sandbox"), ("gpu_selfcheck", "grader"))
+# programs known by their own name (the command's first word)
+PROGRAM_KINDS = {"nvidia-smi": "nvidia-smi", "ninja": "compiler", "nvcc": "compiler", "cicc": "compiler",
+                 "ptxas": "compiler", "cc1plus": "compiler", "c++": "compiler", "g++": "compiler", "ld": "compiler",
+                 "as": "compiler", "collect2": "compiler", "fatbinary": "compiler", "nvlink": "compiler",
+                 "cudafe++": "compiler", "bwrap": "sandbox"}
+
+
+def _process_cpu() -> dict:
+    """pid → (kind, CPU seconds so far) of every process this machine shows (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    found = {}
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        program = os.path.basename(command.split(" ", 1)[0])
+        kind = PROGRAM_KINDS.get(program) or next((name for pattern, name in PROCESS_KINDS if pattern in command),
+                                                  "other")
+        found[int(pid)] = (kind, (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+    return found
+
+
 class LoadSampler:
     def __init__(self, every_s: float = 1.0):
         self.every_s = every_s
         self.samples = []  # (time.monotonic(), cpu (busy, total) or None, [MiB per GPU] or None)
+        self.process_cpu = []  # (time.monotonic(), {kind: CPU seconds since the last sample})
+        self._seen = {}        # pid → CPU seconds at its last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
 
     def _run(self):
+        self._seen = {pid: seconds for pid, (_, seconds) in _process_cpu().items()}  # what ran before: not counted
         while True:
             self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib()))
+            self._sample_processes()
             if self._stop.wait(self.every_s):
                 self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib()))
+                self._sample_processes()
                 return
+
+    def _sample_processes(self):
+        """Each kind's CPU seconds since the last sample (a process first seen now counts from its start; what a
+        process did between its last sample and its end is missed: ``cpu_by_kind`` says how much)."""
+        now, used = _process_cpu(), {}
+        for pid, (kind, seconds) in now.items():
+            used[kind] = used.get(kind, 0.0) + max(0.0, seconds - self._seen.get(pid, 0.0))
+        self._seen = {pid: seconds for pid, (_, seconds) in now.items()}
+        self.process_cpu.append((time.monotonic(), used))
 
     def __enter__(self):
         self._thread.start()
@@ -70,3 +118,19 @@ class LoadSampler:
         if memory:
             result["gpu_memory_peak_gib"] = round(max(memory) / 1024, 1)
         return result
+
+    def cpu_by_kind(self, since: float | None = None, until: float | None = None) -> dict:
+        """CPU seconds each kind of process (``PROCESS_KINDS``) used between two ``time.monotonic()`` instants, and
+        ``missed``: the machine's busy CPU seconds no sample saw (processes shorter than a sample, ends)."""
+        window = [used for sampled, used in self.process_cpu
+                  if (since is None or sampled >= since) and (until is None or sampled <= until)]
+        kinds: dict = {}
+        for used in window[1:]:  # the first sample's seconds were spent before the window
+            for kind, seconds in used.items():
+                kinds[kind] = kinds.get(kind, 0.0) + seconds
+        cpu = [s[1] for s in self.samples if s[1] is not None and (since is None or s[0] >= since)
+               and (until is None or s[0] <= until)]
+        if len(cpu) >= 2:
+            busy = (cpu[-1][0] - cpu[0][0]) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+            kinds["missed"] = max(0.0, busy - sum(kinds.values()))
+        return {kind: round(seconds, 1) for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])}

@@ -160,11 +160,13 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
     sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
     per_submission = grading / max(n, 1)
     summary = {
-        "status": "ok" if full == n else "MISS",  # every copy of a correct sample full marks "jobs": sharing, "workers": describe(result.workers),
+        "status": "ok" if full == n else "MISS",  # every copy of a correct sample full marks
+        "jobs": sharing, "workers": describe(result.workers),
         "submissions": per, "wall_seconds": wall,
         "reference_seconds": {lab: ref.get("seconds") for lab, ref in result.reference.items()},
         "phase_seconds": phases, "submission_phase_per_submission": per_submission,
         "load_while_grading": load.summary(*result.phase_spans["submissions"]),
+        "cpu_by_process": load.cpu_by_kind(*result.phase_spans["submissions"]),
         "time_by_lab": median_steps(result.results),
         # the part that cannot overlap: timings with the GPU to themselves
         "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
