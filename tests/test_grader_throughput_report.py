@@ -143,7 +143,7 @@ def test_the_load_sampler_counts_cpu_by_the_kind_of_process(monkeypatch):
     monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
     # a busy child whose command line names it as a checker (``cellrunner``) would
     busy = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n# cellrunner"
-    with LoadSampler(every_s=0.1) as load:
+    with LoadSampler(every_s=0.1, processes=True) as load:
         since = time.monotonic()
         subprocess.run([sys.executable, "-c", busy], check=True)
         time.sleep(0.3)

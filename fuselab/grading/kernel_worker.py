@@ -14,7 +14,7 @@ buffers a launch sends back in its own memory, and bounds a speed measured here 
 
 Requests (pickles from the checker): ``("cell", label, source, values)``, ``("build", kwargs)``,
 ``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s file), ``("thread_order", handle, order, seed)``,
-``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
+``("speed_warm",)``, ``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
 or ``["raise", "fuselab", type, message]``. In the middle of a request, a timing here asks for the GPU with
 ``["lease"]`` and waits for the checker's answer (``_lease_from_checker``).
@@ -151,6 +151,15 @@ class KernelWorker:
         _synchronize()
         return ["ok", ["v", None]]
 
+    def speed_warm(self) -> list:
+        """A speed test comes next: the profiler it uses starts here, before the test takes its slot."""
+        from ..speed.graded import warm_profiler
+        try:
+            warm_profiler()
+        except Exception as exc:  # noqa: BLE001 - the speed test itself says what is wrong
+            return _error_record(exc)
+        return ["ok", ["v", None]]
+
     def speed_end(self) -> list:
         """The speed test is over: its input sets and outputs (kept for the checker's batch) are let go."""
         from .. import speed
@@ -178,7 +187,8 @@ def _error_record(exc: BaseException) -> list:
 
 REQUESTS = {"cell": KernelWorker.cell, "build": KernelWorker.build, "launch": KernelWorker.launch,
             "thread_order": KernelWorker.thread_order, "speed": KernelWorker.speed,
-            "speed_batch": KernelWorker.speed_batch, "speed_end": KernelWorker.speed_end}
+            "speed_batch": KernelWorker.speed_batch, "speed_end": KernelWorker.speed_end,
+            "speed_warm": KernelWorker.speed_warm}
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from ..speed.lease import GRANTED, RELEASED, REQUEST, SLOT_GRANTED, SLOT_RELEASED, SLOT_REQUEST
+from ..proctree import parents
 from .isolate import children_of, gpu_processes, process_trees
 
 PREFIXES = (REQUEST, GRANTED, RELEASED, SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED)
@@ -82,24 +83,35 @@ def wait_until_idle(device, timeout_s: float = 60.0, poll_s: float = 0.02) -> st
     return ""
 
 
-def _signal_tree(pid: int, sig) -> list:
-    """Signal ``pid`` and its descendants; returns them. Stopping repeats until no new process appears (one may
-    have been forked before its parent stopped); continuing goes from the leaves up."""
+def _signal_trees(roots, sig) -> dict:
+    """Signal each of ``roots`` and its descendants: root → the pids signalled. One scan of /proc serves every
+    tree (a hold stops every other submission at once: a scan per tree took most of a second with ten sharing).
+    Stopping repeats until no new process appears (one may have been forked before its parent stopped);
+    continuing goes from the leaves up."""
+    roots = list(dict.fromkeys(roots))
     if sig != signal.SIGSTOP:
-        tree = [pid] + children_of(pid)
-        for target in reversed(tree):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, sig)
-        return tree
-    stopped: list = []
+        parent_of = parents()
+        done = {}
+        for root in roots:
+            tree = [root] + children_of(root, parent_of)
+            for target in reversed(tree):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+            done[root] = tree
+        return done
+    stopped: dict = {root: [] for root in roots}
     for _ in range(20):
-        fresh = [p for p in [pid] + children_of(pid) if p not in stopped]
-        if not fresh:
+        parent_of = parents()
+        fresh_any = False
+        for root in roots:
+            fresh = [p for p in [root] + children_of(root, parent_of) if p not in stopped[root]]
+            for target in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+            stopped[root] += fresh
+            fresh_any = fresh_any or bool(fresh)
+        if not fresh_any:
             break
-        for target in fresh:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, sig)
-        stopped += fresh
     return stopped
 
 
@@ -135,8 +147,13 @@ class DeviceLease:
                 self._stop(child)
 
     def _stop(self, child) -> None:
-        self._stopped[child] = (child.process.pid, time.monotonic())  # first: whatever happens, it is resumed
-        _signal_tree(child.process.pid, signal.SIGSTOP)
+        self._stop_all([child])
+
+    def _stop_all(self, children) -> None:
+        now = time.monotonic()
+        for child in children:
+            self._stopped[child] = (child.process.pid, now)  # first: whatever happens, it is resumed
+        _signal_trees([child.process.pid for child in children], signal.SIGSTOP)
 
     def unregister(self, child) -> None:
         with self._lock:
@@ -182,9 +199,8 @@ class DeviceLease:
                 time.sleep(max(0.0, self._cooldown_until - time.monotonic()))  # nobody is stopped meanwhile
                 with self._lock:
                     self._holder = holder
-                    for child in self._children:
-                        if child is not holder and child not in getattr(holder, "companions", ()):
-                            self._stop(child)
+                    self._stop_all([child for child in self._children
+                                    if child is not holder and child not in getattr(holder, "companions", ())])
                 busy = wait_until_idle(self.device, self.settle_s)
                 if not busy:
                     return waited(), ""
@@ -228,8 +244,8 @@ class DeviceLease:
                 stopped, self._stopped, self._holder = self._stopped, {}, None
                 for child, (pid, since) in stopped.items():
                     self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
-                    with contextlib.suppress(OSError):
-                        _signal_tree(pid, signal.SIGCONT)
+                with contextlib.suppress(OSError):
+                    _signal_trees([pid for pid, _ in stopped.values()], signal.SIGCONT)
         finally:
             self._timing.release()
 

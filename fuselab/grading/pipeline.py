@@ -204,14 +204,45 @@ def prepare(run: SubmissionRun) -> None:
     run.instructor = json.loads((course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)).read_text())
 
 
-def clean_recheck(run: SubmissionRun) -> None:
+def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
     """The verdicts: the instructor's notebook in the checker, the student's code in its workers (``recheck``)."""
     settings = run.settings
     run.clean = recheck.run_clean(run.instructor, json.loads(Path(run.sub.notebook).read_text()),
                                   run.workdir / "clean", cell_timeout=settings.cell_timeout,
                                   total_timeout=settings.submission_timeout, limits=run.limits,
                                   env=_base_env(settings, run.workdir / "clean", run.device), device=run.device,
-                                  sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
+                                  sandbox=settings.sandbox, hide=run.hide, lease=run.lease, on_cell=on_cell)
+
+
+def both_runs(run: SubmissionRun) -> None:
+    """The clean recheck, and nbgrader's run of the notebook beside it from the moment the recheck starts its
+    first speed test: by then the recheck's builds (which the notebook run copies) and correctness tests are done,
+    and a speed test mostly waits for its turn on the GPU. The two runs never check kernels at the same time: a
+    kernel that faults the GPU in one would then not slow the other's correctness tests."""
+    speed_tests = registry.speed_grade_ids(run.sub.lab)
+    begin, skip, failed = threading.Event(), threading.Event(), []
+
+    def notebook_side():
+        begin.wait()
+        if skip.is_set():
+            return
+        try:
+            notebook_run(run)
+        except BaseException as exc:  # noqa: BLE001 - raised in the submission's own thread below
+            failed.append(exc)
+
+    side = threading.Thread(target=notebook_side, name=f"nbgrader {run.sub.student}/{run.sub.lab}", daemon=True)
+    side.start()
+    try:
+        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and begin.set())
+    except BaseException:
+        skip.set()  # the grader failed here: the submission is not graded, its notebook run is not started
+        raise
+    finally:
+        begin.set()
+        side.join()
+    if failed:
+        raise failed[0]
 
 
 def notebook_run(run: SubmissionRun) -> None:
@@ -259,7 +290,7 @@ def save(run: SubmissionRun) -> None:
     _write_result(run.workdir / "result.json", run.result)
 
 
-SUBMISSION_STEPS = (prepare, clean_recheck, notebook_run, combine_runs, scrub_messages, stamp, sandbox_held, save)
+SUBMISSION_STEPS = (prepare, both_runs, combine_runs, scrub_messages, stamp, sandbox_held, save)
 
 
 def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
@@ -386,8 +417,20 @@ def grade(source, settings: Settings) -> ClassResult:
         lock.close()
 
 
+def _precompile() -> None:
+    """The course's own modules compiled once, by the grader: its children run with PYTHONDONTWRITEBYTECODE
+    (nothing they run writes into the course), so each of them would otherwise compile every module it imports.
+    A course folder the grader may not write into is left as it is."""
+    import compileall
+    import io
+    from contextlib import redirect_stdout
+    with redirect_stdout(io.StringIO()):
+        compileall.compile_dir(str(course.REPO / "fuselab"), quiet=2)
+
+
 def _grade(source, settings: Settings) -> ClassResult:
     clock = time.monotonic()
+    _precompile()
     phases, spans = {}, {}
 
     def phase_done(name, since):

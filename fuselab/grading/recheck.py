@@ -246,6 +246,7 @@ class PauseLog:
 
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
 SLOT_WAIT, LEASE_WAIT, HELD = "waiting for a speed test slot", "waiting for the GPU alone", "the GPU held alone"
+STOPPED = "stopped for others' timings"  # anywhere in the run: the other submissions' holds of the GPU
 
 
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
@@ -261,7 +262,7 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
 
 def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
               limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=(),
-              lease=None, kernels_in_worker=True) -> CleanResult:
+              lease=None, kernels_in_worker=True, on_cell=None) -> CleanResult:
     """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
 
     ``kernels_in_worker``: a student's kernels are built, loaded and launched in the solution worker (into its
@@ -269,6 +270,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
 
     ``lease``: the ``lease.DeviceLease`` of a GPU shared with other submissions; graded timings then ask it for
     the GPU to themselves (time spent waiting for it is not held against a test's time limit).
+
+    ``on_cell``: called with the grade_id (None for an ungraded cell) of each cell as the checker starts it.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -286,6 +289,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
     gpu_holds: list = []
     timeline: dict = {}
+    by_index = {c["index"]: c for c in cells}
     while True:
         plan_path.unlink(missing_ok=True)  # a link the last child left there is removed, never written through
         plan_path.write_text(json.dumps({"cells": cells, "start": start}))
@@ -328,6 +332,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 paused = server.paused_s()
                 if running and (cell_started is None or cell_started[0] != running.get("index")):
                     cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))))
+                    if on_cell is not None and running.get("index") in by_index:
+                        on_cell(by_index[running["index"]]["grade_id"])
                 if server.stop_reason:
                     stop_reason = server.stop_reason
                     child.stop()
@@ -354,12 +360,11 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         gpu_holds += server.holds
         outcome = child.wait(timeout=30)
         events = _read_events(events_path)
-        by_index = {c["index"]: c for c in cells}
         events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
         _add_timeline(timeline, events, by_index, spawned)
         # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
         for label, seconds in ((SLOT_WAIT, server.slot_waited_s), (LEASE_WAIT, server.waited_s - server.slot_waited_s),
-                               (HELD, server.held_s)):
+                               (HELD, server.held_s), (STOPPED, child.paused())):
             if seconds > 0:
                 timeline[label] = timeline.get(label, 0.0) + seconds
         for event in events:

@@ -72,8 +72,9 @@ def _process_cpu() -> dict:
 
 
 class LoadSampler:
-    def __init__(self, every_s: float = 1.0):
+    def __init__(self, every_s: float = 1.0, processes: bool = False):
         self.every_s = every_s
+        self.processes = processes  # also each kind of process's CPU (``cpu_by_kind``): a scan of /proc a sample
         self.samples = []  # (time.monotonic(), cpu (busy, total) or None, [MiB per GPU] or None)
         self.process_cpu = []  # (time.monotonic(), {kind: CPU seconds since the last sample})
         self._seen = {}        # pid → CPU seconds at its last sample
@@ -81,7 +82,8 @@ class LoadSampler:
         self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
 
     def _run(self):
-        self._seen = {pid: seconds for pid, (_, seconds) in _process_cpu().items()}  # what ran before: not counted
+        if self.processes:  # what ran before: not counted
+            self._seen = {pid: seconds for pid, (_, seconds) in _process_cpu().items()}
         while True:
             self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib()))
             self._sample_processes()
@@ -91,6 +93,10 @@ class LoadSampler:
                 return
 
     def _sample_processes(self):
+        if self.processes:
+            self._count_processes()
+
+    def _count_processes(self):
         """Each kind's CPU seconds since the last sample (a process first seen now counts from its start; what a
         process did between its last sample and its end is missed: ``cpu_by_kind`` says how much)."""
         now, used = _process_cpu(), {}

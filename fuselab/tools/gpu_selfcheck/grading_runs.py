@@ -139,7 +139,7 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
     from ..load_sampler import LoadSampler
     sandbox, sandboxed = _sandbox()
     started = time.perf_counter()
-    with LoadSampler() as load:
+    with LoadSampler(processes=True) as load:
         result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120, gpus=gpus,
                                                 submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True,
                                                 sandbox=sandbox))
@@ -152,6 +152,8 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto"):
            for r in result.results]
     for r, full_result in zip(per, result.results):
         r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}
+        r["speed_phases"] = {k: record.get("phases") for k, c in full_result.cells.items()
+                             for record in c.speed or [] if isinstance(record, dict) and record.get("phases")}
         # a copy of a correct sample that lost points: why, in the run's own words
         r["lost"] = {k: f"{c.status}: {(c.message or '')[:300]}" for k, c in full_result.cells.items()
                      if c.points < c.max_points}
