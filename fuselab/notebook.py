@@ -64,6 +64,16 @@ def is_graded(cell) -> bool:
     return bool(nbgrader(cell).get("grade"))
 
 
+DEMO_TAG = "demo"  # a cell that only shows something (a figure, a table, a timing): the clean recheck leaves it out
+
+
+def is_demo(cell) -> bool:
+    """Whether the cell carries the ``demo`` tag (JupyterLab's cell tags, ``metadata.tags``)."""
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    tags = metadata.get("tags") if isinstance(metadata, dict) else None
+    return isinstance(tags, list) and DEMO_TAG in tags
+
+
 def is_locked(cell) -> bool:
     return bool(nbgrader(cell).get("locked"))
 

@@ -392,7 +392,8 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
     env.pop("FUSELAB_SHARED_BUILDS", None)
     clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
                               total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
-                              lease=lease, kernels_in_worker=False)  # the instructor's: they fill the shared builds
+                              lease=lease, kernels_in_worker=False,  # the instructor's: they fill the shared builds
+                              skip_demos=False)  # with the kernels its demos build too, for nbgrader's runs
     cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")

@@ -42,6 +42,7 @@ from .. import notebook as ipynb
 from ..kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from . import isolate, transfer
 from .lease import LeaseServer, clear_files
+from .demos import demo_problems
 from .sanitize import sanitize_cell
 
 
@@ -105,8 +106,17 @@ def _one_cell(found: list) -> dict:
     return {**found[-1], "source": "\n\n".join(sources) if sources else ipynb.source(found[-1])}
 
 
-def clean_plan(instructor_nb: dict, student_nb: dict):
-    """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged."""
+def clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool = True):
+    """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged.
+
+    ``skip_demos``: the instructor's ``demo`` cells are left out (``demos``); an instructor's notebook whose demos
+    a kept cell depends on is refused (ValueError) before anything runs."""
+    code_cells = [cell for cell in instructor_nb["cells"] if cell["cell_type"] == "code"]
+    last_test = max((k for k, cell in enumerate(code_cells) if ipynb.is_graded(cell)), default=-1)
+    problems = demo_problems(code_cells[: last_test + 1])  # the cells after the last test never run here
+    if problems:
+        raise ValueError("the instructor's notebook tags as demo what the recheck cannot leave out: "
+                         + "; ".join(problems))
     copies = {}
     for cell in student_nb.get("cells", []):
         grade_id = ipynb.nbgrader(cell).get("grade_id")
@@ -119,8 +129,8 @@ def clean_plan(instructor_nb: dict, student_nb: dict):
         if len(found) > 1:
             flags.append(f"{grade_id}: the submission holds {len(found)} cells with this id (a copied cell); they "
                          "run one after the other, as in the notebook")
-    for cell in instructor_nb["cells"]:
-        if cell["cell_type"] != "code":
+    for cell in code_cells:
+        if skip_demos and ipynb.is_demo(cell):
             continue
         meta = ipynb.nbgrader(cell)
         grade_id = meta.get("grade_id")
@@ -262,7 +272,7 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
 
 def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
               limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=(),
-              lease=None, kernels_in_worker=True, on_cell=None) -> CleanResult:
+              lease=None, kernels_in_worker=True, on_cell=None, skip_demos=True) -> CleanResult:
     """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
 
     ``kernels_in_worker``: a student's kernels are built, loaded and launched in the solution worker (into its
@@ -272,10 +282,12 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     the GPU to themselves (time spent waiting for it is not held against a test's time limit).
 
     ``on_cell``: called with the grade_id (None for an ungraded cell) of each cell as the checker starts it.
+    ``skip_demos``: leave out the instructor's ``demo`` cells (off only for the reference run, whose demos fill
+    the shared builds with the kernels they build, for nbgrader's runs of the notebooks).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    cells, flags = clean_plan(instructor_nb, student_nb)
+    cells, flags = clean_plan(instructor_nb, student_nb, skip_demos=skip_demos)
     plan_path = workdir / "clean-plan.json"
     graded = [c for c in cells if c["graded"]]
     verdicts: dict = {}
@@ -354,6 +366,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                     helper.stop(timed_out=False)
                     helper.wait(timeout=10)
         paused_before += server.paused_s()
+        stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
         flags += server.notes
         gpu_wait += server.waited_s
         gpu_held += server.held_s
@@ -364,7 +377,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         _add_timeline(timeline, events, by_index, spawned)
         # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
         for label, seconds in ((SLOT_WAIT, server.slot_waited_s), (LEASE_WAIT, server.waited_s - server.slot_waited_s),
-                               (HELD, server.held_s), (STOPPED, child.paused())):
+                               (HELD, server.held_s), (STOPPED, stopped)):
             if seconds > 0:
                 timeline[label] = timeline.get(label, 0.0) + seconds
         for event in events:

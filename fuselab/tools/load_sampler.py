@@ -11,6 +11,7 @@ window::
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -29,7 +30,35 @@ def _cpu_jiffies():
     return sum(fields) - idle, sum(fields)
 
 
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def _nvml_memory_used_mib():
+    """MiB used on each GPU, from NVML in this process (no program started per sample: nvidia-smi takes a good
+    share of a core a second on a GPU that ten submissions share, and the sampler would count itself); None where
+    NVML is missing."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        count = ctypes.c_uint()
+        if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        used = []
+        for index in range(count.value):
+            handle, memory = ctypes.c_void_p(), _Memory()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0 or \
+                    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+                return None
+            used.append(memory.used / 2**20)
+        return used
+    except (OSError, AttributeError):
+        return None
+
+
 def _gpu_memory_used_mib():
+    found = _nvml_memory_used_mib()
+    if found is not None:
+        return found
     text = nvidia_smi("--query-gpu=memory.used", "--format=csv,noheader,nounits", timeout=10)
     try:
         return [float(x) for x in text.split()] if text else None

@@ -90,8 +90,9 @@ SAMPLES = {
         why="a wrong kernel plus a monkeypatched fuselab.check: the clean recheck must give the fused tests 0"),
 }
 
-# A kernel that misbehaves only on large power-of-two sizes: every test shape passes, but the notebook's timing
-# demo (2^16 elements on the CPU, 2^26 on a GPU) meets the bug before the graded speedup test.
+# A kernel that misbehaves only on large power-of-two sizes: every test shape passes, but the graded speedup test
+# (2^26 elements, GPU only) meets the bug, and so does the notebook's timing demo in nbgrader's run (the clean
+# recheck leaves demo cells out).
 _POWER_OF_TWO_BUG = "if (n >= 4096 && (n & (n - 1)) == 0) {{ {bug} }}\n    if (i < n) out[i] = fmaxf"
 
 SAMPLES.update({
@@ -99,12 +100,14 @@ SAMPLES.update({
         changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", _POWER_OF_TWO_BUG.format(
             bug="out[i + ((int64_t)1 << 40)] = 0.0f;"))},
         expect={"test_speedup": "zero"},
-        why="faults only at the timing demo's size (a demo cell, not a test): the tests after it score 0"),
+        why="faults only at the timed size (the timing demo's, in nbgrader's run): the speed test scores 0, the "
+            "tests before it keep their points"),
     "demo_hang": Sample(
         changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", _POWER_OF_TWO_BUG.format(
             bug="while (i >= 0) { i += 0; }"))},
         expect={"test_speedup": "zero"},
-        why="hangs only at the timing demo's size: the demo times out, the tests after it score 0"),
+        why="hangs only at the timed size: the speed test times out and scores 0, the tests before it keep "
+            "their points"),
     "cheat_side_stream": Sample(
         changes={"fused_source": lambda s: s.replace(
             "if (n > 0) add_relu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>",
