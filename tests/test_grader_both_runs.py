@@ -1,5 +1,6 @@
-"""A submission's two runs: nbgrader's run of the notebook starts beside the clean recheck once the recheck starts
-its first speed test (its builds and correctness tests done), never earlier, and not at all after a grader error."""
+"""A submission's two runs: nbgrader's run of the notebook starts with the clean recheck, but its first cell waits
+at a gate the grader opens once the recheck starts its first speed test (its builds copied, its correctness tests
+done), never earlier; without a speed test, or after a grader error, the gate opens when the recheck ends."""
 
 import threading
 import time
@@ -7,18 +8,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from fuselab.grading import pipeline
+from fuselab.grading import nbgrader_run, pipeline
 from fuselab.labs import registry
 
 
-def _run(lab="lab0"):
-    return SimpleNamespace(sub=SimpleNamespace(student="ann", lab=lab), clean=None, notebook_run=None)
+def _run(tmp_path, lab="lab0"):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    return SimpleNamespace(sub=SimpleNamespace(student="ann", lab=lab), clean=None, notebook_run=None,
+                           workdir=workdir, settings=SimpleNamespace(sandbox=False), notes=[])
 
 
-def test_the_notebook_run_starts_when_the_recheck_starts_a_speed_test(monkeypatch):
+def test_the_notebooks_first_cell_waits_until_the_recheck_starts_a_speed_test(tmp_path, monkeypatch):
     speed_cell = sorted(registry.speed_grade_ids("lab0"))[0]
     events = []
-    inside_speed_test = threading.Event()
 
     def recheck(run, on_cell=None):
         for grade_id in ("test_unfused", None, "test_fused"):
@@ -27,53 +30,83 @@ def test_the_notebook_run_starts_when_the_recheck_starts_a_speed_test(monkeypatc
             time.sleep(0.05)
         on_cell(speed_cell)
         events.append(("recheck", speed_cell))
-        inside_speed_test.set()
         time.sleep(0.3)  # the speed test: the notebook run goes on meanwhile
         events.append(("recheck", "end"))
         run.clean = "clean"
 
-    def notebook(run):
-        assert inside_speed_test.wait(5)
-        events.append(("notebook", "start"))
-        run.notebook_run = "notebook"
+    def notebook(run, gate):
+        events.append(("notebook", "kernel started"))  # nbgrader and its kernel start at once
+        while not gate.exists():
+            time.sleep(0.01)
+        events.append(("notebook", "first cell"))
+        run.notebook_run = {"phases": {"start": 1.0, "cells": 1.0, "finish": 0.1}}
 
     monkeypatch.setattr(pipeline, "clean_recheck", recheck)
     monkeypatch.setattr(pipeline, "notebook_run", notebook)
-    run = _run()
+    run = _run(tmp_path)
     pipeline.both_runs(run)
-    assert (run.clean, run.notebook_run) == ("clean", "notebook")
-    started = events.index(("notebook", "start"))
-    assert events.index(("recheck", speed_cell)) < started < events.index(("recheck", "end"))
+    assert run.clean == "clean"
+    assert events.index(("notebook", "kernel started")) < events.index(("recheck", "test_fused"))
+    first_cell = events.index(("notebook", "first cell"))
+    assert events.index(("recheck", speed_cell)) < first_cell < events.index(("recheck", "end"))
+    assert "waiting for the recheck" in run.notebook_run["phases"]
 
 
-def test_without_a_speed_test_the_notebook_run_comes_after_the_recheck(monkeypatch):
+def test_without_a_speed_test_the_gate_opens_when_the_recheck_ends(tmp_path, monkeypatch):
     events = []
+
+    def notebook(run, gate):
+        while not gate.exists():
+            time.sleep(0.01)
+        events.append("notebook")
+
     monkeypatch.setattr(pipeline, "clean_recheck",
-                        lambda run, on_cell=None: (on_cell("test_fused"), events.append("recheck")))
-    monkeypatch.setattr(pipeline, "notebook_run", lambda run: events.append("notebook"))
-    pipeline.both_runs(_run())
+                        lambda run, on_cell=None: (on_cell("test_fused"), time.sleep(0.1), events.append("recheck")))
+    monkeypatch.setattr(pipeline, "notebook_run", notebook)
+    pipeline.both_runs(_run(tmp_path))
     assert events == ["recheck", "notebook"]
 
 
-def test_a_grader_error_in_the_recheck_starts_no_notebook_run(monkeypatch):
-    started = []
+def test_a_grader_error_in_the_recheck_still_lets_the_notebook_run_end(tmp_path, monkeypatch):
+    ended = threading.Event()
 
     def broken(run, on_cell=None):
         raise pipeline.GradingRefused("the sandbox stopped working")
 
+    def notebook(run, gate):
+        while not gate.exists():
+            time.sleep(0.01)
+        ended.set()
+
     monkeypatch.setattr(pipeline, "clean_recheck", broken)
-    monkeypatch.setattr(pipeline, "notebook_run", lambda run: started.append(run))
+    monkeypatch.setattr(pipeline, "notebook_run", notebook)
     with pytest.raises(pipeline.GradingRefused):
-        pipeline.both_runs(_run())
-    assert started == []
+        pipeline.both_runs(_run(tmp_path))
+    assert ended.is_set()  # never left waiting at its gate
 
 
-def test_an_error_of_the_notebook_run_reaches_the_submission(monkeypatch):
+def test_an_error_of_the_notebook_run_reaches_the_submission(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "clean_recheck", lambda run, on_cell=None: None)
 
-    def broken(run):
+    def broken(run, gate):
         raise OSError("disk full")
 
     monkeypatch.setattr(pipeline, "notebook_run", broken)
     with pytest.raises(OSError, match="disk full"):
-        pipeline.both_runs(_run())
+        pipeline.both_runs(_run(tmp_path))
+
+
+def test_the_gate_startup_file_imports_then_waits_for_the_gate(tmp_path):
+    import os
+    import subprocess
+    import sys
+    gate = tmp_path / "gate"
+    script = tmp_path / "startup.py"
+    script.write_text(nbgrader_run.GATE_STARTUP + "\nprint('first cell', sorted(k for k in dir() if 'fuselab' in k))\n")
+    process = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, **{nbgrader_run.GATE_ENV: str(gate)}),
+                               stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    assert process.poll() is None  # waiting at the gate
+    gate.touch()
+    out, _ = process.communicate(timeout=60)
+    assert out.strip() == "first cell []"  # it leaves no name of its own behind

@@ -387,6 +387,13 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     return enter + args + ["--", *command]
 
 
+def give_to_sandbox(folder: Path) -> None:
+    """What the grader put in a sandbox's ``own`` folder after the sandbox started, the sandbox's user's too (as
+    ``sandboxed`` does at the start; nothing to do unless the grader runs as root)."""
+    if os.geteuid() == 0 and Path(folder).is_dir():
+        _give(Path(folder), SANDBOX_UID, SANDBOX_GID)
+
+
 def _give(folder: Path, uid: int, gid: int) -> None:
     """``folder`` and everything in it to the sandbox's user: links themselves, never what they point to, and
     never a file with a second name elsewhere (a hard link to a file of the host's)."""

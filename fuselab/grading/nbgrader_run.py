@@ -56,12 +56,33 @@ def add_students(db: Path, students) -> None:
             gradebook.update_or_create_student(student)
 
 
+GATE_ENV = "FUSELAB_NOTEBOOK_GATE"
+# An IPython startup file of the grader's, run in the notebook's kernel before its first cell (``gate``)
+GATE_STARTUP = f"""# written by fuselab's grader: what the setup cell imports is imported while the clean recheck runs; the
+# notebook's first cell waits until the grader opens the gate (the recheck's builds copied, its tests done)
+import os as _fuselab_os, time as _fuselab_time
+try:
+    import torch as _fuselab_torch, fuselab as _fuselab_fuselab
+    del _fuselab_torch, _fuselab_fuselab
+except Exception:
+    pass
+while not _fuselab_os.path.exists(_fuselab_os.environ.get("{GATE_ENV}", "")):
+    _fuselab_time.sleep(0.05)
+del _fuselab_os, _fuselab_time
+"""
+
+
 def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, workdir: Path, *, cell_timeout,
-                  wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=(), lease=None) -> dict:
+                  wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=(), lease=None,
+                  gate: Path | None = None) -> dict:
     """nbgrader autograde of one submission in its own scratch course; returns the notebook's verdict.
 
     ``{"cells": {grade_id: [score or None, max]}, "autograded": path or None, "error": text or None, "seconds"}``;
     a score is None where nbgrader never scored the cell (it could not run the notebook to the end).
+
+    ``gate``: a file (in a folder the run sees) that does not exist yet: nbgrader and the notebook's kernel start,
+    import torch and fuselab, and the first cell waits until the file exists (the kernel's start may wait up to
+    ``wall_timeout``).
     """
     scratch = workdir / "nbgrader"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -80,7 +101,15 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])),
                PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
     command = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force",
-               *course_args(scratch), f"--Execute.timeout={int(cell_timeout)}"]
+               *course_args(scratch), f"--Execute.timeout={int(cell_timeout)}",
+               # the notebook is saved from nbgrader's own copy: the kernel need not tear down its GPU context first
+               "--Execute.shutdown_kernel=immediate"]
+    if gate is not None:
+        startup = runtime / "ipython" / "profile_default" / "startup"
+        startup.mkdir(parents=True)
+        (startup / "00-fuselab-gate.py").write_text(GATE_STARTUP)
+        env[GATE_ENV] = str(gate)
+        command.append(f"--Execute.startup_timeout={int(wall_timeout)}")
     if sandbox:
         # only its scratch course and build cache: the submission's folder holds result.json, which it must not
         # write; nbgrader and its kernel talk over the sandbox's own loopback

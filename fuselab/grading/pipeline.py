@@ -215,48 +215,87 @@ def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
 
 
 def both_runs(run: SubmissionRun) -> None:
-    """The clean recheck, and nbgrader's run of the notebook beside it from the moment the recheck starts its
-    first speed test: by then the recheck's builds (which the notebook run copies) and correctness tests are done,
-    and a speed test mostly waits for its turn on the GPU. The two runs never check kernels at the same time: a
-    kernel that faults the GPU in one would then not slow the other's correctness tests."""
+    """The clean recheck, and nbgrader's run of the notebook beside it. nbgrader and the notebook's kernel start
+    with the recheck, but the notebook's first cell waits until the recheck starts its first speed test (a gate,
+    ``nbgrader_run.GATE_STARTUP``): by then the recheck's builds (which the notebook run copies) and correctness
+    tests are done, and a speed test mostly waits for its turn on the GPU. The two runs never check kernels at the
+    same time: a kernel that faults the GPU in one would then not slow the other's correctness tests."""
     speed_tests = registry.speed_grade_ids(run.sub.lab)
-    begin, skip, failed = threading.Event(), threading.Event(), []
+    gate = run.workdir / "cache" / ".notebook-may-start"  # in a folder the notebook run sees (its build cache)
+    opened, failed = threading.Lock(), []
+    times = {}
+
+    def open_gate():
+        if opened.acquire(blocking=False):  # once
+            try:
+                open_notebook_gate(run, gate)
+            except OSError as exc:  # the gate itself could not be made: the notebook run waits to its time limit
+                run.notes.append(f"nbgrader's run could not be started ({exc}): it waited until its time limit")
+            times["opened"] = time.time()
 
     def notebook_side():
-        begin.wait()
-        if skip.is_set():
-            return
+        times["started"] = time.time()
         try:
-            notebook_run(run)
+            notebook_run(run, gate)
         except BaseException as exc:  # noqa: BLE001 - raised in the submission's own thread below
             failed.append(exc)
 
     side = threading.Thread(target=notebook_side, name=f"nbgrader {run.sub.student}/{run.sub.lab}", daemon=True)
     side.start()
     try:
-        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and begin.set())
-    except BaseException:
-        skip.set()  # the grader failed here: the submission is not graded, its notebook run is not started
-        raise
+        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and open_gate())
     finally:
-        begin.set()
-        side.join()
+        try:
+            open_gate()  # a recheck without a speed test, or one that failed: the notebook run goes on now
+        finally:
+            side.join()
     if failed:
         raise failed[0]
+    _split_waiting(run.notebook_run, times)
 
 
-def notebook_run(run: SubmissionRun) -> None:
-    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck."""
+def _split_waiting(notebook_result: dict | None, times: dict) -> None:
+    """nbgrader's start phase, less the wait at the gate (reported as its own phase)."""
+    phases = (notebook_result or {}).get("phases") or {}
+    if "start" in phases and "opened" in times and "started" in times:
+        waited = min(phases["start"], max(0.0, times["opened"] - times["started"]))
+        phases["waiting for the recheck"] = round(waited, 3)
+        phases["start"] = round(phases["start"] - waited, 3)
+
+
+def notebook_run(run: SubmissionRun, gate: Path | None = None) -> None:
+    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck.
+    ``gate``: its first cell waits for this file (``open_notebook_gate``); None: it copies the builds and runs."""
     settings = run.settings
-    # it builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so nothing the
-    # notebook run does reaches what the clean recheck used)
-    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", run.workdir / "cache")
+    if gate is None:
+        copy_recheck_builds(run)
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
     env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
     run.notebook_run = nbgrader_run.autograde_one(
         settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
         cell_timeout=settings.cell_timeout, wall_timeout=settings.submission_timeout, limits=run.limits, env=env,
-        sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
+        sandbox=settings.sandbox, hide=run.hide, lease=run.lease, gate=gate)
+
+
+def copy_recheck_builds(run: SubmissionRun) -> None:
+    """The notebook run builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so
+    nothing the notebook run does reaches what the clean recheck used)."""
+    cache = run.workdir / "cache"
+    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", cache)
+    if run.settings.sandbox:
+        isolate.give_to_sandbox(cache)  # copied after its sandbox started: the kernel writes its build locks there
+
+
+def open_notebook_gate(run: SubmissionRun, gate: Path) -> None:
+    """The recheck's builds copied for the notebook run, and its first cell let go. Never raises into the recheck
+    that calls it, but for a gate it could not make: builds that could not be copied are built again by the
+    notebook run."""
+    try:
+        copy_recheck_builds(run)
+    except OSError:
+        pass
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.touch()
 
 
 def combine_runs(run: SubmissionRun) -> None:
