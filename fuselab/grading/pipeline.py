@@ -271,9 +271,11 @@ def notebook_run(run: SubmissionRun, gate: Path | None = None) -> None:
         copy_recheck_builds(run)
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
     env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
+    # gated, it starts with the recheck (at most a submission's time) and then has a submission's time of its own
+    wall = settings.submission_timeout * (2 if gate is not None else 1)
     run.notebook_run = nbgrader_run.autograde_one(
         settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
-        cell_timeout=settings.cell_timeout, wall_timeout=settings.submission_timeout, limits=run.limits, env=env,
+        cell_timeout=settings.cell_timeout, wall_timeout=wall, limits=run.limits, env=env,
         sandbox=settings.sandbox, hide=run.hide, lease=run.lease, gate=gate)
 
 
