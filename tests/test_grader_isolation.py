@@ -281,3 +281,17 @@ def test_the_timeline_says_where_each_process_spent_its_time(tmp_path):
     # the crash restarts the process from test_last: the demo before it (setup, not graded) ran in both
     assert result.restarts == 1 and timeline["demo_sleep"] >= 0.6
     assert timeline["process start"] > 0 and all(seconds >= 0 for seconds in timeline.values())
+
+
+def test_the_recheck_says_which_cell_the_checker_starts_and_leaves_demo_cells_out(tmp_path):
+    demo = _cell("shown = answer()\nprint('a figure of', shown)", "figure")
+    demo["metadata"]["tags"] = ["demo"]
+    nb = _instructor([demo, _cell("import time\ntime.sleep(0.3)\nassert answer() == 42", "test_middle",
+                                  graded=True, points=1)])
+    started = []
+    result = recheck.run_clean(nb, nb, tmp_path, cell_timeout=30, total_timeout=120,
+                               limits=isolate.Limits(memory_bytes=2 * 2**30), on_cell=started.append)
+    assert started == ["setup", "solution", "test_first", "test_middle", "test_last"]  # never the demo
+    assert all(v.points == v.max_points for v in result.cells.values())
+    timeline = result.timeline
+    assert "figure" not in timeline and "test_middle" in timeline

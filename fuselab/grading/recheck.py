@@ -281,7 +281,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     ``lease``: the ``lease.DeviceLease`` of a GPU shared with other submissions; graded timings then ask it for
     the GPU to themselves (time spent waiting for it is not held against a test's time limit).
 
-    ``on_cell``: called with the grade_id (None for an ungraded cell) of each cell as the checker starts it.
+    ``on_cell``: called with the grade_id (None for an ungraded cell) of each cell the checker starts, in order, as
+    the polling sees it start (a cell shorter than a poll: when the poll after it sees it).
     ``skip_demos``: leave out the instructor's ``demo`` cells (off only for the reference run, whose demos fill
     the shared builds with the kernels they build, for nbgrader's runs of the notebooks).
     """
@@ -333,6 +334,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, workdir, child, tag)
         stop_reason, cell_started = None, None   # (index, paused seconds when it started)
+        announced = 0  # this process's cell starts already passed to ``on_cell``
         pauses = PauseLog()
         try:
             while child.alive():
@@ -342,10 +344,9 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 events = _read_events(events_path)
                 running = events[-1] if events and events[-1].get("event") == "start" else None
                 paused = server.paused_s()
+                announced = _announce(events, announced, by_index, on_cell)
                 if running and (cell_started is None or cell_started[0] != running.get("index")):
                     cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))))
-                    if on_cell is not None and running.get("index") in by_index:
-                        on_cell(by_index[running["index"]]["grade_id"])
                 if server.stop_reason:
                     stop_reason = server.stop_reason
                     child.stop()
@@ -373,6 +374,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         gpu_holds += server.holds
         outcome = child.wait(timeout=30)
         events = _read_events(events_path)
+        _announce(events, announced, by_index, on_cell)  # cells too short for any poll to have seen
         events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
         _add_timeline(timeline, events, by_index, spawned)
         # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
@@ -487,6 +489,16 @@ def speed_needs_correctness(verdicts: dict, policy=None) -> None:
         if verdict.status != "not measured (no GPU)":
             verdict.status = "failed"
         verdict.requires_failed = failed
+
+
+def _announce(events: list, announced: int, by_index: dict, on_cell) -> int:
+    """Pass the grade_id of each cell start in ``events`` after the first ``announced`` to ``on_cell``, in order;
+    returns how many starts there are now."""
+    starts = [e for e in events if e["event"] == "start" and e.get("index") in by_index]
+    if on_cell is not None:
+        for event in starts[announced:]:
+            on_cell(by_index[event["index"]]["grade_id"])
+    return max(announced, len(starts))
 
 
 def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:
