@@ -67,8 +67,8 @@ def test_without_a_speed_test_the_gate_opens_when_the_recheck_ends(tmp_path, mon
     assert events == ["recheck", "notebook"]
 
 
-def test_a_grader_error_in_the_recheck_still_lets_the_notebook_run_end(tmp_path, monkeypatch):
-    ended = threading.Event()
+def test_a_grader_error_in_the_recheck_stops_the_notebook_run_at_its_gate(tmp_path, monkeypatch):
+    said = []
 
     def broken(run, on_cell=None):
         raise pipeline.GradingRefused("the sandbox stopped working")
@@ -76,13 +76,13 @@ def test_a_grader_error_in_the_recheck_still_lets_the_notebook_run_end(tmp_path,
     def notebook(run, gate):
         while not gate.exists():
             time.sleep(0.01)
-        ended.set()
+        said.append(gate.read_text())
 
     monkeypatch.setattr(pipeline, "clean_recheck", broken)
     monkeypatch.setattr(pipeline, "notebook_run", notebook)
     with pytest.raises(pipeline.GradingRefused):
         pipeline.both_runs(_run(tmp_path))
-    assert ended.is_set()  # never left waiting at its gate
+    assert said == [nbgrader_run.STOP]  # never left waiting, and told not to run a cell
 
 
 def test_an_error_of_the_notebook_run_reaches_the_submission(tmp_path, monkeypatch):
@@ -96,17 +96,41 @@ def test_an_error_of_the_notebook_run_reaches_the_submission(tmp_path, monkeypat
         pipeline.both_runs(_run(tmp_path))
 
 
-def test_the_gate_startup_file_imports_then_waits_for_the_gate(tmp_path):
+def _cpu_ticks(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _idle_after_start(process, timeout=120):
+    """Wait until ``process`` stops using the CPU (its imports done); False if it ended or never settled."""
+    deadline, last = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline and process.poll() is None:
+        ticks = _cpu_ticks(process.pid)
+        if ticks == last:
+            return True
+        last = ticks
+        time.sleep(1.0)
+    return False
+
+
+@pytest.mark.parametrize("go", [True, False])
+def test_the_gate_startup_file_imports_then_waits_for_the_gate(tmp_path, go):
     import os
     import subprocess
     import sys
-    gate = tmp_path / "gate"
+    gate = tmp_path / nbgrader_run.GATE_NAME
     script = tmp_path / "startup.py"
-    script.write_text(nbgrader_run.GATE_STARTUP + "\nprint('first cell', sorted(k for k in dir() if 'fuselab' in k))\n")
+    script.write_text(nbgrader_run.GATE_STARTUP + "\nimport sys\nprint('first cell', 'torch' in sys.modules, "
+                      "sorted(k for k in dir() if 'fuselab' in k))\n")
     process = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, **{nbgrader_run.GATE_ENV: str(gate)}),
                                stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
-    assert process.poll() is None  # waiting at the gate
-    gate.touch()
-    out, _ = process.communicate(timeout=60)
-    assert out.strip() == "first cell []"  # it leaves no name of its own behind
+    try:
+        assert _idle_after_start(process)  # imported, and now idle: waiting at the gate, not importing
+        nbgrader_run.open_gate(gate, go=go)
+        out, _ = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    if go:
+        assert out.strip() == "first cell True []"  # torch already imported, no name of its own left behind
+    else:
+        assert out == "" and process.returncode == 3  # stopped: no cell runs

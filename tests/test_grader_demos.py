@@ -64,7 +64,7 @@ def test_a_demo_may_not_change_what_it_did_not_create_nor_be_a_test_solution_or_
     ])
     text = " | ".join(problems)
     assert "demo cell setup is the setup cell" in text
-    assert "demo cell sneaky assigns to torch.backends.cuda.matmul.allow_tf32, which it did not create" in text
+    assert "demo cell sneaky changes torch.backends.cuda.matmul.allow_tf32, which it did not create" in text
     assert "demo cell global_demo declares x0 global" in text
     assert "own_object" not in text
     assert "demo cell test_x is the setup cell, a graded cell or a solution cell" in text
@@ -76,3 +76,40 @@ def test_a_demo_after_the_last_test_is_never_checked_nor_run():
                    _cell("late = 1", "late_demo", demo=True), _cell("print(late)", "after"))
     cells, _ = recheck.clean_plan(nb, nb)
     assert [c["grade_id"] for c in cells] == ["setup", "test_x"]
+
+
+@pytest.mark.parametrize("kept, why", [
+    ("x = x + 1\nassert x == 3", "reads x"),                  # read before it is bound again
+    ("x += 1", "reads x"),
+    ("del x", "reads x"),
+    ("def f():\n    return x\nassert f() == 2", "reads x"),  # read inside a function of the kept cell
+    ("assert [v + x for v in (1, 2)] == [3, 4]", "reads x"),  # ... or a comprehension
+    ("if True:\n    y = 1\nprint(x)", "reads x"),
+    ("for i in range(1):\n    x = 5\nprint(x)", "reads x"),   # a loop may not run: not surely bound again
+])
+def test_the_check_sees_reads_in_order_and_in_every_scope(kept, why):
+    problems = demo_problems([SETUP, _cell("x = 2", "figure", demo=True), _cell(kept, "test_x", graded=True)])
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("kept", [
+    "x = 7\nassert x == 7",
+    "def f(x):\n    return x\nassert f(1) == 1",        # the function's own x
+    "assert [x for x in (1, 2)] == [1, 2]",            # the comprehension's own x
+    "if True:\n    x = 1\nelse:\n    x = 2\nprint(x)",  # bound again on every branch
+    "with open(__file__) as x:\n    pass\nprint(x)",
+])
+def test_a_kept_cell_that_binds_the_name_itself_first_is_fine(kept):
+    assert demo_problems([SETUP, _cell("x = 2", "figure", demo=True), _cell(kept, "test_x", graded=True)]) == []
+
+
+@pytest.mark.parametrize("demo, why", [
+    ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = True", "changes torch.backends.cuda.matmul.allow_tf32"),
+    ("setattr(lab, 'N', 3)", "calls setattr on lab"),
+    ("del lab.N", "changes lab.N"),
+    ("import torch.utils.benchmark", "imports a submodule"),
+    ("%time y = 1", "magics"),
+])
+def test_a_demo_that_reaches_shared_state_is_refused(demo, why):
+    problems = demo_problems([SETUP, _cell(demo, "figure", demo=True), _cell("assert True", "test_x", graded=True)])
+    assert any(why in p for p in problems), problems

@@ -259,6 +259,61 @@ def test_the_clean_builds_lent_to_the_notebook_run_are_plain_files(tmp_path):
     assert not (tmp_path / "via-link").exists()
 
 
+def test_the_builds_copy_never_waits_on_a_pipe_nor_recurses_without_end_and_keeps_times(tmp_path):
+    import os
+    source, target = tmp_path / "clean", tmp_path / "notebook"
+    (source / "b").mkdir(parents=True)
+    (source / "b" / "lib.so").write_bytes(b"x" * 10)
+    os.utime(source / "b" / "lib.so", ns=(1_000_000_000, 2_000_000_000))
+    os.mkfifo(source / "b" / "pipe")  # the kernel worker may swap a file for a pipe while it is copied
+    (source / "b" / ".notebook-may-start").write_text("go")  # never copied: the gate is the grader's to make
+    deep = source / "b"
+    for _ in range(60):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "bottom").write_text("far")
+    pipeline._copy_builds(source, target, max_depth=8)
+    copied = target / "b" / "lib.so"
+    assert copied.read_bytes() == b"x" * 10 and copied.stat().st_mtime_ns == 2_000_000_000
+    assert not (target / "b" / "pipe").exists() and not (target / "b" / ".notebook-may-start").exists()
+    assert not list(target.rglob("bottom"))
+
+
+def test_the_gate_lets_the_notebook_run_go_or_stops_it_and_never_follows_a_link(tmp_path):
+    from fuselab.grading import nbgrader_run
+    gate = tmp_path / "cache" / nbgrader_run.GATE_NAME
+    gate.parent.mkdir()
+    (tmp_path / "victim").write_text("the TA's")
+    gate.symlink_to(tmp_path / "victim")
+    nbgrader_run.open_gate(gate, go=False)
+    assert not gate.is_symlink() and gate.read_text() == nbgrader_run.STOP
+    assert (tmp_path / "victim").read_text() == "the TA's"
+    nbgrader_run.open_gate(gate)
+    assert gate.read_text() == "go"
+
+
+def test_a_hold_stops_every_other_tree_from_one_scan_and_resumes_them(tmp_path):
+    import subprocess
+    import sys
+    from fuselab.grading import lease
+    trees = [subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                               "print(child.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        children = [int(tree.stdout.readline()) for tree in trees]
+        stopped = lease._signal_trees([tree.pid for tree in trees], lease.signal.SIGSTOP)
+        assert all({tree.pid, child} <= set(stopped[tree.pid]) for tree, child in zip(trees, children))
+        assert {_state(p) for tree, child in zip(trees, children) for p in (tree.pid, child)} == {"T"}
+        lease._signal_trees([tree.pid for tree in trees], lease.signal.SIGCONT)
+        time.sleep(0.2)
+        assert "T" not in {_state(p) for tree, child in zip(trees, children) for p in (tree.pid, child)}
+    finally:
+        for tree in trees:
+            isolate.kill_tree(tree.pid)
+            tree.wait()
+
+
 class _PausedRegistry:
     """A registry that says its child was stopped for others' timings for ``seconds``."""
 

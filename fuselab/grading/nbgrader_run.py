@@ -11,6 +11,7 @@ gradebook, where formgrader, ``generate_feedback`` and ``export`` find them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -57,6 +58,8 @@ def add_students(db: Path, students) -> None:
 
 
 GATE_ENV = "FUSELAB_NOTEBOOK_GATE"
+GATE_NAME = ".notebook-may-start"
+STOP = "stop"  # what the gate file says when the notebook run must not go on (the recheck failed)
 # An IPython startup file of the grader's, run in the notebook's kernel before its first cell (``gate``)
 GATE_STARTUP = f"""# written by fuselab's grader: what the setup cell imports is imported while the clean recheck runs; the
 # notebook's first cell waits until the grader opens the gate (the recheck's builds copied, its tests done)
@@ -68,8 +71,24 @@ except Exception:
     pass
 while not _fuselab_os.path.exists(_fuselab_os.environ.get("{GATE_ENV}", "")):
     _fuselab_time.sleep(0.05)
-del _fuselab_os, _fuselab_time
+with open(_fuselab_os.environ["{GATE_ENV}"]) as _fuselab_gate:
+    if _fuselab_gate.read().strip() == "{STOP}":
+        _fuselab_os._exit(3)  # the submission is not graded: no cell runs
+del _fuselab_os, _fuselab_time, _fuselab_gate
 """
+
+
+def open_gate(gate: Path, go: bool = True) -> None:
+    """Let a gated notebook run go (``go``) or stop it: the gate file, made new (never through a link or over a
+    file that is there: the folder is the notebook run's)."""
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    written = gate.with_name(gate.name + f".{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        written.unlink()  # a link is removed, never followed
+    descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write("go" if go else STOP)
+    os.replace(written, gate)  # whole, at once: the kernel never reads it half written
 
 
 def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, workdir: Path, *, cell_timeout,
@@ -109,7 +128,8 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
         startup.mkdir(parents=True)
         (startup / "00-fuselab-gate.py").write_text(GATE_STARTUP)
         env[GATE_ENV] = str(gate)
-        command.append(f"--Execute.startup_timeout={int(wall_timeout)}")
+        # the wait at the gate is bounded by the run's own wall limit (which leaves out pauses), not by nbclient's
+        command.append(f"--Execute.startup_timeout={int(wall_timeout) * 10}")
     if sandbox:
         # only its scratch course and build cache: the submission's folder holds result.json, which it must not
         # write; nbgrader and its kernel talk over the sandbox's own loopback

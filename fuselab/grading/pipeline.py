@@ -13,12 +13,14 @@ submission's result is saved. One run at a time per ``--out`` (a lock file namin
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -216,22 +218,29 @@ def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
 
 def both_runs(run: SubmissionRun) -> None:
     """The clean recheck, and nbgrader's run of the notebook beside it. nbgrader and the notebook's kernel start
-    with the recheck, but the notebook's first cell waits until the recheck starts its first speed test (a gate,
-    ``nbgrader_run.GATE_STARTUP``): by then the recheck's builds (which the notebook run copies) and correctness
-    tests are done, and a speed test mostly waits for its turn on the GPU. The two runs never check kernels at the
-    same time: a kernel that faults the GPU in one would then not slow the other's correctness tests."""
+    with the recheck, but the notebook's first cell waits at a gate (``nbgrader_run.GATE_STARTUP``) that opens
+    when the recheck starts its first speed test: by then the recheck's builds (copied for the notebook run, by a
+    thread of its own, never the recheck's polling loop) and its correctness tests are done, and a speed test
+    mostly waits for its turn on the GPU. Without a speed test the gate opens when the recheck ends; if the
+    recheck fails (a grader error), the gate tells the notebook run to stop instead."""
     speed_tests = registry.speed_grade_ids(run.sub.lab)
-    gate = run.workdir / "cache" / ".notebook-may-start"  # in a folder the notebook run sees (its build cache)
-    opened, failed = threading.Lock(), []
-    times = {}
+    gate = run.workdir / "cache" / nbgrader_run.GATE_NAME  # in a folder the notebook run sees (its build cache)
+    begin, failed, times = threading.Event(), [], {}
+    verdict = {"open": True}
 
-    def open_gate():
-        if opened.acquire(blocking=False):  # once
+    def opener():
+        begin.wait()
+        times["opened"] = time.time()
+        try:
+            if verdict["open"]:
+                copy_recheck_builds(run)
+        except Exception as exc:  # noqa: BLE001 - it builds them again itself
+            run.notes.append(f"the recheck's builds could not be copied for nbgrader's run ({exc!r})")
+        finally:
             try:
-                open_notebook_gate(run, gate)
-            except OSError as exc:  # the gate itself could not be made: the notebook run waits to its time limit
-                run.notes.append(f"nbgrader's run could not be started ({exc}): it waited until its time limit")
-            times["opened"] = time.time()
+                nbgrader_run.open_gate(gate, go=verdict["open"])
+            except OSError as exc:
+                run.notes.append(f"nbgrader's run could not be let go ({exc}): it waited until its time limit")
 
     def notebook_side():
         times["started"] = time.time()
@@ -240,15 +249,19 @@ def both_runs(run: SubmissionRun) -> None:
         except BaseException as exc:  # noqa: BLE001 - raised in the submission's own thread below
             failed.append(exc)
 
-    side = threading.Thread(target=notebook_side, name=f"nbgrader {run.sub.student}/{run.sub.lab}", daemon=True)
-    side.start()
+    threads = [threading.Thread(target=target, name=f"{what} {run.sub.student}/{run.sub.lab}", daemon=True)
+               for target, what in ((notebook_side, "nbgrader"), (opener, "gate"))]
+    for thread in threads:
+        thread.start()
     try:
-        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and open_gate())
+        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and begin.set())
+    except BaseException:
+        verdict["open"] = False  # the submission is not graded: its notebook run stops at the gate
+        raise
     finally:
-        try:
-            open_gate()  # a recheck without a speed test, or one that failed: the notebook run goes on now
-        finally:
-            side.join()
+        begin.set()
+        for thread in threads:
+            thread.join()
     if failed:
         raise failed[0]
     _split_waiting(run.notebook_run, times)
@@ -286,18 +299,6 @@ def copy_recheck_builds(run: SubmissionRun) -> None:
     _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", cache)
     if run.settings.sandbox:
         isolate.give_to_sandbox(cache)  # copied after its sandbox started: the kernel writes its build locks there
-
-
-def open_notebook_gate(run: SubmissionRun, gate: Path) -> None:
-    """The recheck's builds copied for the notebook run, and its first cell let go. Never raises into the recheck
-    that calls it, but for a gate it could not make: builds that could not be copied are built again by the
-    notebook run."""
-    try:
-        copy_recheck_builds(run)
-    except OSError:
-        pass
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    gate.touch()
 
 
 def combine_runs(run: SubmissionRun) -> None:
@@ -357,23 +358,68 @@ def _threads_per_child(concurrent: int) -> int:
     return max(1, schedule.available_cores() // max(1, concurrent))
 
 
-def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30) -> None:
-    """Regular files only (a link the student's kernel build left could point anywhere), and not past
-    ``limit_bytes`` (the notebook run then builds the rest itself)."""
-    if Path(source).is_symlink() or not Path(source).is_dir():
-        return  # a cache folder the child replaced by a link is not followed anywhere
-    copied = 0
-    files = sorted(Path(folder) / name for folder, _, names in os.walk(source, followlinks=False) for name in names)
-    for path in files:
-        if path.is_symlink() or not path.is_file() or path.suffix == ".lock":
-            continue
-        size = path.stat().st_size
-        if copied + size > limit_bytes:
-            return
-        destination = target / path.relative_to(source)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, destination, follow_symlinks=False)
-        copied += size
+def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_depth: int = 32) -> None:
+    """Copy the kernel worker's build cache ``source`` to ``target``: regular files only, read through descriptors
+    opened without following any link, folder by folder (the worker may still be running and changing the tree: a
+    folder swapped for a link, a file swapped for a pipe, is skipped, never followed or waited on), not past
+    ``limit_bytes`` or ``max_depth`` folders deep (the notebook run builds the rest itself). Modification times are
+    kept (the build tool compares them). The gate's name is never copied."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        root = os.open(source, flags | os.O_DIRECTORY)
+    except OSError:
+        return  # none, or a link the worker put there
+    budget = [limit_bytes]
+
+    def walk(folder: int, relative: Path, depth: int) -> bool:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return True
+        for name in names:
+            if name.endswith(".lock") or name == nbgrader_run.GATE_NAME:
+                continue
+            try:
+                handle = os.open(name, flags, dir_fd=folder)
+            except OSError:
+                continue  # a link (ELOOP), gone meanwhile, or unreadable
+            try:
+                info = os.fstat(handle)
+                if stat.S_ISDIR(info.st_mode):
+                    if depth < max_depth and not walk(handle, relative / name, depth + 1):
+                        return False
+                elif stat.S_ISREG(info.st_mode):
+                    if info.st_size > budget[0]:
+                        return False
+                    budget[0] -= info.st_size
+                    _copy_open_file(handle, target / relative / name, info)
+            finally:
+                os.close(handle)
+        return True
+
+    try:
+        walk(root, Path(), 0)
+    finally:
+        os.close(root)
+
+
+def _copy_open_file(handle: int, destination: Path, info) -> None:
+    """The bytes of the open regular file ``handle`` (at most its size when opened) into a new ``destination``."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        destination.unlink()
+    out = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, info.st_mode & 0o755)
+    try:
+        left = info.st_size
+        while left > 0:
+            chunk = os.read(handle, min(left, 1 << 20))
+            if not chunk:
+                break
+            os.write(out, chunk)
+            left -= len(chunk)
+    finally:
+        os.close(out)
+    os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def _idle(device, lease=None) -> str:
@@ -433,8 +479,7 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
     env.pop("FUSELAB_SHARED_BUILDS", None)
     clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
                               total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
-                              lease=lease, kernels_in_worker=False,  # the instructor's: they fill the shared builds
-                              skip_demos=False)  # with the kernels its demos build too, for nbgrader's runs
+                              lease=lease, kernels_in_worker=False)  # the instructor's: they fill the shared builds
     cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")

@@ -33,6 +33,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,11 +107,21 @@ def _one_cell(found: list) -> dict:
     return {**found[-1], "source": "\n\n".join(sources) if sources else ipynb.source(found[-1])}
 
 
+# CPython 3.11's ast.parse is not safe in several threads at once ("AST constructor recursion depth mismatch"):
+# the grader plans submissions in parallel threads, and a plan parses every cell
+_PLANNING = threading.Lock()
+
+
 def clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool = True):
     """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged.
 
     ``skip_demos``: the instructor's ``demo`` cells are left out (``demos``); an instructor's notebook whose demos
     a kept cell depends on is refused (ValueError) before anything runs."""
+    with _PLANNING:
+        return _clean_plan(instructor_nb, student_nb, skip_demos)
+
+
+def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
     code_cells = [cell for cell in instructor_nb["cells"] if cell["cell_type"] == "code"]
     last_test = max((k for k, cell in enumerate(code_cells) if ipynb.is_graded(cell)), default=-1)
     problems = demo_problems(code_cells[: last_test + 1])  # the cells after the last test never run here
@@ -283,8 +294,9 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
 
     ``on_cell``: called with the grade_id (None for an ungraded cell) of each cell the checker starts, in order, as
     the polling sees it start (a cell shorter than a poll: when the poll after it sees it).
-    ``skip_demos``: leave out the instructor's ``demo`` cells (off only for the reference run, whose demos fill
-    the shared builds with the kernels they build, for nbgrader's runs of the notebooks).
+    ``skip_demos``: leave out the instructor's ``demo`` cells (the reference run leaves them out too: it runs the
+    plan every submission's recheck runs, so a kept cell that needed a demo fails there first, for the
+    instructor). A demo builds no kernel that nbgrader's runs would then compile for every submission.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
