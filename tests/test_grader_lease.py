@@ -304,10 +304,17 @@ def test_a_hold_stops_every_other_tree_from_one_scan_and_resumes_them(tmp_path):
         children = [int(tree.stdout.readline()) for tree in trees]
         stopped = lease._signal_trees([tree.pid for tree in trees], lease.signal.SIGSTOP)
         assert all({tree.pid, child} <= set(stopped[tree.pid]) for tree, child in zip(trees, children))
-        assert {_state(p) for tree, child in zip(trees, children) for p in (tree.pid, child)} == {"T"}
+        pids = [p for tree, child in zip(trees, children) for p in (tree.pid, child)]
+
+        def states_become(wanted):  # a signal is delivered soon, not at once
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not all(wanted(_state(p)) for p in pids):
+                time.sleep(0.05)
+            return [_state(p) for p in pids]
+
+        assert set(states_become(lambda state: state == "T")) == {"T"}
         lease._signal_trees([tree.pid for tree in trees], lease.signal.SIGCONT)
-        time.sleep(0.2)
-        assert "T" not in {_state(p) for tree, child in zip(trees, children) for p in (tree.pid, child)}
+        assert "T" not in states_become(lambda state: state != "T")
     finally:
         for tree in trees:
             isolate.kill_tree(tree.pid)
