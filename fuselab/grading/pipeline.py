@@ -278,7 +278,7 @@ def _split_waiting(notebook_result: dict | None, times: dict) -> None:
 
 def notebook_run(run: SubmissionRun, gate: Path | None = None) -> None:
     """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck.
-    ``gate``: its first cell waits for this file (``open_notebook_gate``); None: it copies the builds and runs."""
+    ``gate``: its first cell waits for this file (``both_runs`` makes it); None: it copies the builds and runs."""
     settings = run.settings
     if gate is None:
         copy_recheck_builds(run)
