@@ -128,19 +128,19 @@ def _block(statements, bound: set) -> tuple:
     return read, may_bind, binds
 
 
-def _names(source: str) -> tuple:
-    """``(bound, read, surely_bound)``: every name a cell may bind in its own scope, the names it reads before it
-    binds them itself (in order, statement by statement), and the names it binds whichever way it runs."""
-    read, may_bind, binds = _block(_parse(source).body, set())
+def _names(tree) -> tuple:
+    """``(bound, read, surely_bound)``: every name a cell (its syntax tree) may bind in its own scope, the names it
+    reads before it binds them itself (in order, statement by statement), and the names it binds whichever way it
+    runs."""
+    read, may_bind, binds = _block(tree.body, set())
     return may_bind, read, binds
 
 
-def _changes_shared_state(source: str, bound: set) -> str:
-    """What in a demo cell changes state it did not create, or "": an assignment to (or ``del`` of) an attribute
-    or an item of a name it did not bind by assignment itself, ``setattr``/``delattr`` of one, ``global``, or an
-    import of a submodule (which makes it an attribute of its package for every later cell)."""
-    tree = _parse(source)
-    _, read_first, _ = _names(source)
+def _changes_shared_state(tree, bound: set, read_first: set) -> str:
+    """What in a demo cell (its syntax tree, the names it may bind and those it reads before binding them)
+    changes state it did not create, or "": an assignment to (or ``del`` of) an attribute or an item of a name it
+    did not bind by assignment itself, ``setattr``/``delattr`` of one, ``global``, or an import of a submodule
+    (which makes it an attribute of its package for every later cell)."""
     imported = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     own = bound - read_first - imported  # made here, not a module or a name it found
@@ -176,7 +176,8 @@ def demo_problems(cells: list) -> list:
         label = ipynb.grade_id(cell) or f"cell {index}"
         source = ipynb.source(cell)
         try:
-            bound, read, surely = _names(source)
+            tree = _parse(source)
+            bound, read, surely = _names(tree)
         except (SyntaxError, ValueError) as exc:
             if demo_bound or ipynb.is_demo(cell):  # a demo before it: what it reads must be known
                 why = exc if isinstance(exc, ValueError) and not isinstance(exc, SyntaxError) else "does not parse"
@@ -186,7 +187,7 @@ def demo_problems(cells: list) -> list:
             if index == 0 or ipynb.is_graded(cell) or ipynb.is_solution(cell):
                 problems.append(f"demo cell {label} is the setup cell, a graded cell or a solution cell: only a "
                                 "cell that shows something may be a demo")
-            change = _changes_shared_state(source, bound)
+            change = _changes_shared_state(tree, bound, read)
             if change:
                 problems.append(f"demo cell {label} {change}: later cells could depend on that")
             demo_bound.update({name: label for name in bound})

@@ -47,24 +47,40 @@ class _Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
 
-def gpu_busy_percent(device) -> int | None:
-    """NVML's utilisation of ``device`` (an index or a UUID, as ``CUDA_VISIBLE_DEVICES`` names it): the share of
-    its last sample period in which a kernel ran. None where NVML is missing."""
+def nvml():
+    """NVML (``libnvidia-ml``), initialised; None where it is missing."""
     try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        if nvml.nvmlInit_v2() != 0:
-            return None
-        handle = ctypes.c_void_p()
-        if str(device).isdigit():
-            status = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
-        else:
-            status = nvml.nvmlDeviceGetHandleByUUID(str(device).encode(), ctypes.byref(handle))
-        rates = _Utilization()
-        if status != 0 or nvml.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
-            return None
-        return int(rates.gpu)
+        library = ctypes.CDLL("libnvidia-ml.so.1")
+        return library if library.nvmlInit_v2() == 0 else None
     except (OSError, AttributeError):
         return None
+
+
+def nvml_handle(library, device):
+    """NVML's handle of ``device`` (an index or a UUID, as ``CUDA_VISIBLE_DEVICES`` names it), or None."""
+    handle = ctypes.c_void_p()
+    try:
+        if str(device).isdigit():
+            status = library.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
+        else:
+            status = library.nvmlDeviceGetHandleByUUID(str(device).encode(), ctypes.byref(handle))
+    except AttributeError:
+        return None
+    return handle if status == 0 else None
+
+
+def gpu_busy_percent(device) -> int | None:
+    """NVML's utilisation of ``device`` (an index or a UUID): the share of its last sample period in which a kernel
+    ran. None where NVML is missing."""
+    library = nvml()
+    handle = nvml_handle(library, device) if library is not None else None
+    rates = _Utilization()
+    try:
+        if handle is None or library.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
+            return None
+    except AttributeError:
+        return None
+    return int(rates.gpu)
 
 
 def wait_until_idle(device, timeout_s: float = 60.0, poll_s: float = 0.02) -> str:
@@ -89,6 +105,8 @@ def _signal_trees(roots, sig) -> dict:
     Stopping repeats until no new process appears (one may have been forked before its parent stopped);
     continuing goes from the leaves up."""
     roots = list(dict.fromkeys(roots))
+    if not roots:
+        return {}  # a hold with nobody else on the GPU: no scan of /proc
     if sig != signal.SIGSTOP:
         parent_of = parents()
         done = {}

@@ -276,20 +276,17 @@ def _split_waiting(notebook_result: dict | None, times: dict) -> None:
         phases["start"] = round(phases["start"] - waited, 3)
 
 
-def notebook_run(run: SubmissionRun, gate: Path | None = None) -> None:
-    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck.
-    ``gate``: its first cell waits for this file (``both_runs`` makes it); None: it copies the builds and runs."""
+def notebook_run(run: SubmissionRun, gate: Path) -> None:
+    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck;
+    its first cell waits for ``gate`` (``both_runs`` makes it, once the recheck's builds are copied)."""
     settings = run.settings
-    if gate is None:
-        copy_recheck_builds(run)
     # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
     env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
-    # gated, it starts with the recheck (at most a submission's time) and then has a submission's time of its own
-    wall = settings.submission_timeout * (2 if gate is not None else 1)
+    # it starts with the recheck (at most a submission's time) and then has a submission's time of its own
     run.notebook_run = nbgrader_run.autograde_one(
         settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
-        cell_timeout=settings.cell_timeout, wall_timeout=wall, limits=run.limits, env=env,
-        sandbox=settings.sandbox, hide=run.hide, lease=run.lease, gate=gate)
+        cell_timeout=settings.cell_timeout, wall_timeout=2 * settings.submission_timeout, limits=run.limits,
+        env=env, sandbox=settings.sandbox, hide=run.hide, lease=run.lease, gate=gate)
 
 
 def copy_recheck_builds(run: SubmissionRun) -> None:
@@ -510,8 +507,7 @@ def _precompile() -> None:
     A course folder the grader may not write into is left as it is."""
     import compileall
     import io
-    from contextlib import redirect_stdout
-    with redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):
         compileall.compile_dir(str(course.REPO / "fuselab"), quiet=2)
 
 

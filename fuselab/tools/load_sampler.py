@@ -17,6 +17,7 @@ import threading
 import time
 
 from ..grading.isolate import nvidia_smi
+from ..grading.lease import nvml, nvml_handle
 
 
 def _cpu_jiffies():
@@ -38,21 +39,20 @@ def _nvml_memory_used_mib():
     """MiB used on each GPU, from NVML in this process (no program started per sample: nvidia-smi takes a good
     share of a core a second on a GPU that ten submissions share, and the sampler would count itself); None where
     NVML is missing."""
+    library = nvml()
+    count = ctypes.c_uint()
     try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        count = ctypes.c_uint()
-        if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        if library is None or library.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
             return None
         used = []
         for index in range(count.value):
-            handle, memory = ctypes.c_void_p(), _Memory()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0 or \
-                    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+            handle, memory = nvml_handle(library, index), _Memory()
+            if handle is None or library.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
                 return None
             used.append(memory.used / 2**20)
-        return used
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
+    return used
 
 
 def _gpu_memory_used_mib():
@@ -77,9 +77,11 @@ PROGRAM_KINDS = {"nvidia-smi": "nvidia-smi", "ninja": "compiler", "nvcc": "compi
                  "cudafe++": "compiler", "bwrap": "sandbox"}
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
+
+
 def _process_cpu() -> dict:
     """pid → (kind, CPU seconds so far) of every process this machine shows (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     found = {}
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
@@ -96,7 +98,7 @@ def _process_cpu() -> dict:
         program = os.path.basename(command.split(" ", 1)[0])
         kind = PROGRAM_KINDS.get(program) or next((name for pattern, name in PROCESS_KINDS if pattern in command),
                                                   "other")
-        found[int(pid)] = (kind, (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+        found[int(pid)] = (kind, (int(fields[11]) + int(fields[12])) / _TICKS)  # utime + stime
     return found
 
 
@@ -122,12 +124,11 @@ class LoadSampler:
                 return
 
     def _sample_processes(self):
-        if self.processes:
-            self._count_processes()
-
-    def _count_processes(self):
-        """Each kind's CPU seconds since the last sample (a process first seen now counts from its start; what a
-        process did between its last sample and its end is missed: ``cpu_by_kind`` says how much)."""
+        """With ``processes``: each kind's CPU seconds since the last sample (a process first seen now counts from
+        its start; what a process did between its last sample and its end is missed: ``cpu_by_kind`` says how
+        much)."""
+        if not self.processes:
+            return
         now, used = _process_cpu(), {}
         for pid, (kind, seconds) in now.items():
             used[kind] = used.get(kind, 0.0) + max(0.0, seconds - self._seen.get(pid, 0.0))
@@ -166,6 +167,6 @@ class LoadSampler:
         cpu = [s[1] for s in self.samples if s[1] is not None and (since is None or s[0] >= since)
                and (until is None or s[0] <= until)]
         if len(cpu) >= 2:
-            busy = (cpu[-1][0] - cpu[0][0]) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+            busy = (cpu[-1][0] - cpu[0][0]) / _TICKS
             kinds["missed"] = max(0.0, busy - sum(kinds.values()))
         return {kind: round(seconds, 1) for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])}
