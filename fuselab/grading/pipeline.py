@@ -355,18 +355,20 @@ def _threads_per_child(concurrent: int) -> int:
     return max(1, schedule.available_cores() // max(1, concurrent))
 
 
-def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_depth: int = 32) -> None:
+def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_depth: int = 32,
+                 max_entries: int = 10_000) -> None:
     """Copy the kernel worker's build cache ``source`` to ``target``: regular files only, read through descriptors
     opened without following any link, folder by folder (the worker may still be running and changing the tree: a
     folder swapped for a link, a file swapped for a pipe, is skipped, never followed or waited on), not past
-    ``limit_bytes`` or ``max_depth`` folders deep (the notebook run builds the rest itself). Modification times are
+    ``limit_bytes``, ``max_depth`` folders deep or ``max_entries`` files and folders (a build has tens: a tree of
+    millions would hold the submission up; the notebook run builds the rest itself). Modification times are
     kept (the build tool compares them). The gate's name is never copied."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         root = os.open(source, flags | os.O_DIRECTORY)
     except OSError:
         return  # none, or a link the worker put there
-    budget = [limit_bytes]
+    budget, entries = [limit_bytes], [max_entries]
 
     def walk(folder: int, relative: Path, depth: int) -> bool:
         try:
@@ -376,6 +378,9 @@ def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_dep
         for name in names:
             if name.endswith(".lock") or name == nbgrader_run.GATE_NAME:
                 continue
+            entries[0] -= 1
+            if entries[0] < 0:
+                return False
             try:
                 handle = os.open(name, flags, dir_fd=folder)
             except OSError:
