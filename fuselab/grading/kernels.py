@@ -142,7 +142,7 @@ class KernelHost:
             pass
 
     def warm_speed_test(self) -> float:
-        """Seconds the worker took to start its profiler for the speed test to come (its error, if any, is the
+        """Seconds the worker took to ready its kernel list for the speed test to come (its error, if any, is the
         speed test's to meet and say)."""
         started = time.perf_counter()
         with contextlib.suppress(Exception):

@@ -1,0 +1,143 @@
+"""The GPU kernels one call launches, read from a CUDA graph capture of that call (the CUDA driver API, through
+ctypes).
+
+The graded speed test must know that one call of the student's op launches exactly the lab's number of kernels,
+all the student's own. The profiler can tell, but its first use in a process starts CUPTI: 4-12 s on an H200
+that ten submissions share (docs/RESULTS.md). A capture launches nothing: the call's kernels become the nodes of
+a graph, whose functions the driver names. A call that cannot be captured (it synchronizes, allocates, or works
+on a stream of its own) returns None here, and the caller asks the profiler instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+_KERNEL, _MEMCPY, _MEMSET, _CHILD_GRAPH, _EMPTY = 0, 1, 2, 4, 5
+_EVENT_NODES = (6, 7, 8, 9)      # event wait/record, external semaphore signal/wait: no work of their own
+_MEMORY_NODES = (10, 11)         # a graph's memory allocation and free
+
+
+class _KernelNodeParams(ctypes.Structure):
+    """``CUDA_KERNEL_NODE_PARAMS`` (its v2 layout, CUDA 12 and later)."""
+    _fields_ = [("func", ctypes.c_void_p),
+                ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=1)
+def _driver():
+    """The driver's entry points this module uses, or None where they are missing (an older driver)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        calls = {"nodes": lib.cuGraphGetNodes, "type": lib.cuGraphNodeGetType,
+                 "params": lib.cuGraphKernelNodeGetParams_v2, "child": lib.cuGraphChildGraphNodeGetGraph,
+                 "func_name": lib.cuFuncGetName, "kernel_name": lib.cuKernelGetName}
+    except (OSError, AttributeError):
+        return None
+    for call in calls.values():
+        call.restype = ctypes.c_int
+    return calls
+
+
+@functools.lru_cache(maxsize=1)
+def _demangler():
+    try:
+        demangle = getattr(ctypes.CDLL("libstdc++.so.6"), "__cxa_demangle")
+        free = ctypes.CDLL(None).free
+    except (OSError, AttributeError):
+        return None
+    demangle.restype = ctypes.c_void_p
+    demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    free.argtypes = [ctypes.c_void_p]
+    return demangle, free
+
+
+def demangled(name: str) -> str:
+    """A C++ kernel's name as the profiler shows it (``fused(float const*, float*, int)``); others unchanged."""
+    tools = _demangler() if name.startswith("_Z") else None
+    if tools is None:
+        return name
+    demangle, free = tools
+    status = ctypes.c_int(1)
+    text = demangle(name.encode(), None, None, ctypes.byref(status))
+    if not text or status.value != 0:
+        return name
+    try:
+        return ctypes.string_at(text).decode(errors="replace")
+    finally:
+        free(text)
+
+
+def _kernel_name(driver, node) -> str:
+    params = _KernelNodeParams()
+    if driver["params"](node, ctypes.byref(params)) != 0:
+        return "<a kernel the driver could not describe>"
+    name = ctypes.c_char_p()
+    if params.func and driver["func_name"](ctypes.byref(name), ctypes.c_void_p(params.func)) == 0 and name.value:
+        return demangled(name.value.decode(errors="replace"))
+    if params.kern and driver["kernel_name"](ctypes.byref(name), ctypes.c_void_p(params.kern)) == 0 and name.value:
+        return demangled(name.value.decode(errors="replace"))
+    return "<a kernel with no name>"
+
+
+def graph_kernels(graph_handle: int, depth: int = 0) -> list:
+    """The kernels of a CUDA graph (``cudaGraph_t`` as an int), child graphs included, by name. Copies, memsets,
+    events and the graph's own allocations are not kernels; any other node (a host function, a conditional) is
+    listed under a name no kernel has, so it never passes for the student's own."""
+    driver = _driver()
+    if driver is None:
+        raise RuntimeError("the CUDA driver has no graph inspection (cuFuncGetName needs CUDA 12.3 or later)")
+    graph = ctypes.c_void_p(graph_handle)
+    count = ctypes.c_size_t(0)
+    if driver["nodes"](graph, None, ctypes.byref(count)) != 0:
+        raise RuntimeError("the CUDA driver could not list the graph's nodes")
+    nodes = (ctypes.c_void_p * count.value)()
+    if count.value and driver["nodes"](graph, nodes, ctypes.byref(count)) != 0:
+        raise RuntimeError("the CUDA driver could not list the graph's nodes")
+    kernels = []
+    for node in nodes[:count.value]:
+        node = ctypes.c_void_p(node)
+        kind = ctypes.c_int(-1)
+        if driver["type"](node, ctypes.byref(kind)) != 0:
+            raise RuntimeError("the CUDA driver could not tell a graph node's type")
+        if kind.value == _KERNEL:
+            kernels.append(_kernel_name(driver, node))
+        elif kind.value == _CHILD_GRAPH and depth < 8:
+            child = ctypes.c_void_p()
+            if driver["child"](node, ctypes.byref(child)) != 0:
+                raise RuntimeError("the CUDA driver could not open a child graph")
+            kernels += graph_kernels(child.value or 0, depth + 1)
+        elif kind.value not in (_MEMCPY, _MEMSET, _EMPTY, *_EVENT_NODES, *_MEMORY_NODES):
+            kernels.append(f"<a graph node of type {kind.value}, not a kernel>")
+    return kernels
+
+
+def captured_kernels(fn) -> list | None:
+    """Names of the kernels one call of ``fn`` launches, from a capture of it (nothing runs), or None where the
+    call cannot be captured or this torch cannot hand over the graph (the caller then asks the profiler)."""
+    from ..quiet import captured_output
+    try:
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:  # a torch before keep_graph
+        return None
+    if _driver() is None:
+        return None
+    torch.cuda.synchronize()
+    try:
+        # the capture may warn on stderr (an empty graph), which would cost the test cell its points
+        with captured_output(), torch.cuda.graph(graph):
+            fn()
+    except Exception:  # noqa: BLE001 - not capturable: the profiler runs it instead (and the stream check says why)
+        torch.cuda.synchronize()
+        return None
+    try:
+        return graph_kernels(graph.raw_cuda_graph())
+    except RuntimeError:
+        return None
+    finally:
+        graph.reset()

@@ -1,0 +1,55 @@
+"""The speed test's kernel list from a CUDA graph capture (``fuselab/speed/graph_kernels.py``): the same names the
+profiler gives, and the profiler's list wherever a capture cannot tell what really ran."""
+
+import pytest
+import torch
+
+from fuselab.speed import graded, graph_kernels
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_names_are_demangled_as_the_profiler_shows_them():
+    assert graph_kernels.demangled("_Z10fused_reluPKfPfi") == "fused_relu(float const*, float*, int)"
+    assert graph_kernels.demangled("relu_kernel") == "relu_kernel"        # extern "C": no mangling
+    assert graph_kernels.demangled("_Znot a name") == "_Znot a name"      # what cannot be demangled stays
+
+
+def test_a_kernel_is_foreign_unless_named_after_one_of_the_students_own():
+    own = {"fused_relu", "tail"}
+    kernels = ["fused_relu(float const*, float*, int)", "void at::native::vectorized_elementwise_kernel<4>()"]
+    assert graded._foreign(kernels, own) == kernels[1:]
+
+
+@gpu
+def test_a_capture_lists_what_the_profiler_lists():
+    x = torch.randn(1000, 1001, device="cuda")
+    y = torch.empty_like(x)
+
+    def two_kernels():
+        torch.clamp_min(x, 0, out=y)
+        y.add_(1)
+    captured = graph_kernels.captured_kernels(two_kernels)
+    assert captured is not None and len(captured) == 2
+    assert captured == graded.profiled_kernels(two_kernels)
+    assert graph_kernels.captured_kernels(lambda: y.copy_(x)) == []   # a copy is not a kernel
+
+
+@gpu
+def test_what_a_capture_cannot_see_is_asked_of_the_profiler():
+    y = torch.randn(1000, 1001, device="cuda")
+
+    def on_its_own_stream():   # escapes the capture: the graph is empty, the profiler sees the kernel
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            y.add_(1)
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def synchronizes():        # cannot be captured at all
+        y.add_(1)
+        torch.cuda.synchronize()
+    assert graph_kernels.captured_kernels(synchronizes) is None
+    assert len(graded.launched_kernels(synchronizes)) == 1
+    assert graded.launched_kernels(on_its_own_stream, accept=lambda kernels: len(kernels) == 1) == \
+        graded.profiled_kernels(on_its_own_stream)
+    assert len(graded.profiled_kernels(on_its_own_stream)) == 1
