@@ -134,3 +134,28 @@ def test_the_gate_startup_file_imports_then_waits_for_the_gate(tmp_path, go):
         assert out.strip() == "first cell True []"  # torch already imported, no name of its own left behind
     else:
         assert out == "" and process.returncode == 3  # stopped: no cell runs
+
+
+def test_by_default_only_the_clean_recheck_runs(tmp_path, monkeypatch):
+    """nbgrader's own run is asked for (--notebook-run); without it the recheck's verdicts are all there is."""
+    def recheck(run, on_cell=None):
+        run.clean = "clean"
+
+    def notebook(run, gate):
+        raise AssertionError("nbgrader's run was not asked for")
+    monkeypatch.setattr(pipeline, "clean_recheck", recheck)
+    monkeypatch.setattr(pipeline, "notebook_run", notebook)
+    run = _run(tmp_path)
+    run.settings.notebook_run = False
+    pipeline.graded_runs(run)
+    assert run.clean == "clean" and run.notebook_run == pipeline.no_notebook_run()
+    assert run.notebook_run["seconds"] is None and run.notebook_run["cells"] == {}
+
+
+def test_the_cells_a_person_grades_come_from_the_instructors_notebook():
+    def cell(grade_id, **meta):
+        return {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": grade_id, **meta}}, "source": ""}
+    instructor = {"cells": [cell("answer", grade=True, solution=True), cell("test_fused", grade=True, solution=False),
+                            cell("fused_source", grade=False, solution=True), cell("task", task=True),
+                            {"cell_type": "markdown", "metadata": {}, "source": "text"}]}
+    assert pipeline.hand_graded(instructor) == ["answer", "task"]

@@ -54,8 +54,11 @@ def graded(tmp_path_factory):
     before = _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py")
     # two submissions at once where there are two cores (CI's machine): each submission keeps about one core busy,
     # and the endless samples' timeouts leave theirs idle
+    # with nbgrader's own run of each notebook (--notebook-run), so its disagreements and autograded notebooks are
+    # checked too; the default (the clean recheck alone) grades the classes of test_grader_slurm and
+    # test_grader_isolation, and the sample class on the GPU self-check
     settings = pipeline.Settings(out=out / "run", cell_timeout=CELL_TIMEOUT, submission_timeout=400,
-                                 progress=False, cpu_workers=min(2, schedule.available_cores()))
+                                 progress=False, cpu_workers=min(2, schedule.available_cores()), notebook_run=True)
     started = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(test_grader_feedback.SECRET_ENV, secret)  # in the grader's environment, as a TA's token

@@ -33,6 +33,11 @@ def add_parsers(sub) -> None:
                        help="run each submission under bubblewrap as a user without rights: no network, sees only "
                             "its own folder (the default; grading is refused where it does not work). "
                             "--no-sandbox runs submissions with your rights")
+    grade.add_argument("--notebook-run", action="store_true",
+                       help="also autograde each notebook with nbgrader as submitted (the student's code and the "
+                            "hidden tests in one kernel, beside the clean recheck): its scores never count, where "
+                            "they differ the report says so, its executed notebook goes to course/autograded/ "
+                            "(default: the notebook as submitted goes there). About a quarter more CPU time")
     grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
     grade.add_argument("--expect-samples", action="store_true",
                        help="the submissions are the sample class: check every verdict against its sample")
@@ -95,7 +100,7 @@ def main_grade(args) -> int:
                         cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
-                        feedback=not args.no_feedback)
+                        notebook_run=args.notebook_run, feedback=not args.no_feedback)
     from .pipeline import GradingRefused
     try:
         result = grade(args.submissions, settings)

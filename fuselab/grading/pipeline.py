@@ -50,6 +50,7 @@ class Settings:
     submission_timeout: float = 1200.0
     memory_bytes: int = 16 * 2**30
     sandbox: bool = True               # False only on an explicit --no-sandbox
+    notebook_run: bool = False         # also nbgrader's own autograde of each notebook (--notebook-run)
     progress: bool = True
     feedback: bool = True
     shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
@@ -216,6 +217,21 @@ def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
                                   sandbox=settings.sandbox, hide=run.hide, lease=run.lease, on_cell=on_cell)
 
 
+def no_notebook_run() -> dict:
+    """What a submission's result holds of nbgrader's run where there was none (the default)."""
+    return {"cells": {}, "autograded": None, "error": None, "seconds": None, "phases": {}}
+
+
+def graded_runs(run: SubmissionRun) -> None:
+    """The clean recheck, whose verdicts are the grade; with ``--notebook-run`` nbgrader's own run of the notebook
+    beside it (``both_runs``)."""
+    if run.settings.notebook_run:
+        both_runs(run)
+    else:
+        clean_recheck(run)
+        run.notebook_run = no_notebook_run()
+
+
 def both_runs(run: SubmissionRun) -> None:
     """The clean recheck, and nbgrader's run of the notebook beside it. nbgrader and the notebook's kernel start
     with the recheck, but the notebook's first cell waits at a gate (``nbgrader_run.GATE_STARTUP``) that opens
@@ -299,7 +315,18 @@ def copy_recheck_builds(run: SubmissionRun) -> None:
 
 
 def combine_runs(run: SubmissionRun) -> None:
-    run.result = combine(run.sub, run.clean, run.notebook_run, run.notes)
+    run.result = combine(run.sub, run.clean, run.notebook_run, run.notes, hand_graded=hand_graded(run.instructor))
+
+
+def hand_graded(instructor: dict) -> list:
+    """The grade ids a person scores in formgrader (written answers, tasks): the instructor's graded cells that
+    are not autograder tests."""
+    ids = []
+    for cell in instructor.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade_id") and (meta.get("task") or (meta.get("grade") and meta.get("solution"))):
+            ids.append(meta["grade_id"])
+    return ids
 
 
 def scrub_messages(run: SubmissionRun) -> None:
@@ -329,7 +356,7 @@ def save(run: SubmissionRun) -> None:
     _write_result(run.workdir / "result.json", run.result)
 
 
-SUBMISSION_STEPS = (prepare, both_runs, combine_runs, scrub_messages, stamp, sandbox_held, save)
+SUBMISSION_STEPS = (prepare, graded_runs, combine_runs, scrub_messages, stamp, sandbox_held, save)
 
 
 def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
@@ -433,8 +460,10 @@ def _idle(device, lease=None) -> str:
     return "" if idle else note
 
 
-def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) -> SubmissionResult:
-    """The final result: the clean recheck's points, with the notebook's where they differ flagged."""
+def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list, hand_graded=()) -> SubmissionResult:
+    """The final result: the clean recheck's points, with the notebook's where they differ flagged.
+    ``hand_graded``: the grade ids a person scores (``manual_cells``, with any the notebook run scored that the
+    recheck does not)."""
     cells, disagreements = {}, []
     for grade_id, verdict in clean.cells.items():
         in_notebook = notebook_run["cells"].get(grade_id)
@@ -448,7 +477,7 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list) ->
                 disagreements.append(f"{grade_id}: notebook run gave {in_notebook[0]:g}, clean recheck "
                                      f"{verdict.points:g} of {verdict.max_points:g} (the clean result counts)")
         cells[grade_id] = entry
-    manual = sorted(k for k, v in notebook_run["cells"].items() if k not in cells)
+    manual = sorted({*hand_graded, *notebook_run["cells"]} - set(cells))
     if notebook_run.get("error"):
         notes.append(notebook_run["error"])
     return SubmissionResult(

@@ -189,10 +189,11 @@ def median_steps(results) -> dict:
                 for label, seconds in (record.get("phases") or {}).items() if isinstance(record, dict) else ():
                     if isinstance(seconds, (int, float)):
                         speed_phases[f"speed: {label}"] = speed_phases.get(f"speed: {label}", 0.0) + seconds
-        for label, seconds in {**(r.clean_timeline or {}), **speed_phases,
-                               **{f"nbgrader {k}": v for k, v in (r.nbgrader_phases or {}).items()},
-                               "clean total": r.clean_seconds or 0.0,
-                               "nbgrader total": r.nbgrader_seconds or 0.0}.items():
+        notebook_run = {f"nbgrader {k}": v for k, v in (r.nbgrader_phases or {}).items()}
+        if r.nbgrader_seconds is not None:  # nbgrader's run (--notebook-run)
+            notebook_run["nbgrader total"] = r.nbgrader_seconds
+        for label, seconds in {**(r.clean_timeline or {}), **speed_phases, **notebook_run,
+                               "clean total": r.clean_seconds or 0.0}.items():
             steps.setdefault(label, []).append(seconds)
     return {lab: {label: round(statistics.median(v), 2) for label, v in steps.items()} for lab, steps in by_lab.items()}
 
@@ -209,16 +210,20 @@ def _throughput(class_result) -> list:
         lines.append(f"This run graded {class_result.graded_now} submission(s) in {phase:.0f} s, "
                      f"{phase / class_result.graded_now:.1f} s per submission, "
                      f"{len(class_result.workers)} at a time ({schedule.describe(class_result.workers)}).")
-    lines += [f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s), "
-              "its nbgrader run beside its clean recheck from the recheck's speed tests on.", "",
+    notebook_runs = any(r.nbgrader_seconds is not None for r in results)
+    lines += [f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s)" +
+              (", its nbgrader run beside its clean recheck from the recheck's speed tests on." if notebook_runs
+               else ": its clean recheck (no nbgrader run of the notebook: `--notebook-run`)."), "",
               "| lab | clean recheck | its slowest steps | nbgrader run | nbgrader + kernel start |",
               "| --- | --- | --- | --- | --- |"]
+
+    def seconds_of(value):
+        return f"{value:.1f} s" if value is not None else "-"
     for lab, steps in sorted(median_steps(results).items()):
         cells = {k: v for k, v in steps.items() if not k.startswith(("nbgrader", "speed: ")) and k != "clean total"}
         slowest = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cells.items(), key=lambda kv: -kv[1])[:3])
-        start = steps.get("nbgrader start")
-        lines.append(f"| {lab} | {steps['clean total']:.1f} s | {slowest} | {steps['nbgrader total']:.1f} s | "
-                     f"{f'{start:.1f} s' if start is not None else '-'} |")
+        lines.append(f"| {lab} | {steps['clean total']:.1f} s | {slowest} | {seconds_of(steps.get('nbgrader total'))} "
+                     f"| {seconds_of(steps.get('nbgrader start'))} |")
     more = ("`--cpu-workers`" if None in class_result.workers else
             "`--jobs-per-gpu`; each graded timing still has the GPU to itself")
     return lines + ["", f"Medians per lab. More submissions at a time raise the pace while the CPU cores and "

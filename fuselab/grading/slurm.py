@@ -73,6 +73,7 @@ class Options:
     submission_timeout: float = 1200.0
     memory_bytes: int = 16 * 2**30
     sandbox: bool = False
+    notebook_run: bool = False           # nbgrader's own run of each notebook too (--notebook-run)
     feedback: bool = True
     jobs_per_gpu: int | None = None
     cpu_workers: int = 1
@@ -88,7 +89,7 @@ class Options:
         """The options that decide grades: a rerun must give the same ones to resume (a GPU measures speed
         tests, the emulation does not, so a class is graded on one or the other)."""
         return {**{k: getattr(self, k) for k in ("labs", "students", "cell_timeout", "submission_timeout",
-                                                 "memory_bytes", "sandbox", "feedback")},
+                                                 "memory_bytes", "sandbox", "notebook_run", "feedback")},
                 "on_gpu": bool(self.gpus_per_task)}
 
 
@@ -342,7 +343,8 @@ def shard_settings(out: Path, index: int, plan: dict, model: str) -> pipeline.Se
                              gpus="auto" if options.get("gpus_per_task") else 0,
                              jobs_per_gpu=options.get("jobs_per_gpu"), cpu_workers=options.get("cpu_workers") or 1,
                              cell_timeout=options["cell_timeout"], submission_timeout=options["submission_timeout"],
-                             memory_bytes=options["memory_bytes"], sandbox=options["sandbox"], progress=False,
+                             memory_bytes=options["memory_bytes"], sandbox=options["sandbox"],
+                             notebook_run=bool(options.get("notebook_run")), progress=False,
                              feedback=False, shared_builds=references / "shared-builds")
 
 
@@ -642,7 +644,8 @@ def _submit_from_cli(args) -> int:
                          "node of the cluster sees")
     options = Options(labs=args.labs, students=args.students, cell_timeout=args.cell_timeout,
                       submission_timeout=args.submission_timeout, memory_bytes=int(args.memory_gb * 2**30),
-                      sandbox=args.sandbox, feedback=not args.no_feedback, jobs_per_gpu=args.jobs_per_gpu,
+                      sandbox=args.sandbox, notebook_run=args.notebook_run, feedback=not args.no_feedback,
+                      jobs_per_gpu=args.jobs_per_gpu,
                       cpu_workers=args.cpu_workers, shards=args.shards, partition=args.partition,
                       account=args.account, gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
                       time=args.time, sbatch_args=shlex.split(args.sbatch_args or ""))
