@@ -157,5 +157,6 @@ def test_the_cells_a_person_grades_come_from_the_instructors_notebook():
         return {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": grade_id, **meta}}, "source": ""}
     instructor = {"cells": [cell("answer", grade=True, solution=True), cell("test_fused", grade=True, solution=False),
                             cell("fused_source", grade=False, solution=True), cell("task", task=True),
+                            dict(cell("written", grade=True), cell_type="markdown"),
                             {"cell_type": "markdown", "metadata": {}, "source": "text"}]}
-    assert pipeline.hand_graded(instructor) == ["answer", "task"]
+    assert pipeline.hand_graded(instructor) == ["answer", "task", "written"]

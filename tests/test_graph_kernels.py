@@ -53,3 +53,25 @@ def test_what_a_capture_cannot_see_is_asked_of_the_profiler():
     assert graded.launched_kernels(on_its_own_stream, accept=lambda kernels: len(kernels) == 1) == \
         graded.profiled_kernels(on_its_own_stream)
     assert len(graded.profiled_kernels(on_its_own_stream)) == 1
+
+
+@gpu
+def test_work_on_a_stream_of_its_own_is_not_in_the_capture_and_fails_its_replay_on_new_inputs():
+    """A kernel launched on a side stream runs at capture time and never becomes a node: the kernel list misses it
+    (the profiler would not), so the stream check replays the capture on new inputs, which such work misses."""
+    side = torch.cuda.Stream()
+
+    def split(x, out):  # half the work on a stream of its own, the other half on the stream it is given
+        with torch.cuda.stream(side):
+            doubled = x * 2
+        torch.mul(doubled, 1, out=out)
+
+    def honest(x, out):
+        torch.mul(x, 2, out=out)
+    x = torch.randn(1000, device="cuda")
+    out = torch.empty_like(x)
+    assert len(graph_kernels.captured_kernels(lambda: split(x, out))) == 1
+    assert len(graded.profiled_kernels(lambda: split(x, out))) == 2
+    assert "not all on the stream" in graded._escapes_stream(split, (x,), out, lambda x: 2 * x,
+                                                              (torch.randn_like(x),))
+    assert graded._escapes_stream(honest, (x,), out, lambda x: 2 * x, (torch.randn_like(x),)) is None

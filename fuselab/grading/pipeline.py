@@ -319,12 +319,13 @@ def combine_runs(run: SubmissionRun) -> None:
 
 
 def hand_graded(instructor: dict) -> list:
-    """The grade ids a person scores in formgrader (written answers, tasks): the instructor's graded cells that
-    are not autograder tests."""
+    """The grade ids a person scores in formgrader, by nbgrader's own rule: tasks, and graded cells that are not
+    autograder tests (a graded solution cell, or a graded markdown cell)."""
     ids = []
     for cell in instructor.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade_id") and (meta.get("task") or (meta.get("grade") and meta.get("solution"))):
+        test = meta.get("grade") and not meta.get("solution") and cell.get("cell_type") == "code"
+        if meta.get("grade_id") and (meta.get("task") or (meta.get("grade") and not test)):
             ids.append(meta["grade_id"])
     return ids
 

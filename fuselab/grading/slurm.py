@@ -89,7 +89,7 @@ class Options:
         """The options that decide grades: a rerun must give the same ones to resume (a GPU measures speed
         tests, the emulation does not, so a class is graded on one or the other)."""
         return {**{k: getattr(self, k) for k in ("labs", "students", "cell_timeout", "submission_timeout",
-                                                 "memory_bytes", "sandbox", "notebook_run", "feedback")},
+                                                 "memory_bytes", "sandbox", "feedback")},
                 "on_gpu": bool(self.gpus_per_task)}
 
 

@@ -178,7 +178,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
         # a CUDA graph's capture, so a replayed capture leaves the output unwritten
         phase("stream check")
-        escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference)
+        escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference, make_inputs(shape, seed=3000))
         if escaped:
             record["status"] = escaped
             say(f"{test_id}: 0 of {max_points} points: {escaped}")
@@ -269,8 +269,10 @@ def _let_go_of_timed_sets():
             torch.cuda.empty_cache()
 
 
-def _escapes_stream(candidate, inputs, out, reference):
-    """Why ``candidate``'s work escapes the current stream, or None (captures one call and replays it)."""
+def _escapes_stream(candidate, inputs, out, reference, fresh):
+    """Why ``candidate``'s work escapes the current stream, or None: one call is captured, ``inputs`` get the
+    contents of ``fresh`` (in place), and the replay must compute the output of those. Work launched on a stream
+    of its own runs at capture time, on the old contents, and is not in the graph (nor in its kernel list)."""
     graph = torch.cuda.CUDAGraph()
     try:
         # the capture may warn on stderr ("the CUDA Graph is empty"), which would cost the cell its points
@@ -280,13 +282,18 @@ def _escapes_stream(candidate, inputs, out, reference):
         torch.cuda.synchronize()
         return (f"the fused op could not be captured in a CUDA graph ({type(exc).__name__}: {str(exc)[:200]}); "
                 "launch only on the stream you are given")
+    torch.cuda.synchronize()
+    for old, new in zip(inputs, fresh):
+        if torch.is_tensor(old):
+            old.copy_(new)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     expected = reference(*[x.double() if torch.is_tensor(x) else x for x in inputs])
     if not torch.allclose(out.double(), expected, rtol=1e-3, atol=1e-4):
-        return ("the fused op's work is not on the stream it is given (a side stream or the default stream): "
-                "replaying a captured call left its output unwritten, and such work escapes the timing too")
+        return ("the fused op's work is not all on the stream it is given (a side stream or the default stream): "
+                "replaying a captured call on new inputs left its output unwritten or stale, and such work escapes "
+                "the timing too")
     return None
 
 

@@ -59,7 +59,8 @@ SAMPLES = {
             "_lab0.fused = lambda module: (lambda a, b, e, out: out.copy_(_torch.relu(a + b) * e))\n")},
         expect={"test_fused": "zero", "test_speedup": "zero"},
         why="a kernel that computes nothing, and the fused op rerouted to PyTorch from a solution cell: the "
-            "notebook run is fooled (on a GPU its profiler sees PyTorch's kernels), the clean recheck is not"),
+            "notebook's own run (--notebook-run) is fooled (on a GPU the speed test counts PyTorch's kernels), "
+            "the clean recheck is not"),
     "cheat_wrap_launcher": Sample(
         changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "0.0f"),
                  "dram_bytes": lambda s: s + (
@@ -79,7 +80,8 @@ SAMPLES = {
             "_fl.build = _wrapped\n")},
         expect={"test_fused": "zero", "test_speedup": "zero"},
         why="a kernel that writes zeros, its module wrapped from a solution cell so that PyTorch fixes the output: "
-            "the notebook run is fooled; the clean recheck launches the kernel where no student Python runs"),
+            "nbgrader's own run (--notebook-run) is fooled; the clean recheck launches the kernel where no "
+            "student Python runs"),
     "cheat_monkeypatch": Sample(
         changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "a[i] * e[i]"),
                  "dram_bytes": lambda s: s + (

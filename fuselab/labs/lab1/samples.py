@@ -73,7 +73,8 @@ SAMPLES = {
             "out.copy_(_lab1.depthwise_eager(x, w, bias, act, slope)))\n")},
         expect={"test_depthwise": "zero", "test_speedup_depthwise": "zero"},
         why="a depthwise kernel that writes zeros, and the fused op rerouted to PyTorch from a solution cell: the "
-            "notebook run is fooled (on a GPU its profiler sees PyTorch's kernels), the clean recheck is not"),
+            "notebook's own run (--notebook-run) is fooled (on a GPU the speed test counts PyTorch's kernels), "
+            "the clean recheck is not"),
 }
 
 SAMPLES["lying_int"] = Sample(
