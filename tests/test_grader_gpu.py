@@ -41,7 +41,8 @@ def test_side_stream_launches_are_caught_by_graph_replay(setup, stream, escapes)
     op = lab0.fused(module)
     op(*inputs, out)  # first call outside the capture (a launcher may set itself up)
     torch.cuda.synchronize()
-    verdict = speed.graded._escapes_stream(op, inputs, out, lab0.reference)
+    fresh = lab0.make_inputs((1 << 20,), seed=4, device="cuda")
+    verdict = speed.graded._escapes_stream(op, inputs, out, lab0.reference, fresh)
     assert (verdict is not None) == escapes, verdict
 
 

@@ -75,3 +75,19 @@ def test_work_on_a_stream_of_its_own_is_not_in_the_capture_and_fails_its_replay_
     assert "not all on the stream" in graded._escapes_stream(split, (x,), out, lambda x: 2 * x,
                                                               (torch.randn_like(x),))
     assert graded._escapes_stream(honest, (x,), out, lambda x: 2 * x, (torch.randn_like(x),)) is None
+
+
+@gpu
+def test_a_failed_capture_leaves_random_inputs_working():
+    """A capture that fails leaves PyTorch's CUDA generator mid-capture: every later random tensor on the GPU would
+    fail, and with it every later test of the submission. The capture puts the generator back."""
+    y = torch.randn(1000, device="cuda")
+
+    def synchronizes():
+        y.add_(1)
+        torch.cuda.synchronize()
+    torch.manual_seed(5)
+    expected = torch.randn(3, device="cuda")
+    torch.manual_seed(5)
+    assert graph_kernels.capture(torch.cuda.CUDAGraph(), synchronizes) is not None
+    assert torch.equal(torch.randn(3, device="cuda"), expected)  # works, and from the same state

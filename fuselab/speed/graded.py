@@ -37,7 +37,7 @@ from .. import timing
 from ..check import assert_close, check
 from ..quiet import captured_output
 from ..runmode import graded_by_the_course, validating
-from .graph_kernels import captured_kernels
+from .graph_kernels import capture, captured_kernels
 from .lease import asks_a_checker, exclusive_gpu, speed_test_slot
 from .policy import policy_entry
 
@@ -274,12 +274,8 @@ def _escapes_stream(candidate, inputs, out, reference, fresh):
     contents of ``fresh`` (in place), and the replay must compute the output of those. Work launched on a stream
     of its own runs at capture time, on the old contents, and is not in the graph (nor in its kernel list)."""
     graph = torch.cuda.CUDAGraph()
-    try:
-        # the capture may warn on stderr ("the CUDA Graph is empty"), which would cost the cell its points
-        with captured_output(), torch.cuda.graph(graph):
-            candidate(*inputs, out)
-    except Exception as exc:  # noqa: BLE001 - any failure to capture is the verdict
-        torch.cuda.synchronize()
+    exc = capture(graph, lambda: candidate(*inputs, out))
+    if exc is not None:  # any failure to capture is the verdict
         return (f"the fused op could not be captured in a CUDA graph ({type(exc).__name__}: {str(exc)[:200]}); "
                 "launch only on the stream you are given")
     torch.cuda.synchronize()

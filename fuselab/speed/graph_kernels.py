@@ -121,26 +121,40 @@ def graph_kernels(graph_handle: int, depth: int = 0) -> list:
     return kernels
 
 
+def capture(graph, fn) -> Exception | None:
+    """Capture one call of ``fn`` into ``graph`` (its stderr kept off the test cell: an empty graph warns there);
+    the exception that stopped the capture, or None.
+
+    A capture that fails leaves PyTorch's CUDA generator believing a capture is underway, so every later random
+    tensor on the GPU would fail ("Offset increment outside graph capture"): its state is put back as it was."""
+    from ..quiet import captured_output
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
+    torch.cuda.synchronize()
+    try:
+        with captured_output(), torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - the caller says what a failed capture means
+        if saved is not None:
+            generator.graphsafe_set_state(saved)
+        torch.cuda.synchronize()
+        return exc
+    return None
+
+
 def captured_kernels(fn) -> list | None:
     """Names of the kernels one call of ``fn`` launches, from a capture of it, or None where the call cannot be
     captured, the graph holds more than kernels and copies (``Unlisted``), or this torch cannot hand over the graph:
     the caller then asks the profiler. A kernel the call launches on a stream of its own runs at capture time and
     is not in the list: the speed test's stream check replays the capture on new inputs, which such work misses."""
-    from ..quiet import captured_output
     try:
         graph = torch.cuda.CUDAGraph(keep_graph=True)
     except TypeError:  # a torch before keep_graph
         return None
     if _driver() is None:
         return None
-    torch.cuda.synchronize()
-    try:
-        # the capture may warn on stderr (an empty graph), which would cost the test cell its points
-        with captured_output(), torch.cuda.graph(graph):
-            fn()
-    except Exception:  # noqa: BLE001 - not capturable: the profiler runs it instead (and the stream check says why)
-        torch.cuda.synchronize()
-        return None
+    if capture(graph, fn) is not None:
+        return None  # not capturable: the profiler runs it instead (and the stream check says why)
     try:
         return graph_kernels(graph.raw_cuda_graph())
     except (RuntimeError, Unlisted):

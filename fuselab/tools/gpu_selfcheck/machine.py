@@ -40,7 +40,7 @@ def env_rows(name, res):
 
 def stage_tests(out):
     files = ["tests/test_prototypes.py", "tests/test_build.py", "tests/test_check.py", "tests/test_timing.py",
-             "tests/test_emulation.py", "tests/test_grader_gpu.py"]
+             "tests/test_emulation.py", "tests/test_grader_gpu.py", "tests/test_graph_kernels.py"]
     try:
         import nbclient  # noqa: F401 - the notebook tests need it (carried in the wheelhouse)
         files += ["tests/test_stderr_silence.py"]
