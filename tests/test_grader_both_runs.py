@@ -160,3 +160,17 @@ def test_the_cells_a_person_grades_come_from_the_instructors_notebook():
                             dict(cell("written", grade=True), cell_type="markdown"),
                             {"cell_type": "markdown", "metadata": {}, "source": "text"}]}
     assert pipeline.hand_graded(instructor) == ["answer", "task", "written"]
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_the_notebook_run_is_asked_for_on_the_command_line(tmp_path, monkeypatch, flag):
+    from fuselab.grading import cli
+    seen = []
+
+    def grade(submissions, settings):
+        seen.append(settings)
+        raise pipeline.GradingRefused("stop here")
+    monkeypatch.setattr(pipeline, "grade", grade)
+    argv = ["grade", str(tmp_path), "--out", str(tmp_path / "out")] + (["--notebook-run"] if flag else [])
+    assert cli.main(argv) == 3
+    assert seen[0].notebook_run is flag

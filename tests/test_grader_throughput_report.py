@@ -115,6 +115,20 @@ def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time
     assert schedule.describe(["0", "1", "0", "1"]) == "2 sharing each of GPUs 0, 1"
 
 
+def test_without_nbgrader_runs_the_throughput_table_says_so(tmp_path):
+    from fuselab.grading import report
+    from fuselab.grading.pipeline import ClassResult
+    results = [{"student": s, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": seconds,
+                "cells": {}, "flags": [], "disagreements": [], "clean_seconds": seconds, "nbgrader_seconds": None,
+                "clean_timeline": {"process start": 1.0, "test_fused": 0.5}} for s, seconds in (("ann", 20.0),
+                                                                                               ("bob", 30.0))]
+    text = report.markdown(ClassResult(out=tmp_path, results=results, problems=[],
+                                       phase_seconds={"submissions": 25.0}, graded_now=2, workers=["0", "0"]))
+    section = text[text.index("## Throughput"):]
+    assert "its clean recheck (no nbgrader run of the notebook: `--notebook-run`)" in section
+    assert "| lab0 | 25.0 s | process start 1.0 s, test_fused 0.5 s | - | - |" in section
+
+
 def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
     from fuselab.grading import report
     from fuselab.grading.pipeline import ClassResult

@@ -10,10 +10,11 @@ anything else would count as full marks). The test:
    course measures the speed when it grades: a 0 there would make Validate tell every student without a GPU
    that they "WILL NOT receive full credit";
 3. checks that one call launches exactly the expected number of kernels, all of them the student's own (a library
-   GEMM/conv or a PyTorch op inside the fused op is caught here): the kernels of a CUDA graph capture of the call,
-   or the profiler's list where the call cannot be captured;
+   GEMM/conv or a PyTorch op inside the fused op is caught here): the kernels of a CUDA graph capture of the call
+   (after one real call), or the profiler's list where the capture cannot vouch for them;
 4. checks the result at the timed shape (poison, guard bands, unchanged inputs), and that all its work runs on
-   the stream it is given (one call captured in a CUDA graph and replayed must write the output);
+   the stream it is given (one call captured in a CUDA graph, its inputs given new contents, and replayed must
+   write the output of those);
 5. times the student's op against the lab's fixed unfused reference, interleaved, with rotating input sets
    (while the grader shares the GPU: with the GPU to itself for the timing alone, and steps 3-6 in one of the few
    speed test slots the GPU's memory allows at once);
@@ -37,7 +38,8 @@ from .. import timing
 from ..check import assert_close, check
 from ..quiet import captured_output
 from ..runmode import graded_by_the_course, validating
-from .graph_kernels import capture, captured_kernels
+from ..timing.capture import capture
+from .graph_kernels import captured_kernels
 from .lease import asks_a_checker, exclusive_gpu, speed_test_slot
 from .policy import policy_entry
 
@@ -160,6 +162,10 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         # 3. exactly the expected kernels, all the student's own
         phase("kernel list")
         own = own_kernel_names(module.source)
+        # one real call first: a launcher that sets itself up on first use (a workspace for this size) must not
+        # meet its setup inside the capture
+        candidate(*sets[0], outs["student"][0])
+        torch.cuda.synchronize()
         kernels = launched_kernels(lambda: candidate(*sets[0], outs["student"][0]),
                                    accept=lambda ks: len(ks) == expected_kernels and not _foreign(ks, own))
         foreign = _foreign(kernels, own)
@@ -274,7 +280,7 @@ def _escapes_stream(candidate, inputs, out, reference, fresh):
     contents of ``fresh`` (in place), and the replay must compute the output of those. Work launched on a stream
     of its own runs at capture time, on the old contents, and is not in the graph (nor in its kernel list)."""
     graph = torch.cuda.CUDAGraph()
-    exc = capture(graph, lambda: candidate(*inputs, out))
+    exc = capture(graph, lambda: candidate(*inputs, out), quiet=True)
     if exc is not None:  # any failure to capture is the verdict
         return (f"the fused op could not be captured in a CUDA graph ({type(exc).__name__}: {str(exc)[:200]}); "
                 "launch only on the stream you are given")

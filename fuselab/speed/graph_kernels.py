@@ -3,9 +3,11 @@ ctypes).
 
 The graded speed test must know that one call of the student's op launches exactly the lab's number of kernels,
 all the student's own. The profiler can tell, but its first use in a process starts CUPTI: 4-12 s on an H200
-that ten submissions share (docs/RESULTS.md). A capture launches nothing: the call's kernels become the nodes of
-a graph, whose functions the driver names. A call that cannot be captured (it synchronizes, allocates, or works
-on a stream of its own) returns None here, and the caller asks the profiler instead.
+that ten submissions share (docs/RESULTS.md). In a capture the call's kernels on its stream become the nodes of
+a graph, whose functions the driver names. A call that cannot be captured (it synchronizes or allocates), or
+whose graph holds more than kernels and copies, returns None here, and the caller asks the profiler instead. A
+kernel launched on a stream of its own runs at capture time and is not in the graph: the speed test's stream
+check replays the capture on new inputs, which that work misses.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import ctypes
 import functools
 
 import torch
+
+from ..timing.capture import capture
 
 _KERNEL, _MEMCPY, _MEMSET, _CHILD_GRAPH, _EMPTY = 0, 1, 2, 4, 5
 _MEMORY_NODES = (10, 11)         # a graph's memory allocation and free
@@ -121,27 +125,6 @@ def graph_kernels(graph_handle: int, depth: int = 0) -> list:
     return kernels
 
 
-def capture(graph, fn) -> Exception | None:
-    """Capture one call of ``fn`` into ``graph`` (its stderr kept off the test cell: an empty graph warns there);
-    the exception that stopped the capture, or None.
-
-    A capture that fails leaves PyTorch's CUDA generator believing a capture is underway, so every later random
-    tensor on the GPU would fail ("Offset increment outside graph capture"): its state is put back as it was."""
-    from ..quiet import captured_output
-    generator = torch.cuda.default_generators[torch.cuda.current_device()]
-    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
-    torch.cuda.synchronize()
-    try:
-        with captured_output(), torch.cuda.graph(graph):
-            fn()
-    except Exception as exc:  # noqa: BLE001 - the caller says what a failed capture means
-        if saved is not None:
-            generator.graphsafe_set_state(saved)
-        torch.cuda.synchronize()
-        return exc
-    return None
-
-
 def captured_kernels(fn) -> list | None:
     """Names of the kernels one call of ``fn`` launches, from a capture of it, or None where the call cannot be
     captured, the graph holds more than kernels and copies (``Unlisted``), or this torch cannot hand over the graph:
@@ -153,7 +136,7 @@ def captured_kernels(fn) -> list | None:
         return None
     if _driver() is None:
         return None
-    if capture(graph, fn) is not None:
+    if capture(graph, fn, quiet=True) is not None:
         return None  # not capturable: the profiler runs it instead (and the stream check says why)
     try:
         return graph_kernels(graph.raw_cuda_graph())

@@ -15,6 +15,7 @@ import torch
 from ..errors import FuselabError
 from . import gpu
 from .l2 import L2Flush
+from .capture import capture
 from .modes import Mode, parse_mode
 
 
@@ -184,8 +185,9 @@ def capture_graph(fn, device=None, warmup_calls=3):
                     fn()
             current.wait_stream(side)
             torch.cuda.synchronize(device)
-            with torch.cuda.graph(graph):
-                fn()
+            failed = capture(graph, fn)  # a failed capture leaves random tensors working
+            if failed is not None:
+                raise failed
             torch.cuda.synchronize(device)
     except Exception as error:
         raise GraphCaptureError(
