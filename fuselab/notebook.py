@@ -64,6 +64,13 @@ def is_graded(cell) -> bool:
     return bool(nbgrader(cell).get("grade"))
 
 
+def is_hand_graded(cell) -> bool:
+    """Whether a person scores the cell in formgrader, by nbgrader's own rule: a task, or a graded cell that is not
+    an autograder test (a graded solution cell, or graded markdown)."""
+    test = is_graded(cell) and not is_solution(cell) and cell.get("cell_type") == "code"
+    return bool(nbgrader(cell).get("task")) or (is_graded(cell) and not test)
+
+
 DEMO_TAG = "demo"  # a cell that only shows something (a figure, a table, a timing): the clean recheck leaves it out
 
 

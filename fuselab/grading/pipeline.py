@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import course
+from .. import notebook as ipynb
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
 from . import feedback, intake, isolate, nbgrader_run, recheck, report, schedule
@@ -321,13 +322,8 @@ def combine_runs(run: SubmissionRun) -> None:
 def hand_graded(instructor: dict) -> list:
     """The grade ids a person scores in formgrader, by nbgrader's own rule: tasks, and graded cells that are not
     autograder tests (a graded solution cell, or a graded markdown cell)."""
-    ids = []
-    for cell in instructor.get("cells", []):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        test = meta.get("grade") and not meta.get("solution") and cell.get("cell_type") == "code"
-        if meta.get("grade_id") and (meta.get("task") or (meta.get("grade") and not test)):
-            ids.append(meta["grade_id"])
-    return ids
+    return [ipynb.grade_id(cell) for cell in instructor.get("cells", [])
+            if ipynb.grade_id(cell) and ipynb.is_hand_graded(cell)]
 
 
 def scrub_messages(run: SubmissionRun) -> None:

@@ -182,7 +182,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
               verbose=verbose)
 
         # 4b. all of its work on the stream it is given: a side-stream launch escapes both the timing's events and
-        # a CUDA graph's capture, so a replayed capture leaves the output unwritten
+        # a CUDA graph's capture, so a capture replayed on new inputs leaves the output unwritten or stale
         phase("stream check")
         escaped = _escapes_stream(candidate, sets[0], outs["student"][0], reference, make_inputs(shape, seed=3000))
         if escaped:
@@ -212,10 +212,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
         phase("refreshed check")
         for k, inputs in enumerate(sets):
-            fresh = make_inputs(shape, seed=2000 + k)
-            for old, new in zip(inputs, fresh):
-                if torch.is_tensor(old):
-                    old.copy_(new)
+            _refill(inputs, make_inputs(shape, seed=2000 + k))
             candidate(*inputs, outs["student"][k])
             assert_close(outs["student"][k], reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
 
@@ -238,6 +235,13 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         finally:
             phase(None)
             _let_go_of_timed_sets()
+
+
+def _refill(inputs, fresh) -> None:
+    """Give the tensors of ``inputs`` the contents of ``fresh`` in place (same addresses, new values)."""
+    for old, new in zip(inputs, fresh):
+        if torch.is_tensor(old):
+            old.copy_(new)
 
 
 def _foreign(kernels, own) -> list:
@@ -285,9 +289,7 @@ def _escapes_stream(candidate, inputs, out, reference, fresh):
         return (f"the fused op could not be captured in a CUDA graph ({type(exc).__name__}: {str(exc)[:200]}); "
                 "launch only on the stream you are given")
     torch.cuda.synchronize()
-    for old, new in zip(inputs, fresh):
-        if torch.is_tensor(old):
-            old.copy_(new)
+    _refill(inputs, fresh)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
