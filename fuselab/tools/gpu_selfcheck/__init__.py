@@ -13,6 +13,7 @@ rewritten after every stage; a short table is printed last.
 - ``machine``: the machine and the package: ``env``, ``tests``, ``build``, ``timing``, ``emulation``.
 - ``notebooks``: the solution notebooks run whole: ``grade`` (nbgrader autograde), ``notebooks`` (with demos).
 - ``grading_runs``: the grader on a class: ``samples``, ``throughput``, ``multigpu``.
+- ``counters``: Lab 0 through the hardware counters (Nsight Compute): ``counters``.
 - ``command``: the command line (``python -m fuselab.tools.gpu_selfcheck``).
 
 Environment: ``FUSELAB_NOTEBOOKS=lab3`` and ``FUSELAB_SAMPLES=correct,cheat_cache`` narrow those stages;

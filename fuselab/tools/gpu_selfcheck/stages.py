@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from . import grading_runs, machine, notebooks
+from . import counters, grading_runs, machine, notebooks
 
 # what a stage needs of the machine, as ``--list`` shows it (a stage missing one fails or skips, saying why)
 GPU = "a GPU"
@@ -79,6 +79,9 @@ def _stages() -> list:
         Stage("emulation", machine.stage_emulation, needs=(GPU,),
               checks="the emulated and the real builds of the test kernels agree"),
         *lab_stages(),
+        Stage("counters", counters.stage_counters, needs=(GPU,),
+              checks="Lab 0's unfused chain and fused kernel through the hardware counters (Nsight Compute): DRAM "
+                     "bytes, L2 and L1 hit rates, inside and beyond L2"),
         Stage("grade", notebooks.stage_grade, needs=(GPU, NBGRADER), rows=notebooks.grade_rows,
               before=notebooks.calibrate_for_grading,
               checks="nbgrader autograde with the thresholds the lab stages measured: solutions full marks, blank "
