@@ -15,8 +15,9 @@ def _csv(kernels):
     return "==PROF== Connected to process\n" + "\n".join(lines) + "\n"
 
 
-def _kernel(read, write, hit=50.0, ns=1000):
-    return {"dram_read_bytes": read, "dram_write_bytes": write, "l2_read_hit_pct": hit, "l2_write_hit_pct": 100.0,
+def _kernel(read, write, hit=50.0, ns=1000, sectors=1000):
+    return {"dram_read_bytes": read, "dram_write_bytes": write, "l2_read_sectors": sectors,
+            "l2_read_hit_sectors": int(sectors * hit / 100), "l2_read_hit_pct": hit, "l2_write_hit_pct": 100.0,
             "l2_hit_pct": hit, "l1_hit_pct": 0.0, "duration_ns": ns}
 
 
@@ -30,16 +31,19 @@ def test_parse_keeps_the_labs_kernels_in_order_and_drops_the_flush():
     assert kernels[0]["dram_read_bytes"] == 8000 and kernels[1]["l2_read_hit_pct"] == 90.0
 
 
-def test_summary_sums_the_chain_and_weights_hit_rates_by_traffic():
+def test_summary_sums_the_chain_and_pools_its_sectors_for_the_hit_rate():
     n = 1000
-    chain = [("add_kernel", _kernel(8 * n, 4 * n, hit=0.0)), ("relu_kernel", _kernel(0, 4 * n, hit=100.0)),
-             ("mul_kernel", _kernel(4 * n, 4 * n, hit=50.0)), ("add_relu_mul_kernel", _kernel(12 * n, 4 * n, hit=0.0))]
+    chain = [("add_kernel", _kernel(8 * n, 4 * n, hit=0.0, sectors=2000)),
+             ("relu_kernel", _kernel(0, 4 * n, hit=100.0, sectors=1000)),
+             ("mul_kernel", _kernel(4 * n, 4 * n, hit=50.0, sectors=2000)),
+             ("add_relu_mul_kernel", _kernel(12 * n, 4 * n, hit=0.0, sectors=3000))]
     rows = counters.summarize(counters.parse(_csv(chain)), sizes=[n])
     row = rows[0]
     assert row["unfused"]["dram_bytes"] == 24 * n and row["fused"]["dram_bytes"] == 16 * n
     assert row["dram_ratio"] == pytest.approx(1.5)
-    # relu read nothing from DRAM, so its 100 % weighs nothing; add (8n) at 0 % and mul (4n) at 50 %
-    assert row["unfused"]["l2_read_hit_pct"] == pytest.approx(50.0 * 4 / 12)
+    # hits 0 + 1000 + 1000 of 5000 sectors read: 40 %, not the mean of the three rates (50 %)
+    assert row["unfused"]["l2_read_hit_pct"] == pytest.approx(40.0)
+    assert row["fused"]["l2_read_hit_pct"] == 0.0
     assert row["computed_bytes"] == {"unfused": 32 * n, "fused": 16 * n}
 
 

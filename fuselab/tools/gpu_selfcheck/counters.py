@@ -2,8 +2,8 @@
 
 Timings say *that* fusion pays; the counters say where the bytes went. Nsight Compute (``ncu``) profiles a child
 Python that runs the lab's fixed unfused reference (add, relu, mul) and the plain fused kernel at sizes inside and
-far beyond the L2 cache, each after an L2 flush, and reads per kernel: DRAM bytes read and written, the L2 hit rate
-of reads and of writes, the L1 hit rate and the kernel's duration. ``--replay-mode application`` reruns the whole
+far beyond the L2 cache, each after an L2 flush, and reads per kernel: DRAM bytes read and written, the L2 read sectors and
+hits, the hit rates of reads and of writes, the L1 hit rate and the kernel's duration. ``--replay-mode application`` reruns the whole
 child once per pass, so that every pass sees the caches as the pipeline left them (kernel replay would show the
 second pass a cache the first pass warmed), and ``--cache-control none`` keeps ncu from flushing between kernels:
 an intermediate that stays in L2 from ``add`` to ``relu`` is seen as it is.
@@ -26,6 +26,8 @@ SIZES = [2**20, 2**23, 2**26]  # 4 MB, 32 MB and 256 MB per tensor; the H200's L
 METRICS = {
     "dram_read_bytes": "dram__bytes_read.sum",
     "dram_write_bytes": "dram__bytes_write.sum",
+    "l2_read_sectors": "lts__t_sectors_op_read.sum",
+    "l2_read_hit_sectors": "lts__t_sectors_op_read_lookup_hit.sum",
     "l2_read_hit_pct": "lts__t_sector_op_read_hit_rate.pct",
     "l2_write_hit_pct": "lts__t_sector_op_write_hit_rate.pct",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
@@ -55,12 +57,15 @@ def target() -> None:
     sources = string_assignments(REPO / "solutions" / lab0.NOTEBOOK)
     reference = lab0.unfused(build(lab0.REFERENCE_UNFUSED_SOURCE, lab0.UNFUSED_LAUNCHERS, name="lab0_reference"))
     fused = lab0.fused(build(sources["FUSED_SOURCE"], [lab0.FUSED], name="fused"))
-    flush = torch.empty(4 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    # the flush reads a buffer written once, before anything is measured: a flush that writes would leave dirty
+    # lines in L2 whose write-back the next kernel's DRAM counters would count as its own
+    flush = torch.ones(4 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
     for n in SIZES:
         a, b, e = lab0.make_inputs((n,), seed=1, device="cuda")
         out = torch.empty_like(a)
         for op in (reference, fused):
-            flush.zero_()
+            flush.sum()
+            torch.cuda.synchronize()
             op(a, b, e, out)
         torch.cuda.synchronize()
         del a, b, e, out
@@ -104,9 +109,9 @@ def summarize(kernels: list, sizes=SIZES) -> list:
         rows.append({
             "n": n, "tensor_bytes": 4 * n,
             "unfused": {"kernels": chain, "dram_bytes": unfused_dram,
-                        "l2_read_hit_pct": _weighted(chain, "l2_read_hit_pct", "dram_read_bytes"),
+                        "l2_read_hit_pct": _hit_rate(chain),
                         "duration_ns": sum(k["duration_ns"] for k in chain)},
-            "fused": {"kernels": [fused], "dram_bytes": dram(fused), "l2_read_hit_pct": fused["l2_read_hit_pct"],
+            "fused": {"kernels": [fused], "dram_bytes": dram(fused), "l2_read_hit_pct": _hit_rate([fused]),
                       "duration_ns": fused["duration_ns"]},
             "computed_bytes": {"unfused": 8 * 4 * n, "fused": 4 * 4 * n},
             "dram_ratio": unfused_dram / dram(fused) if dram(fused) else None,
@@ -114,13 +119,11 @@ def summarize(kernels: list, sizes=SIZES) -> list:
     return rows
 
 
-def _weighted(kernels, key, weight):
-    """A hit rate over several kernels, each weighted by its traffic (an equal mean would let a tiny kernel count
-    as much as a large one); by a plain mean where no kernel moved DRAM bytes."""
-    weights = [max(k[weight] or 0.0, 0.0) for k in kernels]
-    if sum(weights) == 0:
-        return sum(k[key] for k in kernels) / len(kernels)
-    return sum(k[key] * w for k, w in zip(kernels, weights)) / sum(weights)
+def _hit_rate(kernels) -> float:
+    """The L2 read hit rate of several kernels together: their hit sectors over their read sectors (a mean of
+    per-kernel rates would let a small kernel count as much as a large one)."""
+    sectors = sum(k["l2_read_sectors"] for k in kernels)
+    return 100.0 * sum(k["l2_read_hit_sectors"] for k in kernels) / sectors if sectors else 0.0
 
 
 def stage_counters(out):
