@@ -93,6 +93,39 @@ def plot_sweep(sizes, series: dict, ylabel, ax=None, l2_bytes=None, bytes_per_si
     return ax
 
 
+def plot_counters(saved, axes=None):
+    """Lab 0's hardware counters (``saved``: ``lab0_counters.json``): left, DRAM bytes of the unfused chain and of the fused
+    kernel beside the bytes counted by hand, per size; right, the L2 hit rate of each one's reads (all
+    its kernels' sectors together). ``axes``: two Axes (made if not given)."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(12, 3.5))
+    rows = saved["rows"]
+    labels = [f"{row['tensor_bytes'] / 2**20:,.0f} MiB" for row in rows]
+    x = range(len(rows))
+    width = 0.2
+    left, right = axes
+    for k, (name, values, color) in enumerate((
+            ("unfused, measured", [r["unfused"]["dram_bytes"] for r in rows], "#d62728"),
+            ("unfused, counted", [r["computed_bytes"]["unfused"] for r in rows], "#f4a6a6"),
+            ("fused, measured", [r["fused"]["dram_bytes"] for r in rows], "#2ca02c"),
+            ("fused, counted", [r["computed_bytes"]["fused"] for r in rows], "#a6dba6"))):
+        left.bar([i + (k - 1.5) * width for i in x], [v / 1e6 for v in values], width, label=name, color=color)
+    left.set_yscale("log")
+    left.set_xticks(list(x), labels)
+    left.set_xlabel(f"size of one tensor (L2: {saved['l2_bytes'] / 2**20:.0f} MiB, {saved['gpu']})")
+    left.set_ylabel("DRAM bytes (MB)")
+    left.legend(fontsize=8)
+    for k, side in enumerate(("unfused", "fused")):
+        rates = [r[side]["l2_read_hit_pct"] for r in rows]
+        bars = right.bar([i + (k - 0.5) * 0.35 for i in x], rates, 0.35, label=side, color=["#d62728", "#2ca02c"][k])
+        for bar, rate in zip(bars, rates):
+            right.text(bar.get_x() + bar.get_width() / 2, rate, f"{rate:.1f}%", ha="center", va="bottom", fontsize=8)
+    right.set_xticks(list(x), labels)
+    right.set_ylabel("L2 hit rate of reads (%)")
+    right.legend(fontsize=8)
+    return axes
+
+
 def plot_roofline(peak_flops, peak_bytes_per_s, points: dict, ax=None):
     """A roofline: attainable FLOP/s against arithmetic intensity, with measured points (name → (AI, FLOP/s))."""
     import numpy as np

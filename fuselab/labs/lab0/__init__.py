@@ -110,6 +110,7 @@ TINY_LAUNCHERS = ["void many_launches(float* x, int k, cudaStream_t stream)",
 
 SWEEP_SIZES = [2**k for k in range(14, 29, 2)]  # 16K … 256M elements
 SWEEP_RESULTS = "lab0_sweep.json"
+COUNTER_RESULTS = "lab0_counters.json"  # the hardware counters of the GPU self-check's counters stage
 
 
 def sweep(unfused_op, fused_op, sizes=SWEEP_SIZES, budget_s=1.0, device="cuda", progress=None):

@@ -36,7 +36,6 @@ METRICS = {
 }
 UNFUSED_KERNELS = ("add_kernel", "relu_kernel", "mul_kernel")
 FUSED_KERNEL = "add_relu_mul_kernel"
-RESULTS = "lab0_counters.json"
 
 
 def find_ncu() -> str | None:
@@ -128,6 +127,7 @@ def _hit_rate(kernels) -> float:
 
 def stage_counters(out):
     import torch
+    from ...labs import lab0
     ncu = find_ncu()
     if ncu is None:
         return {"status": "skipped", "headline": "no ncu (Nsight Compute) on this machine"}
@@ -144,7 +144,7 @@ def stage_counters(out):
              "l2_bytes": torch.cuda.get_device_properties(0).L2_cache_size, "rows": rows,
              "note": "Nsight Compute, application replay, no cache control between kernels, L2 flushed before each "
                      "pipeline; the lab's unfused reference (add, relu, mul) and the plain fused kernel"}
-    (Path(out) / RESULTS).write_text(json.dumps(saved, indent=2))
+    (Path(out) / lab0.COUNTER_RESULTS).write_text(json.dumps(saved, indent=2))
     big = rows[-1]
     return {"status": "ok", "rows": rows,
             "headline": f"n={big['n']}: DRAM unfused/fused {big['dram_ratio']:.2f}x; L2 read hit unfused "
