@@ -189,6 +189,7 @@ def main(plan_path, events_path) -> int:
     namespace = {"__name__": "__main__", "display": _display}
     grade_log = os.environ.get("FUSELAB_GRADE_LOG")
     seen = _new_grade_records(grade_log, 0)[1]
+    unbound = {}  # name -> why it is missing: what an earlier cell that should have bound it failed with
     for cell in plan["cells"]:
         index = cell["index"]
         if index < plan.get("start", 0) and cell["graded"]:
@@ -205,6 +206,10 @@ def main(plan_path, events_path) -> int:
             except BaseException as exc:  # noqa: BLE001 - a cell's failure is its verdict
                 # a hidden test's failure says its type and where the student's code raised it, nothing more
                 error = failures.verdict_message(exc, cell, plan["cells"], MAX_TEXT)
+                error = failures.because(error, exc, unbound)[:MAX_TEXT]
+        if error and not cell["graded"]:
+            for name in failures.bound_names(cell):
+                unbound.setdefault(name, f"{failures.cell_label(cell)}, which defines it, failed with {error}")
         flag = None
         if host is not None and len(host.host_writes) > host_writes:
             # host code wrote kernel memory outside a kernel: the cell fails even if it caught the error

@@ -79,6 +79,39 @@ def hidden_message(exc: BaseException, plan_cells: list) -> str:
     return f"{name} in a hidden test{what}. {HIDDEN_NOTE}"
 
 
+def bound_names(cell: dict) -> set:
+    """The names a plan cell binds at its top level (a solution cell: the names the lab takes from it): a later
+    test that finds one of them missing failed because this cell did."""
+    if cell.get("solution"):
+        return set(cell.get("exports") or [])
+    import ast
+    try:
+        tree = ast.parse(cell.get("source", ""))
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [item.optional_vars for item in node.items if item.optional_vars] if isinstance(node, ast.With)
+                       else [node.target])
+            names |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def because(error: str, exc: BaseException, unbound: dict) -> str:
+    """``error``, followed by why the name it missed is missing, where an earlier cell that should have bound it
+    failed (a build error reaches each test that needed that build, as the compiler's own message)."""
+    name = getattr(exc, "name", None) if isinstance(exc, NameError) else None
+    if name not in unbound:
+        return error
+    return f"{error}: {unbound[name]}"
+
+
 def host_wrote(launcher: str) -> HostWroteKernelMemory:
     """The error of a launch whose host code wrote kernel memory outside a kernel, for a cell that caught it."""
     error = HostWroteKernelMemory(f"{launcher}: {HOST_WROTE_KERNEL_MEMORY} (the test caught the error; it fails "
