@@ -135,3 +135,31 @@ def test_a_speed_cell_finds_the_speed_test_after_import_fuselab():
             "print(fuselab.grade.speedup_test is fuselab.speed.speedup_test)")  # a lab downloaded before the move
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert loaded.stdout.split() == ["fuselab.speed.graded", "True"]
+
+
+def import_cycles() -> list:
+    """Cycles of imports among the package's modules (a package's ``__init__`` left out: it gathers its own
+    submodules, and a submodule taking a shared helper from it is no cycle of roles)."""
+    known = modules()
+    leaves = {m: p for m, p in known.items() if p.name != "__init__.py"}
+    graph = {m: sorted(t for t in imports(m, p) if t in leaves) for m, p in leaves.items()}
+    cycles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for target in graph[node]:
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return cycles
+
+
+def test_no_import_cycle():
+    cycles = import_cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

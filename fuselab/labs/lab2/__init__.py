@@ -20,17 +20,26 @@ from .kernels import (
     reference, unfused, VarianceSpread,
 )
 from .fold import (
-    FOLD_CASES, HIDDEN_FOLD_CASES, _BNS, _CONVS, _check_pair_refusals, _input_for, _snapshot, _unchanged,
-    check_fold_module, check_fold_weights, check_refusals, conv_bn_tensors, float64_fold, float64_fold_exact,
-    make_conv_bn, randomize_bn,
+    FOLD_CASES, HIDDEN_FOLD_CASES, check_fold_module, check_fold_weights, check_pair_refusals, conv_bn_tensors,
+    float64_fold, float64_fold_exact, make_conv_bn, randomize_bn,
 )
 from .networks import (
     BNAfterActivation, DepthwiseSeparable, HIDDEN_NETWORK_SEEDS, MobileNetLike, NETWORK_BATCHES, Network,
-    ResidualConvBN, SharedConvOutput, TIMED_MOBILENET, TINY_MOBILENET, _BLOCKS, _bn_calls, _finish,
-    check_fold_network, conv_bn_relu, hidden_networks, mobilenet, pair_across_containers, random_network,
+    ResidualConvBN, SharedConvOutput, TIMED_MOBILENET, TINY_MOBILENET, _bn_calls, check_fold_network,
+    check_network_refusal, conv_bn_relu, hidden_networks, mobilenet, pair_across_containers, random_network,
     tricky_network, visible_networks,
 )
 from .gpu_timing import measure_context, plot_context, time_network_both_ways, time_network_stream, time_networks
+
+
+def check_refusals(fold_conv_bn=None, fold_network=None):
+    """Folding must refuse a BN in training mode and a BN without running statistics, with a ValueError that
+    says why (``fold_conv_bn``, part A); so must the network pass on a model in training mode (``fold_network``,
+    part B)."""
+    if fold_conv_bn is not None:
+        check_pair_refusals(fold_conv_bn)
+    if fold_network is not None:
+        check_network_refusal(fold_network)
 
 
 # ------------------------------------------------------------------------------------------------ declaration

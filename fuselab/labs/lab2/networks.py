@@ -6,7 +6,7 @@ import random
 import torch
 import torch.nn as nn
 
-from .fold import _snapshot, _unchanged, randomize_bn
+from .fold import assert_unchanged, randomize_bn, snapshot
 
 # ------------------------------------------------------------------------------------------------ part B
 def conv_bn_relu(cin, cout, kernel=3, stride=1, groups=1, bias=False, eps=1e-3, affine=True):
@@ -257,7 +257,7 @@ def check_fold_network(fold_network, networks, seed=0):
     from ...check import assert_close
     for index, (model, expected_count, shape) in enumerate(networks):
         what = f"network {index} ({type(model).__name__}, {expected_count} foldable Conv→BN pairs)"
-        saved = _snapshot(model)
+        saved = snapshot(model)
         x = torch.randn(shape, generator=torch.Generator().manual_seed(seed + index))
         bn_before, work_before = _forward_operations(model, x)
         result = fold_network(model)
@@ -266,7 +266,7 @@ def check_fold_network(fold_network, networks, seed=0):
         folded, count = result
         if not isinstance(folded, nn.Module) or folded is model:
             raise AssertionError(f"{what}: return a new folded model, leaving the original as it was")
-        _unchanged(saved, model, what)
+        assert_unchanged(saved, model, what)
         if count != expected_count:
             raise AssertionError(f"{what}: folded {count} pair(s), expected {expected_count}. A BN is folded only "
                                  "when its input is a conv's output that nothing else uses")
@@ -288,7 +288,18 @@ def check_fold_network(fold_network, networks, seed=0):
             got = folded(x)
         assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4,
                      name=f"folded model output ({what})")
-        _unchanged(saved, model, what)
+        assert_unchanged(saved, model, what)
+
+
+def check_network_refusal(fold_network):
+    """The network pass must refuse a model in training mode with a ValueError (BN folding is valid only in eval
+    mode)."""
+    model = mobilenet(**TINY_MOBILENET).train()
+    try:
+        fold_network(model)
+    except ValueError:
+        return
+    raise AssertionError("fold_network folded a model in training mode instead of raising ValueError")
 
 
 HIDDEN_NETWORK_SEEDS = range(1, 9)
