@@ -17,7 +17,7 @@ from .conftest import REPO
 # the stages and their order before they were declared objects: the names on the command line and in
 # selfcheck.json stay these
 BEFORE_LABS = ["env", "build", "timing", "emulation"]
-AFTER_LABS = ["grade", "notebooks", "samples", "throughput", "multigpu", "tests"]
+AFTER_LABS = ["counters", "grade", "notebooks", "samples", "throughput", "multigpu", "tests"]
 
 
 def test_every_stage_is_declared_once():
@@ -37,8 +37,8 @@ def test_the_lab_stages_follow_the_registry(monkeypatch, tmp_path):
     for stage in lab_stages:
         declared = registry.lab(stage.name)
         assert stage.needs == (stages.GPU,) and declared.title in stage.checks
-        # a lab's stage is its selfcheck.py's run(out)
-        monkeypatch.setattr(declared.selfcheck_module(), "run", lambda out, lab=stage.name: {"ran": lab, "out": out})
+        # a lab's stage is its lab_checks module's run(out)
+        monkeypatch.setattr(stages.lab_check(declared.name), "run", lambda out, lab=stage.name: {"ran": lab, "out": out})
         assert stage.run(tmp_path) == {"ran": stage.name, "out": tmp_path}
 
 

@@ -94,7 +94,7 @@ def test_speed_samples_are_right_at_small_k_in_any_thread_order(sample, order):
 
 def test_disguised_sample_defines_a_second_kernel_and_launches_it_from_the_fused_launcher():
     """The speed test's profiler sees two kernels, both the student's own: its kernel count, not a blocklist,
-    gives the 0 (on a GPU; fuselab/labs/lab3/selfcheck.py runs it there)."""
+    gives the 0 (on a GPU; fuselab/tools/gpu_selfcheck/lab_checks/lab3.py runs it there)."""
     from fuselab import speed
     source = string_assignments(make_submission("lab3", lab3_samples.SAMPLES["unfused_in_disguise"]))["TEMPLATE_SOURCE"]
     assert speed.own_kernel_names(source) == {"gemm_bias_act_kernel", "relu_in_place"}

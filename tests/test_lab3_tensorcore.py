@@ -111,7 +111,7 @@ def test_gpu_source_compiles_for_the_default_architecture():
 
 def test_saved_small_k_results_leave_the_tensor_core_kernel_out():
     # the notebook prints every saved small-K row to students without a GPU; the kernel is not in the lab yet
-    from fuselab.labs.lab3.selfcheck import _without_tensor_cores
+    from fuselab.tools.gpu_selfcheck.lab_checks.lab3 import _without_tensor_cores
     label = lab3_tensorcore.variant_label(lab3_tensorcore.DEFAULT)
     small_k = {"rows": [{"name": "tuned fused"}], "tensor_core_rows": [{"name": label}], "table": "tuned fused",
                "tensor_core_table": label, "summary": {"float16": {"goals": {}, "tensor_cores": {"kernel": label}}}}

@@ -29,13 +29,10 @@ FLOORS = {
     "fuselab.grading": 5,
     "fuselab.tools": 6, "fuselab.cli": 6,
 }
-SELF_CHECKS = ".selfcheck"  # a lab's self-check stage (fuselab/labs/labN/selfcheck.py) is one of the tools
 NAMES = ["foundation", "student runtime", "labs", "speed grading", "course operations", "grading", "tools"]
 
 
 def floor(module: str) -> int:
-    if module.startswith("fuselab.labs.") and module.endswith(SELF_CHECKS):
-        return FLOORS["fuselab.tools"]
     parts = module.split(".")
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in FLOORS:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from fuselab import course, speed
-from fuselab.labs import lab_modules, registry, selfcheck_modules
+from fuselab.labs import lab_modules, registry
+from fuselab.tools.gpu_selfcheck.stages import lab_check
 from fuselab.notebook_sources import string_assignments
 from fuselab.course.sample_class import EXAMPLES, all_samples
 
@@ -43,7 +44,7 @@ def test_every_lab_of_solutions_is_registered_and_every_registered_lab_exists():
                                   "registered there (docs/LAB_AUTHORING.md)")
     packages = sorted(p.name for p in (ROOT / "fuselab" / "labs").iterdir() if (p / "__init__.py").is_file())
     assert packages == LABS, "every package under fuselab/labs/ is a registered lab"
-    assert course.lab_names() == LABS and list(lab_modules()) == LABS and list(selfcheck_modules()) == LABS
+    assert course.lab_names() == LABS and list(lab_modules()) == LABS
     assert sorted({lab for _, lab in all_samples()}) == LABS, "every lab has sample submissions"
 
 
@@ -56,7 +57,7 @@ def test_the_declaration_names_its_files(lab):
     assert (course.SOLUTIONS / declared.notebook).is_file() and (course.LABS / declared.notebook).is_file()
     assert [p.name for p in (course.SOLUTIONS / lab).glob("*.ipynb")] == [f"{lab}.ipynb"], "one notebook per lab"
     assert declared.launchers is module.SOLUTION_SOURCES and declared.reference_sources is module.REFERENCE_SOURCES
-    assert callable(declared.selfcheck_module().run)
+    assert callable(lab_check(declared.name).run)
     assert declared.samples_module().SAMPLES, f"{lab} has no sample submissions"
 
 

@@ -2,8 +2,9 @@
 
 Each lab ``labN`` is a package ``fuselab/labs/labN/``: its ``__init__.py`` holds what the notebook imports
 (launcher prototypes, the lab's fixed unfused reference kernels, input makers, float64 references, the small and
-GPU shape sets, ``NOTEBOOK`` and ``SOLUTION_SOURCES``) and declares the lab as ``LAB = Lab(...)``; ``selfcheck.py``'s
-``run(out)`` is the lab's stage of the GPU self-check and ``samples.py``'s ``SAMPLES`` its sample submissions.
+GPU shape sets, ``NOTEBOOK`` and ``SOLUTION_SOURCES``) and declares the lab as ``LAB = Lab(...)``; ``samples.py``'s ``SAMPLES``
+are its sample submissions. The lab's stage of the GPU self-check is a tool, not part of the lab:
+``fuselab/tools/gpu_selfcheck/lab_checks/labN.py``.
 ``registry.py`` lists the labs: everything that goes over all labs asks it. docs/LAB_AUTHORING.md describes a lab.
 """
 
@@ -13,11 +14,6 @@ from .registry import all_labs
 def lab_modules() -> dict:
     """``{"lab0": module, ...}`` for every registered lab."""
     return {name: declared.module() for name, declared in all_labs().items()}
-
-
-def selfcheck_modules() -> dict:
-    """``{"lab0": module, ...}``: every registered lab's GPU self-check stage (``run(out)``)."""
-    return {name: declared.selfcheck_module() for name, declared in all_labs().items()}
 
 
 def randn_where_used(shape, gen, seed, device):

@@ -3,9 +3,9 @@
 Every lab is a package ``fuselab/labs/labN/`` whose ``__init__.py`` holds what its notebook imports (launcher
 prototypes, the fixed unfused reference kernels, input makers, float64 references, shapes) and ends in a
 declaration ``LAB = Lab(...)``: its notebook, the launchers each CUDA source of the notebook must define, its
-reference kernels, its graded cells and its graded speedup tests (``GradedTest``). Beside it, ``selfcheck.py``
-(``run(out) -> dict``, the lab's stage of the GPU self-check) and ``samples.py`` (``SAMPLES``, its sample
-submissions, each a ``Sample``).
+reference kernels, its graded cells and its graded speedup tests (``GradedTest``). Beside it, ``samples.py``
+(``SAMPLES``, its sample submissions, each a ``Sample``). Its stage of the GPU self-check is a tool, one floor up:
+``fuselab/tools/gpu_selfcheck/lab_checks/labN.py``.
 
 ``LAB_NAMES`` is the registry: what the course releases (``course.lab_names``), what the GPU self-check runs
 (its lab stages), what the sample class holds (``course.sample_class.all_samples``) and what the kernel tests
@@ -65,7 +65,7 @@ class Lab:
     graded_cells: grade_id → points of every autograded (code) cell, the speed tests' included.
     written_answers: grade_id → points of the written answers (markdown cells, graded by hand).
     graded_tests: its graded speedup tests.
-    selfcheck, samples: the modules of the package holding ``run(out)`` and ``SAMPLES``.
+    samples: the module of the package holding ``SAMPLES``.
     """
 
     name: str
@@ -77,14 +77,10 @@ class Lab:
     graded_cells: dict = field(default_factory=dict)
     written_answers: dict = field(default_factory=dict)
     graded_tests: tuple = ()
-    selfcheck: str = "selfcheck"
     samples: str = "samples"
 
     def module(self):
         return importlib.import_module(self.package)
-
-    def selfcheck_module(self):
-        return importlib.import_module(f"{self.package}.{self.selfcheck}")
 
     def samples_module(self):
         return importlib.import_module(f"{self.package}.{self.samples}")

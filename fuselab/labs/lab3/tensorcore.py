@@ -2,7 +2,7 @@
 
 Not part of the graded path. The tuned kernel of the notebook's optional Part D takes it for fp16 at small K
 (``tuned_path_source``, included ahead of the notebook's ``TUNED_SOURCE`` by ``lab3.tuned_source``); the GPU
-self-check's lab3 stage (``fuselab/labs/lab3/selfcheck.py``) also checks its block layouts against the float64
+self-check's lab3 stage (``fuselab/tools/gpu_selfcheck/lab_checks/lab3.py``) also checks its block layouts against the float64
 reference at awkward shapes and times them side by side with the tuned kernel and the libraries.
 
 Why the tensor cores: at 16384 × 4096 × 16 in fp16 the tuned kernel's CUDA-core small-K path takes its fp32

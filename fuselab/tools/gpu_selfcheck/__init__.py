@@ -6,7 +6,7 @@
 
 Each stage is declared once, as a ``Stage`` in ``stages.STAGES`` (its name, what it needs, what it checks, the
 function that runs it); the labs' stages come from the lab registry (``fuselab/labs/registry.py``), one per lab,
-run by the lab's ``selfcheck.py``. Full results go to ``$OUT`` (or ``--out``) as JSON, ``selfcheck.json``,
+run by its module in ``lab_checks/``. Full results go to ``$OUT`` (or ``--out``) as JSON, ``selfcheck.json``,
 rewritten after every stage; a short table is printed last.
 
 - ``stages``: the declaration ``Stage`` and the one list of stages.

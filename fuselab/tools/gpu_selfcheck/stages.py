@@ -3,11 +3,12 @@
 A stage is a name (what ``--stages`` and ``selfcheck.json`` call it), what it needs of the machine, one line on
 what it checks, the function that runs it (``run(out) -> dict``, a JSON-able result) and how its rows of the
 closing table read. The labs' stages are not written here: one per lab of the registry
-(``fuselab/labs/registry.py``), run by the lab's ``selfcheck.py``.
+(``fuselab/labs/registry.py``), run by its module in ``lab_checks/``.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -53,13 +54,17 @@ class Stage:
         return self.rows(self.name, result)
 
 
+def lab_check(name: str):
+    """The lab's stage module, ``lab_checks/<name>.py`` (``run(out) -> dict``)."""
+    return importlib.import_module(f"{__package__}.lab_checks.{name}")
+
+
 def _run_lab(name: str, out):
-    from ...labs.registry import lab
-    return lab(name).selfcheck_module().run(out)
+    return lab_check(name).run(out)
 
 
 def lab_stages() -> list:
-    """One stage per registered lab, named after it, run by its ``selfcheck.py`` (``run(out)``)."""
+    """One stage per registered lab, named after it, run by ``lab_checks/<lab>.py`` (``run(out)``)."""
     from ...labs.registry import all_labs
     return [Stage(name, partial(_run_lab, name), needs=(GPU,),
                   checks=f"{declared.title}: the solution's kernels built, checked on the GPU shapes and timed "

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from ... import build, check, ceilings, compare, speed
-from ...course import REPO
-from ...notebook_sources import string_assignments
-from ...timing import full_points_threshold
-from ...timing.policy import MIN_GRADABLE_SPEEDUP
-from .. import lab0
+from .... import build, check, ceilings, compare, speed
+from ....course import REPO
+from ....notebook_sources import string_assignments
+from ....timing import full_points_threshold
+from ....timing.policy import MIN_GRADABLE_SPEEDUP
+from ....labs import lab0
 
 NOTEBOOK = REPO / "solutions" / lab0.NOTEBOOK
 

@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ... import CheckFailed, build, check, ceilings, compare, speed
-from ...course import REPO
-from ...notebook_sources import string_assignments
-from ...timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
-from .. import lab3
-from . import tensorcore as lab3_tensorcore
+from .... import CheckFailed, build, check, ceilings, compare, speed
+from ....course import REPO
+from ....notebook_sources import string_assignments
+from ....timing.policy import MIN_GRADABLE_SPEEDUP, full_points_threshold
+from ....labs import lab3
+from ....labs.lab3 import tensorcore as lab3_tensorcore
 
 NOTEBOOK = REPO / "solutions" / lab3.NOTEBOOK
 MODES = ("device", "graph", "latency")
@@ -489,8 +489,8 @@ def _speed_points(op, module, reference_op, test):
 
 def _sample_modules():
     """``{name: built module}`` of the template kernels of the samples in ``lab3_samples.SPEED_SAMPLES``."""
-    from ...course.sample_class import make_submission
-    from . import samples as lab3_samples
+    from ....course.sample_class import make_submission
+    from ....labs.lab3 import samples as lab3_samples
     return {name: build(string_assignments(make_submission("lab3", lab3_samples.SAMPLES[name]))["TEMPLATE_SOURCE"],
                         lab3.FUSED_LAUNCHERS, name=f"sample_{name}") for name in lab3_samples.SPEED_SAMPLES}
 
@@ -502,8 +502,8 @@ def _sample_ops():
 def _sample_speed(reference_op):
     """The speed test on the sample submissions whose kernels differ from the solution's (fuselab/labs/lab3/samples.py):
     their expected verdict on a GPU against the points they get."""
-    from ...course.sample_class import expected
-    from . import samples as lab3_samples
+    from ....course.sample_class import expected
+    from ....labs.lab3 import samples as lab3_samples
     test, _, _ = speed.policy_entry(lab3.GRADED_TEST, torch.cuda.get_device_name())
     found = {}
     for name, mod in _sample_modules().items():

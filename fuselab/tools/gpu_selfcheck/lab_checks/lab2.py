@@ -17,12 +17,12 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ... import build, ceilings, check, compare, speed
-from ...course import REPO
-from ...notebook import is_solution, source
-from ...notebook_sources import string_assignments
-from ...timing import full_points_threshold
-from .. import lab2
+from .... import build, ceilings, check, compare, speed
+from ....course import REPO
+from ....notebook import is_solution, source
+from ....notebook_sources import string_assignments
+from ....timing import full_points_threshold
+from ....labs import lab2
 
 NOTEBOOK = REPO / "solutions" / lab2.NOTEBOOK
 TEST_ID = lab2.GRADED_TEST

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from ... import build, ceilings, check, speed
-from ...course import REPO
-from ...notebook_sources import string_assignments
-from ...timing import full_points_threshold
-from ...timing.policy import MIN_GRADABLE_SPEEDUP
-from .. import lab1
+from .... import build, ceilings, check, speed
+from ....course import REPO
+from ....notebook_sources import string_assignments
+from ....timing import full_points_threshold
+from ....timing.policy import MIN_GRADABLE_SPEEDUP
+from ....labs import lab1
 
 NOTEBOOK = REPO / "solutions" / lab1.NOTEBOOK
 GRADED_FLOOR = MIN_GRADABLE_SPEEDUP  # docs/design.md §3: a speedup is graded only where the plain solution reaches it
@@ -210,7 +210,7 @@ def _returning(fn):
 
 
 def _h200_ceilings():
-    from ...timing import Ceilings
+    from ....timing import Ceilings
     return Ceilings("NVIDIA H200 (course self-check)", torch.__version__, lab1.H200_CEILINGS["copy_bytes_per_s"],
                     lab1.H200_CEILINGS["fp32_flops_per_s"], 0.0)
 
