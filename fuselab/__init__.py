@@ -34,9 +34,8 @@ __all__ = [
 
 def __getattr__(name):
     """``fuselab.speed`` (the graded speed tests a notebook's speed cell calls) loads on first use: importing the
-    student runtime never loads grading code. ``fuselab.grade`` is its earlier name, which lab notebooks
-    downloaded before the move still call (``fuselab.grade.speedup_test``)."""
-    if name in ("speed", "grade"):
+    student runtime never loads grading code."""
+    if name == "speed":
         import importlib
         return importlib.import_module(".speed", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
