@@ -312,7 +312,7 @@ def test_a_sandbox_that_breaks_mid_run_saves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(recheck, "run_clean", lambda *a, **k: recheck.CleanResult(cells={
         "test": recheck.CellVerdict("test", 0.0, 1.0, "not run", "bwrap: cannot start")}))
     monkeypatch.setattr(nbgrader_run, "autograde_one", lambda *a, **k: {"cells": {}, "error": "bwrap failed"})
-    monkeypatch.setattr(isolate, "sandbox_problem", lambda: "bubblewrap cannot start a sandbox here")
+    monkeypatch.setattr(isolate, "sandbox_problem", lambda *a, **k: "bubblewrap cannot start a sandbox here")
     settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "builds")
     with pytest.raises(pipeline.GradingRefused, match="stopped working while alice/lab0"):
         pipeline.grade_submission(sub, None, settings, tmp_path)

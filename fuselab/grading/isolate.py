@@ -10,12 +10,20 @@
   grader's death signals too), so a double-forked daemon stays in the tree that is killed; the kill repeats until
   nothing is left, and a last sweep of /proc finds anything carrying the child's marker. The child's output goes
   to files, never pipes: a process that keeps a copy of its stdout cannot make the grader wait.
-- **Network**: the clean recheck's runner gets a network namespace of its own where the platform allows
-  (root, or unprivileged user namespaces); ``sandboxed`` wraps a command in bubblewrap (see there).
+- **Per child, not per user**: the watchdog also counts the tree's processes (``Limits.processes``: an
+  ``RLIMIT_NPROC`` would count every process of the uid, which all sandboxes share as root, and which the TA's own
+  work shares as a plain user), what the sandbox's private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` hold (memory,
+  counted with the resident memory), and what its writable folders hold (``Limits.disk_bytes``); past a limit the
+  tree is killed and ``Outcome.limit`` says which.
+- **Network and processes outside the sandbox**: a command that is not ``sandboxed`` runs in a PID namespace of
+  its own (and, with ``no_network``, a network namespace) made by its keeper where the platform allows (root, or
+  unprivileged user namespaces). A ``sandboxed`` command gets both from bubblewrap, and nothing is unshared before
+  bubblewrap runs: a user namespace made first would leave bubblewrap unable to make its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -25,6 +33,7 @@ import resource
 import shutil
 import sys
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -33,17 +42,15 @@ from pathlib import Path
 
 from .. import course, proctree
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
-
-
 @dataclass
 class Limits:
     wall_s: float = 600.0         # the whole child; the caller may stop it earlier (per-cell timeouts)
     cpu_s: int | None = 3600       # RLIMIT_CPU: CPU seconds of the child (and of each of its descendants)
-    memory_bytes: int | None = 16 * 2**30  # resident memory of the whole tree (watchdog)
+    memory_bytes: int | None = 16 * 2**30  # resident memory of the whole tree + its private tmpfs (watchdog)
     file_bytes: int | None = 4 * 2**30     # RLIMIT_FSIZE: a runaway write stops here
-    no_network: bool = False      # a network namespace of its own (best effort, see ``network_isolation``)
+    no_network: bool = False      # a network namespace of its own (outside the sandbox: best effort)
+    processes: int | None = 256   # processes of the tree at once (watchdog); a build runs tens
+    disk_bytes: int | None = 8 * 2**30     # what a sandbox's writable folders hold (watchdog)
 
 
 @dataclass
@@ -55,14 +62,17 @@ class Outcome:
     timed_out: bool = False
     out_of_memory: bool = False
     signal: int | None = None
+    limit: str | None = None      # which watched limit stopped it, in words (memory, processes, disk)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.out_of_memory
+        return self.returncode == 0 and not self.timed_out and not self.out_of_memory and not self.limit
 
     def describe(self) -> str:
         if self.timed_out:
             return f"stopped after {self.seconds:.0f} s (time limit)"
+        if self.limit:
+            return f"stopped: {self.limit}"
         if self.out_of_memory:
             return "stopped: used more memory than allowed"
         if self.signal:
@@ -87,26 +97,17 @@ def _set_limits(limits: Limits):
             resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
         if limits.file_bytes:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        if limits.no_network:
-            _unshare_network()
+        # no namespace is made here: the keeper makes them for a command outside the sandbox, bubblewrap for one
+        # inside (a user namespace made here would leave bubblewrap unable to make its own)
     return apply
 
 
-def _unshare_network():
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:  # unprivileged: a user namespace first
-        return
-    # not permitted here: the child keeps the network (documented in docs/grading.md)
-
-
-def network_isolation_available() -> bool:
-    """Whether a child can get a network namespace of its own on this machine."""
-    probe = subprocess.run(["python3", "-c", "import ctypes,sys; l=ctypes.CDLL(None); "
-                            "sys.exit(0 if l.unshare(0x40000000)==0 or l.unshare(0x50000000)==0 else 1)"],
-                           capture_output=True)
-    return probe.returncode == 0
+def namespaces_available() -> bool:
+    """Whether a command outside the sandbox gets a PID namespace of its own here (``keeper --pid``): as root, or
+    where the kernel allows unprivileged user namespaces."""
+    probe = subprocess.run([sys.executable, "-I", "-S", str(KEEPER), "--pid", "--", "/bin/sh", "-c", "echo $$"],
+                           capture_output=True, text=True, timeout=60)
+    return probe.stdout.strip() == "2"  # pid 1 is the namespace's init, the command comes next
 
 
 children_of = proctree.descendants    # every descendant of a pid (from /proc), deepest last
@@ -164,15 +165,62 @@ def _recent_parents(max_age_s: float = 0.4) -> dict:
         return _scan[1]
 
 
-def tree_rss(pid: int) -> int:
+def tree_rss(pid: int, tree=None) -> int:
     """Resident bytes of ``pid`` and its descendants (as of a scan at most a fraction of a second old: a process
-    started since is counted at the next watch)."""
+    started since is counted at the next watch). ``tree``: those pids, already listed."""
     total = 0
     page = os.sysconf("SC_PAGE_SIZE")
-    for p in [pid] + children_of(pid, _recent_parents()):
+    for p in tree if tree is not None else [pid] + children_of(pid, _recent_parents()):
         try:
             total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
         except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def private_tmpfs_bytes(tree, folders) -> int:
+    """What the sandbox's private tmpfs folders hold: memory no process's resident size shows. Read through a
+    process of the tree inside the sandbox (``/proc/PID/root``: its own mounts), each file system once; the host's
+    own folders of the same names (seen through the processes outside the sandbox) are not counted."""
+    own = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            own.add(os.stat(folder).st_dev)
+    seen, total = set(), 0
+    for pid in tree:
+        for folder in folders:
+            path = f"/proc/{pid}/root{folder}"
+            try:
+                device = os.stat(path).st_dev
+                if device in own or device in seen:
+                    continue
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            seen.add(device)
+            total += (info.f_blocks - info.f_bfree) * info.f_frsize
+    return total
+
+
+def folders_bytes(folders, budget: int, max_entries: int = 200_000) -> int:
+    """Bytes the files under ``folders`` take on disk (links never followed); past ``max_entries`` files and
+    folders, or once past ``budget``, more than ``budget`` (a tree of millions of empty files is no cheaper to keep)."""
+    total, entries, stack = 0, 0, [str(f) for f in folders]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > max_entries:
+                        return budget + 1
+                    with contextlib.suppress(OSError):
+                        info = entry.stat(follow_symlinks=False)
+                        total += info.st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                    if total > budget:
+                        return total
+        except OSError:
             continue
     return total
 
@@ -184,10 +232,17 @@ def _tail(handle) -> str:
     return handle.read().decode("utf-8", errors="replace")
 
 
+class SandboxFailed(RuntimeError):
+    """A sandboxed child ended without its command ever starting inside the sandbox: whatever it would have
+    graded is not graded (never a zero the student did not earn)."""
+
+
 class Child:
     """A started child process with its limits; ``wait`` or ``stop`` it.
 
-    ``process`` is the child's keeper (``keeper.py``), the parent of everything the command starts.
+    ``process`` is the child's keeper (``keeper.py``), the parent of everything the command starts. A
+    ``SandboxCommand`` (from ``sandboxed``) tells the child when its command started inside the sandbox; one that
+    ends by itself without that raises ``SandboxFailed`` from ``wait``.
     """
 
     def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
@@ -198,27 +253,65 @@ class Child:
         self.started = time.monotonic()
         self.out_of_memory = False
         self.timed_out = False
+        self.stopped = False
+        self.limit = None
         self.marker = secrets.token_hex(8)
+        self.sandbox = command if isinstance(command, SandboxCommand) else None
         env = dict(os.environ if env is None else env, **{MARKER_ENV: self.marker})
         # files, not pipes: a daemon holding a copy of a pipe would keep the grader waiting for its end
         self._stdout = None if stdout else tempfile.TemporaryFile()
         self._stderr = None if stderr else tempfile.TemporaryFile()
-        self.process = subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), "--", *command], cwd=cwd,
-                                        env=env, preexec_fn=_set_limits(limits), stdin=subprocess.DEVNULL,
-                                        stdout=stdout or self._stdout, stderr=stderr or self._stderr,
-                                        pass_fds=tuple(pass_fds))
+        self._started_r = None
+        if self.sandbox is not None:
+            self._started_r, started_w = os.pipe()
+            os.set_blocking(self._started_r, False)
+            command, pass_fds = self.sandbox.with_started_fd(started_w), (*pass_fds, started_w)
+            options = []
+        else:  # the keeper makes the namespaces the sandbox would have
+            started_w = None
+            options = ["--pid"] + (["--net"] if limits.no_network else [])
+        try:
+            self.process = subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), *options, "--", *command],
+                                            cwd=cwd, env=env, preexec_fn=_set_limits(limits),
+                                            stdin=subprocess.DEVNULL, stdout=stdout or self._stdout,
+                                            stderr=stderr or self._stderr, pass_fds=tuple(pass_fds))
+        finally:
+            if started_w is not None:
+                os.close(started_w)
         self._done = threading.Event()
         if registry is not None:
             registry.register(self)
-        if limits.memory_bytes:
-            threading.Thread(target=self._watch_memory, daemon=True).start()
+        if limits.memory_bytes or limits.processes or (limits.disk_bytes and self.sandbox is not None):
+            threading.Thread(target=self._watch, daemon=True).start()
 
-    def _watch_memory(self):
+    def _over_limit(self, check_disk: bool) -> str | None:
+        """Which watched limit the tree is past now, in words; None while within them."""
+        limits = self.limits
+        tree = [self.process.pid] + children_of(self.process.pid, _recent_parents())
+        if limits.processes and len(tree) > limits.processes:
+            return f"started more than {limits.processes} processes at once (the limit)"
+        if limits.memory_bytes:
+            private = private_tmpfs_bytes(tree, self.sandbox.private) if self.sandbox is not None else 0
+            if tree_rss(self.process.pid, tree) + private > limits.memory_bytes:
+                self.out_of_memory = True
+                held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
+                return f"used more memory than allowed{held}"
+        if check_disk and limits.disk_bytes and self.sandbox is not None:
+            used = folders_bytes(self.sandbox.own, limits.disk_bytes)
+            if used > limits.disk_bytes:
+                return (f"wrote more than {limits.disk_bytes / 2**20:.0f} MiB to its folders "
+                        "(the disk budget; or more files than allowed)")
+        return None
+
+    def _watch(self):
+        rounds = 0
         while not self._done.wait(0.5):
             if self.process.poll() is not None:
                 return
-            if tree_rss(self.process.pid) > self.limits.memory_bytes:
-                self.out_of_memory = True
+            rounds += 1
+            why = self._over_limit(check_disk=rounds % 4 == 1)  # a walk of its folders every 2 s
+            if why:
+                self.limit = why
                 kill_tree(self.process.pid)
                 return
 
@@ -230,6 +323,7 @@ class Child:
 
     def stop(self, timed_out=True):
         self.timed_out = self.timed_out or timed_out
+        self.stopped = True
         kill_tree(self.process.pid)
 
     def paused(self) -> float:
@@ -240,6 +334,15 @@ class Child:
         if deadline is not None:
             return deadline - time.monotonic()
         return self.limits.wall_s - (self.elapsed() - self.paused())
+
+    def _sandbox_started(self) -> bool:
+        try:
+            return bool(os.read(self._started_r, 1))
+        except (BlockingIOError, OSError):
+            return False
+        finally:
+            os.close(self._started_r)
+            self._started_r = None
 
     def wait(self, timeout=None) -> Outcome:
         """Wait for the end: at most ``timeout`` more seconds, or (None) until its wall limit, pauses not counted."""
@@ -264,9 +367,13 @@ class Child:
             if handle:
                 handle.close()
         code = self.process.returncode
+        if self._started_r is not None and not self._sandbox_started() and not (self.stopped or self.limit):
+            raise SandboxFailed("not graded: the sandbox did not start for this submission "
+                                f"({(stderr or stdout).strip()[-300:] or f'exit status {code}'}); "
+                                "nothing was saved for it, so the next run grades it again")
         return Outcome(returncode=code, stdout=stdout, stderr=stderr, seconds=self.elapsed(),
                        timed_out=self.timed_out, out_of_memory=self.out_of_memory,
-                       signal=-code if code is not None and code < 0 else None)
+                       signal=-code if code is not None and code < 0 else None, limit=self.limit)
 
 
 def run(command, *, limits: Limits | None = None, env=None, cwd=None, registry=None) -> Outcome:
@@ -282,12 +389,30 @@ def bubblewrap() -> str | None:
 
 SANDBOX_UID = int(os.environ.get("FUSELAB_SANDBOX_UID", 65534))  # who student code runs as when grading as root
 SANDBOX_GID = int(os.environ.get("FUSELAB_SANDBOX_GID", 65534))
-# The environment inside: what Python, CUDA, torch, Jupyter and the grader need; never the TA's other variables
-# (tokens, keys, proxies).
-ALLOWED_ENV = (r"PATH|HOME|LANG|LANGUAGE|LC_[A-Z_]+|TZ|TERM|LD_LIBRARY_PATH|VIRTUAL_ENV|PYTHONPATH|PYTHONUNBUFFERED|"
-               r"PYTHONDONTWRITEBYTECODE|PYTHONHASHSEED|MPLBACKEND|MPLCONFIGDIR|IPYTHONDIR|JUPYTER_[A-Z_]+|"
-               r"OMP_NUM_THREADS|MKL_NUM_THREADS|FUSELAB_[A-Z0-9_]+|CUDA_[A-Z0-9_]+|NVIDIA_[A-Z0-9_]+|"
-               r"TORCH_[A-Z0-9_]+|TORCHINDUCTOR_[A-Z0-9_]+|TRITON_[A-Z0-9_]+")
+# The environment inside, by name: what Python, the compilers, CUDA, torch, Jupyter and the grader's workers read;
+# never a family by prefix (a TA's FUSELAB_TOKEN or CUDA_API_KEY would pass), never the TA's other variables.
+WORKER_ENV = frozenset("""
+    PATH HOME LANG LANGUAGE LC_ALL LC_CTYPE LC_NUMERIC LC_TIME LC_COLLATE LC_MONETARY LC_MESSAGES TZ TERM
+    LD_LIBRARY_PATH VIRTUAL_ENV PYTHONPATH PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE PYTHONHASHSEED
+    MPLBACKEND MPLCONFIGDIR IPYTHONDIR JUPYTER_PATH JUPYTER_CONFIG_DIR JUPYTER_DATA_DIR JUPYTER_RUNTIME_DIR
+    JUPYTER_PLATFORM_DIRS OMP_NUM_THREADS MKL_NUM_THREADS
+    CUDA_HOME CUDA_PATH CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER CUDA_MODULE_LOADING CUDA_LAUNCH_BLOCKING
+    CUDA_CACHE_PATH CUDA_CACHE_DISABLE NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES
+    TORCH_EXTENSIONS_DIR TORCH_CUDA_ARCH_LIST TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
+    FUSELAB_GRADING FUSELAB_NATIVE_POLICY FUSELAB_CACHE_DIR FUSELAB_SHARED_BUILDS FUSELAB_GRADE_LOG
+    FUSELAB_GPU_LEASE FUSELAB_GPU_LEASE_TAG FUSELAB_SOLUTION_FDS FUSELAB_KERNEL_FDS FUSELAB_KERNEL_TRANSFER
+    FUSELAB_KERNELS_IN_CHECKER FUSELAB_NOTEBOOK_GATE FUSELAB_SPEED_IN_RECHECK FUSELAB_SOLUTION_CELL_S
+    FUSELAB_BACKEND FUSELAB_BUILD_TIMEOUT FUSELAB_POLICY FUSELAB_EMU_SEED FUSELAB_EMU_ORDER FUSELAB_EMU_GUARD
+    FUSELAB_EMU_ASSERT FUSELAB_EMU_STACK_KB FUSELAB_CHILD_MARKER
+""".split())
+ALLOWED_ENV = "|".join(sorted(WORKER_ENV))  # enter_sandbox's argument: matched whole against each name
+
+
+def worker_env(env: dict) -> dict:
+    """``env`` cut down to ``WORKER_ENV`` (what ``enter_sandbox`` keeps inside the sandbox)."""
+    return {name: value for name, value in env.items() if name in WORKER_ENV}
+
+
 # System folders that hold other programs' sockets, scratch files or the TA's things: each replaced by an empty one
 # (the host's Unix sockets live in /run, /tmp and /var/run; homes hold keys and tokens).
 # What of the machine a sandbox sees: the system's programs, libraries and settings, read-only. Everything else
@@ -297,6 +422,29 @@ ALLOWED_ENV = (r"PATH|HOME|LANG|LANGUAGE|LC_[A-Z_]+|TZ|TERM|LD_LIBRARY_PATH|VIRT
 SYSTEM_SHOWN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 # private and empty inside: a runtime folder is never one of these as a whole
 PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")
+# each of them at most this big (bubblewrap's ``--size``), and what they hold counts as the child's memory
+TMPFS_BYTES = 1 * 2**30
+
+
+class SandboxCommand(list):
+    """The command line ``sandboxed`` built, with what ``Child`` needs of it: the writable folders (``own``: the
+    disk budget), the private tmpfs folders (``private``: counted as memory), and where the fd that says "started"
+    goes (``with_started_fd``)."""
+
+    STARTED = "--fuselab-started-fd--"
+
+    def __init__(self, args, own, private):
+        super().__init__(args)
+        self.own, self.private = [str(f) for f in own], list(private)
+
+    def with_started_fd(self, fd: int) -> list:
+        return [str(fd) if arg == self.STARTED else arg for arg in self]
+
+
+# run first inside the sandbox: writes one byte to the fd the grader handed over, so the grader knows the command
+# got started inside, then becomes the command (a sandbox that failed to start never writes it)
+_STARTED = ("import os,sys\nfd=sys.argv[1]\nif fd.isdigit(): os.write(int(fd),b'1'); os.close(int(fd))\n"
+            "os.execvp(sys.argv[2],sys.argv[2:])")
 # the course's folders a submission must never read, in any checkout of the course the runtime shows (an
 # editable install puts its checkout on sys.path): the solutions (and their history), the sample class, runs
 HIDDEN_IN_REPO = ("solutions", ".git", "grader/examples", "grader/runs")
@@ -311,6 +459,8 @@ def runtime_folders() -> list:
     never = {Path("/"), Path.home(), Path("/home"), Path("/root"), *map(Path, PRIVATE)}
     candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, course.REPO,
                   *[Path(p) for p in sys.path if p and os.path.isabs(p)]]
+    # and where links among them lead (an environment linked into the checkout): the sandbox shows no link's target
+    candidates += [Path(os.path.realpath(p)) for p in candidates]
     cuda = find_cuda_home()
     if cuda:
         candidates.append(Path(cuda))
@@ -359,7 +509,8 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
              "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
              "--cap-drop", "ALL"]
     for folder in PRIVATE:
-        args += ["--tmpfs", folder]
+        args += ["--size", str(TMPFS_BYTES), "--tmpfs", folder]
+    empty = []  # hidden folders: empty tmpfs, read-only once everything is mounted (nothing can be stored there)
     for node in gpu_device_nodes():
         args += ["--dev-bind", node, node]
     runtime = runtime_folders()
@@ -368,10 +519,12 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     for folder in runtime:  # every checkout of the course the runtime shows, not only the running one
         for name in HIDDEN_IN_REPO:
             if (folder / name).is_dir():
-                args += ["--tmpfs", str(folder / name)]
+                args += ["--size", "4096", "--tmpfs", str(folder / name)]
+                empty.append(str(folder / name))
     for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
         if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
-            args += ["--tmpfs", str(folder)]
+            args += ["--size", "4096", "--tmpfs", str(folder)]
+            empty.append(str(folder))
     for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():
             args += ["--fuselab-ro-bind", str(folder), str(folder)]
@@ -381,10 +534,13 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
         if as_root:
             _give(Path(folder), SANDBOX_UID, SANDBOX_GID)
         args += ["--fuselab-bind", str(folder), str(folder)]
+    for folder in empty:
+        args += ["--remount-ro", folder]
     args += ["--setenv", "HOME", str(own[0]) if own else "/tmp"]
     enter = [sys.executable, "-I", "-S", str(Path(__file__).with_name("enter_sandbox.py")),
              str(SANDBOX_UID), str(SANDBOX_GID), ALLOWED_ENV, "--"]
-    return enter + args + ["--", *command]
+    started = [sys.executable, "-I", "-S", "-c", _STARTED, SandboxCommand.STARTED]
+    return SandboxCommand(enter + args + ["--", *started, *command], own=own, private=PRIVATE)
 
 
 def give_to_sandbox(folder: Path) -> None:
@@ -406,21 +562,36 @@ def _give(folder: Path, uid: int, gid: int) -> None:
                 os.lchown(path, uid, gid)
 
 
-def sandbox_problem() -> str | None:
-    """Why the sandbox cannot run here, or None: bubblewrap is installed, starts, and what runs inside has no
-    capabilities and is not root."""
+PROBE = ("import os\nopen('probe', 'w').write('written')\n"
+         "print(os.getuid(), next(l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')))")
+
+
+def sandbox_problem(limits: Limits | None = None, env=None) -> str | None:
+    """Why the sandbox cannot run here, or None: a command built by ``sandboxed`` (the same builder as every graded
+    child's) and run by ``Child`` with ``limits`` (the grading run's: ``pipeline._limits``) starts, runs this
+    Python inside, writes its own folder, and has no capabilities and is not root."""
     if bubblewrap() is None:
         return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-    probe_cmd = ["/bin/sh", "-c", "id -u; grep CapEff /proc/self/status"]
-    try:
-        probe = subprocess.run(sandboxed(probe_cmd, own=[], hide=[]), capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"bubblewrap could not start: {exc}"
-    if probe.returncode != 0:
-        return f"bubblewrap cannot start a sandbox here ({(probe.stderr or probe.stdout).strip()[-300:]})"
-    lines = probe.stdout.split()
-    if len(lines) < 3 or lines[0] == "0" or set(lines[2]) != {"0"}:
-        return f"inside bubblewrap the code would keep rights (uid, CapEff: {' '.join(lines)})"
+    limits = Limits(**{**(limits or Limits()).__dict__, "wall_s": 60})
+    with tempfile.TemporaryDirectory(prefix="fuselab-sandbox-check-") as own:
+        try:
+            command = sandboxed([sys.executable, "-I", "-S", "-c", PROBE], own=[own], hide=[])
+            probe = Child(command, limits=limits, env=env, cwd=own).wait()
+        except SandboxFailed as exc:
+            return f"bubblewrap cannot start a sandbox here: {str(exc).split('(', 1)[-1].rsplit(')', 1)[0]}"
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            return f"bubblewrap could not start: {exc}"
+        if not probe.ok:
+            return f"bubblewrap cannot start a sandbox here ({(probe.stderr or probe.stdout).strip()[-300:]})"
+        found = probe.stdout.split()
+        if len(found) < 2 or found[0] == "0" or set(found[1]) != {"0"}:
+            return f"inside bubblewrap the code would keep rights (uid, CapEff: {' '.join(found)})"
+        try:
+            written = stat.S_ISREG(os.lstat(Path(own) / "probe").st_mode)
+        except OSError:
+            written = False
+        if not written:
+            return "inside bubblewrap the submission's own folder is not writable"
     return None
 
 

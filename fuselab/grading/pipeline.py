@@ -113,13 +113,19 @@ def check_out(out: Path, source: Path) -> None:
 
 
 def check_sandbox(settings: Settings) -> None:
+    """Refuse to grade where the sandbox does not work: checked as it is used, a command of the same builder
+    (``isolate.sandboxed``) run by ``isolate.Child`` with this run's limits and environment."""
     if not settings.sandbox:
         return
-    problem = isolate.sandbox_problem()
+    problem = isolate.sandbox_problem(_limits(settings), env=isolate.worker_env(os.environ))
     if problem:
-        raise GradingRefused(f"the sandbox does not work here, so nothing was graded: {problem}. Fix it (a "
-                             "bubblewrap that can create user namespaces), or grade with --no-sandbox, where "
-                             "submissions run with your rights (README: trust model)")
+        who = "root" if os.geteuid() == 0 else "a user other than root, which needs a kernel that allows " \
+            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or AppArmor's " \
+            "kernel.apparmor_restrict_unprivileged_userns=0)"
+        raise GradingRefused(f"the sandbox does not work here, so nothing was graded: {problem}. Grading as "
+                             f"{who}: fix that (a bubblewrap that can create user namespaces, and a Python "
+                             "this user can run), or grade with --no-sandbox, where submissions run with your "
+                             "rights (README: trust model)")
 
 
 def _write_result(path: Path, result: SubmissionResult) -> None:
@@ -146,12 +152,16 @@ def _sha(path: Path) -> str:
 
 
 def _limits(settings: Settings) -> isolate.Limits:
+    """Every graded child's limits (and the sandbox check's): no network (bubblewrap's own namespace in the
+    sandbox, the keeper's outside it), its memory counting its private tmpfs, its processes and disk watched."""
     return isolate.Limits(wall_s=settings.submission_timeout, cpu_s=int(settings.submission_timeout * 4) + 60,
                           memory_bytes=settings.memory_bytes, no_network=True)
 
 
 def _base_env(settings: Settings, workdir: Path, device) -> dict:
-    env = dict(os.environ)
+    """A graded child's environment: only what a worker needs, by name (``isolate.WORKER_ENV``), never the TA's
+    other variables, sandbox or not."""
+    env = isolate.worker_env(os.environ)
     env.update(FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"),
                FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
     env.pop("FUSELAB_GRADE_LOG", None)
@@ -343,7 +353,7 @@ def stamp(run: SubmissionRun) -> None:
 def sandbox_held(run: SubmissionRun) -> None:
     """What ran may have failed for the sandbox, not the student: if it stopped working, nothing is saved."""
     if run.settings.sandbox:
-        problem = isolate.sandbox_problem()
+        problem = isolate.sandbox_problem(run.limits, env=isolate.worker_env(os.environ))
         if problem:
             raise GradingRefused(f"the sandbox stopped working while {run.sub.student}/{run.sub.lab} was graded: "
                                  f"{problem}")
