@@ -234,7 +234,12 @@ def _tail(handle) -> str:
 
 class SandboxFailed(RuntimeError):
     """A sandboxed child ended without its command ever starting inside the sandbox: whatever it would have
-    graded is not graded (never a zero the student did not earn)."""
+    graded is not graded (never a zero the student did not earn). ``detail``: what bubblewrap said."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(f"not graded: the sandbox did not start for this submission ({detail}); nothing was "
+                         "saved for it, so the next run grades it again")
 
 
 class Child:
@@ -368,9 +373,7 @@ class Child:
                 handle.close()
         code = self.process.returncode
         if self._started_r is not None and not self._sandbox_started() and not (self.stopped or self.limit):
-            raise SandboxFailed("not graded: the sandbox did not start for this submission "
-                                f"({(stderr or stdout).strip()[-300:] or f'exit status {code}'}); "
-                                "nothing was saved for it, so the next run grades it again")
+            raise SandboxFailed((stderr or stdout).strip()[-300:] or f"exit status {code}")
         return Outcome(returncode=code, stdout=stdout, stderr=stderr, seconds=self.elapsed(),
                        timed_out=self.timed_out, out_of_memory=self.out_of_memory,
                        signal=-code if code is not None and code < 0 else None, limit=self.limit)
@@ -578,7 +581,7 @@ def sandbox_problem(limits: Limits | None = None, env=None) -> str | None:
             command = sandboxed([sys.executable, "-I", "-S", "-c", PROBE], own=[own], hide=[])
             probe = Child(command, limits=limits, env=env, cwd=own).wait()
         except SandboxFailed as exc:
-            return f"bubblewrap cannot start a sandbox here: {str(exc).split('(', 1)[-1].rsplit(')', 1)[0]}"
+            return f"bubblewrap cannot start a sandbox here: {exc.detail}"
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             return f"bubblewrap could not start: {exc}"
         if not probe.ok:
