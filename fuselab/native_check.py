@@ -12,14 +12,17 @@ for the checker) checks:
 - the source holds no ``__attribute__((constructor))``/``destructor``, ``init_priority``, ``section``
   attributes (in any spelling GCC accepts), ``asm`` (host or device: PTX too), ``dlfcn.h``/``Python.h``,
   ``/proc`` or ``syscall``: code that asks to run at load time or reaches past the symbol table. A C++ static
-  initialiser (``static int x = f();``) also runs at load time and is not refused: it can call only what the
-  symbol list allows, and it runs in the kernel worker, where no verdict is computed.
+  initialiser (``static int x = f();``) also runs at load time and is not refused.
 
 A library that fails is never loaded: its module's launchers raise ``NativeCodeRefused`` saying why, so every
 test that uses it scores 0 with that message, and the grader's report flags it.
 
-This is a filter, not a boundary: native code that runs in a process can still write to any memory of it.
-The README's trust model says what that leaves.
+This is a filter, not a boundary. Native code that runs in a process can write any memory of it, and can make
+any system call without importing its name: machine code copied into memory it maps or protects executable
+(``mmap``/``mprotect``, whose protection flags are values at run time, and which the emulation's own runtime
+imports into every library). The kernel worker that loads the library is contained by the sandbox alone
+(``isolate.sandboxed``: no rights, its own folder, no network, its own PID namespace) and computes no verdict;
+the README's trust model and ``docs/grading.md`` say what that leaves.
 """
 
 from __future__ import annotations

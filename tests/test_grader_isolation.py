@@ -131,19 +131,31 @@ def test_sanitize_flags_tampering_and_keeps_the_cell_as_written():
 
 def test_kill_tree_reaches_a_grandchild_in_its_own_session(tmp_path):
     marker = tmp_path / "grandchild.pid"
+    tag = f"fuselab-grandchild-{os.getpid()}"  # found by name: the child's pids are its own PID namespace's
     script = (f"import subprocess, sys, time\n"
-              f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+              f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {tag!r}], "
+              f"start_new_session=True)\n"
               f"open({str(marker)!r}, 'w').write(str(p.pid))\ntime.sleep(300)\n")
     child = isolate.Child([sys.executable, "-c", script], limits=isolate.Limits(wall_s=60, memory_bytes=None))
     for _ in range(100):
         if marker.exists() and marker.read_text():
             break
         time.sleep(0.05)
-    grandchild = int(marker.read_text())
+
+    def running():
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and tag.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
+                    found.append(open(f"/proc/{entry}/stat").read().split()[2])
+            except OSError:
+                continue
+        return [state for state in found if state != "Z"]
+    assert running()
     outcome = child.wait(timeout=1.0)
     assert outcome.timed_out
     time.sleep(0.2)
-    assert not os.path.exists(f"/proc/{grandchild}") or "Z" in open(f"/proc/{grandchild}/stat").read().split()[2]
+    assert not running()
 
 
 def test_memory_watchdog_and_cpu_limit():

@@ -106,6 +106,21 @@ def test_a_sandbox_that_fails_to_start_for_a_submission_grades_nothing(tmp_path,
         recheck.run_clean(nb, nb, tmp_path / "work", cell_timeout=30, total_timeout=60, sandbox=True, hide=[],
                           limits=isolate.Limits(wall_s=60, memory_bytes=2**30))
     assert "bwrap" not in json.dumps(os.listdir(tmp_path / "work"))  # nothing that reads as a verdict
+    # a worker whose sandbox failed by itself is not hidden by the grader stopping it afterwards
+    worker = isolate.Child(command, limits=isolate.Limits(wall_s=30))
+    worker.process.wait()
+    worker.stop(timed_out=False)
+    with pytest.raises(isolate.SandboxFailed):
+        worker.wait()
+    # the pipeline: the submission is not graded, nothing is saved for it (the next run grades it)
+    from fuselab.grading import intake
+    notebook = tmp_path / "lab0.ipynb"
+    notebook.write_text(json.dumps(nb))
+    sub = intake.Submission("alice", "lab0", notebook, "alice/lab0.ipynb")
+    settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "builds", submission_timeout=60)
+    with pytest.raises(isolate.SandboxFailed, match="not graded"):
+        pipeline.grade_submission(sub, None, settings, tmp_path)
+    assert not (tmp_path / "out" / "work" / "alice" / "lab0" / "result.json").exists()
     # a child we stopped ourselves before its sandbox started is not a failed sandbox
     child = isolate.Child(isolate.SandboxCommand(["/bin/sleep", "30"], own=[], private=[]),
                           limits=isolate.Limits(wall_s=30))
@@ -196,6 +211,13 @@ PLAIN_GRADING = textwrap.dedent('''
         clean = recheck.run_clean(submission, submission, work / "clean", cell_timeout=120, total_timeout=240,
                                   limits=limits, env=env, sandbox=True, hide=[work / "class"])
         report["cells"] = {k: [v.points, v.max_points, v.status, v.message] for k, v in clean.cells.items()}
+        # the limits hold for a plain user too: its sandbox's tmpfs is counted (read through /proc/PID/root)
+        fill = "open('/dev/shm/fill', 'wb').write(b'x' * 120 * 2**20); import time; time.sleep(60)"
+        command = isolate.sandboxed([sys.executable, "-c", fill], own=[work / "fill"], hide=[])
+        filled = isolate.Child(command, limits=isolate.Limits(wall_s=60, memory_bytes=100 * 2**20)).wait()
+        report["tmpfs_counted"] = filled.out_of_memory and not filled.timed_out
+    # outside the sandbox, a PID namespace of its own for each graded process (no orphans)
+    report["pid_namespace"] = isolate.namespaces_available()
     print(json.dumps(report))
 ''')
 
@@ -224,6 +246,7 @@ def test_a_plain_user_grader_checks_and_grades_in_the_sandbox(tmp_path):
     assert report["refused"] is None
     assert {k: v[0] for k, v in report["cells"].items()} == {"test_sum": 2, "test_inside": 1,
                                                              "test_no_network": 1}, report["cells"]
+    assert report["tmpfs_counted"] and report["pid_namespace"], report
 
 
 def test_a_plain_user_whose_kernel_refuses_user_namespaces_is_refused_clearly(tmp_path):

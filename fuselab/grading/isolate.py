@@ -328,7 +328,7 @@ class Child:
 
     def stop(self, timed_out=True):
         self.timed_out = self.timed_out or timed_out
-        self.stopped = True
+        self.stopped = self.stopped or self.process.poll() is None  # one that ended by itself was not stopped
         kill_tree(self.process.pid)
 
     def paused(self) -> float:
