@@ -360,6 +360,17 @@ def test_a_tree_of_many_files_counts_as_over_the_budget(tmp_path):
     (tmp_path / "link").symlink_to("/usr")  # never followed
     assert isolate.folders_bytes([tmp_path], 10**9, max_entries=40) > 10**9
     assert isolate.folders_bytes([tmp_path], 10**9) < 10**6
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "big").write_bytes(b"x" * 2**20)
+    hidden.chmod(0)
+    try:
+        if os.geteuid() == 0:  # root reads it anyway; a plain user's grader counts a hidden folder as over
+            assert isolate.folders_bytes([tmp_path], 2**19) > 2**19
+        else:
+            assert isolate.folders_bytes([tmp_path], 10**9) > 10**9
+    finally:
+        hidden.chmod(0o755)
 
 
 # --- secrets ----------------------------------------------------------------------------------------------------

@@ -204,11 +204,19 @@ def private_tmpfs_bytes(tree, folders) -> int:
 
 def folders_bytes(folders, budget: int, max_entries: int = 200_000) -> int:
     """Bytes the files under ``folders`` take on disk (links never followed); past ``max_entries`` files and
-    folders, or once past ``budget``, more than ``budget`` (a tree of millions of empty files is no cheaper to keep)."""
+    folders, once past ``budget``, or with a folder it may not read, more than ``budget`` (a tree of millions of
+    empty files is no cheaper to keep)."""
     total, entries, stack = 0, 0, [str(f) for f in folders]
     while stack:
+        folder = stack.pop()
         try:
-            with os.scandir(stack.pop()) as listing:
+            listing = os.scandir(folder)
+        except PermissionError:
+            return budget + 1  # a folder it made unreadable to hide what it holds (the grader is not root)
+        except OSError:
+            continue
+        try:
+            with listing:
                 for entry in listing:
                     entries += 1
                     if entries > max_entries:
@@ -305,7 +313,7 @@ class Child:
             used = folders_bytes(self.sandbox.own, limits.disk_bytes)
             if used > limits.disk_bytes:
                 return (f"wrote more than {limits.disk_bytes / 2**20:.0f} MiB to its folders "
-                        "(the disk budget; or more files than allowed)")
+                        "(the disk budget; or more files than allowed, or a folder hidden from the grader)")
         return None
 
     def _watch(self):
@@ -390,6 +398,26 @@ def bubblewrap() -> str | None:
     return shutil.which("bwrap")
 
 
+_options: dict = {}
+
+
+def _bubblewrap_has(option: str) -> bool:
+    """Whether this bubblewrap knows ``option`` (``--size`` came with 0.8; older ones refuse the whole line)."""
+    bwrap = bubblewrap()
+    if bwrap not in _options:
+        try:
+            _options[bwrap] = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError, TypeError):
+            _options[bwrap] = ""
+    return option in _options[bwrap].split()
+
+
+def _tmpfs(folder: str, size: int) -> list:
+    """A tmpfs at ``folder``, at most ``size`` bytes where bubblewrap can say so (older ones: unbounded, but what
+    it holds still counts as the child's memory, ``private_tmpfs_bytes``)."""
+    return (["--size", str(size)] if _bubblewrap_has("--size") else []) + ["--tmpfs", folder]
+
+
 SANDBOX_UID = int(os.environ.get("FUSELAB_SANDBOX_UID", 65534))  # who student code runs as when grading as root
 SANDBOX_GID = int(os.environ.get("FUSELAB_SANDBOX_GID", 65534))
 # The environment inside, by name: what Python, the compilers, CUDA, torch, Jupyter and the grader's workers read;
@@ -401,7 +429,8 @@ WORKER_ENV = frozenset("""
     JUPYTER_PLATFORM_DIRS OMP_NUM_THREADS MKL_NUM_THREADS
     CUDA_HOME CUDA_PATH CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER CUDA_MODULE_LOADING CUDA_LAUNCH_BLOCKING
     CUDA_CACHE_PATH CUDA_CACHE_DISABLE NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES
-    TORCH_EXTENSIONS_DIR TORCH_CUDA_ARCH_LIST TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
+    TORCH_EXTENSIONS_DIR TORCH_CUDA_ARCH_LIST TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR MAX_JOBS
+    CC CXX CUDAHOSTCXX NVCC_PREPEND_FLAGS NVCC_APPEND_FLAGS CPATH LIBRARY_PATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH
     FUSELAB_GRADING FUSELAB_NATIVE_POLICY FUSELAB_CACHE_DIR FUSELAB_SHARED_BUILDS FUSELAB_GRADE_LOG
     FUSELAB_GPU_LEASE FUSELAB_GPU_LEASE_TAG FUSELAB_SOLUTION_FDS FUSELAB_KERNEL_FDS FUSELAB_KERNEL_TRANSFER
     FUSELAB_KERNELS_IN_CHECKER FUSELAB_NOTEBOOK_GATE FUSELAB_SPEED_IN_RECHECK FUSELAB_SOLUTION_CELL_S
@@ -512,7 +541,7 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
              "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
              "--cap-drop", "ALL"]
     for folder in PRIVATE:
-        args += ["--size", str(TMPFS_BYTES), "--tmpfs", folder]
+        args += _tmpfs(folder, TMPFS_BYTES)
     empty = []  # hidden folders: empty tmpfs, read-only once everything is mounted (nothing can be stored there)
     for node in gpu_device_nodes():
         args += ["--dev-bind", node, node]
@@ -522,11 +551,11 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     for folder in runtime:  # every checkout of the course the runtime shows, not only the running one
         for name in HIDDEN_IN_REPO:
             if (folder / name).is_dir():
-                args += ["--size", "4096", "--tmpfs", str(folder / name)]
+                args += _tmpfs(str(folder / name), 4096)
                 empty.append(str(folder / name))
     for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
         if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
-            args += ["--size", "4096", "--tmpfs", str(folder)]
+            args += _tmpfs(str(folder), 4096)
             empty.append(str(folder))
     for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():

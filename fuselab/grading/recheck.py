@@ -271,7 +271,9 @@ STOPPED = "stopped for others' timings"  # anywhere in the run: the other submis
 
 
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
-    env = dict(base_env)
+    """The checker's and its workers' environment: ``base_env`` cut to what they read (``isolate.WORKER_ENV``: none
+    of the TA's variables, sandbox or not), with the grader's settings for them."""
+    env = isolate.worker_env(base_env)
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
     repo = str(course.REPO)
