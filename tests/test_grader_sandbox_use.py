@@ -494,6 +494,20 @@ def test_native_code_making_raw_system_calls_stays_in_the_kernel_workers_sandbox
         host_file.unlink(missing_ok=True)
 
 
+def test_kernel_source_that_maps_or_protects_memory_itself_is_flagged_for_the_ta():
+    """Not refused (the emulation's own runtime imports mmap/mprotect, and protection flags are values at run
+    time), but the TA sees it: the sandbox is what contains it."""
+    from fuselab.grading.sanitize import sanitize_cell
+    attack = ("FUSED_SOURCE = r\'\'\'\n#include <cstring>\nstatic const unsigned char code[] = {0x0f, 0x05, 0xc3};\n"
+              "extern \"C\" void* mmap(void*, unsigned long, int, int, int, long);\n"
+              "static int run = [] { void* p = mmap(0, 4096, 7, 0x22, -1, 0); memcpy(p, code, 3); "
+              "return ((int(*)())p)(); }();\n\'\'\'\n")
+    flags = sanitize_cell(attack).flags
+    assert any("`mmap`" in f and "sandbox" in f for f in flags), flags
+    honest = "FUSED_SOURCE = r\'\'\'__global__ void k(float* x) { x[0] = 1.0f; }\'\'\'\n"
+    assert sanitize_cell(honest).flags == []
+
+
 # --- no orphans without the sandbox -----------------------------------------------------------------------------------
 
 ORPHAN = textwrap.dedent('''

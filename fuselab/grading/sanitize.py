@@ -8,7 +8,11 @@ that the report shows the attempt:
 - names that only tampering needs (``sys.modules``, ``builtins``, ``exec``/``eval``/``compile``, ``ctypes``,
   ``globals()``, ``setattr`` on something it did not create, ``importlib``, ``__import__``...);
 - touching ``fuselab`` from a solution cell;
-- dunder attributes that reach into the interpreter (``__globals__``, ``__subclasses__``, ``__builtins__``...).
+- dunder attributes that reach into the interpreter (``__globals__``, ``__subclasses__``, ``__builtins__``...);
+- kernel source text (a string in the cell) that maps or protects memory itself (``mmap``, ``mprotect``,
+  ``PROT_EXEC``...): native code can copy machine code into memory it makes executable and run any system call
+  from there, which no check of its imports sees (``native_check``); the kernel worker runs it contained by the
+  sandbox alone, and the TA may want to read it.
 
 Honest idioms are never flagged: ``getattr(x, "a", default)``, assigning attributes of objects a function made
 (``fused.weight = nn.Parameter(...)`` after ``copy.deepcopy``), ``import copy``, module-level constants that
@@ -18,6 +22,7 @@ are not literals (``BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d)``).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 TAMPERING_NAMES = {"sys", "builtins", "__builtins__", "__import__", "importlib", "exec", "eval", "compile",
@@ -27,6 +32,11 @@ TAMPERING_ATTRIBUTES = {"__globals__", "__builtins__", "__subclasses__", "__code
                         "__class__", "__bases__", "__mro__", "__setattr__", "__getattribute__", "__import__",
                         "__init_subclass__", "__set_name__", "__class_getitem__", "__reduce__", "__reduce_ex__",
                         "f_globals", "f_back", "f_locals", "gi_frame", "tb_frame", "modules"}
+
+
+# in a kernel's source: what makes memory executable, or maps it, by the library's own hand
+EXECUTABLE_MEMORY = re.compile(r"\b(mmap|mmap64|mprotect|pkey_mprotect|mremap|memfd_create|PROT_EXEC|MAP_ANON"
+                               r"|MAP_ANONYMOUS|MAP_FIXED)\b")
 
 
 @dataclass
@@ -76,6 +86,15 @@ def sanitize_cell(source: str) -> Sanitized:
                 shown = f" `{text[0][:80]}`" if text and not isinstance(node, ast.Name) else ""
                 out.flags.append(f"{where}:{shown} {why} (flagged for a teaching assistant; it runs in the "
                                  "solution worker, where it cannot reach the tests)")
+    for node in ast.walk(tree):
+        found = EXECUTABLE_MEMORY.search(node.value) if isinstance(node, ast.Constant) and \
+            isinstance(node.value, str) else None
+        if found and f"native {found.group(0)}" not in seen:
+            seen.add(f"native {found.group(0)}")
+            out.flags.append(f"line {node.lineno}: its kernel source calls or names `{found.group(0)}`: native "
+                             "code that maps or protects memory itself can run machine code no check of its "
+                             "imports sees (flagged for a teaching assistant: the kernel worker that runs it "
+                             "is contained by the sandbox alone)")
     return out
 
 
