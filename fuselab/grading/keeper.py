@@ -101,6 +101,8 @@ def init(command, status_fd: int) -> None:
     kernel kills everything left in the namespace. Killed with the keeper (the signal comes from outside the
     namespace, so even pid 1 cannot ignore it)."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the kernel then keeps them from pid 1
+        signal.signal(number, signal.SIG_DFL)
     # best effort, in a mount namespace of its own (the keeper keeps reading the host's /proc)
     if _libc.unshare(CLONE_NEWNS) == 0 and _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0:
         _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
