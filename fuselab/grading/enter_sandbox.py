@@ -1,5 +1,5 @@
-"""The first step into the sandbox (``isolate.sandboxed``): an allow-listed environment, then a user without
-rights, then bubblewrap.
+"""The first step into the sandbox (``isolate.sandboxed``): an allow-listed environment (``isolate.WORKER_ENV``,
+by name), then a user without rights, then bubblewrap.
 
 ``python -I -S enter_sandbox.py UID GID ALLOWED_NAMES_REGEX -- bwrap ...``
 

@@ -520,12 +520,16 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
       ``unshare`` and remounting read-write fail;
     - it sees only the system (``SYSTEM_SHOWN``) and the runtime (``runtime_folders``), read-only: no home, no
       other checkout's or run's files; the course's solutions and sample class (``HIDDEN_IN_REPO``, in every
-      checkout shown) and ``hide`` are empty folders; ``readonly`` folders are shown again read-only;
+      checkout shown) and ``hide`` are empty read-only folders; ``readonly`` folders are shown again read-only;
       ``own`` folders (the submission's) are writable, the first one is ``HOME``; the working folder is the
       caller's where it is visible inside;
-    - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp`` and ``/dev/shm``;
-      a minimal ``/dev`` plus the GPU's device files; killed with its parent;
-    - an allow-listed environment (``ALLOWED_ENV``).
+    - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp``, ``/var/tmp`` and
+      ``/dev/shm`` (``TMPFS_BYTES`` each, counted by ``Child`` as memory); a minimal ``/dev`` plus the GPU's device
+      files; killed with its parent;
+    - only the environment variables a worker reads, by name (``WORKER_ENV``);
+    - the command starts behind a one-line Python that tells ``Child`` it started inside (``SandboxCommand``).
+
+    Returns a ``SandboxCommand``: run it with ``Child`` (the sandbox check does too, ``sandbox_problem``).
 
     ``writable_tmp`` is kept for callers; ``/tmp`` is always a private, empty one.
     """
