@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
 import secrets
 import tempfile
 import resource
