@@ -216,13 +216,29 @@ PLAIN_GRADING = textwrap.dedent('''
         command = isolate.sandboxed([sys.executable, "-c", fill], own=[work / "fill"], hide=[])
         filled = isolate.Child(command, limits=isolate.Limits(wall_s=60, memory_bytes=100 * 2**20)).wait()
         report["tmpfs_counted"] = filled.out_of_memory and not filled.timed_out
-    # outside the sandbox, a PID namespace of its own for each graded process (no orphans)
-    report["pid_namespace"] = isolate.namespaces_available()
+        # outside the sandbox, a PID namespace of its own for each graded process: no orphans (the attack of
+        # test_no_orphan_outlives_its_child_without_the_sandbox, as this user)
+        report["pid_namespace"] = isolate.namespaces_available()
+        tag = f"fuselab-plain-orphan-{os.getpid()}"
+        isolate.Child([sys.executable, "-c", (work / "orphan.py").read_text(), tag],
+                      limits=isolate.Limits(wall_s=60, memory_bytes=None)).wait()
+        import signal, time
+        time.sleep(1)
+        report["orphans"] = []
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if open(f"/proc/{p}/cmdline", "rb").read().split(bytes(1))[0] == tag.encode():
+                    report["orphans"].append(int(p))
+            except OSError:
+                continue
+        for pid in report["orphans"]:
+            os.kill(pid, signal.SIGKILL)
     print(json.dumps(report))
 ''')
 
 
 def _submission(work: Path) -> None:
+    (work / "orphan.py").write_text(ORPHAN)
     nb = _notebook(
         _cell("import os\nVALUE = 41", "setup"),
         _cell("assert VALUE + 1 == 42", "test_sum", points=2),
@@ -246,7 +262,7 @@ def test_a_plain_user_grader_checks_and_grades_in_the_sandbox(tmp_path):
     assert report["refused"] is None
     assert {k: v[0] for k, v in report["cells"].items()} == {"test_sum": 2, "test_inside": 1,
                                                              "test_no_network": 1}, report["cells"]
-    assert report["tmpfs_counted"] and report["pid_namespace"], report
+    assert report["tmpfs_counted"] and report["pid_namespace"] and report["orphans"] == [], report
 
 
 def test_a_plain_user_whose_kernel_refuses_user_namespaces_is_refused_clearly(tmp_path):
