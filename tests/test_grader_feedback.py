@@ -85,7 +85,11 @@ def test_verdicts_flags_and_notes_are_said_next_to_their_tests(tmp_path):
                             "time limit; nbgrader stopped after 1200 s (time limit)): [NbConvertApp] hidden = 1"],
                      flags=["fused_source: the kernel source was dropped: it assigns the attribute 'fuselab.check'",
                             "test_dram_bytes: the notebook's test cell was changed", "a flag with no cell"])
-    path, problem = feedback.write_one(result, tmp_path / "feedback", SOURCES)
+    # flags are the TA's: not on the page until a TA decides (flags-shown.txt), then next to their tests
+    hidden, _ = feedback.write_one(result, tmp_path / "undecided", SOURCES)
+    assert "assigns the attribute" not in hidden.read_text() and "test cell was changed" not in hidden.read_text()
+    assert "stopped after 1200 s" in _text_of(hidden.read_text())  # the grader's notes are still said
+    path, problem = feedback.write_one(result, tmp_path / "feedback", SOURCES, show_flags=True)
     assert problem == "" and path == tmp_path / "feedback" / "alice" / f"{LAB}.html"
     page = path.read_text()
     text = _text_of(page)
@@ -310,7 +314,7 @@ def test_the_report_takes_any_name_and_flag(tmp_path):
     assert "a|b &lt;script&gt;" in page and "caf\\xe9_\\xff" in page and "\\xff\\xfe" in page
     rows = [line for line in (tmp_path / "report.md").read_text().splitlines() if "*crashed*" in line]
     assert len(rows) == len(names)
-    assert all(len(re.split(r"(?<!\\)\|", row)) == len("| student | test_fused | total | time |".split("|"))
+    assert all(len(re.split(r"(?<!\\)\|", row)) == len("| student | test_fused | total | late | reason | feedback | time |".split("|"))
                for row in rows)  # no name adds a column
     assert "caf\\udce9_\\udcff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")  # written, not a crash
 
@@ -383,8 +387,8 @@ def check_nosy_feedback(class_result, secret: str) -> None:
     assert graded["cells"]["test_fused"]["points"] == graded["cells"]["test_fused"]["max_points"]
     assert "what I saw at home" in text  # the outputs the student submitted
     flat = " ".join(text.split())
-    for flag in graded["flags"]:  # whatever the grader flagged is said
-        assert " ".join(flag.partition(": ")[2].split())[:60] in flat, flag
+    for flag in graded["flags"]:  # the grader's flags are the TA's (the report's), not on the page
+        assert " ".join(flag.partition(": ")[2].split())[:60] not in flat, flag
     # a teaching assistant grades a written answer in formgrader: the next feedback pass shows score and comment
     from nbgrader.api import Gradebook
     db = class_result.out / "course" / "gradebook.db"

@@ -19,8 +19,10 @@ does reach the page is a failed test's message (an exception's type and message,
 own values): it is cut short, and lines of it that quote a hidden test or a value of the grader's environment
 are replaced, as a second line of defence.
 
-Every flag and note of the submission is said on the page, next to the test it concerns (a flag on
-a solution cell next to the tests that use what that cell defines). A notebook that cannot be read or rendered
+Flags (what looks like tampering) are the teaching assistant's: they are in the report, and on the page only once a
+TA decides they should be (``student/lab`` in ``flags-shown.txt`` of the course folder, ``shown_flags``); then
+each is said next to the test it concerns (a flag on a solution cell next to the tests that use what that cell
+defines). Notes (what the grader noticed about the run itself) are always said. A notebook that cannot be read or rendered
 (not JSON, not UTF-8, any JSON shape, huge outputs) still gets a page with the verdicts and a line saying what
 could not be shown; building feedback never raises.
 
@@ -587,9 +589,12 @@ def _cells_html(nb: dict, sources: LabSources, verdicts: _Verdicts, scrub, manua
 
 
 def build_page(result: dict, sources: LabSources, notebook: dict | None, notebook_problem: str = "",
-               manual: dict | None = None, scrub=None) -> str:
-    """The feedback page (HTML) of one submission; ``notebook`` is the student's submitted notebook or None."""
+               manual: dict | None = None, scrub=None, show_flags: bool = True) -> str:
+    """The feedback page (HTML) of one submission; ``notebook`` is the student's submitted notebook or None.
+    ``show_flags``: False leaves the grader's flags out (``write_one`` does until a TA decides)."""
     result = _dict(result)
+    if not show_flags:
+        result = {**result, "flags": []}
     manual = _dict(manual)
     scrub = scrub or MessageScrub(sources.hidden_lines)
     student, lab = _flat(result.get("student", "?"), 200), _flat(result.get("lab", "?"), 100)
@@ -630,8 +635,9 @@ def plain_page(student, lab, why: str) -> str:
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = None) -> tuple:
-    """Write ``out_dir/<student>/<lab>.html``; ``(path or None, problem text or "")``. Never raises."""
+def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = None, show_flags: bool = False) -> tuple:
+    """Write ``out_dir/<student>/<lab>.html``; ``(path or None, problem text or "")``. Never raises. The flags
+    are on the page only with ``show_flags`` (a TA decided)."""
     result = _dict(result)
     student, lab = str(result.get("student", "")), str(result.get("lab", ""))
     problem = ""
@@ -639,7 +645,7 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
         lab_source = sources.get(lab) or LabSources(problem="the lab's release notebook is unknown")
         notebook, notebook_problem = load_notebook(result.get("notebook", ""), result.get("notebook_sha"))
         page = build_page(result, lab_source, notebook, notebook_problem,
-                          _dict(manual).get((student, lab), {}))
+                          _dict(manual).get((student, lab), {}), show_flags=show_flags)
         if notebook_problem:
             problem = notebook_problem
     except Exception as exc:  # noqa: BLE001 - one submission's page must not stop the class's
@@ -661,10 +667,26 @@ def _safe_part(name: str) -> str:
     return "_" + name if name in ("", ".", "..") else name
 
 
-def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None) -> tuple:
+FLAGS_SHOWN = "flags-shown.txt"
+
+
+def shown_flags(course_folder: Path) -> set:
+    """The (student, lab)s whose flags a TA decided to show them: ``student/lab`` lines of ``flags-shown.txt``
+    in the course folder (``#`` starts a comment)."""
+    try:
+        lines = (Path(course_folder) / FLAGS_SHOWN).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return set()
+    pairs = (line.split("#", 1)[0].strip().rpartition("/") for line in lines)
+    return {(student.strip(), lab.strip()) for student, _, lab in pairs if student.strip() and lab.strip()}
+
+
+def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None,
+              show_flags=frozenset()) -> tuple:
     """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises.
 
-    ``results``: ``SubmissionResult``s, or result.json dicts of any shape (read defensively, as JSON)."""
+    ``results``: ``SubmissionResult``s, or result.json dicts of any shape (read defensively, as JSON).
+    ``show_flags``: the (student, lab)s whose pages show the grader's flags (``shown_flags``)."""
     results = [r.to_json() if isinstance(r, SubmissionResult) else r for r in _list(results)]
     results = [r for r in results if isinstance(r, dict)]
     if sources is None:
@@ -672,8 +694,8 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     manual = written_answers(gradebook_db) if gradebook_db else {}
     pages, problems = {}, []
     for result in results:
-        path, problem = write_one(result, out_dir, sources, manual)
         student, lab = str(result.get("student", "")), str(result.get("lab", ""))
+        path, problem = write_one(result, out_dir, sources, manual, show_flags=(student, lab) in show_flags)
         if path is not None:
             pages.setdefault(lab, {})[student] = path
         if problem:

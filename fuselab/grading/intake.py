@@ -5,13 +5,20 @@ Accepted layouts (mixed freely):
 - ``<root>/<student>/<lab>/<notebook>.ipynb`` (nbgrader's own layout) or ``<root>/<student>/<lab>.ipynb``;
 - ``<root>/<student>.zip`` holding that student's files, in any of the layouts above;
 - an LMS bulk download, as a folder or a zip: Canvas names files ``<student>_<id>_<id>_<original name>``
-  (``<student>_LATE_<id>_...`` when late), Moodle makes a folder ``<Full Name>_<id>_assignsubmission_file_``.
+  (``<student>_LATE_<id>_...`` when late), Moodle makes a folder ``<Full Name>_<id>_assignsubmission_file_``
+  ("download submissions in folders") or names each file ``<Full Name>_<id>_assignsubmission_file_<name>``.
+
+What the LMS says about a submission is kept on it: its id there (``lms_id``: Canvas's user id, Moodle's
+participant number), late (Canvas's ``LATE_``), and the time it was handed in where the download has one
+(nbgrader's ``<student>/<lab>/timestamp.txt``).
 
 The lab a notebook belongs to is the nearest folder named after a lab, else its file name (``lab0.ipynb``,
 ``lab0-1.ipynb``, ``Lab0 (2).ipynb``). A malformed submission (not a notebook, an unknown lab, two notebooks
 for one lab, an unsafe zip, a zip member that cannot be unpacked, a link that leads out of the student's folder,
 a hidden folder) becomes a ``Problem`` listed in the report; it never stops the others, whatever its file names
-(any length, any bytes) or JSON (any shape, any depth).
+(any length, any bytes) or JSON (any shape, any depth). Every entry is accounted for: a file that is not a notebook
+(an ``.html`` export), a folder that cannot be read (a path too long or too deep) is a ``Problem`` too, or, beside
+a notebook that is graded for the same lab, a note on it.
 
 Identity: an LMS's student id is part of the student id (Canvas ``smithjane_123``, Moodle ``John_Smith_1234``), so
 two students with one display name stay two; two folders whose names clean up to one id are both refused, never
@@ -21,6 +28,7 @@ merged. A zip holding one folder is that folder's content only when what is insi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -42,7 +50,9 @@ MAX_CLASS_UNZIPPED_BYTES = 4 * 2**30  # all archives of one intake together (a c
 _IGNORED = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store")
 _CANVAS = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?\d+_\d+_(?P<rest>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_\w*?_?$")
-_CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?(?P<id>\d+)_\d+_(?P<rest>.+)$")
+_CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?P<late>LATE_)?(?P<id>\d+)_\d+_(?P<rest>.+)$")
+_MOODLE_FILE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_(?:file|onlinetext)_(?P<rest>.+)$")
+MAX_TIMESTAMP_BYTES = 200
 
 
 @dataclass
@@ -52,6 +62,9 @@ class Submission:
     notebook: Path          # the copy in the staging folder
     origin: str             # where it came from, for messages
     warnings: list = field(default_factory=list)
+    late: bool = False              # the LMS marked it late (Canvas's LATE_)
+    lms_id: str | None = None       # the student's id in the LMS (Canvas user id, Moodle participant number)
+    submitted: str | None = None    # when it was handed in (ISO 8601, UTC), where the download says
 
 
 def printable(text) -> str:
@@ -113,9 +126,21 @@ def _wanted(name: str) -> bool:
     return name.lower().endswith((".ipynb", ".zip"))
 
 
+class MemberProblem(str):
+    """A problem text about one member of a zip (``member``: its name), so intake can tell whose it is."""
+    member: str = ""
+
+
+def _about(member: str, text: str) -> MemberProblem:
+    problem = MemberProblem(text)
+    problem.member = member
+    return problem
+
+
 def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None) -> list:
     """Unzip the notebooks and zips of ``archive`` into ``target``; refuse absolute paths, ``..``, links, zip bombs
-    and notebooks too large to grade, within ``budget`` (one for the whole intake). Returns problems."""
+    and notebooks too large to grade, within ``budget`` (one for the whole intake). Returns problems (those about
+    one member are ``MemberProblem``s)."""
     problems = []
     budget = budget if budget is not None else UnpackBudget()
     try:
@@ -144,23 +169,23 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                 if name in duplicated:
                     continue
                 if name.startswith("/") or ".." in Path(name).parts or ":" in Path(name).parts[0]:
-                    problems.append(f"{archive.name}: skipped unsafe path {name!r}")
+                    problems.append(_about(name, f"{archive.name}: skipped unsafe path {name!r}"))
                     continue
                 if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                    problems.append(f"{archive.name}: skipped symbolic link {name!r}")
+                    problems.append(_about(name, f"{archive.name}: skipped symbolic link {name!r}"))
                     continue
                 if member.flag_bits & 0x1:
-                    problems.append(f"{archive.name}: skipped {name!r}: it is encrypted (password protected)")
+                    problems.append(_about(name, f"{archive.name}: skipped {name!r}: it is encrypted (password protected)"))
                     continue
                 if name.lower().endswith(".ipynb") and member.file_size > MAX_NOTEBOOK_BYTES:
-                    problems.append(f"{archive.name}: skipped {name!r}: {_too_large_to_grade(member.file_size)}")
+                    problems.append(_about(name, f"{archive.name}: skipped {name!r}: {_too_large_to_grade(member.file_size)}"))
                     continue
                 try:
                     zf.extract(member, target)
                 except (OSError, RuntimeError, NotImplementedError, ValueError, EOFError, zlib.error,
                         zipfile.BadZipFile) as exc:
                     # a name too long for the disk, a path that is a file and a folder, a broken member
-                    problems.append(f"{archive.name}: could not unpack {name!r}: {exc}")
+                    problems.append(_about(name, f"{archive.name}: could not unpack {name!r}: {exc}"))
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         problems.append(f"{archive.name}: not a readable zip file ({exc})")
     return problems
@@ -264,7 +289,7 @@ def _owner(relative: Path):
     """Student id of a file at ``relative`` (from the root) and the part of the path below the student."""
     first = relative.parts[0]
     if len(relative.parts) == 1:
-        match = _CANVAS_ID.match(first)
+        match = _MOODLE_FILE.match(first) or _CANVAS_ID.match(first)  # Moodle's first: a Canvas name has no spaces
         if match:
             return f"{match['student']}_{match['id']}", Path(match["rest"])
         return None, relative
@@ -272,9 +297,37 @@ def _owner(relative: Path):
     return (f"{moodle['student']}_{moodle['id']}" if moodle else first), Path(*relative.parts[1:])
 
 
-def _files(root: Path):
-    """Every file under ``root``, as paths below it; links are yielded, never followed into folders."""
-    for folder, dirs, names in os.walk(root, followlinks=False):
+def _lms_facts(relative: Path) -> dict:
+    """What the LMS's own name for an entry says: its id there, and whether it was late."""
+    first = relative.parts[0]
+    moodle = (_MOODLE_FILE.match(first) if len(relative.parts) == 1 else None) or _MOODLE.match(first)
+    if moodle:
+        return {"lms_id": moodle["id"]}
+    canvas = _CANVAS_ID.match(first) if len(relative.parts) == 1 else None
+    if canvas:
+        return {"lms_id": canvas["id"], "late": bool(canvas["late"])}
+    return {}
+
+
+def _timestamp(notebook: Path, within: Path) -> str | None:
+    """nbgrader's ``timestamp.txt`` beside a submitted notebook (its own collected layout), as ISO 8601 UTC; None
+    where there is none or it does not read as a time. Read as data: at most a line, never followed as a link."""
+    stamp = notebook.parent / "timestamp.txt"
+    if notebook.parent == within or stamp.is_symlink() or not stamp.is_file():
+        return None
+    try:
+        with open(stamp, "rb") as handle:
+            text = handle.read(MAX_TIMESTAMP_BYTES).decode("utf-8", "replace").strip()
+        from nbgrader.utils import parse_utc
+        return parse_utc(text).isoformat()
+    except Exception:  # noqa: BLE001 - any text: no time rather than a stopped intake
+        return None
+
+
+def _files(root: Path, errors: list | None = None):
+    """Every file under ``root``, as paths below it; links are yielded, never followed into folders. A folder
+    that cannot be read (a path too long, no permission) goes to ``errors`` as its OSError."""
+    for folder, dirs, names in os.walk(root, followlinks=False, onerror=None if errors is None else errors.append):
         for name in sorted(names + [d for d in dirs if os.path.islink(os.path.join(folder, d))]):
             yield Path(folder, name).relative_to(root)
         dirs.sort()
@@ -303,10 +356,11 @@ def _class_folder(root: Path, labs: dict) -> Path:
     return single if any(p.is_dir() for p in inside) and not looks_like_a_student else root
 
 
-def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None):
+def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None, seen: set | None = None):
     """Find every submission under ``source`` (a folder or a zip) and copy it to ``staging/<student>/<lab>/``.
 
-    ``labs``: ``{lab: notebook file name}`` of the course. Returns ``(submissions, problems)``.
+    ``labs``: ``{lab: notebook file name}`` of the course. Returns ``(submissions, problems)``; ``seen``, where
+    given, gets the id of every student in ``source`` (whatever ``students`` picks).
     """
     source = Path(source)
     staging = Path(staging)
@@ -318,15 +372,19 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
         raise FileNotFoundError(f"no such folder or zip: {source}")
     if source.is_file():
         root = unpacked / "root"
-        problems += [Problem(str(source), p) for p in safe_extract(source, root, budget)]
+        extracted = safe_extract(source, root, budget)
         root = _class_folder(root.resolve(), labs)
+        problems += [_zip_problem(source, p, root, unpacked / "root") for p in extracted]
     else:
         root = source.resolve()
 
     found: dict = {}
     raw_owners: dict = {}   # student id → the folder/file names it came from (two names, one id: refused)
     on_disk: dict = {}      # student id → the first folder or file of theirs, by its name on disk
-    for relative in _files(root):
+    others: list = []       # (student id or None, path below the root, path below the student): not notebooks
+    facts: dict = {}        # student id → what the LMS's names say (lms_id, late)
+    unreadable: list = []
+    for relative in _files(root, unreadable):
         path = root / relative
         owner, below = _owner(relative)
         hidden = _hidden(relative)
@@ -346,7 +404,10 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
         if owner is not None:
             raw_owners.setdefault(student_id(owner), set()).add(owner)
             on_disk.setdefault(student_id(owner), relative.parts[0])  # as named there (an LMS folder in full)
+            facts.setdefault(student_id(owner), {}).update(_lms_facts(relative))
         if path.suffix.lower() not in (".ipynb", ".zip"):
+            if not (path.name == "timestamp.txt" and len(relative.parts) > 1):  # nbgrader's, read with the notebook
+                others.append((_id_or_none(owner), relative, below))
             continue
         if owner is None:
             problems.append(Problem(str(relative), "a notebook at the top level: put it in a folder named after "
@@ -378,6 +439,15 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
             continue
         found.setdefault(student, []).append((path, str(relative), below))
 
+    if seen is not None:
+        seen.update(raw_owners)
+    for error in unreadable:
+        problems.append(_unreadable(error, root))
+    for student, relative, below in others:  # a student with no notebook at all: the wrong file is the reason
+        if student is None or (student not in found and len(raw_owners.get(student, ())) == 1):
+            if not (students and student not in students):
+                problems.append(Problem(str(relative), _wrong_type(relative), student=student,
+                                        lab=lab_of(below, labs) if student else None))
     for student, names in sorted(raw_owners.items()):
         if len(names) > 1:
             listed = ", ".join(sorted(printable(n) for n in names))
@@ -420,6 +490,52 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
             target = staging / student / lab / labs[lab]
             target.parent.mkdir(parents=True, exist_ok=True)
             _staged_copy(path, target)
-            submissions.append(Submission(student, lab, target, printable(origin)))
+            submissions.append(Submission(student, lab, target, printable(origin),
+                                          late=facts.get(student, {}).get("late", False),
+                                          lms_id=facts.get(student, {}).get("lms_id"),
+                                          submitted=_timestamp(path, root)))
+    # a file beside notebooks: a note on the notebook graded for its lab, else a problem of its own
+    graded = {(s.student, s.lab): s for s in submissions}
+    for student, relative, below in others:
+        if student is None or student not in found or (students and student not in students):
+            continue
+        lab = lab_of(below, labs)
+        if lab is not None and (student, lab) in graded:
+            graded[(student, lab)].warnings.append(f"also uploaded {printable(relative.name)}: not a notebook, "
+                                                   "not graded")
+        elif not (only_labs and lab and lab not in only_labs):
+            problems.append(Problem(str(relative), _wrong_type(relative), student=student, lab=lab))
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems
+
+
+def _wrong_type(relative: Path) -> str:
+    return (f"wrong file type: {printable(relative.name)!r} is not a Jupyter notebook (.ipynb); not graded. In "
+            "Jupyter, File > Download saves the .ipynb to submit")
+
+
+def _unreadable(error: OSError, root: Path) -> Problem:
+    """A folder the walk could not read: whose it is, and why (a path past the system's limit, most often)."""
+    try:
+        relative = Path(os.fsdecode(error.filename)).relative_to(root)
+    except (TypeError, ValueError):
+        relative = Path(str(error.filename or "?"))
+    owner = _owner(relative)[0] if relative.parts else None
+    why = error.strerror or str(error)
+    advice = "a path this long or this deep cannot be read: submit the notebook nearer the top" \
+        if error.errno in (errno.ENAMETOOLONG, errno.ELOOP) else "it cannot be read"
+    return Problem(str(relative)[:300] + ("…" if len(str(relative)) > 300 else ""),
+                   f"not graded: {why}; {advice}", student=_id_or_none(owner))
+
+
+def _zip_problem(source: Path, text: str, root: Path, unpacked_root: Path) -> Problem:
+    """A problem of the class zip, given to the student whose entry it is where the member's name says."""
+    member = getattr(text, "member", "")
+    student = None
+    if member:
+        parts = Path(member).parts
+        if root != unpacked_root and len(parts) > 1:  # the zip's one top folder is the class folder
+            parts = parts[1:]
+        if parts and not (len(parts) == 1 and _owner(Path(parts[0]))[0] is None):
+            student = _id_or_none(_owner(Path(*parts))[0])
+    return Problem(str(source), text, student=student)

@@ -50,6 +50,37 @@ def prepare_course(root: Path, labs) -> None:
             nbgrader("generate_assignment", lab, "--force", *course_args(root))
 
 
+def set_due_dates(db: Path, due: dict) -> None:
+    """Each lab's due date (``{lab: datetime in UTC}``) in the course gradebook, where nbgrader's late penalty
+    and formgrader read it; a lab not given keeps the one it has."""
+    if not due:
+        return
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        for lab, when in due.items():
+            gradebook.update_or_create_assignment(lab, duedate=when)
+
+
+def due_dates(db: Path) -> dict:
+    """``{lab: due date (datetime, UTC)}`` of the labs the course gradebook has one for."""
+    if not Path(db).exists():
+        return {}
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        return {a.name: a.duedate for a in gradebook.assignments if a.duedate is not None}
+
+
+def late_penalty_plugin():
+    """nbgrader's late-submission plugin as the course's ``grader/nbgrader_config.py`` configures it
+    (``c.AssignLatePenalties.plugin_class``, ``c.LateSubmissionPlugin.penalty_method``), as autograde would."""
+    from nbgrader.preprocessors import AssignLatePenalties
+    from traitlets.config.loader import PyFileConfigLoader
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(GRADER)).load_config()
+    assigner = AssignLatePenalties(config=config)
+    assigner.init_plugin()
+    return assigner
+
+
 def add_students(db: Path, students) -> None:
     from nbgrader.api import Gradebook
     with Gradebook(f"sqlite:///{db}") as gradebook:
@@ -217,16 +248,21 @@ def phases(executed_nb: dict, started: float, ended: float) -> dict:
     return {"start": round(first - started, 3), "cells": round(last - first, 3), "finish": round(ended - last, 3)}
 
 
-def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy: Path) -> None:
+def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy: Path, timestamp=None,
+           late_penalties=None) -> None:
     """Put one submission's final scores in the course gradebook and its notebook in ``autograded/``.
 
     ``final``: grade_id → points for the automatically graded cells. Written answers keep whatever a person gave
-    them (formgrader); nothing a teaching assistant entered is overwritten.
+    them (formgrader); nothing a teaching assistant entered is overwritten. ``timestamp``: when it was handed
+    in (ISO 8601, UTC), where the LMS said: with the lab's due date, nbgrader's late-penalty plugin
+    (``late_penalties``, default ``late_penalty_plugin()``) sets the notebook's penalty as its autograde would.
     """
     from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.utils import parse_utc
     target = course_root / "autograded" / student / lab / notebook_name(lab)
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(notebook_copy, target)
+    if Path(notebook_copy).is_file():  # an earlier run's staged copy may be gone: the gradebook is what counts
+        shutil.copy(notebook_copy, target)
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
         gradebook.update_or_create_student(student)
         try:
@@ -240,9 +276,20 @@ def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy
             grade = gradebook.find_grade(grade_id, nb_name, lab, student)
             grade.auto_score = points
             grade.needs_manual_grade = False
-        for grade in gradebook.find_submission_notebook(nb_name, lab, student).grades:
+        notebook = gradebook.find_submission_notebook(nb_name, lab, student)
+        for grade in notebook.grades:
             if grade.name not in final and grade.auto_score is None and grade.manual_score is None:
                 grade.needs_manual_grade = True  # a written answer waits for a person
+        submission = gradebook.find_submission(lab, student)
+        submission.timestamp = parse_utc(timestamp) if timestamp else None
+        gradebook.db.commit()
+        notebook.late_submission_penalty = None
+        if submission.total_seconds_late > 0:
+            assigner = late_penalties or late_penalty_plugin()
+            penalty = assigner.plugin_inst.late_submission_penalty(student, notebook.score,
+                                                                   submission.total_seconds_late)
+            if penalty is not None:
+                notebook.late_submission_penalty = min(max(penalty, 0), notebook.score)
         gradebook.db.commit()
 
 

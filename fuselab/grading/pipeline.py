@@ -1,7 +1,9 @@
 """``fuselab grade``: intake → per submission (nbgrader autograde, clean recheck) → gradebook, feedback, report.
 
 Every submission's outcome is written to ``<out>/work/<student>/<lab>/result.json`` as soon as it is graded, so
-a run that stops resumes where it stopped (``force=True`` regrades). A submission whose notebook changed since
+a run that stops resumes where it stopped (``force=True`` regrades this run's submissions). ``out`` is the term's
+course folder (``term``): every run adds to it, and its outputs show the whole course, so a run over some students
+or labs changes exactly their rows. A submission whose notebook changed since
 its result was written is graded again, and so is one graded with less containment than this run's (a result
 graded without the sandbox is not kept by a sandboxed run).
 
@@ -14,7 +16,6 @@ submission's result is saved. One run at a time per ``--out`` (a lock file namin
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import hashlib
 import json
@@ -31,7 +32,7 @@ from .. import course
 from .. import notebook as ipynb
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
-from . import feedback, intake, isolate, nbgrader_run, recheck, report, schedule
+from . import feedback, intake, isolate, nbgrader_run, recheck, report, roster, schedule, term
 from .lease import grading_lease
 from .results import CellResult, SubmissionResult
 
@@ -56,6 +57,8 @@ class Settings:
     feedback: bool = True
     shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
     cpu_threads: int | None = None      # CPU threads per child (set from the number of workers by ``grade``)
+    roster: Path | None = None          # the LMS's class list (CSV), kept in the course folder for later runs
+    due: dict = field(default_factory=dict)  # lab → due date (ISO 8601), kept in the course's gradebook
 
 
 @dataclass
@@ -72,10 +75,15 @@ class ClassResult:
     phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
     graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
     workers: list = field(default_factory=list)  # the worker slots (``schedule.workers_for``): a device each
+    standings: list = field(default_factory=list)  # the whole course's (student, lab)s (``term.standings``)
 
 
 class GradingRefused(RuntimeError):
     """The run cannot start (or go on) safely: nothing was graded or saved for what it refused."""
+
+
+class UnknownNames(GradingRefused):
+    """A ``--students`` or ``--labs`` name the submissions or the course do not have (listed in the message)."""
 
 
 LOCK_NAME = ".fuselab-grading.lock"
@@ -144,7 +152,8 @@ def _kept(previous: dict, sub, settings: Settings) -> bool:
 
 
 def default_out() -> Path:
-    return RUNS / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    """The term's course folder when no ``--out`` is given: one, so every run adds to the same gradebook."""
+    return RUNS / "term"
 
 
 def _sha(path: Path) -> str:
@@ -566,12 +575,22 @@ def _grade(source, settings: Settings) -> ClassResult:
     labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
     unknown = sorted(set(settings.labs or []) - set(labs))
     if unknown:
-        raise ValueError(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(course.lab_names())})")
+        raise UnknownNames(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(course.lab_names())})")
+    due = _due_dates(settings.due)
+    try:  # a roster that cannot be read stops the run before anything is graded
+        people = roster.read(settings.roster) if settings.roster else None
+    except (OSError, roster.RosterError) as exc:
+        raise GradingRefused(f"--roster: {exc}") from None
     notebook_names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}  # to recognise all
+    seen: set = set()
     submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
-                                           students=settings.students, only_labs=labs)
+                                           students=settings.students, only_labs=labs, seen=seen)
+    _check_students(settings.students, seen, source)
+    if settings.students:  # a run over some students changes nobody else's rows
+        problems = [p for p in problems if p.student in settings.students]
     course_root = settings.out / "course"
     nbgrader_run.prepare_course(course_root, labs)
+    nbgrader_run.set_due_dates(course_root / "gradebook.db", due)
     nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
     lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
     clock = phase_done("intake and course", clock)
@@ -634,10 +653,36 @@ def _grade(source, settings: Settings) -> ClassResult:
             continue
         results[(sub.student, sub.lab)] = outcome
 
+    run_labs = settings.labs or {s.lab for s in submissions} | {p.lab for p in problems if p.lab}
+    entries = term.record_run(settings.out, submissions, set(results), problems, run_labs)
+    if people is not None or roster.load(settings.out):
+        roster.save(settings.out, roster.match(people if people is not None else roster.load(settings.out), entries))
     class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
                                reference=reference, phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
                                workers=workers)
     return write_outputs(class_result, settings, clock, lab_pages=lab_pages)
+
+
+def _check_students(students, seen: set, source) -> None:
+    missing = sorted(set(students or []) - seen)
+    if missing:
+        raise UnknownNames(f"no such student(s) in {source}: {', '.join(missing)}. The students in it: "
+                           f"{', '.join(sorted(seen)) or '(none)'}")
+
+
+def _due_dates(due: dict) -> dict:
+    """``{lab: datetime in UTC}`` from ``--due LAB=WHEN`` (ISO 8601; no zone: UTC); a wrong one stops the run."""
+    from nbgrader.utils import parse_utc
+    parsed = {}
+    for lab, when in (due or {}).items():
+        if lab not in course.lab_names():
+            raise UnknownNames(f"--due {lab}: no such lab (labs: {', '.join(course.lab_names())})")
+        try:
+            parsed[lab] = parse_utc(when)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise GradingRefused(f"--due {lab}={when}: not a date and time ({exc}); write it as 2026-09-14T23:59 "
+                                 "(UTC) or 2026-09-14T23:59-05:00") from None
+    return parsed
 
 
 def write_outputs(class_result: ClassResult, settings: Settings, clock: float | None = None,
@@ -657,18 +702,31 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
         return now
 
     course_root = settings.out / "course"
-    ordered = class_result.results = [SubmissionResult.of(r) for r in class_result.results]
+    class_result.results = [SubmissionResult.of(r) for r in class_result.results]
+    # the whole course's results (this run's and the earlier runs' in the same folder), and everyone's standing
+    entries = term.load_entries(settings.out)
+    ordered = term.course_results(settings.out, class_result.results, entries)
+    class_result.standings = term.standings(ordered, entries, roster.load(settings.out),
+                                            nbgrader_run.due_dates(course_root / "gradebook.db"))
+    if lab_pages is not None and settings.feedback:
+        missing_pages = sorted({r.lab for r in ordered} - set(lab_pages))
+        lab_pages = {**lab_pages, **(feedback.lab_sources(missing_pages) if missing_pages else {})}
+    late = {(s.student, s.lab): s for s in class_result.standings}
     for result in ordered:
         notebook_copy = result.notebook_autograded or result.notebook
-        nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy))
+        standing = late.get((result.student, result.lab))
+        nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy),
+                            timestamp=standing.submitted if standing else None)
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
         # ran) and the verdicts; never from what nbgrader's run printed
         class_result.feedback, class_result.feedback_problems = feedback.write_all(
-            ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db")
+            ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db",
+            show_flags=feedback.shown_flags(settings.out))
     clock = phase_done("feedback", clock)
     nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
-    class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv")
+    class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
+                                                      standings=class_result.standings)
     class_result.report = report.write_report(class_result, settings.out)
     phase_done("gradebook and report", clock)
     return class_result

@@ -1,9 +1,12 @@
 """The class's grades and report: ``grades.csv``, ``report.md`` / ``report.html`` with figures.
 
-grades.csv has one row per student: per lab the total, every test's points and every measured speedup.
-The report shows, per lab, the score distribution, the speedups against the policy's threshold, the tests
-failed most often, and everything a teaching assistant must look at: disagreements between the notebook run and
-the clean recheck, flagged tampering, crashes and timeouts, malformed submissions.
+grades.csv has one row per student of the course (``term.standings``: every student any run met or the roster
+lists): per lab the total, its status (graded, "not graded: why", "missing"), whether it was late and when it was
+handed in, every test's points and every measured speedup. The report shows, per lab, the score distribution,
+the speedups against the policy's threshold, the tests failed most often, a row per student with the reason for
+lost points (or for no grade) and a link to their feedback page, and everything a teaching assistant must look
+at: disagreements between the notebook run and the clean recheck, flagged tampering (never shown to the student:
+the TA decides), crashes and timeouts, malformed submissions.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import csv
 import datetime
 import html
 import re
+import urllib.parse
 from pathlib import Path
 
-from . import schedule
+from . import schedule, term
 from .intake import printable
 from .results import SubmissionResult
 
@@ -33,20 +37,65 @@ def _typed(results) -> list:
     return [SubmissionResult.of(r) for r in results]
 
 
-def write_grades_csv(results: list, path: Path) -> Path:
+def _graded_standings(results) -> list:
+    return [term.Standing(r.student, r.lab, term.GRADED, result=r) for r in _typed(results)]
+
+
+def status_text(standing) -> str:
+    """grades.csv's and the report's word for a standing: graded, "not graded: why", missing."""
+    if standing.status == term.GRADED:
+        return "graded"
+    if standing.status == term.MISSING:
+        return "missing"
+    return f"not graded: {' '.join(printable(standing.why).split())[:300]}"
+
+
+def lost_points(result) -> str:
+    """Why a graded submission lost points, one short line: each test short of full points and its reason."""
+    parts = []
+    for grade_id, cell in result.cells.items():
+        if cell.points < cell.max_points:
+            message = (cell.message or "").strip().splitlines()
+            parts.append(f"{grade_id}: {cell.status}" + (f" ({message[-1][:120]})" if message else ""))
+    return "; ".join(parts)
+
+
+def write_grades_csv(results: list, path: Path, standings: list | None = None) -> Path:
+    """One row per student: ``standings`` (``term.standings``, the whole course), else ``results`` alone."""
     results = _typed(results)
-    labs = sorted({r.lab for r in results})
-    tests = {lab: list(next(r for r in results if r.lab == lab).cells) for lab in labs}
+    standings = _graded_standings(results) if standings is None else standings
+    labs = sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB})
+    tests = {lab: list(next((r for r in results if r.lab == lab), SubmissionResult("", lab)).cells) for lab in labs}
+    maxima = {lab: next((r.max_total for r in results if r.lab == lab), None) for lab in labs}
     speed_tests = {lab: [t for t in tests[lab] if any(t in c.cells and c.cells[t].speed for c in results
                                                       if c.lab == lab)] for lab in labs}
-    header = ["student"]
+    header = ["student", "name", "lms id"]
     for lab in labs:
-        header += [f"{lab} total", f"{lab} max"] + [f"{lab}/{t}" for t in tests[lab]] + \
-                  [f"{lab}/{t} speedup" for t in speed_tests[lab]]
-    header += ["total", "max", "flags"]
+        header += [f"{lab} total", f"{lab} max", f"{lab} status", f"{lab} late", f"{lab} submitted"] + \
+                  [f"{lab}/{t}" for t in tests[lab]] + [f"{lab}/{t} speedup" for t in speed_tests[lab]]
+    unknown_lab = [s for s in standings if s.lab == term.UNKNOWN_LAB]
+    header += ["total", "max", "flags"] + (["not graded (lab unknown)"] if unknown_lab else [])
     rows = {}
+    for standing in standings:
+        row = rows.setdefault(standing.student, {"student": standing.student, "total": 0.0, "max": 0.0,
+                                                 "flags": 0})
+        row["name"] = row.get("name") or standing.person.get("name", "")
+        row["lms id"] = row.get("lms id") or standing.lms_id or ""
+        if standing.lab == term.UNKNOWN_LAB:
+            row["not graded (lab unknown)"] = status_text(standing)
+            continue
+        lab = standing.lab
+        row[f"{lab} status"] = status_text(standing)
+        row[f"{lab} late"] = "late" if standing.late else ""
+        row[f"{lab} submitted"] = standing.submitted or ""
+        if standing.result is None:
+            row[f"{lab} max"] = f"{maxima[lab]:g}" if maxima[lab] is not None else ""
+            if standing.status == term.MISSING:
+                row[f"{lab} total"] = "0"
+                row["max"] += maxima[lab] or 0.0
     for r in results:
         row = rows.setdefault(r.student, {"student": r.student, "total": 0.0, "max": 0.0, "flags": 0})
+        row.setdefault(f"{r.lab} status", "graded")
         row[f"{r.lab} total"] = f"{r.total:g}"
         row[f"{r.lab} max"] = f"{r.max_total:g}"
         for test, cell in r.cells.items():
@@ -125,9 +174,15 @@ def _gpu_line(results) -> str:
 
 
 def markdown(class_result) -> str:
-    results = _typed(class_result.results)
+    standings = getattr(class_result, "standings", None) or _graded_standings(class_result.results)
+    results = [s.result for s in standings if s.result is not None]
+    counted = {status: sum(1 for s in standings if s.status == status)
+               for status in (term.GRADED, term.NOT_GRADED, term.MISSING)}
     lines = [f"# Grading report", "", f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {len(results)} submission(s), "
-             f"{len({r.student for r in results})} student(s).", "", _gpu_line(results), ""]
+             f"{len({s.student for s in standings})} student(s): {counted[term.GRADED]} graded, "
+             f"{counted[term.NOT_GRADED]} not graded, {counted[term.MISSING]} missing."
+             + (f" This run graded {class_result.graded_now} of them." if class_result.graded_now else ""),
+             "", _gpu_line(results), ""]
     if class_result.reference:
         lines += ["## The instructor's solution on this machine", ""]
         for lab, ref in class_result.reference.items():
@@ -137,29 +192,49 @@ def markdown(class_result) -> str:
                 if ref["broken"] else "all correctness tests pass"
             lines.append(f"- {lab}: {total:g} / {maximum:g} ({state})")
         lines.append("")
-    for lab in sorted({r.lab for r in results}):
-        mine = [r for r in results if r.lab == lab]
-        tests = list(mine[0].cells)
-        lines += [f"## {lab}", "", f"![{lab}]({lab}-figures.png)", "",
-                  "| student | " + " | ".join(tests) + " | total | time |",
-                  "| --- | " + " | ".join("---" for _ in tests) + " | --- | --- |"]
-        for r in mine:
+    pages = getattr(class_result, "feedback", None) or {}
+    for lab in sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB}):
+        mine = [s for s in standings if s.lab == lab]
+        graded = [s.result for s in mine if s.result is not None]
+        tests = list(graded[0].cells) if graded else []
+        lines += [f"## {lab}", ""] + ([f"![{lab}]({lab}-figures.png)", ""] if graded else []) + [
+                  "| student | " + " | ".join(tests) + " | total | late | reason | feedback | time |",
+                  "| --- | " + " | ".join("---" for _ in tests) + " | --- | --- | --- | --- | --- |"]
+        for standing in mine:
+            r = standing.result
+            late = "late" + (f" ({_md(standing.submitted)})" if standing.submitted else "") if standing.late else ""
+            if r is None:
+                lines.append(f"| {_md(standing.student)} | " + " | ".join("-" for _ in tests) +
+                             f" | {'0' if standing.status == term.MISSING else '-'} | {late} | "
+                             f"{_md(status_text(standing), 400)} | | |")
+                continue
             cells = []
             for t in tests:
-                c = r.cells[t]
+                c = r.cells.get(t)
+                if c is None:
+                    cells.append("-")
+                    continue
                 measured = c.measured_speedup()
                 text = f"{c.points:g}" + (f" ({measured['speedup']:.2f}x)" if measured else "")
                 if c.status not in ("passed",):
                     text += f" *{_md(c.status)}*"
                 cells.append(text)
+            page = pages.get(lab, {}).get(r.student)
+            link = f"[page]({_relative_link(page, class_result.out)})" if page else ""
             lines.append(f"| {_md(r.student)} | " + " | ".join(cells) +
-                         f" | **{r.total:g}** / {r.max_total:g} | {r.seconds or 0:.0f} s |")
+                         f" | **{r.total:g}** / {r.max_total:g} | {late} | {_md(lost_points(r), 400)} | {link} "
+                         f"| {r.seconds or 0:.0f} s |")
         lines.append("")
+    unknown = [s for s in standings if s.lab == term.UNKNOWN_LAB]
+    if unknown:
+        lines += ["## Not graded, lab unknown", ""]
+        lines += [f"- {_md(s.student)}: {_md(status_text(s), 500)}" for s in unknown] + [""]
     attention = []
     for r in results:
         who = _md(f"{r.student}/{r.lab}")
         attention += [f"- {who}: **disagreement**: {_md(d, 500)}" for d in r.disagreements]
-        attention += [f"- {who}: **flag**: {_md(f, 500)}" for f in r.flags]
+        attention += [f"- {who}: **flag** (not on the student's page: yours to decide): {_md(f, 500)}"
+                      for f in r.flags]
         # what the grader noticed about the run itself (a GPU other programs kept busy, a notebook nbgrader could
         # not finish, which of two notebooks was graded), as in the student's feedback; flattened and cut, as a
         # note may end with nbgrader's output: text the student's run printed
@@ -174,6 +249,15 @@ def markdown(class_result) -> str:
     lines += ["## To look at", ""] + (attention or ["Nothing."]) + [""]
     lines += _throughput(class_result)
     return "\n".join(lines)
+
+
+def _relative_link(page, out) -> str:
+    """A feedback page as a link from the report (both in the course folder), each part URL-quoted."""
+    try:
+        relative = Path(page).resolve().relative_to(Path(out).resolve())
+    except (ValueError, OSError, TypeError):
+        return ""
+    return "/".join(urllib.parse.quote(printable(part)) for part in relative.parts)
 
 
 def median_steps(results) -> dict:
@@ -232,7 +316,8 @@ def _throughput(class_result) -> list:
 
 def write_report(class_result, out: Path) -> Path:
     out = Path(out)
-    results = _typed(class_result.results)
+    standings = getattr(class_result, "standings", None)
+    results = [s.result for s in standings if s.result is not None] if standings else _typed(class_result.results)
     for lab in sorted({r.lab for r in results}):
         _figures(results, lab, out)
     # any text from a submission (a file name's undecodable bytes, a note) is written as escapes, never a crash

@@ -1,0 +1,123 @@
+"""The class list, from the LMS's own CSV export: who should have submitted.
+
+Read as it comes out of the LMS (``fuselab grade --roster FILE``):
+
+- Canvas's gradebook export (Grades > Export): ``Student`` ("Last, First"), ``ID`` (the user id Canvas puts in
+  its submission file names), ``SIS User ID``, ``SIS Login ID``, ``Section``; its "Points Possible" row and the
+  test student are skipped;
+- Moodle's grading worksheet (Assignment > Download grading worksheet): ``Identifier`` ("Participant 1234", the
+  number Moodle puts in its submission names), ``Full name``, ``Email address``;
+- Moodle's grade export or participants list: ``First name``, ``Last name``, ``Email address`` (matched to the
+  submissions by name: those names carry no number).
+
+Each person gets the student id intake gives their submissions (matched by the LMS's id, else by name), so a
+roster student with nothing submitted is one row, not two. The roster is saved in the course folder
+(``roster.json``) and kept by later runs until another ``--roster`` replaces it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+from .intake import printable, student_id
+
+ROSTER = "roster.json"
+MAX_ROSTER_BYTES = 20 * 2**20
+
+
+class RosterError(ValueError):
+    """The file is not a roster this reads: says which columns it looked for."""
+
+
+def _canvas_name(name: str) -> str:
+    """Canvas's own name in its submission files: "Smith, Jane" → "smithjane"."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def read(path: Path) -> list:
+    """The people of an LMS roster CSV: ``[{"student", "name", "email", "lms_id", "lms", ...}]``."""
+    raw = Path(path).read_bytes()[:MAX_ROSTER_BYTES]
+    text = raw.decode("utf-8-sig", errors="replace")
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        raise RosterError(f"{path}: empty; give the LMS's CSV export of the class")
+    header = [h.strip() for h in rows[0]]
+    lower = [h.lower() for h in header]
+    people = []
+    if "student" in lower and "id" in lower:  # Canvas
+        at = {name: lower.index(name) for name in ("student", "id", "sis user id", "sis login id", "section")
+              if name in lower}
+        for row in rows[1:]:
+            cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
+            if not cell["id"].isdigit() or cell["student"].lower() in ("points possible", "student, test"):
+                continue
+            people.append({"student": student_id(f"{_canvas_name(cell['student'])}_{cell['id']}"),
+                           "name": cell["student"], "lms_id": cell["id"], "lms": "canvas",
+                           "sis_id": cell.get("sis user id", ""), "sis_login": cell.get("sis login id", ""),
+                           "section": cell.get("section", ""), "email": ""})
+        columns = {h: h for h in header[5:]}
+    elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
+        at = {name: lower.index(name) for name in ("identifier", "full name", "email address") if name in lower}
+        for row in rows[1:]:
+            cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
+            number = re.sub(r"\D", "", cell["identifier"])
+            if not number:
+                continue
+            people.append({"student": student_id(f"{cell['full name']}_{number}"), "name": cell["full name"],
+                           "lms_id": number, "lms": "moodle", "email": cell.get("email address", ""),
+                           "identifier": cell["identifier"]})
+        columns = {}
+    elif "first name" in lower and "last name" in lower:  # Moodle's grade export, participants
+        at = {name: lower.index(name) for name in ("first name", "last name", "email address", "id number")
+              if name in lower}
+        for row in rows[1:]:
+            cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
+            name = f"{cell['first name']} {cell['last name']}".strip()
+            if name:
+                people.append({"student": student_id(name), "name": name, "lms_id": None, "lms": "moodle",
+                               "email": cell.get("email address", ""), "id_number": cell.get("id number", "")})
+        columns = {}
+    else:
+        raise RosterError(f"{path}: not a roster this reads (its columns: {', '.join(printable(h) for h in header[:8])}"
+                          "). Give Canvas's gradebook export (Student, ID, ...) or Moodle's grading worksheet "
+                          "(Identifier, Full name, ...) or grade export (First name, Last name, ...)")
+    for person in people:
+        person["columns"] = columns  # Canvas: its assignment columns, for the export to name a lab's
+    return people
+
+
+def match(people: list, entries: dict) -> list:
+    """Each person under the student id intake gave their submissions: the same LMS id, else (no id: Moodle's
+    grade export) an id that is their name followed by a number."""
+    by_lms = {e.lms_id: e.student for e in entries.values() if e.lms_id}
+    students = {e.student for e in entries.values()}
+    for person in people:
+        if person.get("lms_id") and person["lms_id"] in by_lms:
+            person["student"] = by_lms[person["lms_id"]]
+        elif not person.get("lms_id"):
+            named = sorted(s for s in students if re.fullmatch(re.escape(person["student"]) + r"_\d+", s))
+            if len(named) == 1:
+                person["student"] = named[0]
+                person["lms_id"] = named[0].rsplit("_", 1)[1]
+    return people
+
+
+def save(out: Path, people: list) -> None:
+    path = Path(out) / ROSTER
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(people, indent=1))
+    os.replace(temporary, path)
+
+
+def load(out: Path) -> list:
+    try:
+        people = json.loads((Path(out) / ROSTER).read_text())
+    except (OSError, ValueError):
+        return []
+    return [p for p in people if isinstance(p, dict) and isinstance(p.get("student"), str)] \
+        if isinstance(people, list) else []

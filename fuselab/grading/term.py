@@ -1,0 +1,170 @@
+"""A term's course folder: one gradebook that every ``fuselab grade`` run adds to.
+
+``--out`` names the course folder (default ``grader/runs/term``); lab 0 in week 1, lab 1 in week 2 and a regrade
+in week 5 all go to the same one. Besides the graded results (``work/<student>/<lab>/result.json``) it keeps:
+
+- ``entries.json``: every (student, lab) any run's intake met, graded or not graded and why, with what the LMS
+  said (late, when handed in, its id for the student). A run replaces the entries it met again and keeps every
+  other, so a run over some students or labs changes exactly their rows;
+- ``roster.json``: the class list (``--roster``, the LMS's own CSV export, ``roster.py``), kept for later runs:
+  who is on it and submitted nothing for a lab the course has graded is "missing", with 0.
+
+``standings`` puts the two together: one ``Standing`` per (student, lab) for grades.csv, the report and the
+LMS export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .results import SubmissionResult
+
+ENTRIES = "entries.json"
+GRADED, NOT_GRADED, MISSING = "graded", "not graded", "missing"
+UNKNOWN_LAB = ""  # an entry intake could not give a lab (a file of no lab in a run over several labs)
+
+
+@dataclass
+class Entry:
+    student: str
+    lab: str
+    status: str                   # GRADED or NOT_GRADED
+    why: str = ""                 # for NOT_GRADED: what was wrong; for GRADED: notes from intake
+    where: str = ""               # the entry's name in the submissions
+    late: bool = False
+    submitted: str | None = None  # ISO 8601, where the LMS's download said
+    lms_id: str | None = None
+
+
+@dataclass
+class Standing:
+    """One student's standing in one lab: a graded result, or why there is none."""
+    student: str
+    lab: str
+    status: str                    # GRADED, NOT_GRADED or MISSING
+    why: str = ""
+    late: bool = False
+    submitted: str | None = None
+    lms_id: str | None = None
+    result: SubmissionResult | None = None
+    person: dict = field(default_factory=dict)   # the roster's row for the student (name, email, ids)
+
+
+def _key(student, lab) -> str:
+    return f"{student}/{lab}"
+
+
+def load_entries(out: Path) -> dict:
+    path = Path(out) / ENTRIES
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = {}
+    for item in data if isinstance(data, list) else []:
+        try:
+            entry = Entry(**item)
+        except TypeError:
+            continue
+        entries[(entry.student, entry.lab)] = entry
+    return entries
+
+
+def save_entries(out: Path, entries: dict) -> None:
+    """Written whole or not at all."""
+    path = Path(out) / ENTRIES
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps([asdict(e) for _, e in sorted(entries.items())], indent=1))
+    os.replace(temporary, path)
+
+
+def record_run(out: Path, submissions: list, graded: set, problems: list, run_labs) -> dict:
+    """Add this run's entries to the course's and save them; returns them all.
+
+    ``submissions``: intake's; ``graded``: the (student, lab) of those that have a result now; ``problems``:
+    intake's and the grader's. A problem with no lab belongs to the run's lab where the run covers one lab."""
+    entries = load_entries(out)
+    run_labs = sorted(run_labs)
+    new: dict = {}
+    for problem in problems:
+        if not problem.student:
+            continue  # nobody's: listed in the report's "to look at" of this run
+        lab = problem.lab or (run_labs[0] if len(run_labs) == 1 else UNKNOWN_LAB)
+        entry = new.get((problem.student, lab))
+        if entry is None or entry.status == GRADED:
+            entry = new[(problem.student, lab)] = Entry(problem.student, lab, NOT_GRADED, where=problem.where)
+        entry.why = "; ".join(filter(None, [entry.why, f"{problem.where}: {problem.message}"]))
+    for sub in submissions:
+        key = (sub.student, sub.lab)
+        if key in graded:  # graded; a problem beside it (a link skipped in their zip) stays as a note
+            noted = new.get(key)
+            new[key] = Entry(sub.student, sub.lab, GRADED, why=noted.why if noted else "", where=sub.origin)
+        if key in new:
+            new[key].late, new[key].submitted, new[key].lms_id = sub.late, sub.submitted, sub.lms_id
+    for key, entry in new.items():
+        before = entries.get(key)
+        if before is not None and before.status == GRADED and entry.status == NOT_GRADED:
+            entry.why += " (an earlier run graded a notebook of theirs for this lab: its result stays in work/)"
+        entries[key] = entry
+    for student, lab in [k for k in new if k[1] != UNKNOWN_LAB]:
+        entries.pop((student, UNKNOWN_LAB), None)  # now known for a lab
+    save_entries(out, entries)
+    return entries
+
+
+def saved_results(out: Path) -> dict:
+    """Every graded result in the course folder: ``{(student, lab): SubmissionResult}``."""
+    found = {}
+    for path in sorted(Path(out).glob("work/*/*/result.json")):
+        try:
+            data = json.loads(path.read_text())
+            result = SubmissionResult.from_json(data)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if (result.student, result.lab) == (path.parent.parent.name, path.parent.name):
+            found[(result.student, result.lab)] = result
+    return found
+
+
+def course_results(out: Path, this_run: list, entries: dict) -> list:
+    """The results the course's outputs show: this run's, and every other saved one whose entry is still
+    graded (an entry a later run found not gradable keeps its result on disk, out of the totals)."""
+    results = saved_results(out)
+    if entries:
+        results = {k: r for k, r in results.items() if k not in entries or entries[k].status == GRADED}
+    results.update({(r.student, r.lab): r for r in map(SubmissionResult.of, this_run)})
+    return [results[k] for k in sorted(results)]
+
+
+def standings(results: list, entries: dict, people: list, due: dict | None = None) -> list:
+    """One ``Standing`` per (student, lab): every result, every entry not graded, and for each roster student
+    with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
+    or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``)."""
+    by_key: dict = {}
+    for result in map(SubmissionResult.of, results):
+        entry = entries.get((result.student, result.lab))
+        by_key[(result.student, result.lab)] = Standing(
+            result.student, result.lab, GRADED, late=bool(entry and entry.late),
+            submitted=entry.submitted if entry else None, lms_id=entry.lms_id if entry else None, result=result)
+    for key, entry in entries.items():
+        if entry.status != GRADED and key not in by_key:
+            by_key[key] = Standing(entry.student, entry.lab, entry.status, why=entry.why, late=entry.late,
+                                   submitted=entry.submitted, lms_id=entry.lms_id)
+    graded_labs = {lab for (_, lab), s in by_key.items() if s.status == GRADED}
+    people_by_id = {p["student"]: p for p in people}
+    for student in people_by_id:
+        for lab in graded_labs:
+            by_key.setdefault((student, lab), Standing(student, lab, MISSING, why="missing: nothing submitted",
+                                                       lms_id=people_by_id[student].get("lms_id")))
+    for standing in by_key.values():
+        when = (due or {}).get(standing.lab)
+        if when is not None and standing.submitted:
+            from nbgrader.utils import parse_utc
+            standing.late = standing.late or parse_utc(standing.submitted) > when
+        standing.person = people_by_id.get(standing.student, {})
+        if standing.lms_id is None:
+            standing.lms_id = standing.person.get("lms_id")
+    return [by_key[k] for k in sorted(by_key)]
