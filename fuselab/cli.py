@@ -1,4 +1,5 @@
-"""The ``fuselab`` command: ``doctor``, ``demo``, ``clean``, ``release``, ``grade``, ``calibrate``, ``samples``."""
+"""The ``fuselab`` command: ``doctor``, ``demo``, ``clean``, ``release``, ``grade``, ``export``, ``calibrate``,
+``samples``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def main(argv=None) -> int:
     from .grading.cli import add_parsers as add_grading_parsers
     add_grading_parsers(sub)
     args = parser.parse_args(argv)
-    if args.command in ("grade", "calibrate", "samples"):
+    if args.command in ("grade", "export", "calibrate", "samples"):
         from .grading.cli import run as run_grading
         return run_grading(args)
 

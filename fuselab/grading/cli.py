@@ -1,4 +1,4 @@
-"""Command-line entry points: ``fuselab grade``, ``fuselab calibrate``, ``fuselab samples``.
+"""Command-line entry points: ``fuselab grade``, ``fuselab export``, ``fuselab calibrate``, ``fuselab samples``.
 
 ``python -m grader`` (from the repository root) is ``fuselab grade``.
 """
@@ -18,7 +18,14 @@ def add_parsers(sub) -> None:
     grade.add_argument("--labs", nargs="+", help="only these labs")
     grade.add_argument("--students", nargs="+", help="only these students")
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out")
-    grade.add_argument("--out", help="output folder (default: grader/runs/<date-time>); give the same one to resume")
+    grade.add_argument("--out", help="the term's course folder (default: grader/runs/term): every run adds to it "
+                                     "(labs, students, regrades); the same one resumes a stopped run")
+    grade.add_argument("--roster", help="the LMS's class list (Canvas gradebook export or Moodle grading "
+                                        "worksheet, CSV): who submitted nothing is listed as missing with 0; "
+                                        "kept in the course folder")
+    grade.add_argument("--due", nargs="+", default=[], metavar="LAB=WHEN",
+                       help="a lab's due date, e.g. lab0=2026-09-14T23:59 (UTC, or with -05:00): kept in the "
+                            "course's gradebook for nbgrader's late penalty")
     grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
     grade.add_argument("--jobs-per-gpu", type=int, default=None,
                        help="submissions graded side by side on each GPU; their timings still take the GPU one at "
@@ -47,6 +54,9 @@ def add_parsers(sub) -> None:
     cal.add_argument("--repeats", type=int, default=3)
     cal.add_argument("--policy", help="policy file (default: fuselab/speed/policy.json or $FUSELAB_POLICY)")
     cal.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    export = sub.add_parser("export", help="write the course's grades as Canvas and Moodle grade-import CSVs")
+    export.add_argument("course", nargs="?", default=None, help="the course folder (default: grader/runs/term)")
+    export.add_argument("--to", help="folder for the files (default: <course>/export)")
     samples = sub.add_parser("samples", help="write the sample class (grader/examples) from the labs' recipes")
     samples.add_argument("--out", help="folder (default: grader/examples)")
 
@@ -76,6 +86,11 @@ def run(args) -> int:
         if args.submissions is None:
             raise SystemExit("fuselab grade: give the submissions (a folder or zip)")
         return main_grade(args)
+    if args.command == "export":
+        from .export import main as export_main
+        from .pipeline import default_out
+        args.course = args.course or default_out()
+        return export_main(args)
     if args.command == "calibrate":
         from .calibrate import calibrate
         for line in calibrate(args.labs, args.repeats, args.policy, write=not args.dry_run):
@@ -100,7 +115,8 @@ def main_grade(args) -> int:
                         cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
-                        notebook_run=args.notebook_run, feedback=not args.no_feedback)
+                        notebook_run=args.notebook_run, feedback=not args.no_feedback,
+                        roster=Path(args.roster) if args.roster else None, due=_due_arguments(args.due))
     from .pipeline import GradingRefused
     try:
         result = grade(args.submissions, settings)
@@ -122,6 +138,16 @@ def main_grade(args) -> int:
     return 1 if failed else 0
 
 
+def _due_arguments(pairs) -> dict:
+    due = {}
+    for pair in pairs:
+        lab, equals, when = pair.partition("=")
+        if not equals or not lab or not when:
+            raise SystemExit(f"fuselab grade: --due {pair}: write it as LAB=WHEN, e.g. lab0=2026-09-14T23:59")
+        due[lab.strip()] = when.strip()
+    return due
+
+
 def grade_table(results) -> str:
     from .results import SubmissionResult
     lines = []
@@ -138,6 +164,6 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command")
     add_parsers(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("grade", "calibrate", "samples", "-h", "--help"):
+    if not argv or argv[0] not in ("grade", "export", "calibrate", "samples", "-h", "--help"):
         argv = ["grade", *argv]
     return run(parser.parse_args(argv))

@@ -64,6 +64,7 @@ class Submission:
     warnings: list = field(default_factory=list)
     late: bool = False              # the LMS marked it late (Canvas's LATE_)
     lms_id: str | None = None       # the student's id in the LMS (Canvas user id, Moodle participant number)
+    lms: str | None = None          # "canvas" or "moodle", where the names say
     submitted: str | None = None    # when it was handed in (ISO 8601, UTC), where the download says
 
 
@@ -122,8 +123,26 @@ class UnpackBudget:
 
 
 def _wanted(name: str) -> bool:
-    """Members intake can use: notebooks, and zips that may hold them. Anything else is never written."""
+    """Members intake can use: notebooks, and zips that may hold them. Anything else is never written (only its
+    name, as an empty file: intake lists it as not a notebook)."""
     return name.lower().endswith((".ipynb", ".zip"))
+
+
+def _name_only(members: list, target: Path) -> None:
+    """An empty file for each member that is not a notebook or zip, where its name is a safe path: its bytes are
+    never unpacked, its name is accounted for."""
+    for member in members:
+        name = member.filename
+        parts = Path(name).parts
+        if member.is_dir() or not parts or name.startswith("/") or ".." in parts or ":" in parts[0]:
+            continue
+        try:
+            destination = target.joinpath(*parts)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            if not destination.exists() and not destination.is_symlink():
+                destination.touch()
+        except (OSError, ValueError):
+            continue  # a name the disk cannot hold: there is nothing to grade in it either
 
 
 class MemberProblem(str):
@@ -148,6 +167,7 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
             members = zf.infolist()
             if len(members) > MAX_ZIP_MEMBERS:
                 return [f"{archive.name}: {len(members)} files is too many for a submission; not unpacked"]
+            others = [m for m in members if not _wanted(m.filename)]
             members = [m for m in members if _wanted(m.filename)]
             total = sum(m.file_size for m in members)
             if total > MAX_UNZIPPED_BYTES:
@@ -186,6 +206,7 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                         zipfile.BadZipFile) as exc:
                     # a name too long for the disk, a path that is a file and a folder, a broken member
                     problems.append(_about(name, f"{archive.name}: could not unpack {name!r}: {exc}"))
+            _name_only(others[:MAX_ZIP_MEMBERS], target)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         problems.append(f"{archive.name}: not a readable zip file ({exc})")
     return problems
@@ -302,10 +323,10 @@ def _lms_facts(relative: Path) -> dict:
     first = relative.parts[0]
     moodle = (_MOODLE_FILE.match(first) if len(relative.parts) == 1 else None) or _MOODLE.match(first)
     if moodle:
-        return {"lms_id": moodle["id"]}
+        return {"lms_id": moodle["id"], "lms": "moodle"}
     canvas = _CANVAS_ID.match(first) if len(relative.parts) == 1 else None
     if canvas:
-        return {"lms_id": canvas["id"], "late": bool(canvas["late"])}
+        return {"lms_id": canvas["id"], "late": bool(canvas["late"]), "lms": "canvas"}
     return {}
 
 
@@ -493,6 +514,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
             submissions.append(Submission(student, lab, target, printable(origin),
                                           late=facts.get(student, {}).get("late", False),
                                           lms_id=facts.get(student, {}).get("lms_id"),
+                                          lms=facts.get(student, {}).get("lms"),
                                           submitted=_timestamp(path, root)))
     # a file beside notebooks: a note on the notebook graded for its lab, else a problem of its own
     graded = {(s.student, s.lab): s for s in submissions}

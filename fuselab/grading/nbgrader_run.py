@@ -25,6 +25,9 @@ from ..course import GRADER, REPO, SOLUTIONS, nbgrader
 from . import isolate
 
 
+NBGRADER_CONFIG = GRADER / "nbgrader_config.py"  # the course's: its late-penalty plugin settings are used
+
+
 def notebook_name(lab: str) -> str:
     return next((SOLUTIONS / lab).glob("*.ipynb")).name
 
@@ -75,7 +78,7 @@ def late_penalty_plugin():
     (``c.AssignLatePenalties.plugin_class``, ``c.LateSubmissionPlugin.penalty_method``), as autograde would."""
     from nbgrader.preprocessors import AssignLatePenalties
     from traitlets.config.loader import PyFileConfigLoader
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(GRADER)).load_config()
+    config = PyFileConfigLoader(NBGRADER_CONFIG.name, path=str(NBGRADER_CONFIG.parent)).load_config()
     assigner = AssignLatePenalties(config=config)
     assigner.init_plugin()
     return assigner

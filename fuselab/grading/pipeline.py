@@ -117,7 +117,7 @@ def check_out(out: Path, source: Path) -> None:
     for name, folder in course_folders.items():
         if folder is not None and (out == folder.resolve() or folder.resolve() in out.parents):
             raise GradingRefused(f"--out {out} is inside {name} ({folder}): choose a folder outside the course's "
-                                 "folders and the submissions (the default is grader/runs/<date-time>)")
+                                 "folders and the submissions (the default is grader/runs/term)")
 
 
 def check_sandbox(settings: Settings) -> None:

@@ -37,6 +37,7 @@ class Entry:
     late: bool = False
     submitted: str | None = None  # ISO 8601, where the LMS's download said
     lms_id: str | None = None
+    lms: str | None = None        # "canvas" or "moodle": whose id ``lms_id`` is
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Standing:
     late: bool = False
     submitted: str | None = None
     lms_id: str | None = None
+    lms: str | None = None
     result: SubmissionResult | None = None
     person: dict = field(default_factory=dict)   # the roster's row for the student (name, email, ids)
 
@@ -103,7 +105,8 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
             noted = new.get(key)
             new[key] = Entry(sub.student, sub.lab, GRADED, why=noted.why if noted else "", where=sub.origin)
         if key in new:
-            new[key].late, new[key].submitted, new[key].lms_id = sub.late, sub.submitted, sub.lms_id
+            new[key].late, new[key].submitted = sub.late, sub.submitted
+            new[key].lms_id, new[key].lms = sub.lms_id, sub.lms
     for key, entry in new.items():
         before = entries.get(key)
         if before is not None and before.status == GRADED and entry.status == NOT_GRADED:
@@ -148,17 +151,19 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
         entry = entries.get((result.student, result.lab))
         by_key[(result.student, result.lab)] = Standing(
             result.student, result.lab, GRADED, late=bool(entry and entry.late),
-            submitted=entry.submitted if entry else None, lms_id=entry.lms_id if entry else None, result=result)
+            submitted=entry.submitted if entry else None, lms_id=entry.lms_id if entry else None,
+            lms=entry.lms if entry else None, result=result)
     for key, entry in entries.items():
         if entry.status != GRADED and key not in by_key:
             by_key[key] = Standing(entry.student, entry.lab, entry.status, why=entry.why, late=entry.late,
-                                   submitted=entry.submitted, lms_id=entry.lms_id)
+                                   submitted=entry.submitted, lms_id=entry.lms_id, lms=entry.lms)
     graded_labs = {lab for (_, lab), s in by_key.items() if s.status == GRADED}
     people_by_id = {p["student"]: p for p in people}
     for student in people_by_id:
         for lab in graded_labs:
             by_key.setdefault((student, lab), Standing(student, lab, MISSING, why="missing: nothing submitted",
-                                                       lms_id=people_by_id[student].get("lms_id")))
+                                                       lms_id=people_by_id[student].get("lms_id"),
+                                                       lms=people_by_id[student].get("lms")))
     for standing in by_key.values():
         when = (due or {}).get(standing.lab)
         if when is not None and standing.submitted:
@@ -166,5 +171,5 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
             standing.late = standing.late or parse_utc(standing.submitted) > when
         standing.person = people_by_id.get(standing.student, {})
         if standing.lms_id is None:
-            standing.lms_id = standing.person.get("lms_id")
+            standing.lms_id, standing.lms = standing.person.get("lms_id"), standing.person.get("lms")
     return [by_key[k] for k in sorted(by_key)]

@@ -1,0 +1,240 @@
+"""A TA's term in one course folder, on the CPU: everyone accounted for, late work, a second lab a week later, a
+regrade of one student that keeps the class, a misspelled name refused, hand grading and the LMS export.
+
+The intake and roster checks at the top are cheap (no grading). The term is graded once (a module fixture):
+week 1 a Canvas zip of lab 0 (a resubmission, a late one, an .html upload) with a Canvas roster naming a
+student who submitted nothing; week 2 lab 1 from a folder with nbgrader's timestamp.txt, late against --due;
+week 5 a regrade of one student. Three notebooks are graded, the cheapest that show it (a correct Lab 0, a Lab 0
+that does not compile, Lab 1 as released), plus each lab's reference run.
+"""
+
+import csv
+import io
+import json
+import os
+import shutil
+import zipfile
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+from fuselab import course
+from fuselab.grading import cli, export, intake, nbgrader_run, pipeline, roster, schedule, term
+
+LABS = {"lab0": "lab0.ipynb", "lab1": "lab1.ipynb"}
+NB = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []})
+EXAMPLES = course.GRADER / "examples"
+
+
+def _write(path, text=NB):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- intake, roster
+
+
+def test_every_entry_of_a_canvas_zip_is_graded_or_says_why(tmp_path):
+    bulk = tmp_path / "canvas.zip"
+    with zipfile.ZipFile(bulk, "w") as zf:
+        zf.writestr("smithjohn_1002_9001_lab0-1.ipynb", NB)        # a resubmission: Canvas renames it lab0-1
+        zf.writestr("smithjohn_1002_9003_lab0.html", "<html>")    # beside it: a note, not a second entry
+        zf.writestr("doejane_LATE_1003_9002_lab0.ipynb", NB)
+        zf.writestr("nguyenbao_1005_5005_lab0.html", "<html>")    # the only upload: not a notebook
+    subs, problems = intake.collect(bulk, tmp_path / "staging", LABS)
+    by = {s.student: s for s in subs}
+    assert sorted(by) == ["doejane_1003", "smithjohn_1002"]
+    assert by["doejane_1003"].late and not by["smithjohn_1002"].late
+    assert (by["doejane_1003"].lms_id, by["doejane_1003"].lms) == ("1003", "canvas")
+    assert any("lab0.html" in w and "not a notebook" in w for w in by["smithjohn_1002"].warnings)
+    [problem] = problems
+    assert (problem.student, problem.lab) == ("nguyenbao_1005", "lab0")
+    assert "wrong file type" in problem.message and ".ipynb" in problem.message
+
+
+def test_moodle_flat_download_and_a_path_too_long_to_read(tmp_path):
+    root = tmp_path / "in"
+    _write(root / "John Smith_1234_assignsubmission_file_lab0.ipynb")
+    _write(root / "Ann Lee_1235_assignsubmission_file_" / "lab0.ipynb")
+    # a notebook below a path longer than the system's limit (made one folder at a time, relative to the last)
+    deep = root / "Bo Park_1236_assignsubmission_file_"
+    deep.mkdir()
+    folder = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(40):
+        os.mkdir("d" * 200, dir_fd=folder)
+        inner = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
+        os.close(folder)
+        folder = inner
+    handle = os.open("lab0.ipynb", os.O_WRONLY | os.O_CREAT, dir_fd=folder)
+    os.write(handle, NB.encode())
+    os.close(handle)
+    os.close(folder)
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    assert sorted((s.student, s.lab, s.lms) for s in subs) == [("Ann_Lee_1235", "lab0", "moodle"),
+                                                               ("John_Smith_1234", "lab0", "moodle")]
+    [problem] = problems
+    assert problem.student == "Bo_Park_1236" and "too long" in problem.message.lower()
+
+
+def test_nbgraders_timestamp_is_kept_and_the_roster_reads_both_lmss(tmp_path):
+    root = tmp_path / "in"
+    _write(root / "alice" / "lab0" / "lab0.ipynb")
+    _write(root / "alice" / "lab0" / "timestamp.txt", "2026-09-15 01:30:00.000000 UTC")
+    [sub], problems = intake.collect(root, tmp_path / "staging", LABS)
+    assert problems == [] and sub.submitted == "2026-09-15T01:30:00"
+    canvas = _write(tmp_path / "canvas.csv", "Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"
+                                             "    Points Possible,,,,,12\n\"Smith, John\",1002,s1,jsmith,A,\n"
+                                             "\"Lee, Ann\",1004,s4,alee,A,\n")
+    people = roster.read(canvas)
+    assert [(p["student"], p["lms_id"], p["sis_login"]) for p in people] == [
+        ("smithjohn_1002", "1002", "jsmith"), ("leeann_1004", "1004", "alee")]
+    moodle = _write(tmp_path / "moodle.csv", "Identifier,Full name,Email address,Status\n"
+                                             "Participant 1234,John Smith,js@uni.edu,Submitted\n")
+    assert [(p["student"], p["email"]) for p in roster.read(moodle)] == [("John_Smith_1234", "js@uni.edu")]
+    with pytest.raises(roster.RosterError, match="Student, ID"):
+        roster.read(_write(tmp_path / "other.csv", "name,score\nx,1\n"))
+
+
+# ------------------------------------------------------------------------------------------------- the term
+
+CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"
+                 "    Points Possible,,,,,12\n"
+                 "\"Smith, John\",1002,s2,jsmith,A,\n\"Doe, Jane\",1003,s3,jdoe,A,\n"
+                 "\"Nguyen, Bao\",1005,s5,bnguyen,A,\n\"Lee, Ann\",1004,s4,alee,A,\n")
+
+
+def _rows(path):
+    return {row["student"]: row for row in csv.DictReader(Path(path).open(encoding="utf-8"))}
+
+
+def _settings(out, **more):
+    return pipeline.Settings(out=out, cell_timeout=60, submission_timeout=400, progress=False,
+                             cpu_workers=min(2, schedule.available_cores()), **more)
+
+
+@pytest.fixture(scope="module")
+def term_folder(tmp_path_factory):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU grading path (the GPU self-check grades on a GPU)")
+    base = tmp_path_factory.mktemp("term")
+    out = base / "fall"
+    week1 = base / "lab0-submissions.zip"
+    with zipfile.ZipFile(week1, "w") as zf:
+        zf.write(EXAMPLES / "correct" / "lab0" / "lab0.ipynb", "smithjohn_1002_9001_lab0-1.ipynb")
+        zf.write(EXAMPLES / "compile_error" / "lab0" / "lab0.ipynb", "doejane_LATE_1003_9002_lab0.ipynb")
+        zf.writestr("nguyenbao_1005_5005_lab0.html", "<html><body>my notebook</body></html>")
+    roster_csv = _write(base / "canvas-roster.csv", CANVAS_ROSTER)
+    first = pipeline.grade(week1, _settings(out, roster=roster_csv))
+    grades_week1 = (out / "grades.csv").read_text()
+    # week 2: lab 1 from a folder of nbgrader's layout, handed in after its due date
+    week2 = base / "lab1-submissions"
+    _write(week2 / "smithjohn_1002" / "lab1" / "lab1.ipynb", (course.LABS / "lab1" / "lab1.ipynb").read_text())
+    _write(week2 / "smithjohn_1002" / "lab1" / "timestamp.txt", "2026-09-22 03:00:00 UTC")
+    config = _write(base / "grader" / "nbgrader_config.py",
+                    nbgrader_run.NBGRADER_CONFIG.read_text() + '\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
+    with pytest.MonkeyPatch.context() as patch:  # the TA's choice of nbgrader's penalty: late work scores zero
+        patch.setattr(nbgrader_run, "NBGRADER_CONFIG", config)
+        second = pipeline.grade(week2, _settings(out, due={"lab1": "2026-09-21T23:59"}))
+    before = {path.relative_to(out): path.read_bytes() for path in
+              [out / "grades.csv", *sorted((out / "feedback").rglob("*.html")), *sorted(out.glob("work/*/*/result.json"))]}
+    return {"out": out, "first": first, "second": second, "week1": week1, "grades_week1": grades_week1,
+            "before": before, "base": base}
+
+
+def test_week_one_accounts_for_everyone_on_the_roster(term_folder):
+    rows = _rows(term_folder["out"] / "grades.csv")
+    assert sorted(rows) == ["doejane_1003", "leeann_1004", "nguyenbao_1005", "smithjohn_1002"]
+    assert rows["smithjohn_1002"]["lab0 status"] == "graded" and rows["smithjohn_1002"]["name"] == "Smith, John"
+    assert float(rows["smithjohn_1002"]["lab0 total"]) == 6  # the correct sample: every test but the speed test
+    assert rows["doejane_1003"]["lab0 late"] == "late" and rows["smithjohn_1002"]["lab0 late"] == ""
+    assert rows["nguyenbao_1005"]["lab0 status"].startswith("not graded: ")
+    assert "wrong file type" in rows["nguyenbao_1005"]["lab0 status"]
+    assert rows["leeann_1004"]["lab0 status"] == "missing" and rows["leeann_1004"]["lab0 total"] == "0"
+    assert rows["leeann_1004"]["lms id"] == "1004"
+    report = (term_folder["out"] / "report.md").read_text()
+    assert "| late | reason | feedback |" in report
+    doe = next(line for line in report.splitlines() if line.startswith("| doejane_1003 |"))
+    assert "late" in doe and "test_fused" in doe and "[page](feedback/doejane_1003/lab0.html)" in doe
+    assert "wrong file type" in next(line for line in report.splitlines() if line.startswith("| nguyenbao_1005 |"))
+    assert (term_folder["out"] / "feedback" / "doejane_1003" / "lab0.html").exists()
+
+
+def test_a_second_lab_a_week_later_adds_to_the_course(term_folder):
+    out = term_folder["out"]
+    rows = _rows(out / "grades.csv")
+    assert sorted(rows) == ["doejane_1003", "leeann_1004", "nguyenbao_1005", "smithjohn_1002"]
+    john = rows["smithjohn_1002"]
+    assert john["lab0 status"] == john["lab1 status"] == "graded" and float(john["lab0 total"]) == 6
+    assert john["lab1 late"] == "late" and john["lab1 submitted"] == "2026-09-22T03:00:00"
+    assert rows["doejane_1003"]["lab0 late"] == "late" and rows["doejane_1003"]["lab1 status"] == "missing"
+    assert "wrong file type" in rows["nguyenbao_1005"]["lab0 status"]  # week 1's reasons are kept
+    # what week 1 wrote of lab 0 is unchanged, column for column
+    week1 = {r["student"]: r for r in csv.DictReader(io.StringIO(term_folder["grades_week1"]))}
+    for student, row in week1.items():
+        assert {k: v for k, v in rows[student].items() if k.startswith("lab0")} == \
+               {k: v for k, v in row.items() if k.startswith("lab0")}
+    # nbgrader has the timestamp and due date, and its configured late penalty
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        submission = gradebook.find_submission("lab1", "smithjohn_1002")
+        assert submission.total_seconds_late > 0
+        penalty = gradebook.find_submission_notebook("lab1", "lab1", "smithjohn_1002").late_submission_penalty
+        assert penalty is not None and penalty == submission.score  # "zero": all of it
+    assert ",2026-09-21 23:59:00," in (out / "nbgrader-grades.csv").read_text()
+
+
+def test_a_regrade_of_one_student_keeps_everyone_else(term_folder):
+    out = term_folder["out"]
+    result = pipeline.grade(term_folder["week1"], _settings(out, students=["doejane_1003"], force=True))
+    assert [(r.student, r.lab) for r in result.results] == [("doejane_1003", "lab0")] and result.graded_now == 1
+    before = term_folder["before"]
+    after = {path: (out / path).read_bytes() for path in before}
+    changed = sorted(str(path) for path in before if before[path] != after[path])
+    # only the regraded student's result and page (and the grades file, for their row: its time) may change
+    assert set(changed) <= {"grades.csv", "work/doejane_1003/lab0/result.json", "feedback/doejane_1003/lab0.html"}
+    old = {r["student"]: r for r in csv.DictReader(io.StringIO(before[Path("grades.csv")].decode()))}
+    new = _rows(out / "grades.csv")
+    assert old == new  # the same verdicts: every row identical
+    assert "4 student(s)" in (out / "report.md").read_text()
+
+
+def test_a_misspelled_student_or_lab_fails_listing_the_names(term_folder, capsys):
+    out = term_folder["out"]
+    stamp = (out / "grades.csv").read_bytes()
+    code = cli.main(["grade", str(term_folder["week1"]), "--out", str(out), "--students", "doejane"])
+    err = capsys.readouterr().err
+    assert code != 0 and "doejane" in err and "doejane_1003" in err and "smithjohn_1002" in err
+    code = cli.main(["grade", str(term_folder["week1"]), "--out", str(out), "--labs", "lab9"])
+    err = capsys.readouterr().err
+    assert code != 0 and "lab9" in err and "lab0" in err
+    assert (out / "grades.csv").read_bytes() == stamp
+
+
+def test_the_lms_export_has_nbgraders_totals_with_hand_grading(term_folder):
+    out = term_folder["out"]
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:  # what formgrader does
+        grade = gradebook.find_grade("answer_sweep", "lab0", "lab0", "smithjohn_1002")
+        grade.manual_score = 1.0
+        gradebook.db.commit()
+    to = term_folder["base"] / "upload"
+    assert cli.main(["export", str(out), "--to", str(to)]) == 0
+    with open(to / "canvas-grades.csv", encoding="utf-8") as handle:
+        lines = list(csv.reader(handle))
+    header, possible, *rows = lines
+    assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 0 (777)", "lab1"]
+    assert possible[0].strip() == "Points Possible" and possible[5:] == ["12", "12"]  # nbgrader's maxima
+    by_id = {row[1]: row for row in rows}
+    assert sorted(by_id) == ["1002", "1003", "1004", "1005"]
+    assert by_id["1002"][:5] == ["Smith, John", "1002", "s2", "jsmith", "A"]
+    assert by_id["1002"][5:] == ["7", "0"]       # 6 autograded + 1 by hand; lab 1 late: nbgrader's penalty
+    assert by_id["1003"][6] == "0" and by_id["1004"][5:] == ["0", "0"]  # missing: 0
+    assert by_id["1005"][5] == ""                # not graded (an .html): the LMS keeps what it has
+    doe = float(by_id["1003"][5])
+    assert doe == float(_rows(out / "grades.csv")["doejane_1003"]["lab0 total"])
+    totals = _rows(to / "totals.csv")
+    assert totals["smithjohn_1002"]["lab0 (12)"] == "7"
+    assert not list(to.glob("moodle-*.csv"))  # nobody came from Moodle
