@@ -52,12 +52,13 @@ def status_text(standing) -> str:
 
 def lost_points(result) -> str:
     """Why a graded submission lost points, one short line: each test short of full points and its reason."""
-    parts = []
+    reasons: dict = {}  # one reason, the tests it cost (a build error costs every test that needed it)
     for grade_id, cell in result.cells.items():
         if cell.points < cell.max_points:
             message = (cell.message or "").strip().splitlines()
-            parts.append(f"{grade_id}: {cell.status}" + (f" ({message[-1][:120]})" if message else ""))
-    return "; ".join(parts)
+            reason = f"{cell.status}" + (f" ({message[-1][:160]})" if message else "")
+            reasons.setdefault(reason, []).append(grade_id)
+    return "; ".join(f"{', '.join(tests)}: {reason}" for reason, tests in reasons.items())
 
 
 def write_grades_csv(results: list, path: Path, standings: list | None = None) -> Path:
