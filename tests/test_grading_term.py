@@ -98,6 +98,35 @@ def test_nbgraders_timestamp_is_kept_and_the_roster_reads_both_lmss(tmp_path):
         roster.read(_write(tmp_path / "other.csv", "name,score\nx,1\n"))
 
 
+def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path):
+    root = tmp_path / "in"
+    _write(root / "John Smith_1234_assignsubmission_file_" / "lab0.ipynb")
+    _write(root / "Ann Lee_1235_assignsubmission_file_lab0.html", "<html>")
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    out = tmp_path / "course"
+    out.mkdir()
+    entries = term.record_run(out, subs, {("John_Smith_1234", "lab0")}, problems, {"lab0"})
+    sheet = _write(tmp_path / "worksheet.csv",
+                   "Identifier,Full name,Email address,Status,Grade,Last modified (submission)\n"
+                   "Participant 1234,John Smith,js@uni.edu,Submitted for grading - 2 hours late,,"
+                   "\"Tuesday, 15 September 2026, 1:59 AM\"\n"
+                   "Participant 1235,Ann Lee,al@uni.edu,Submitted for grading,,-\n"
+                   "Participant 1236,Bo Park,bp@uni.edu,No submission,,-\n")
+    people = roster.match(roster.read(sheet), entries)
+    roster.worksheet_facts(people, entries, "lab0")
+    roster.save(out, people)
+    from fuselab.grading.results import SubmissionResult
+    graded = SubmissionResult("John_Smith_1234", "lab0", total=3.0, max_total=10.0)
+    import datetime
+    rows = {s.student: s for s in term.standings([graded], entries, roster.load(out),
+                                                 {"lab0": datetime.datetime(2026, 9, 14, 23, 59)})}
+    assert sorted(rows) == ["Ann_Lee_1235", "Bo_Park_1236", "John_Smith_1234"]
+    john = rows["John_Smith_1234"]
+    assert john.late and john.submitted == "2026-09-15T01:59:00" and john.person["email"] == "js@uni.edu"
+    assert rows["Ann_Lee_1235"].status == term.NOT_GRADED and "wrong file type" in rows["Ann_Lee_1235"].why
+    assert rows["Bo_Park_1236"].status == term.MISSING and rows["Bo_Park_1236"].lms_id == "1236"
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"

@@ -6,7 +6,10 @@ Read as it comes out of the LMS (``fuselab grade --roster FILE``):
   its submission file names), ``SIS User ID``, ``SIS Login ID``, ``Section``; its "Points Possible" row and the
   test student are skipped;
 - Moodle's grading worksheet (Assignment > Download grading worksheet): ``Identifier`` ("Participant 1234", the
-  number Moodle puts in its submission names), ``Full name``, ``Email address``;
+  number Moodle puts in its submission names), ``Full name``, ``Email address``, and for that assignment
+  ``Status`` (Moodle says "... late") and ``Last modified (submission)``: when the run covers that one lab,
+  they are its late marks and timestamps (read as UTC: set Moodle's time zone to UTC in your profile, or
+  give ``--due`` in Moodle's);
 - Moodle's grade export or participants list: ``First name``, ``Last name``, ``Email address`` (matched to the
   submissions by name: those names carry no number).
 
@@ -62,7 +65,8 @@ def read(path: Path) -> list:
                            "section": cell.get("section", ""), "email": ""})
         columns = {h: h for h in header[5:]}
     elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
-        at = {name: lower.index(name) for name in ("identifier", "full name", "email address") if name in lower}
+        at = {name: lower.index(name) for name in ("identifier", "full name", "email address", "status",
+                                                   "last modified (submission)") if name in lower}
         for row in rows[1:]:
             cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
             number = re.sub(r"\D", "", cell["identifier"])
@@ -70,7 +74,9 @@ def read(path: Path) -> list:
                 continue
             people.append({"student": student_id(f"{cell['full name']}_{number}"), "name": cell["full name"],
                            "lms_id": number, "lms": "moodle", "email": cell.get("email address", ""),
-                           "identifier": cell["identifier"]})
+                           "identifier": cell["identifier"],
+                           "worksheet": {"late": "late" in cell.get("status", "").lower(),
+                                         "submitted": _moodle_time(cell.get("last modified (submission)", ""))}})
         columns = {}
     elif "first name" in lower and "last name" in lower:  # Moodle's grade export, participants
         at = {name: lower.index(name) for name in ("first name", "last name", "email address", "id number")
@@ -89,6 +95,28 @@ def read(path: Path) -> list:
     for person in people:
         person["columns"] = columns  # Canvas: its assignment columns, for the export to name a lab's
     return people
+
+
+def _moodle_time(text: str) -> str | None:
+    """Moodle's "Monday, 14 September 2026, 11:59 PM" as ISO 8601 (read as UTC); None for "-" or no time."""
+    if not text.strip() or text.strip() == "-":
+        return None
+    try:
+        from nbgrader.utils import parse_utc
+        return parse_utc(text.replace(",", " ")).isoformat()
+    except (ValueError, OverflowError):
+        return None
+
+
+def worksheet_facts(people: list, entries: dict, lab: str) -> None:
+    """A Moodle grading worksheet's late marks and times onto the entries of ``lab`` (the run's one lab) that
+    have none of their own."""
+    by_id = {p["student"]: p.get("worksheet") for p in people if p.get("worksheet")}
+    for (student, entry_lab), entry in entries.items():
+        facts = by_id.get(student)
+        if entry_lab == lab and facts:
+            entry.late = entry.late or facts["late"]
+            entry.submitted = entry.submitted or facts["submitted"]
 
 
 def match(people: list, entries: dict) -> list:
