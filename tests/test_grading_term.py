@@ -168,7 +168,8 @@ def term_folder(tmp_path_factory):
         patch.setattr(nbgrader_run, "NBGRADER_CONFIG", config)
         second = pipeline.grade(week2, _settings(out, due={"lab1": "2026-09-21T23:59"}))
     before = {path.relative_to(out): path.read_bytes() for path in
-              [out / "grades.csv", *sorted((out / "feedback").rglob("*.html")), *sorted(out.glob("work/*/*/result.json"))]}
+              [out / "grades.csv", *sorted((out / "feedback").rglob("*.html")),
+               *sorted(out.glob("work/*/*/result.json"))]}
     return {"out": out, "first": first, "second": second, "week1": week1, "grades_week1": grades_week1,
             "before": before, "base": base}
 
@@ -255,7 +256,8 @@ def test_the_lms_export_has_nbgraders_totals_with_hand_grading(term_folder):
         lines = list(csv.reader(handle))
     header, possible, *rows = lines
     assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 0 (777)", "lab1"]
-    assert possible[0].strip() == "Points Possible" and possible[5:] == ["12", "17"]  # nbgrader's maxima, hand-graded cells in
+    # nbgrader's maxima, the hand-graded cells in
+    assert possible[0].strip() == "Points Possible" and possible[5:] == ["12", "17"]
     by_id = {row[1]: row for row in rows}
     assert sorted(by_id) == ["1002", "1003", "1004", "1005"]
     assert by_id["1002"][:5] == ["Smith, John", "1002", "s2", "jsmith", "A"]

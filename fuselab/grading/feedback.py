@@ -22,9 +22,9 @@ are replaced, as a second line of defence.
 Flags (what looks like tampering) are the teaching assistant's: they are in the report, and on the page only once a
 TA decides they should be (``student/lab`` in ``flags-shown.txt`` of the course folder, ``shown_flags``); then
 each is said next to the test it concerns (a flag on a solution cell next to the tests that use what that cell
-defines). Notes (what the grader noticed about the run itself) are always said. A notebook that cannot be read or rendered
-(not JSON, not UTF-8, any JSON shape, huge outputs) still gets a page with the verdicts and a line saying what
-could not be shown; building feedback never raises.
+defines). Notes (what the grader noticed about the run itself) are always said. A notebook that cannot be read or
+rendered (not JSON, not UTF-8, any JSON shape, huge outputs) still gets a page with the verdicts and a line saying
+what could not be shown; building feedback never raises.
 
 nbgrader's own feedback (``generate_feedback``, formgrader's *Generate feedback*) renders the autograded
 notebook, hidden tests and all: it stays available to the teaching assistant in ``course/``, and is not what
@@ -635,7 +635,8 @@ def plain_page(student, lab, why: str) -> str:
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = None, show_flags: bool = False) -> tuple:
+def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = None,
+              show_flags: bool = False) -> tuple:
     """Write ``out_dir/<student>/<lab>.html``; ``(path or None, problem text or "")``. Never raises. The flags
     are on the page only with ``show_flags`` (a TA decided)."""
     result = _dict(result)

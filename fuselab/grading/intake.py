@@ -128,9 +128,10 @@ def _wanted(name: str) -> bool:
     return name.lower().endswith((".ipynb", ".zip"))
 
 
-def _name_only(members: list, target: Path) -> None:
+def _name_only(members: list, target: Path, archive: Path) -> list:
     """An empty file for each member that is not a notebook or zip, where its name is a safe path: its bytes are
-    never unpacked, its name is accounted for."""
+    never unpacked, its name is accounted for. Returns problems for names the disk cannot hold."""
+    problems = []
     for member in members:
         name = member.filename
         parts = Path(name).parts
@@ -141,8 +142,10 @@ def _name_only(members: list, target: Path) -> None:
             destination.parent.mkdir(parents=True, exist_ok=True)
             if not destination.exists() and not destination.is_symlink():
                 destination.touch()
-        except (OSError, ValueError):
-            continue  # a name the disk cannot hold: there is nothing to grade in it either
+        except (OSError, ValueError) as exc:  # a name too long for the disk: said, as a notebook's would be
+            problems.append(_about(name, f"{archive.name}: {name!r} is not a notebook, and its name cannot be "
+                                         f"unpacked here ({exc})"))
+    return problems
 
 
 class MemberProblem(str):
@@ -195,10 +198,12 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                     problems.append(_about(name, f"{archive.name}: skipped symbolic link {name!r}"))
                     continue
                 if member.flag_bits & 0x1:
-                    problems.append(_about(name, f"{archive.name}: skipped {name!r}: it is encrypted (password protected)"))
+                    problems.append(_about(name, f"{archive.name}: skipped {name!r}: it is encrypted (password "
+                                                 "protected)"))
                     continue
                 if name.lower().endswith(".ipynb") and member.file_size > MAX_NOTEBOOK_BYTES:
-                    problems.append(_about(name, f"{archive.name}: skipped {name!r}: {_too_large_to_grade(member.file_size)}"))
+                    problems.append(_about(name, f"{archive.name}: skipped {name!r}: "
+                                                 f"{_too_large_to_grade(member.file_size)}"))
                     continue
                 try:
                     zf.extract(member, target)
@@ -206,7 +211,7 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                         zipfile.BadZipFile) as exc:
                     # a name too long for the disk, a path that is a file and a folder, a broken member
                     problems.append(_about(name, f"{archive.name}: could not unpack {name!r}: {exc}"))
-            _name_only(others[:MAX_ZIP_MEMBERS], target)
+            problems += _name_only(others, target, archive)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         problems.append(f"{archive.name}: not a readable zip file ({exc})")
     return problems
@@ -518,15 +523,18 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                           submitted=_timestamp(path, root)))
     # a file beside notebooks: a note on the notebook graded for its lab, else a problem of its own
     graded = {(s.student, s.lab): s for s in submissions}
+    beside: dict = {}
     for student, relative, below in others:
         if student is None or student not in found or (students and student not in students):
             continue
         lab = lab_of(below, labs)
         if lab is not None and (student, lab) in graded:
-            graded[(student, lab)].warnings.append(f"also uploaded {printable(relative.name)}: not a notebook, "
-                                                   "not graded")
+            beside.setdefault((student, lab), []).append(printable(relative.name))
         elif not (only_labs and lab and lab not in only_labs):
             problems.append(Problem(str(relative), _wrong_type(relative), student=student, lab=lab))
+    for key, names in beside.items():  # one note, however many files
+        graded[key].warnings.append(f"also uploaded {', '.join(names[:5])}{' and more' if len(names) > 5 else ''}"
+                                    ": not a notebook, not graded")
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems
 

@@ -55,10 +55,6 @@ class Standing:
     person: dict = field(default_factory=dict)   # the roster's row for the student (name, email, ids)
 
 
-def _key(student, lab) -> str:
-    return f"{student}/{lab}"
-
-
 def load_entries(out: Path) -> dict:
     path = Path(out) / ENTRIES
     try:
