@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import course
-from . import intake, nbgrader_run, pipeline, schedule
+from . import intake, nbgrader_run, pipeline, schedule, term
 from .isolate import nvidia_smi
 from .lease import grading_lease
 from .results import SubmissionResult
@@ -166,7 +166,8 @@ def intake_class(source: Path, options: Options) -> tuple:
     submissions, problems = intake.collect(Path(source), staging / "submissions", names,
                                            students=options.students, only_labs=labs)
     entries = sorted(({"student": s.student, "lab": s.lab, "sha": _sha(s.notebook), "origin": s.origin,
-                       "path": str(s.notebook)} for s in submissions), key=lambda e: (e["student"], e["lab"]))
+                       "path": str(s.notebook), "late": s.late, "lms_id": s.lms_id, "lms": s.lms,
+                       "submitted": s.submitted} for s in submissions), key=lambda e: (e["student"], e["lab"]))
     return entries, [asdict(p) for p in problems], staging
 
 
@@ -500,6 +501,12 @@ def merge_outputs(out: Path, plan: dict) -> int:
     first = read_json(done_file(out, 0))
     class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,
                                         reference=reference, graded_now=graded_now, workers=first["workers"])
+    # the course's record of every entry, as a one-host run keeps it (term.py)
+    merged = [intake.Submission(e["student"], e["lab"], Path(e["path"]), e["origin"], late=e.get("late", False),
+                                lms_id=e.get("lms_id"), lms=e.get("lms"), submitted=e.get("submitted"))
+              for e in plan["submissions"]]
+    run_labs = options["labs"] or {e["lab"] for e in plan["submissions"]} | {p.lab for p in problems if p.lab}
+    term.record_run(out, merged, set(results), problems, run_labs)
     pipeline.write_outputs(class_result, settings)
     write_json(slurm_dir(out) / "merged.json", {"from": completions, "merged": _now(), "results": len(results),
                                                 "gpu_models": sorted(models)})
