@@ -269,3 +269,15 @@ def test_the_lms_export_has_nbgraders_totals_with_hand_grading(term_folder):
     totals = _rows(to / "totals.csv")
     assert totals["smithjohn_1002"]["lab0 (12)"] == "7"
     assert not list(to.glob("moodle-*.csv"))  # nobody came from Moodle
+
+
+def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsys):
+    _write(tmp_path / "class" / "alice" / "lab0" / "lab0.ipynb")
+    out = tmp_path / "course"
+    for wrong, said in ((["--due", "lab9=2026-09-14"], "lab9"), (["--due", "lab0=someday"], "not a date"),
+                        (["--roster", str(_write(tmp_path / "r.csv", "name,score\n"))], "Student, ID")):
+        assert cli.main(["grade", str(tmp_path / "class"), "--out", str(out), *wrong]) != 0
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="LAB=WHEN"):
+        cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--due", "lab0"])
+    assert not (out / "work").exists() and not (out / "grades.csv").exists()
