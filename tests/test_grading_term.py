@@ -98,23 +98,21 @@ def test_nbgraders_timestamp_is_kept_and_the_roster_reads_both_lmss(tmp_path):
         roster.read(_write(tmp_path / "other.csv", "name,score\nx,1\n"))
 
 
-def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path):
+def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, monkeypatch):
     root = tmp_path / "in"
     _write(root / "John Smith_1234_assignsubmission_file_" / "lab0.ipynb")
     _write(root / "Ann Lee_1235_assignsubmission_file_lab0.html", "<html>")
     subs, problems = intake.collect(root, tmp_path / "staging", LABS)
     out = tmp_path / "course"
     out.mkdir()
-    entries = term.record_run(out, subs, {("John_Smith_1234", "lab0")}, problems, {"lab0"})
     sheet = _write(tmp_path / "worksheet.csv",
                    "Identifier,Full name,Email address,Status,Grade,Last modified (submission)\n"
                    "Participant 1234,John Smith,js@uni.edu,Submitted for grading - 2 hours late,,"
                    "\"Tuesday, 15 September 2026, 1:59 AM\"\n"
                    "Participant 1235,Ann Lee,al@uni.edu,Submitted for grading,,-\n"
                    "Participant 1236,Bo Park,bp@uni.edu,No submission,,-\n")
-    people = roster.match(roster.read(sheet), entries)
-    roster.worksheet_facts(people, entries, "lab0")
-    roster.save(out, people)
+    entries = term.record_course(out, subs, {("John_Smith_1234", "lab0")}, problems, {"lab0"}, roster.read(sheet))
+    assert term.load_entries(out) == entries
     from fuselab.grading.results import SubmissionResult
     graded = SubmissionResult("John_Smith_1234", "lab0", total=3.0, max_total=10.0)
     import datetime
@@ -125,6 +123,32 @@ def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path):
     assert john.late and john.submitted == "2026-09-15T01:59:00" and john.person["email"] == "js@uni.edu"
     assert rows["Ann_Lee_1235"].status == term.NOT_GRADED and "wrong file type" in rows["Ann_Lee_1235"].why
     assert rows["Bo_Park_1236"].status == term.MISSING and rows["Bo_Park_1236"].lms_id == "1236"
+    # the export: Moodle's grading worksheet of lab 0, nbgrader's points (a grade set as formgrader would)
+    (out / "work" / "John_Smith_1234" / "lab0").mkdir(parents=True)
+    pipeline._write_result(out / "work" / "John_Smith_1234" / "lab0" / "result.json", graded)
+    (out / "course").mkdir()
+    import sys
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # its alembic
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        gradebook.add_assignment("lab0")
+        gradebook.add_notebook("lab0", "lab0")
+        gradebook.add_grade_cell("test_fused", "lab0", "lab0", max_score=10, cell_type="code")
+        gradebook.add_grade_cell("answer", "lab0", "lab0", max_score=2, cell_type="markdown")
+        gradebook.add_student("John_Smith_1234")
+        gradebook.add_submission("lab0", "John_Smith_1234")
+        gradebook.find_grade("test_fused", "lab0", "lab0", "John_Smith_1234").auto_score = 3
+        gradebook.find_grade("answer", "lab0", "lab0", "John_Smith_1234").manual_score = 1.5
+        gradebook.db.commit()
+    done = export.write(out)
+    with open(out / "export" / "moodle-lab0.csv", encoding="utf-8") as handle:
+        sheet_rows = list(csv.reader(handle))
+    assert sheet_rows == [["Identifier", "Full name", "Email address", "Grade", "Maximum Grade"],
+                          ["Participant 1235", "Ann Lee", "al@uni.edu", "", "12"],
+                          ["Participant 1236", "Bo Park", "bp@uni.edu", "0", "12"],
+                          ["Participant 1234", "John Smith", "js@uni.edu", "4.5", "12"]]
+    assert [(s, lab) for s, lab, _ in done.not_graded] == [("Ann_Lee_1235", "lab0")]
+    assert not (out / "export" / "canvas-grades.csv").exists()
 
 
 # ------------------------------------------------------------------------------------------------- the term

@@ -654,12 +654,7 @@ def _grade(source, settings: Settings) -> ClassResult:
         results[(sub.student, sub.lab)] = outcome
 
     run_labs = settings.labs or {s.lab for s in submissions} | {p.lab for p in problems if p.lab}
-    entries = term.record_run(settings.out, submissions, set(results), problems, run_labs)
-    if people is not None or roster.load(settings.out):
-        roster.save(settings.out, roster.match(people if people is not None else roster.load(settings.out), entries))
-    if people and len(run_labs) == 1:  # a Moodle grading worksheet is one assignment's: this run's lab
-        roster.worksheet_facts(people, entries, next(iter(run_labs)))
-        term.save_entries(settings.out, entries)
+    term.record_course(settings.out, submissions, set(results), problems, run_labs, people)
     class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
                                reference=reference, phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
                                workers=workers)

@@ -502,9 +502,9 @@ def merge_outputs(out: Path, plan: dict) -> int:
     class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,
                                         reference=reference, graded_now=graded_now, workers=first["workers"])
     # the course's record of every entry, as a one-host run keeps it (term.py)
-    merged = [intake.Submission(e["student"], e["lab"], Path(e["path"]), e["origin"], late=e.get("late", False),
+    merged = [intake.Submission(e["student"], e["lab"], Path("."), e.get("origin", ""), late=e.get("late", False),
                                 lms_id=e.get("lms_id"), lms=e.get("lms"), submitted=e.get("submitted"))
-              for e in plan["submissions"]]
+              for e in plan["submissions"]]  # the staged notebooks are the shards' (the plan keeps no path)
     run_labs = options["labs"] or {e["lab"] for e in plan["submissions"]} | {p.lab for p in problems if p.lab}
     term.record_run(out, merged, set(results), problems, run_labs)
     pipeline.write_outputs(class_result, settings)

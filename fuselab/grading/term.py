@@ -114,6 +114,20 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
     return entries
 
 
+def record_course(out: Path, submissions: list, graded: set, problems: list, run_labs, people=None) -> dict:
+    """``record_run``, and the roster: this run's (``people``, read from ``--roster``) or the one kept, matched
+    to the entries' ids and saved; a Moodle grading worksheet's late marks and times go to the run's one lab."""
+    from . import roster
+    entries = record_run(out, submissions, graded, problems, run_labs)
+    kept = people if people is not None else roster.load(out)
+    if kept:
+        roster.save(out, roster.match(kept, entries))
+    if people and len(set(run_labs)) == 1:  # a grading worksheet is one assignment's: this run's lab
+        roster.worksheet_facts(people, entries, next(iter(run_labs)))
+        save_entries(out, entries)
+    return entries
+
+
 def saved_results(out: Path) -> dict:
     """Every graded result in the course folder: ``{(student, lab): SubmissionResult}``."""
     found = {}
