@@ -268,13 +268,21 @@ def _sizes(a, b, bias):
     return m, n, k
 
 
-def tuned_source(source: str, backend: str | None = None) -> str:
+TENSOR_CORE_FILE = "lab3_tensor_cores.cu"
+
+
+def tuned_source(source: str, backend: str | None = None, name: str = "tuned") -> str:
     """The notebook's ``TUNED_SOURCE`` (Part D) with the fp16 tensor-core path ahead of it, as ``backend`` (default:
     the one ``fuselab.build`` will use) compiles it (``fuselab/labs/lab3/tensorcore.py``): a launcher that tests
-    ``FUSELAB_TENSOR_CORES`` may take it for fp16 at small K; one that does not builds as it is."""
+    ``FUSELAB_TENSOR_CORES`` may take it for fp16 at small K; one that does not builds as it is.
+
+    ``name``: the ``name=`` the text is built under. ``#line`` directives give the path its own file name and start
+    the student's text again at line 1 of ``<name>.cu``, so compiler messages count the student's own lines, not
+    the hundreds of given lines in front of them."""
     from ...build import resolve_backend
     from .tensorcore import tuned_path_source  # that module builds on this one: imported when asked for
-    return tuned_path_source(resolve_backend(backend)) + "\n" + source
+    return (f'#line 1 "{TENSOR_CORE_FILE}"\n' + tuned_path_source(resolve_backend(backend))
+            + f'\n#line 1 "{name}.cu"\n' + source)
 
 
 def fused(module):
