@@ -94,6 +94,11 @@ def test_a_speed_cell_without_a_gpu_says_the_course_measures_it_when_grading(cap
     said = capsys.readouterr().out
     assert points == 0.0 and "not measured (no GPU)" in said, said
     assert "The course measures it when it grades your notebook on its GPU, for up to 4 points" in said, said
+    # and what it would grade there: the setting, the threshold, partial credit, the plain solution's speedup
+    from fuselab.speed import policy_entry
+    test, entry, _ = policy_entry("lab0.add_relu_mul", "NVIDIA H200")
+    assert f"full 4 points from {entry['threshold']:.2f}x" in said and "partial credit linear from 0 at 1.00x" in said
+    assert f"plain fused solution at {entry['plain_speedup']:.2f}x" in said and "device time" in said, said
     monkeypatch.setenv("FUSELAB_GRADING", "1")  # the grader's own run without a GPU: the 0 is the score
     assert speed.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
                               reference=lab0.reference, make_inputs=make, module=mod, max_points=4) == 0.0
