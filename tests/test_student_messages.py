@@ -950,3 +950,39 @@ def test_a_bias_on_the_wrong_axis_with_a_relu_is_named_on_a_many_row_output(kern
                            seeds=(rng.randint(0, 99),), verbose=False, raise_on_fail=False)
     report = result.report()
     assert not result.passed and report.count("bias[row] instead of bias[col]") >= 2, report
+
+
+def test_lab2_fold_checks_print_a_check_mark_when_they_pass(capsys):
+    # the kernel tests print "✓ name: N cases passed"; the fold tests printed nothing, and a student could not
+    # tell a passing cell from one that checked nothing
+    import json
+
+    from fuselab import notebook as ipynb
+    from fuselab.labs import lab2
+
+    from .conftest import REPO
+    cells = json.loads((REPO / "solutions" / "lab2" / "lab2.ipynb").read_text())["cells"]
+    by_id = {ipynb.grade_id(c): ipynb.source(c) for c in cells}
+    namespace = {}
+    for grade_id in ("setup", "fold_weights", "fold_module", "fold_network"):
+        exec(by_id[grade_id], namespace)  # noqa: S102 - the course's own solution
+    capsys.readouterr()
+    lab2.check_fold_weights(namespace["fold_conv_bn_weights"], lab2.FOLD_CASES)
+    lab2.check_fold_module(namespace["fold_conv_bn"], lab2.FOLD_CASES)
+    lab2.check_refusals(namespace["fold_conv_bn"], fold_network=namespace["fold_network"])
+    lab2.check_fold_network(namespace["fold_network"], lab2.visible_networks())
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 5 and all(line.startswith("✓ ") for line in said), said
+    assert f"{len(lab2.FOLD_CASES)} cases passed" in said[0] and "training mode" in said[3], said
+
+
+def test_lab1_output_size_without_plus_one_names_the_count_it_missed():
+    # a bare `AssertionError: 2`, and the second assertion had no message at all
+    from fuselab.labs import lab1
+    for wrong in (lambda size, kernel, stride, pad: (size + 2 * pad - kernel) // stride,
+                  lambda size, kernel, stride, pad: (size - kernel) // stride + 1):
+        for case in lab1.VISIBLE_OUTPUT_SIZE_CASES:
+            message = lab1.output_size_message(wrong(*case), *case)
+            assert f"conv_output_size{case}" in message and str(lab1.conv_output_size(*case)) in message, message
+    assert "+ 1" in lab1.output_size_message(2, 5, 3, 2, 1)
+    assert "pad" in lab1.output_size_message(54, 56, 3, 1, 1)

@@ -292,6 +292,25 @@ def conv_output_size(size, kernel, stride, pad):
     return (size + 2 * pad - kernel) // stride + 1
 
 
+# The visible test's cases, (size, kernel, stride, pad): the hand-countable row of the exercise, a 3×3 and a 1×1
+# that keep a ResNet layer's size.
+VISIBLE_OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0)]
+
+
+def output_size_message(got, size, kernel, stride, pad) -> str:
+    """Why ``got`` is not the output size: the count a student's formula missed, said in its terms."""
+    want = conv_output_size(size, kernel, stride, pad)
+    said = f"conv_output_size{(size, kernel, stride, pad)} returned {got!r}, expected {want}"
+    if got == want - 1:
+        return (f"{said}: one output short. The window starts at p·stride - pad for p = 0, 1, …, last, and that is "
+                f"last + 1 positions: the `+ 1` counts the first one (p = 0).")
+    if pad and got == (size - kernel) // stride + 1:
+        return (f"{said}: the count of an unpadded row. Padding widens the row by `pad` on each side: "
+                f"the windows slide over size + 2·pad = {size + 2 * pad} inputs.")
+    return (f"{said}. Count the positions p = 0, 1, … whose window of {kernel} inputs, starting at p·stride - pad, "
+            f"ends inside the padded row (at most size + pad - 1 = {size + pad - 1}); `//` rounds the division down.")
+
+
 # (size, kernel, stride, pad) cases a student's conv_output_size must get right, as an int: 5/2 + 1 = 3.5 in
 # Python, where C's integer division gives 3, and a float size cannot shape a tensor
 OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0), (6, 3, 2, 0), (1, 1, 1, 0), (8, 3, 2, 1)]
@@ -307,7 +326,8 @@ def check_output_size(conv_output_size_fn, cases=OUTPUT_SIZE_CASES):
             raise AssertionError(f"{call} returned {got!r}, a {type(got).__name__}: an output size is a whole "
                                  f"number, an int (use // for integer division; / gives a float in Python)")
         if got != want:
-            raise AssertionError(f"{call} returned {got}, expected {want}")
+            raise AssertionError(output_size_message(got, size, kernel, stride, pad))
+    print(f"✓ conv_output_size: {len(cases)} cases passed")
 
 
 def _slope(gen):
