@@ -9,6 +9,7 @@ Tensors are NCHW fp32 and contiguous. A missing bias is passed to the kernels as
 tensor's data pointer), as cuDNN and PyTorch's own kernels take it.
 """
 
+import re
 from collections import namedtuple
 
 import torch
@@ -271,6 +272,7 @@ GPU_DEPTHWISE_CASES = random_depthwise_cases(10, seed=202, max_n=4, max_c=97, ma
     DepthwiseCase(1, 32, 112, 112, True, "relu"),
     DepthwiseCase(3, 17, 67, 45, False, "leaky_relu"),
     DepthwiseCase(8, 96, 56, 56, True, "none"),
+    DepthwiseCase(1, 65600, 2, 3, True, "relu"),  # more planes than a grid's z (65535): the loop over gridDim.z
     DepthwiseCase(0, 32, 112, 112, True, "relu"),
 ]
 
@@ -328,6 +330,20 @@ def check_output_size(conv_output_size_fn, cases=OUTPUT_SIZE_CASES):
         if got != want:
             raise AssertionError(output_size_message(got, size, kernel, stride, pad))
     print(f"✓ conv_output_size: {len(cases)} cases passed")
+
+
+def plane_loop_note(source: str) -> str:
+    """A kernel that walks the planes with ``blockIdx.z`` but never steps by ``gridDim.z`` computes only the first
+    65535 planes (a grid's z limit), and no visible case has more: too many threads for the emulation to run in a
+    test. Said from the source, as a note (a kernel may put the planes on another axis), or ""."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
+    if "blockIdx.z" in code and "gridDim.z" not in code:
+        return ("note: your kernel walks the planes (N·C) with blockIdx.z but never steps by gridDim.z. A grid's z "
+                "dimension is at most 65535, so with more planes than that (N = 64, C = 1100, say) the planes past "
+                "the grid are never computed, and the launch of a larger grid fails. No test here has that many "
+                "(too many threads for the emulation): loop `for (p = blockIdx.z; p < planes; p += gridDim.z)`, "
+                "with the grid's z at most 65535.")
+    return ""
 
 
 def _slope(gen):
