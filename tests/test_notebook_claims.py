@@ -186,7 +186,8 @@ CLAIMS = [
     ("lab1", "Here fusion pays", lambda d: lab1_graded(d)["speedups"]["plain fused"] > 1.3),
     ("lab1", "a large share for a memory-bound depthwise conv, though less than its byte ratio",
      lambda d: 1.3 < lab1_graded(d)["speedups"]["plain fused"] < 2.0),
-    ("lab1", "a plain fused kernel reaches a smaller fraction of the copy bandwidth than the simple kernels it replaces",
+    ("lab1", "a plain fused kernel reaches a smaller fraction of the copy bandwidth than the simple kernels it "
+             "replaces",
      lambda d: lab1_shortfall(d)[2] < lab1_shortfall(d)[1]),
     ("lab1", "the plain fused kernel gains less than the byte ratio",
      lambda d: lab1_graded(d)["speedups"]["plain fused"] < 2.0),
@@ -215,7 +216,8 @@ CLAIMS = [
     ("lab2", "The plain kernels are far from the copy ceiling",
      lambda d: lab2_graded(d)["effective_GBps"]["plain fused (folded)"] / d["lab2_context"]["copy_GBps"] < 0.5),
     ("lab2", "at batch 1 an eager pass costs the host more time to issue than the GPU needs to run it",
-     lambda d: d["lab2_network"]["median_ms"]["stream"]["unfolded"] > d["lab2_network"]["median_ms"]["device"]["unfolded"]),
+     lambda d: d["lab2_network"]["median_ms"]["stream"]["unfolded"]
+     > d["lab2_network"]["median_ms"]["device"]["unfolded"]),
     ("lab2", "every BN module call that folding removed counts in full",
      lambda d: d["lab2_network"]["speedup"]["stream"] > d["lab2_network"]["speedup"]["device"]),
     ("lab2", "308 MB per activation, far beyond the H200's L2",
@@ -312,6 +314,9 @@ def readme_claims():
         ("README", lambda d: f"(plain: {x(lab3_small_k_row(d, 'plain fused', 'float16')['speedup_vs_reference'])}, "
                              "the saved sweep's)"),
         ("README", rebuild),
+        # the emulation's own benchmark (docs/emulation.md, "Measured"): a barrier is a fiber switch
+        ("README", lambda d: f"A barrier costs about {emulation_measured('one context switch')} ns"),
+        ("README", lambda d: f"a 16×16-tiled 512³ GEMM runs in {emulation_measured('GEMM, 512³')} s on 2 cores"),
     ]
 
 
@@ -324,13 +329,24 @@ def squash(text) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def emulation_measured(row: str) -> str:
+    """The hand-written switch's number in docs/emulation.md's table of measurements, on the row that says ``row``."""
+    for line in (ROOT / "docs" / "emulation.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("|") and row in line:
+            return re.search(r"\*\*([\d.]+)\s*(?:ns|s)\*\*", line).group(1)
+    raise AssertionError(f"docs/emulation.md has no measured row {row!r}")
+
+
 def readme_measurements() -> str:
-    """The README's lab table and the paragraph of numbers measured on the H200 (above "Grading a class")."""
+    """The README's lab table and its paragraphs of measured numbers: the H200's and the emulation's (all above
+    "Grading a class")."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     table = "\n".join(line for line in text.splitlines() if re.match(r"\| [0-3] ", line))
     measured = re.search(r"Measured on the H200.*?(?:\n\n|$)", text, re.S)
-    assert table and measured, "the README's lab table or its measurement paragraph moved: update this test"
-    return table + "\n" + measured.group(0)
+    emulation = re.search(r"Platforms: .*?(?:\n\n|$)", text, re.S)
+    assert table and measured and emulation, \
+        "the README's lab table or its measurement paragraphs moved: update this test"
+    return table + "\n" + measured.group(0) + emulation.group(0)
 
 
 # ------------------------------------------------------------------------------------------------------- the tests
@@ -352,7 +368,7 @@ def test_every_number_the_readme_measures_is_checked():
     data, text = load_data(), squash(readme_measurements())
     covered = [(m.start(), m.end()) for _, expected in readme_claims()
                for m in re.finditer(re.escape(squash(expected(data))), text)]
-    numbers = re.finditer(r"\d+(?:\.\d+)?\s*(?:×(?!\s*\d)|%|s\b)", text)
+    numbers = re.finditer(r"\d+(?:\.\d+)?\s*(?:×(?!\s*\d)|%|s\b|ns\b|µs\b|ms\b)", text)
     loose = [text[max(0, m.start() - 40):m.end() + 5] for m in numbers
              if not any(a <= m.start() and m.end() <= b for a, b in covered)
              and not README_NOT_MEASURED.search(text[max(0, m.start() - 60):m.end() + 20])]
@@ -471,7 +487,8 @@ def bend(data, path, factor):
 
 
 @pytest.mark.parametrize("lab,phrase,path,factor", [
-    ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio", ("lab0_sweep", "rows", "speedup"), 1.2),
+    ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio",
+     ("lab0_sweep", "rows", "speedup"), 1.2),
     ("lab0", "the speedup passes the byte ratio", ("lab0_sweep", "rows", "speedup"), 0.8),
     ("lab1", "its point lies above that roof", ("lab1_conv", "times_us", "cuDNN conv + relu (eager)"), 1.2),
     ("lab1", "gain nothing, the fused kernel even measuring a little slower than the pair",
