@@ -163,6 +163,10 @@ def echo_source(diagnostics: str, filename: str, source: str, source_map=None) -
     mapped (line and column) back to the student's text first.
     """
     lines = source.replace("\r\n", "\n").split("\n")
+    # a text that restarts the student's file with ``#line 1 "<filename>"`` after given code (Lab 3's Part D):
+    # the compiler's line r is line r + offset of the text compiled
+    marker = f'#line 1 "{filename}"'
+    offset = next((i + 1 for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == marker), 0)
     header = re.compile(rf"^{re.escape(filename)}:(\d+):(\d+):(\s*(?:fatal error|error|warning|note)\b.*)$")
     bare = re.compile(rf"^{re.escape(filename)}\((\d+)\):\s*(?:error|warning)\b")  # nvcc: no column
     given = diagnostics.split("\n")
@@ -172,20 +176,20 @@ def echo_source(diagnostics: str, filename: str, source: str, source_map=None) -
         found = header.match(line)
         if found and not quoted:
             # g++ could not read the file to quote it, and then counts columns in bytes
-            row, column = int(found.group(1)), int(found.group(2))
+            row, column = int(found.group(1)) + offset, int(found.group(2))
             if source_map is not None:
                 translated = source_map.translated_line(row)
                 row, column = source_map.original_position(row, _char_index(translated, column) + 1)
             elif 1 <= row <= len(lines):
                 column = _char_index(lines[row - 1], column) + 1
-            out.append(f"{filename}:{row}:{column}:{found.group(3)}")
+            out.append(f"{filename}:{row - offset}:{column}:{found.group(3)}")
             if 1 <= row <= len(lines):
-                out += quote_line(lines[row - 1], row, column)
+                out += quote_line(lines[row - 1], row - offset, column)
             continue
         out.append(line)
         found = bare.match(line)
-        if found and not quoted and 1 <= int(found.group(1)) <= len(lines):
-            out += quote_line(lines[int(found.group(1)) - 1], int(found.group(1)), None)
+        if found and not quoted and 1 <= int(found.group(1)) + offset <= len(lines):
+            out += quote_line(lines[int(found.group(1)) + offset - 1], int(found.group(1)), None)
     return "\n".join(out)
 
 

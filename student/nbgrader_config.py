@@ -1,7 +1,54 @@
 # The students' nbgrader settings, read where JUPYTER_CONFIG_PATH=student (the README's `jupyter lab labs/`, and
 # `nbgrader validate` run with it): JupyterLab's Validate button and the command.
+from nbgrader.validator import Validator, strip_ansi
+
 c = get_config()  # noqa: F821 - nbgrader's config loader defines it
 
-# Validate cuts each line of a failed test's output at this width (90 by default). fuselab's reports explain a
-# failure in lines of up to several hundred characters, and what the cut removed was the explanation.
-c.Validator.width = 1000
+# Validate cuts each line of a failed test's output at Validator.width (90 by default), and draws its dividers
+# that wide. fuselab's reports explain a failure in lines of up to several hundred characters, and what the cut
+# removed was the explanation: lines are cut at CUT_WIDTH instead, and the dividers keep nbgrader's width.
+CUT_WIDTH = 1000
+
+
+def _indent_uncut(self, val):
+    lines = []
+    for line in strip_ansi(val).split("\n"):
+        line = self.indent + line
+        lines.append(line if len(line) <= CUT_WIDTH - 3 else line[:CUT_WIDTH - 3] + "...")
+    return "\n".join(lines)
+
+
+if not getattr(Validator, "fuselab_configured", False):  # nbgrader may read this file more than once
+    Validator._indent = _indent_uncut
+
+# Without a GPU a speed test cell passes under Validate (it measures nothing, so it may not score 0), and a bare
+# "Success!" read as if every point were in. Say how many points the course still measures on its GPU.
+NOT_MEASURED = "the speed is not measured on this machine (no GPU)"
+_get_failed_cells = Validator._get_failed_cells
+_print_num_failed = Validator._print_num_failed
+
+
+def _remember_unmeasured(self, nb):
+    self.unmeasured = []
+    for cell in nb.cells:
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        grading = cell.get("metadata", {}).get("nbgrader", {})
+        if NOT_MEASURED in text and grading.get("grade"):
+            self.unmeasured.append((grading.get("grade_id", "?"), grading.get("points", 0)))
+    return _get_failed_cells(self, nb)
+
+
+def _say_unmeasured(self, num_failed):
+    _print_num_failed(self, num_failed)
+    unmeasured = getattr(self, "unmeasured", [])
+    if unmeasured:
+        points = sum(p for _, p in unmeasured)
+        self.stream.write(f"{points:g} points not measured here (no GPU): "
+                          + ", ".join(cell for cell, _ in unmeasured)
+                          + ", measured when the course grades your notebook on its GPU.\n")
+
+
+if not getattr(Validator, "fuselab_configured", False):
+    Validator._get_failed_cells = _remember_unmeasured
+    Validator._print_num_failed = _say_unmeasured
+    Validator.fuselab_configured = True

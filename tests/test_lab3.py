@@ -151,11 +151,11 @@ def test_the_traffic_text_agrees_with_the_byte_table():
         m = rng.randint(1, 64)
         t = lab3.traffic(m, 4096, 4096)
         unfused, fused = t["gemm"] + t["epilogue"], t["gemm"] + 4096 * 4
-        assert 0 < 1 - fused / unfused < 0.05, (m, 1 - fused / unfused)
+        assert 0 < 1 - fused / unfused <= 0.03, (m, 1 - fused / unfused)
         k = rng.randint(8, 64)
         t = lab3.traffic(4096, 4096, k)
         unfused, fused = t["gemm"] + t["epilogue"], t["gemm"] + 4096 * 4
         assert 2.8 < unfused / fused < 3.0 and 0.64 < 1 - fused / unfused < 2 / 3, (k, unfused / fused)
     text = "".join(ipynb.source(c) for c in json.loads((REPO / "solutions/lab3/lab3.ipynb").read_text())["cells"])
-    assert "a few percent at most" in text and "triples the bytes" in text and "two thirds of the unfused" in text
+    assert "at most 3 %" in text and "a few percent" not in text and "triples the bytes" in text and "two thirds of the unfused" in text
     assert "under 1%" not in text and "doubles the bytes" not in text  # what the table contradicted (M = 64: 2.9 %)

@@ -119,6 +119,23 @@ def test_saved_small_k_results_leave_the_tensor_core_kernel_out():
     assert _without_tensor_cores(small_k)["rows"] == small_k["rows"]
 
 
+def test_a_compiler_error_in_part_d_names_the_students_own_line():
+    # The tensor-core path goes ahead of the student's TUNED_SOURCE: the compiler counted its hundreds of lines in
+    # front of the student's, and named a line hundreds past the student's.
+    from fuselab.notebook_sources import string_assignments
+
+    from .conftest import REPO
+    tuned = string_assignments(REPO / "solutions" / lab3.NOTEBOOK)["TUNED_SOURCE"].split("\n")
+    tuned.append("static void broken_helper() { undeclared_name_here = 1; }")
+    row = len(tuned)
+    with pytest.raises(fuselab.BuildError) as caught:
+        fuselab.build(lab3.tuned_source("\n".join(tuned), "emulate"), lab3.FUSED_LAUNCHERS, name="tuned",
+                      backend="emulate")
+    said = str(caught.value)
+    assert f"tuned.cu:{row}:" in said and "undeclared_name_here" in said, said
+    assert lab3.TENSOR_CORE_FILE not in said, said
+
+
 def test_the_tuned_kernel_takes_the_tensor_core_path_for_fp16_at_small_k_only():
     # Built as the notebook's Part D builds it (lab3.tuned_source), under the emulation: right in fp16 and fp32.
     # Then the same build with the tensor-core kernel's bias dropped: fp16 at small K must now fail (that is the
@@ -129,7 +146,7 @@ def test_the_tuned_kernel_takes_the_tensor_core_path_for_fp16_at_small_k_only():
     tuned = string_assignments(REPO / "solutions" / lab3.NOTEBOOK)["TUNED_SOURCE"]
     small_k = [s for s in lab3.SMALL_K_SHAPES if s[0] > 16 and s[2] <= 16] + [(70, 270, 16, True, True)]
     other = [(40, 70, 17, True, True), (8, 64, 40, True, True)]
-    source = lab3.tuned_source(tuned, "emulate")
+    source = lab3.tuned_source(tuned, "emulate", name="tuned_with_tc")
     mod = fuselab.build(source, lab3.FUSED_LAUNCHERS, name="tuned_with_tc", backend="emulate")
     for dtype in (torch.float16, torch.float32):
         fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, dtype=dtype),

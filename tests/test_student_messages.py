@@ -94,6 +94,11 @@ def test_a_speed_cell_without_a_gpu_says_the_course_measures_it_when_grading(cap
     said = capsys.readouterr().out
     assert points == 0.0 and "not measured (no GPU)" in said, said
     assert "The course measures it when it grades your notebook on its GPU, for up to 4 points" in said, said
+    # and what it would grade there: the setting, the threshold, partial credit, the plain solution's speedup
+    from fuselab.speed import policy_entry
+    test, entry, _ = policy_entry("lab0.add_relu_mul", "NVIDIA H200")
+    assert f"full 4 points from {entry['threshold']:.2f}x" in said and "partial credit linear from 0 at 1.00x" in said
+    assert f"plain fused solution at {entry['plain_speedup']:.2f}x" in said and "device time" in said, said
     monkeypatch.setenv("FUSELAB_GRADING", "1")  # the grader's own run without a GPU: the 0 is the score
     assert speed.speedup_test("lab0.add_relu_mul", candidate=lab0.fused(mod), reference_op=lab0.fused(mod),
                               reference=lab0.reference, make_inputs=make, module=mod, max_points=4) == 0.0
@@ -945,3 +950,83 @@ def test_a_bias_on_the_wrong_axis_with_a_relu_is_named_on_a_many_row_output(kern
                            seeds=(rng.randint(0, 99),), verbose=False, raise_on_fail=False)
     report = result.report()
     assert not result.passed and report.count("bias[row] instead of bias[col]") >= 2, report
+
+
+def test_lab2_fold_checks_print_a_check_mark_when_they_pass(capsys):
+    # the kernel tests print "✓ name: N cases passed"; the fold tests printed nothing, and a student could not
+    # tell a passing cell from one that checked nothing
+    import json
+
+    from fuselab import notebook as ipynb
+    from fuselab.labs import lab2
+
+    from .conftest import REPO
+    cells = json.loads((REPO / "solutions" / "lab2" / "lab2.ipynb").read_text())["cells"]
+    by_id = {ipynb.grade_id(c): ipynb.source(c) for c in cells}
+    namespace = {}
+    for grade_id in ("setup", "fold_weights", "fold_module", "fold_network"):
+        exec(by_id[grade_id], namespace)  # noqa: S102 - the course's own solution
+    capsys.readouterr()
+    lab2.check_fold_weights(namespace["fold_conv_bn_weights"], lab2.FOLD_CASES)
+    lab2.check_fold_module(namespace["fold_conv_bn"], lab2.FOLD_CASES)
+    lab2.check_refusals(namespace["fold_conv_bn"], fold_network=namespace["fold_network"])
+    lab2.check_fold_network(namespace["fold_network"], lab2.visible_networks())
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 5 and all(line.startswith("✓ ") for line in said), said
+    assert f"{len(lab2.FOLD_CASES)} cases passed" in said[0] and "training mode" in said[3], said
+
+
+def test_lab1_output_size_without_plus_one_names_the_count_it_missed():
+    # a bare `AssertionError: 2`, and the second assertion had no message at all
+    from fuselab.labs import lab1
+    for wrong in (lambda size, kernel, stride, pad: (size + 2 * pad - kernel) // stride,
+                  lambda size, kernel, stride, pad: (size - kernel) // stride + 1):
+        for case in lab1.VISIBLE_OUTPUT_SIZE_CASES:
+            message = lab1.output_size_message(wrong(*case), *case)
+            assert f"conv_output_size{case}" in message and str(lab1.conv_output_size(*case)) in message, message
+    assert "+ 1" in lab1.output_size_message(2, 5, 3, 2, 1)
+    assert "pad" in lab1.output_size_message(54, 56, 3, 1, 1)
+
+
+def _lab3_fused_with(old, new, name):
+    from fuselab.labs import lab3
+    text = _lab_source("lab3", "FUSED_SOURCE")
+    assert old in text
+    mod = fuselab.build(text.replace(old, new), [lab3.FUSED_F32], name=name, backend="emulate")
+    return fuselab.check(lab3.fused(mod), lab3.reference, lambda s, seed: lab3.make_inputs(s, seed, device="cpu"),
+                         lab3.SMALL_SHAPES, verbose=False, raise_on_fail=False).report()
+
+
+def test_a_k_loop_over_whole_tiles_only_is_named_as_the_dropped_k_tail():
+    # the only hint suggested NaN or out-of-bounds reads; only the cases with K a multiple of 16 passed, unsaid
+    report = _lab3_fused_with("for (int k0 = 0; k0 < K; k0 += TILE)", "for (int k0 = 0; k0 + TILE <= K; k0 += TILE)",
+                              "msg_k_tail")
+    assert "every case with K a multiple of 16 passes" in report and "tail of K" in report, report
+    assert report.index("tail of K") < report.index("✗"), report  # before the cases, not after them
+
+
+def test_a_b_stride_of_k_is_named_as_k_against_n():
+    # named M-vs-N (the output's two sides) where the mix-up is K-vs-N
+    report = _lab3_fused_with("b[(int64_t)(k0 + ty) * N + col]", "b[(int64_t)(k0 + ty) * K + col]", "msg_b_stride")
+    assert "every case with N == K passes, and every case with N != K fails" in report, report
+    assert "dimension 0 as along 1" not in report and "M == " not in report, report
+
+
+def test_a_line_every_failing_case_repeats_is_said_once_with_a_count():
+    from fuselab.check.report import _once
+    hint = "    hint: NaN (not-a-number) values: a 0/0, a sqrt or log of a negative number, or a read of memory"
+    report = _once("\n".join(["✗ case 1", hint, "✗ case 2", hint, "✗ case 3", hint]))
+    assert report.count("hint: NaN") == 1 and "the same in 3 places" in report, report
+    assert report.count("✗ case") == 3, report
+
+
+def test_a_depthwise_kernel_without_the_loop_over_grid_z_is_told():
+    # every visible test passed: none has more than 65535 planes (the emulation cannot run that many threads in a
+    # test), so the source says it; the GPU's hidden cases have more
+    from fuselab.labs import lab1
+    source = _lab_source("lab1", "DEPTHWISE_SOURCE")
+    assert "gridDim.z" in source and lab1.plane_loop_note(source) == ""
+    note = lab1.plane_loop_note(re.sub(r"for \(int p = blockIdx\.z; p < planes; p \+= gridDim\.z\)",
+                                       "for (int p = blockIdx.z; p < planes; p += 1 << 30)", source))
+    assert "gridDim.z" in note and "65535" in note, note
+    assert any(c.N * c.C > 65535 for c in lab1.GPU_DEPTHWISE_CASES)

@@ -75,3 +75,36 @@ def test_validate_with_the_students_configuration_shows_a_failed_checks_explanat
     result = subprocess.run([sys.executable, "-m", "nbgrader", "validate", "lab.ipynb"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert explanation in result.stdout, result.stdout[-2000:]
+
+
+def _validate_with_the_students_configuration(tmp_path, cells):
+    notebook = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}
+    (tmp_path / "lab.ipynb").write_text(json.dumps(notebook))
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(REPO / "student"),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    for name in ("FUSELAB_GRADING", "FUSELAB_GRADE_LOG", "NBGRADER_VALIDATING"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "nbgrader", "validate", "lab.ipynb"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_validates_dividers_keep_nbgraders_width_while_explanations_stay_whole(tmp_path):
+    # the configuration's width kept explanations whole, and stretched every divider to 1000 '=' with them
+    explanation = "the K loop drops the last partial tile: " + "y" * 300 + " K tail"
+    result = _validate_with_the_students_configuration(
+        tmp_path, [_cell(f"raise AssertionError({explanation!r})", "test_one", points=1),
+                   _cell(f"raise AssertionError({explanation!r})", "test_two", points=1)])
+    dividers = [line for line in result.stdout.splitlines() if line and set(line) == {"="}]
+    assert len(dividers) == 2 and all(len(line) <= 100 for line in dividers), result.stdout[-2000:]
+    assert explanation in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path of Validate")
+def test_validate_without_a_gpu_says_how_many_points_it_did_not_measure(tmp_path):
+    result = _validate_with_the_students_configuration(tmp_path, NOTEBOOK_CELLS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Success! Your notebook passes all the tests." in result.stdout, result.stdout
+    assert "4 points not measured here (no GPU): test_speedup" in result.stdout, result.stdout
+    assert result.stdout.count("points not measured here") == 1, result.stdout

@@ -139,7 +139,8 @@ class CheckResult:
                 if note not in said:
                     parts.append(f"the emulation saw, in {case.label}: {note}")
                     said.add(note)
-        separated = _separating_field(self.cases) or _separating_equality(self.cases)
+        separated = (_separating_field(self.cases) or _separating_multiple(self.cases)
+                     or _separating_equality(self.cases))
         if separated:
             parts.append(separated)
         errors = {case.error for case in failures}
@@ -168,7 +169,7 @@ class CheckResult:
         if passed:
             parts.append("passed: " + "; ".join(case.label for case in passed))
         parts += self.notes
-        return "\n\n".join(parts)
+        return _once("\n\n".join(parts))
 
     def to_dict(self) -> dict:
         return {
@@ -224,6 +225,7 @@ def _separating_equality(cases) -> str:
     if len(failing) < 2 or not failing[0] or _size_threshold(cases):
         return ""  # a size past which every case fails separates them as well (more than one K tile, say)
     keys = list(failing[0])
+    found = []  # (share of the unequal cases that fail, sentence): the pair that separates best is said
     for i, first in enumerate(keys):
         for second in keys[i + 1:]:
             if any(first not in f or second not in f or f[first] == f[second] for f in failing):
@@ -243,11 +245,61 @@ def _separating_equality(cases) -> str:
                 equal_cases = f"every case with {first} == {second}"
                 others = f"every case with {first} != {second}" if all(not p for p in unequal) else \
                     f"{unequal.count(False)} of the {len(unequal)} cases with {first} != {second}"
-            return (f"{equal_cases} passes, and {others} fail{'s' if others.startswith('every') else ''}: the "
-                    f"result is right when the two are equal (a square image or matrix). Somewhere one is used "
-                    f"where the other belongs: in an index (row * width + col), a bound, a loop, an output size, "
-                    f"or the grid's x and y.")
+            found.append((unequal.count(False) / len(unequal), len(squares),
+                          f"{equal_cases} passes, and {others} fail{'s' if others.startswith('every') else ''}: the "
+                          f"result is right when the two are equal (a square image or matrix). Somewhere one is "
+                          f"used where the other belongs: in an index (row * width + col), a bound, a loop, an "
+                          f"output size, or the grid's x and y."))
+    if found:
+        return max(found, key=lambda f: (f[0], f[1]))[2]
     return ""
+
+
+def _once(report: str) -> str:
+    """Each long line of a report once: a hint that every failing output repeats (eighteen times, for eighteen
+    cases) hid the rest; its first place says how many times it was found instead."""
+    lines = report.split("\n")
+    counts = {}
+    for line in lines:
+        if len(line.strip()) > 60:
+            counts[line.strip()] = counts.get(line.strip(), 0) + 1
+    out, seen = [], set()
+    for line in lines:
+        key = line.strip()
+        if counts.get(key, 0) > 1:
+            if key in seen:
+                continue
+            seen.add(key)
+            line += f" (the same in {counts[key]} places; said once)"
+        out.append(line)
+    return "\n".join(out)
+
+
+def _separating_multiple(cases) -> str:
+    """One sentence where every case whose size (a named field: ``K``) is a whole number of steps (16, a tile)
+    passes and nearly every other case fails: a loop over whole steps only, which drops the last, partial one (the
+    tail). At least two different passing multiples, so that a lone size is never offered as the cause."""
+    sized = [(_named_sizes(c), c.passed) for c in cases if any(o.numel for o in c.comparisons) or not c.passed]
+    if not any(not passed for _, passed in sized):
+        return ""
+    for key in (sized[0][0] if sized else {}):
+        for step in (8, 16, 32, 64):
+            whole = [passed for sizes, passed in sized if sizes.get(key, 0) > 0 and sizes[key] % step == 0]
+            other = [passed for sizes, passed in sized if sizes.get(key, 0) > 0 and sizes[key] % step != 0]
+            wholes = {sizes[key] for sizes, _ in sized if sizes.get(key, 0) > 0 and sizes[key] % step == 0}
+            if len(wholes) >= 2 and all(whole) and other and 4 * other.count(False) >= 3 * len(other):
+                fail = "every other case fails" if not any(other) else \
+                    f"{other.count(False)} of the {len(other)} other cases fail"
+                return (f"every case with {key} a multiple of {step} passes, and {fail}: a loop that steps {step} at "
+                        f"a time along {key} and stops before a partial step (`k0 + {step} <= {key}`) drops the "
+                        f"tail of {key}, the last {key} % {step} values. Run it while `k0 < {key}`, and let the "
+                        f"loads past the end store 0 (the partial tile still counts).")
+    return ""
+
+
+def _named_sizes(case) -> dict:
+    return {name: value for name, value in _fields(case.shape).items()
+            if isinstance(value, int) and not isinstance(value, bool)}
 
 
 def _size_threshold(cases) -> str:

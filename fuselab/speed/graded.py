@@ -41,7 +41,7 @@ from ..runmode import graded_by_the_course, validating
 from ..timing.capture import capture
 from .graph_kernels import captured_kernels
 from .lease import asks_a_checker, exclusive_gpu, speed_test_slot
-from .policy import policy_entry
+from .policy import REFERENCE_GPU, policy_entry
 
 LAST_TIMED = None   # the last graded timing's rotating call of the student's op
 LAST_RECORD = None  # the last speed test's record
@@ -124,6 +124,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         if validating() and not graded_by_the_course():
             say(f"{test_id}: the speed is not measured on this machine (no GPU). It is measured when the course "
                 f"grades your notebook on its GPU, for up to {max_points} points; Validate checks everything else.")
+            say(would_grade(test_id, max_points, policy))
             return None  # nothing to log: no grader is listening, and nothing was measured
         record["status"] = "not measured (no GPU)"
         if graded_by_the_course():
@@ -132,6 +133,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         else:  # a student's own run: the 0 here is not their grade
             say(f"{test_id}: speedup not measured (no GPU): 0 points on this machine. The course measures it "
                 f"when it grades your notebook on its GPU, for up to {max_points} points.")
+            say(would_grade(test_id, max_points, policy))
         return _finish(record)
     if os.environ.get(SPEED_IN_RECHECK_ENV):
         # the grader's own run of the notebook: this student's Python could fake any number, so only the clean
@@ -299,6 +301,19 @@ def _escapes_stream(candidate, inputs, out, reference, fresh):
                 "replaying a captured call on new inputs left its output unwritten or stale, and such work escapes "
                 "the timing too")
     return None
+
+
+def would_grade(test_id, max_points, policy=None) -> str:
+    """What the test grades on the course's GPU, for a student who cannot run it: the timed setting, the threshold,
+    how partial credit goes, and what the course's plain fused solution measured there."""
+    test, entry, _ = policy_entry(test_id, REFERENCE_GPU, policy)
+    shape = "×".join(str(size) for size in test["shape"])
+    plain = entry.get("plain_speedup")
+    return (f"What it grades, on the course's {REFERENCE_GPU}: your kernel against the lab's unfused reference at "
+            f"{shape}, {test['dtype']}, {test['mode']} time; full {max_points} points from {entry['threshold']:.2f}x, "
+            f"partial credit linear from 0 at 1.00x up to it"
+            + (f"; the calibration that set this threshold ({entry.get('measured', 'undated')}) measured the "
+               f"course's plain fused solution at {plain:.2f}x." if plain else "."))
 
 
 def _said(record) -> str:

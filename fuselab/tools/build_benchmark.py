@@ -4,7 +4,11 @@
 - rebuild after an edit of the kernel only (the student's inner loop);
 - reload of an unchanged source in a fresh process (reopening the notebook, or the grader's clean recheck).
 
-Run ``python -m fuselab.tools.build_benchmark [--backend cuda|emulate]``; it prints JSON.
+With ``--labs``, the edit-rebuild of every kernel source of the four labs' solutions instead (what a student
+waits for after editing a Lab 1 conv or Lab 3 GEMM, larger than Lab 0's kernel): the README's range for the
+emulation comes from that run, saved in ``docs/results/``.
+
+Run ``python -m fuselab.tools.build_benchmark [--backend cuda|emulate] [--labs]``; it prints JSON.
 """
 
 from __future__ import annotations
@@ -76,12 +80,46 @@ def run(backend: str) -> dict:
     return results
 
 
+def run_labs(backend: str, edits: int = 3) -> dict:
+    """Median edit-rebuild time of each lab solution's kernel sources (a comment appended: a new hash)."""
+    import fuselab
+    from ..course import REPO
+    from ..labs import registry
+    from ..notebook_sources import string_assignments
+    results = {"backend": backend, "cores": os.cpu_count(), "labs": {}}
+    with tempfile.TemporaryDirectory(prefix="fuselab-bench-") as cache:
+        saved = os.environ.get("FUSELAB_CACHE_DIR")
+        os.environ["FUSELAB_CACHE_DIR"] = cache
+        try:
+            for lab in registry.all_labs().values():
+                sources = string_assignments(REPO / "solutions" / lab.notebook)
+                for name, launchers in lab.launchers.items():
+                    source = sources[name]
+                    started = time.perf_counter()
+                    fuselab.build(source, launchers, backend=backend)
+                    first = time.perf_counter() - started
+                    times = []
+                    for k in range(edits):
+                        started = time.perf_counter()
+                        fuselab.build(source + f"\n// edit {k}\n", launchers, backend=backend)
+                        times.append(time.perf_counter() - started)
+                    results["labs"][f"{lab.name}.{name}"] = {"first_build": first, "rebuild_after_edit": times}
+        finally:
+            if saved is None:
+                os.environ.pop("FUSELAB_CACHE_DIR", None)
+            else:
+                os.environ["FUSELAB_CACHE_DIR"] = saved
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None, choices=["cuda", "emulate"])
+    parser.add_argument("--labs", action="store_true", help="time every lab solution's kernels instead")
     args = parser.parse_args(argv)
     from ..build import resolve_backend
-    print(json.dumps(run(resolve_backend(args.backend)), indent=2))
+    backend = resolve_backend(args.backend)
+    print(json.dumps(run_labs(backend) if args.labs else run(backend), indent=2))
 
 
 if __name__ == "__main__":

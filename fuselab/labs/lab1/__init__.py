@@ -9,6 +9,7 @@ Tensors are NCHW fp32 and contiguous. A missing bias is passed to the kernels as
 tensor's data pointer), as cuDNN and PyTorch's own kernels take it.
 """
 
+import re
 from collections import namedtuple
 
 import torch
@@ -271,6 +272,7 @@ GPU_DEPTHWISE_CASES = random_depthwise_cases(10, seed=202, max_n=4, max_c=97, ma
     DepthwiseCase(1, 32, 112, 112, True, "relu"),
     DepthwiseCase(3, 17, 67, 45, False, "leaky_relu"),
     DepthwiseCase(8, 96, 56, 56, True, "none"),
+    DepthwiseCase(1, 65600, 2, 3, True, "relu"),  # more planes than a grid's z (65535): the loop over gridDim.z
     DepthwiseCase(0, 32, 112, 112, True, "relu"),
 ]
 
@@ -292,6 +294,25 @@ def conv_output_size(size, kernel, stride, pad):
     return (size + 2 * pad - kernel) // stride + 1
 
 
+# The visible test's cases, (size, kernel, stride, pad): the hand-countable row of the exercise, a 3×3 and a 1×1
+# that keep a ResNet layer's size.
+VISIBLE_OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0)]
+
+
+def output_size_message(got, size, kernel, stride, pad) -> str:
+    """Why ``got`` is not the output size: the count a student's formula missed, said in its terms."""
+    want = conv_output_size(size, kernel, stride, pad)
+    said = f"conv_output_size{(size, kernel, stride, pad)} returned {got!r}, expected {want}"
+    if got == want - 1:
+        return (f"{said}: one output short. The window starts at p·stride - pad for p = 0, 1, …, last, and that is "
+                f"last + 1 positions: the `+ 1` counts the first one (p = 0).")
+    if pad and got == (size - kernel) // stride + 1:
+        return (f"{said}: the count of an unpadded row. Padding widens the row by `pad` on each side: "
+                f"the windows slide over size + 2·pad = {size + 2 * pad} inputs.")
+    return (f"{said}. Count the positions p = 0, 1, … whose window of {kernel} inputs, starting at p·stride - pad, "
+            f"ends inside the padded row (at most size + pad - 1 = {size + pad - 1}); `//` rounds the division down.")
+
+
 # (size, kernel, stride, pad) cases a student's conv_output_size must get right, as an int: 5/2 + 1 = 3.5 in
 # Python, where C's integer division gives 3, and a float size cannot shape a tensor
 OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0), (6, 3, 2, 0), (1, 1, 1, 0), (8, 3, 2, 1)]
@@ -303,11 +324,26 @@ def check_output_size(conv_output_size_fn, cases=OUTPUT_SIZE_CASES):
         got = conv_output_size_fn(size, kernel, stride, pad)
         want = conv_output_size(size, kernel, stride, pad)
         call = f"conv_output_size({size}, {kernel}, {stride}, {pad})"
-        if isinstance(got, bool) or not isinstance(got, int):
+        if type(got) is not int:  # a bool, a float, or an int subclass that could redefine its comparisons
             raise AssertionError(f"{call} returned {got!r}, a {type(got).__name__}: an output size is a whole "
                                  f"number, an int (use // for integer division; / gives a float in Python)")
         if got != want:
-            raise AssertionError(f"{call} returned {got}, expected {want}")
+            raise AssertionError(output_size_message(got, size, kernel, stride, pad))
+    print(f"✓ conv_output_size: {len(cases)} cases passed")
+
+
+def plane_loop_note(source: str) -> str:
+    """A kernel that walks the planes with ``blockIdx.z`` but never steps by ``gridDim.z`` computes only the first
+    65535 planes (a grid's z limit), and no visible case has more: too many threads for the emulation to run in a
+    test. Said from the source, as a note (a kernel may put the planes on another axis), or ""."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
+    if "blockIdx.z" in code and "gridDim.z" not in code:
+        return ("note: your kernel walks the planes (N·C) with blockIdx.z but never steps by gridDim.z. A grid's z "
+                "dimension is at most 65535, so with more planes than that (N = 64, C = 1100, say) the planes past "
+                "the grid are never computed, and the launch of a larger grid fails. No test here has that many "
+                "(too many threads for the emulation): loop `for (p = blockIdx.z; p < planes; p += gridDim.z)`, "
+                "with the grid's z at most 65535.")
+    return ""
 
 
 def _slope(gen):

@@ -21,7 +21,7 @@ from .kernels import (
 )
 from .fold import (
     FOLD_CASES, HIDDEN_FOLD_CASES, check_fold_module, check_fold_weights, check_pair_refusals, conv_bn_tensors,
-    float64_fold, float64_fold_exact, make_conv_bn, randomize_bn,
+    float64_fold, float64_fold_exact, make_conv_bn, name_of, randomize_bn,
 )
 from .networks import (
     BNAfterActivation, DepthwiseSeparable, HIDDEN_NETWORK_SEEDS, MobileNetLike, NETWORK_BATCHES, Network,
@@ -38,8 +38,10 @@ def check_refusals(fold_conv_bn=None, fold_network=None):
     part B)."""
     if fold_conv_bn is not None:
         check_pair_refusals(fold_conv_bn)
+        print(f"✓ {name_of(fold_conv_bn)}: refuses a BatchNorm in training mode and one without running statistics")
     if fold_network is not None:
         check_network_refusal(fold_network)
+        print(f"✓ {name_of(fold_network)}: refuses a model in training mode")
 
 
 # ------------------------------------------------------------------------------------------------ declaration

@@ -164,6 +164,7 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
             w_torch, b_torch = torch.nn.utils.fusion.fuse_conv_bn_weights(*args)
             assert_close(w.detach(), w_torch.detach(), name=f"folded weight vs torch ({case['name']})")
             assert_close(b.detach(), b_torch.detach(), name=f"folded bias vs torch ({case['name']})")
+    passed(fold, cases)
 
 
 # The fold's classic mistakes, each as the float64 scale it computes instead of gamma / sqrt(var + eps).
@@ -255,6 +256,16 @@ def check_fold_module(fold_conv_bn, cases=FOLD_CASES, seed=0):
             if known:
                 raise AssertionError(f"{what}: {known}\n\n{failure}") from None
             raise
+    passed(fold_conv_bn, cases)
+
+
+def name_of(function) -> str:
+    return getattr(function, "__name__", "the fold")
+
+
+def passed(function, cases):
+    """The line a passing check prints, as fuselab.check's kernel checks do: a student sees the cell did check."""
+    print(f"✓ {name_of(function)}: {len(cases)} case{'s' if len(cases) != 1 else ''} passed")
 
 
 def check_pair_refusals(fold_conv_bn):

@@ -6,7 +6,7 @@ import random
 import torch
 import torch.nn as nn
 
-from .fold import assert_unchanged, randomize_bn, snapshot
+from .fold import assert_unchanged, passed, randomize_bn, snapshot
 
 # ------------------------------------------------------------------------------------------------ part B
 def conv_bn_relu(cin, cout, kernel=3, stride=1, groups=1, bias=False, eps=1e-3, affine=True):
@@ -255,7 +255,9 @@ def check_fold_network(fold_network, networks, seed=0):
     count, outputs equal to the original's in eval mode (float64 reference), the folded pairs' BNs really gone
     from the forward pass, the others still there, and the original model untouched."""
     from ...check import assert_close
+    checked = 0
     for index, (model, expected_count, shape) in enumerate(networks):
+        checked += 1
         what = f"network {index} ({type(model).__name__}, {expected_count} foldable Conv→BN pairs)"
         saved = snapshot(model)
         x = torch.randn(shape, generator=torch.Generator().manual_seed(seed + index))
@@ -289,6 +291,7 @@ def check_fold_network(fold_network, networks, seed=0):
         assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4,
                      name=f"folded model output ({what})")
         assert_unchanged(saved, model, what)
+    passed(fold_network, range(checked))
 
 
 def check_network_refusal(fold_network):

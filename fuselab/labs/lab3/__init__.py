@@ -128,13 +128,33 @@ def pitfall_source(which: str) -> str:
 # ---------------------------------------------------------------------------------------------------- shapes
 # (M, N, K, has_bias, relu). Small shapes run under the CPU emulation and in the visible tests: 1, primes, one
 # past a tile, sizes below one tile. GPU shapes serve the hidden tests on a GPU; timing uses the shapes below.
-SMALL_SHAPES = [(1, 1, 1, True, True), (1, 17, 33, True, False), (5, 7, 3, False, True), (16, 16, 16, True, True),
-                (17, 31, 19, True, True), (33, 1, 40, False, False), (40, 50, 70, True, True)]
+class GemmCase(NamedTuple):
+    """A case of the tests: named, so that a failure report can say which size separates the failing cases from
+    the passing ones ("every case with N == K passes": a stride of B that uses K for N)."""
+    M: int
+    N: int
+    K: int
+    bias: bool = True
+    relu: bool = True
+
+
+def _cases(shapes):
+    return [GemmCase(*shape) for shape in shapes]
+
+
+# Beside them, cases that tell the sizes apart: N == K with M != N (a B stride that uses K where N belongs passes
+# those), M == N with K != N, and a second K that is a whole number of tiles (a K loop over whole tiles only, the
+# tail dropped, passes exactly those).
+SMALL_SHAPES = _cases([(1, 1, 1, True, True), (1, 17, 33, True, False), (5, 7, 3, False, True),
+                       (16, 16, 16, True, True), (17, 31, 19, True, True), (33, 1, 40, False, False),
+                       (40, 50, 70, True, True), (9, 20, 20, True, False), (24, 24, 40, True, True),
+                       (7, 12, 32, False, True)])
 # small K (1, 3, 8, 17: below, at and one past a tile) with many rows: the shapes of the graded speed test's regime
-SMALL_K_SHAPES = [(40, 130, 1, True, True), (67, 129, 3, True, False), (33, 260, 8, False, True),
-                  (50, 70, 17, True, True)]
-HIDDEN_SMALL_SHAPES = [(3, 130, 5, True, True), (70, 65, 129, True, False), (1, 100, 257, True, True),
-                       (64, 64, 64, False, True), (2, 3, 1, True, True), (129, 9, 17, False, False)] + SMALL_K_SHAPES
+SMALL_K_SHAPES = _cases([(40, 130, 1, True, True), (67, 129, 3, True, False), (33, 260, 8, False, True),
+                         (50, 70, 17, True, True)])
+HIDDEN_SMALL_SHAPES = _cases([(3, 130, 5, True, True), (70, 65, 129, True, False), (1, 100, 257, True, True),
+                              (64, 64, 64, False, True), (2, 3, 1, True, True), (129, 9, 17, False, False)]) \
+    + SMALL_K_SHAPES
 GPU_SHAPES = [(1, 4096, 4096, True, True), (8, 4096, 4096, True, False), (16, 4000, 4100, False, True),
               (129, 1000, 257, True, True), (1000, 1, 1000, True, True), (1023, 1025, 513, True, True),
               (2048, 2048, 2048, False, False), (1, 1, 1, True, True),
@@ -144,9 +164,9 @@ GPU_SHAPES = [(1, 4096, 4096, True, True), (8, 4096, 4096, True, False), (16, 40
 
 # Empty outputs (M = 0, N = 0): nothing to compute, and a launcher must launch nothing, since CUDA refuses a grid
 # of 0 blocks. Last in each list: on a GPU a check stops at a case that raised, and the others come first.
-EMPTY_SHAPES = [(0, 7, 5, True, True), (6, 0, 5, True, False)]
+EMPTY_SHAPES = _cases([(0, 7, 5, True, True), (6, 0, 5, True, False)])
 SMALL_SHAPES += EMPTY_SHAPES
-HIDDEN_SMALL_SHAPES += [(0, 1, 1, True, True), (3, 0, 17, False, True)]
+HIDDEN_SMALL_SHAPES += _cases([(0, 1, 1, True, True), (3, 0, 17, False, True)])
 GPU_SHAPES += [(0, 4096, 16, True, True), (16384, 0, 16, True, True)]
 
 
@@ -268,13 +288,21 @@ def _sizes(a, b, bias):
     return m, n, k
 
 
-def tuned_source(source: str, backend: str | None = None) -> str:
+TENSOR_CORE_FILE = "lab3_tensor_cores.cu"
+
+
+def tuned_source(source: str, backend: str | None = None, name: str = "tuned") -> str:
     """The notebook's ``TUNED_SOURCE`` (Part D) with the fp16 tensor-core path ahead of it, as ``backend`` (default:
     the one ``fuselab.build`` will use) compiles it (``fuselab/labs/lab3/tensorcore.py``): a launcher that tests
-    ``FUSELAB_TENSOR_CORES`` may take it for fp16 at small K; one that does not builds as it is."""
+    ``FUSELAB_TENSOR_CORES`` may take it for fp16 at small K; one that does not builds as it is.
+
+    ``name``: the ``name=`` the text is built under. ``#line`` directives give the path its own file name and start
+    the student's text again at line 1 of ``<name>.cu``, so compiler messages count the student's own lines, not
+    the hundreds of given lines in front of them."""
     from ...build import resolve_backend
     from .tensorcore import tuned_path_source  # that module builds on this one: imported when asked for
-    return tuned_path_source(resolve_backend(backend)) + "\n" + source
+    return (f'#line 1 "{TENSOR_CORE_FILE}"\n' + tuned_path_source(resolve_backend(backend))
+            + f'\n#line 1 "{name}.cu"\n' + source)
 
 
 def fused(module):

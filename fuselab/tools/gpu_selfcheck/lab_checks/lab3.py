@@ -69,8 +69,8 @@ def run(out):
     plain_mod = build(sources["TEMPLATE_SOURCE"], lab3.FUSED_LAUNCHERS, name="template")
     tuned_mod = build(lab3.tuned_source(sources["TUNED_SOURCE"]), lab3.FUSED_LAUNCHERS, name="tuned")
     # the tuned kernel's first skinny path (column strips), kept for comparison with split-K, its default
-    strips_mod = build("#define SKINNY_PATH 0\n" + lab3.tuned_source(sources["TUNED_SOURCE"]), lab3.FUSED_LAUNCHERS,
-                       name="tuned_strips")
+    strips_mod = build("#define SKINNY_PATH 0\n" + lab3.tuned_source(sources["TUNED_SOURCE"], name="tuned_strips"),
+                       lab3.FUSED_LAUNCHERS, name="tuned_strips")
     bias_act_mod = build(sources["BIAS_ACT_SOURCE"], [lab3.BIAS_ACT_F32], name="bias_act")
     reference_mod = build(lab3.REFERENCE_UNFUSED_SOURCE, lab3.UNFUSED_LAUNCHERS, name="lab3_reference")
     plain, tuned, reference_op = lab3.fused(plain_mod), lab3.fused(tuned_mod), lab3.unfused(reference_mod)

@@ -1,0 +1,524 @@
+"""What the labs' text says about measurements agrees with the measurements saved beside it (CPU, about a second).
+
+Every comparative or quantitative statement of the lab notebooks' markdown (``solutions/``, answers included) and
+of the README's lab table and measurement sentences is a *claim* here: the exact words, and a check of them
+against the saved data they speak of (``fuselab/labs/results/*.json``, the speed policy, the saved build
+benchmark). "A few percent" is not a claim anyone can check, so the text states a bound ("under 2 %"), and the
+bound is checked; "passes the byte ratio" is a relation, and the relation is checked. When the course GPU is
+measured again and a number moves, the claim that no longer holds fails here, naming the words to change.
+
+A sentence of the notebooks that uses the vocabulary of comparison (faster, speedup, share, byte ratio, bound,
+…) must contain a claim's words, or words listed in ``NOT_MEASURED`` with why they speak of no measurement (a
+definition, an instruction, a count that follows from the shapes). ``tests/test_notebook_text.py`` lets markdown
+state a literal measured number only inside a claim's words.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO as ROOT
+
+LABS = ("lab0", "lab1", "lab2", "lab3")
+RESULTS = ROOT / "fuselab" / "labs" / "results"
+# the edit-rebuild times of every lab's kernels under the CPU emulation, measured on a 2-core CPU machine with
+# ``python -m fuselab.tools.build_benchmark --backend emulate --labs``
+EMULATION_BUILD = ROOT / "docs" / "results" / "build-emulation-labs-cpu2.json"
+
+
+def load_data() -> dict:
+    data = {path.stem: json.loads(path.read_text()) for path in RESULTS.glob("*.json")}
+    data["policy"] = json.loads((ROOT / "fuselab" / "speed" / "policy.json").read_text())
+    data["emulation_build"] = json.loads(EMULATION_BUILD.read_text())
+    return data
+
+
+# ------------------------------------------------------------------------------------------- readings of the data
+def lab0_ratio(d):
+    from fuselab.labs import lab0
+    moved = lab0.bytes_moved(1)
+    return moved["unfused"] / moved["fused"]
+
+
+def lab0_rows(d, inside):
+    sweep = d["lab0_sweep"]
+    return [r for r in sweep["rows"] if (4 * r["n"] <= sweep["l2_bytes"]) == inside]
+
+
+def lab1_conv_rate(d, name):
+    return d["lab1_conv"]["flops"] / (d["lab1_conv"]["times_us"][name] * 1e-6)
+
+
+def lab1_graded(d):
+    return d["lab1_depthwise"]["rows"][0]
+
+
+def fractions(unfused_us, fused_us, ratio):
+    """(f_unfused, f_fused) relative to each other's yardstick: f_fused / f_unfused = speedup / ratio."""
+    return ratio * 1.0 / unfused_us, 1.0 / fused_us
+
+
+def lab1_shortfall(d):
+    row = lab1_graded(d)
+    t = row["times_us"]
+    f_unfused, f_fused = fractions(t[row["baseline"]], t["plain fused"], 2.0)
+    return row["speedups"]["plain fused"], f_unfused, f_fused
+
+
+def lab2_graded(d):
+    from fuselab.labs import lab2
+    return next(r for r in d["lab2_context"]["rows"] if tuple(r["shape"]) == tuple(lab2.TIMED_SHAPE))
+
+
+def lab2_shortfall(d):
+    t = lab2_graded(d)["median_us"]
+    f_unfused, f_fused = fractions(t["lab reference (3 kernels)"], t["plain fused (folded)"], 3.0)
+    return t["lab reference (3 kernels)"] / t["plain fused (folded)"], f_unfused, f_fused
+
+
+def lab3_skinny(d, mode=None):
+    return [r for r in d["lab3_sweep"]["rows"] if r["M"] <= 64 and mode in (None, r["mode"])]
+
+
+def lab3_k(d, low=0, high=10**9):
+    return [r for r in d["lab3_sweep"]["k_rows"] if low <= r["K"] <= high]
+
+
+def lab3_small_k_ratio(k):
+    from fuselab.labs import lab3
+    moved = lab3.traffic(4096, 4096, k)
+    return (moved["gemm"] + moved["epilogue"]) / (moved["gemm"] + 4096 * 4)
+
+
+def lab3_small_k_row(d, name, dtype):
+    return next(r for r in d["lab3_sweep"]["small_k"]["rows"] if r["name"] == name and r["dtype"] == dtype)
+
+
+def lab3_shortfall(d, dtype):
+    from fuselab.labs import lab3
+    m, n, k = lab3.SMALL_K
+    size = 4 if dtype == "float32" else 2
+    moved = lab3.traffic(m, n, k, size)
+    ratio = (moved["gemm"] + moved["epilogue"]) / (moved["gemm"] + n * size)
+    ref, plain = (lab3_small_k_row(d, name, dtype)["median_us"] for name in ("lab reference", "plain fused"))
+    f_unfused, f_fused = fractions(ref, plain, ratio)
+    return ref / plain, ratio, f_unfused, f_fused
+
+
+def policy(d, lab_test, key):
+    return d["policy"]["tests"][lab_test]["gpus"]["NVIDIA H200"][key]
+
+
+def rebuilds(d):
+    return [t for lab in d["emulation_build"]["labs"].values() for t in lab["rebuild_after_edit"]]
+
+
+def x(value):  # how the README writes a speedup
+    return f"{value:.2f}×"
+
+
+# ------------------------------------------------------------------------------------------------------ the claims
+# (where, the exact words (whitespace-insensitive), the check over the saved data). ``where`` is a lab (its
+# solution notebook's markdown) or "README" (its lab table and measurement sentences).
+CLAIMS = [
+    # Lab 0
+    ("lab0", "Thousands of tiny launches add up to milliseconds",
+     lambda d: 1000 * d["lab0_launch"]["launch"]["queued_device_us"] >= 1000),
+    ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio",
+     lambda d: all(abs(r["speedup"] / lab0_ratio(d) - 1) <= 0.1 for r in lab0_rows(d, inside=True))),
+    ("lab0", "and below what it reaches beyond the L2",
+     lambda d: max(r["speedup"] for r in lab0_rows(d, True)) < min(r["speedup"] for r in lab0_rows(d, False))),
+    ("lab0", "yet the speedup is still about the byte ratio",
+     lambda d: abs(lab0_rows(d, True)[0]["speedup"] / lab0_ratio(d) - 1) <= 0.1),
+    ("lab0", "each kernel lasts only a few microseconds",
+     lambda d: lab0_rows(d, True)[0]["unfused_s"] / 3 < 10e-6 and lab0_rows(d, True)[0]["fused_s"] < 10e-6),
+    ("lab0", "the speedup, within a tenth of the byte ratio, is a ratio of fixed costs",
+     lambda d: all(abs(r["speedup"] / lab0_ratio(d) - 1) <= 0.1 for r in lab0_rows(d, inside=True))),
+    ("lab0", "the speedup passes the byte ratio",
+     lambda d: all(r["speedup"] > lab0_ratio(d) for r in lab0_rows(d, inside=False))),
+    ("lab0", "the fused kernel sustains a larger fraction of the copy ceiling than the three unfused kernels",
+     lambda d: all(r["fused_GBps"] > r["unfused_GBps"] for r in lab0_rows(d, inside=False))),
+    ("lab0", "Beyond the L2 it passes the byte ratio, because one fused kernel reaches a larger fraction of the copy "
+             "ceiling than a chain of short kernels",
+     lambda d: all(r["speedup"] > lab0_ratio(d) and r["fused_GBps"] > r["unfused_GBps"]
+                   for r in lab0_rows(d, inside=False))),
+    ("lab0", "inside the L2 it stays near the byte ratio",
+     lambda d: all(abs(r["speedup"] / lab0_ratio(d) - 1) <= 0.1 for r in lab0_rows(d, inside=True))),
+    ("lab0", "at 64M elements it is hundreds of microseconds, far more than the few microseconds it takes to queue it",
+     lambda d: 100e-6 <= next(r for r in d["lab0_sweep"]["rows"] if r["n"] == 2**26)["fused_s"] < 1e-3
+     and d["lab0_launch"]["launch"]["host_issue_us"] < 10),
+    ("lab0", "60 MiB on an H200", lambda d: d["lab0_sweep"]["l2_bytes"] == 60 * 2**20),
+    # Lab 1, Part A
+    ("lab1", "the epilogue pass is a small share of the time",
+     lambda d: d["lab1_conv"]["times_us"]["activation alone"] / d["lab1_conv"]["times_us"]["unfused pair"] < 0.02),
+    ("lab1", "that is a small share of the time, under two percent of it",
+     lambda d: d["lab1_conv"]["times_us"]["activation alone"] / d["lab1_conv"]["times_us"]["unfused pair"] < 0.02),
+    ("lab1", "the kernel is **compute-bound**",
+     lambda d: d["lab1_conv"]["flops"] / d["lab1_conv"]["bytes"]["conv"]
+     > d["lab1_conv"]["fp32_TFLOPs"] * 1e12 / (d["lab1_conv"]["copy_GBps"] * 1e9)),
+    ("lab1", "about **140 FLOP/byte**, far right of the ridge",
+     lambda d: 120 <= d["lab1_conv"]["flops"] / d["lab1_conv"]["bytes"]["conv"] <= 160
+     and d["lab1_conv"]["flops"] / d["lab1_conv"]["bytes"]["conv"]
+     > 10 * d["lab1_conv"]["fp32_TFLOPs"] * 1e12 / (d["lab1_conv"]["copy_GBps"] * 1e9)),
+    ("lab1", "at under a tenth of the fp32 roof",
+     lambda d: lab1_conv_rate(d, "conv alone") < 0.1 * d["lab1_conv"]["fp32_TFLOPs"] * 1e12),
+    ("lab1", "its point lies above that roof",
+     lambda d: lab1_conv_rate(d, "cuDNN conv + relu (eager)") > d["lab1_conv"]["fp32_TFLOPs"] * 1e12),
+    ("lab1", "gain nothing, the fused kernel even measuring a little slower than the pair",
+     lambda d: 0.95 < d["lab1_conv"]["speedups"]["fused"] < 1.0),
+    ("lab1", "the naive kernel reaches under a tenth of peak FLOP/s, so it takes milliseconds",
+     lambda d: lab1_conv_rate(d, "conv alone") < 0.1 * d["lab1_conv"]["fp32_TFLOPs"] * 1e12
+     and 1000 <= d["lab1_conv"]["times_us"]["conv alone"] < 10000),
+    ("lab1", "moves 8 bytes per output in a few microseconds",
+     lambda d: d["lab1_conv"]["times_us"]["activation alone"] < 50),
+    ("lab1", "the fused kernel measured slower than the conv alone by more than the whole activation pass",
+     lambda d: d["lab1_conv"]["times_us"]["fused"] - d["lab1_conv"]["times_us"]["conv alone"]
+     > d["lab1_conv"]["times_us"]["activation alone"]),
+    ("lab1", "so the fused kernel measures a little slower than the pair",
+     lambda d: 0.95 < d["lab1_conv"]["speedups"]["fused"] < 1.0),
+    ("lab1", "With a conv many times faster (cuDNN)",
+     lambda d: d["lab1_conv"]["speedups"]["cuDNN conv + relu (eager)"] >= 10),
+    ("lab1", "the fused kernel measured a little slower, by under 5 %",
+     lambda d: 0.95 < d["lab1_conv"]["speedups"]["fused"] < 1.0),
+    # Lab 1, Part B
+    ("lab1", "Here fusion pays", lambda d: lab1_graded(d)["speedups"]["plain fused"] > 1.3),
+    ("lab1", "a large share for a memory-bound depthwise conv, though less than its byte ratio",
+     lambda d: 1.3 < lab1_graded(d)["speedups"]["plain fused"] < 2.0),
+    ("lab1", "a plain fused kernel reaches a smaller fraction of the copy bandwidth than the simple kernels it "
+             "replaces",
+     lambda d: lab1_shortfall(d)[2] < lab1_shortfall(d)[1]),
+    ("lab1", "the plain fused kernel gains less than the byte ratio",
+     lambda d: lab1_graded(d)["speedups"]["plain fused"] < 2.0),
+    ("lab1", "reaches a smaller fraction of the copy bandwidth than the reference's two simple kernels",
+     lambda d: lab1_shortfall(d)[2] < lab1_shortfall(d)[1]),
+    ("lab1", "each tensor 308 MB, beyond the L2",
+     lambda d: 64 * 96 * 112 * 112 * 4 // 10**6 == 308 and 308e6 > d["lab0_sweep"]["l2_bytes"]),
+    # Lab 2
+    ("lab2", "moves a third of the unfused bytes", lambda d: True),  # a count (lab2.bytes_moved), tested in test_lab2
+    ("lab2", "Its speedup falls short of that byte ratio",
+     lambda d: lab2_shortfall(d)[0] < 3.0),
+    ("lab2", "the plain fused kernel reaches a smaller fraction of the copy bandwidth than the reference's three "
+             "simple kernels", lambda d: lab2_shortfall(d)[2] < lab2_shortfall(d)[1]),
+    ("lab2", "the plain fused kernel gains less than that byte ratio", lambda d: lab2_shortfall(d)[0] < 3.0),
+    ("lab2", "applying BN in registers was slower than folding, by much less than either was faster than the unfused "
+             "pipeline",
+     lambda d: all(0 < r["median_us"]["BN in registers"] / r["median_us"]["plain fused (folded)"] - 1
+                   < (r["median_us"]["lab reference (3 kernels)"] / r["median_us"]["BN in registers"] - 1) / 3
+                   for r in d["lab2_context"]["rows"])),
+    ("lab2", "the extra arithmetic per output shows as a clear slowdown",
+     lambda d: lab2_graded(d)["median_us"]["BN in registers"] / lab2_graded(d)["median_us"]["plain fused (folded)"]
+     > 1.05),
+    ("lab2", "It is still small next to the two extra DRAM round trips",
+     lambda d: all(r["median_us"]["BN in registers"] < r["median_us"]["lab reference (3 kernels)"]
+                   for r in d["lab2_context"]["rows"])),
+    ("lab2", "The plain kernels are far from the copy ceiling",
+     lambda d: lab2_graded(d)["effective_GBps"]["plain fused (folded)"] / d["lab2_context"]["copy_GBps"] < 0.5),
+    ("lab2", "at batch 1 an eager pass costs the host more time to issue than the GPU needs to run it",
+     lambda d: d["lab2_network"]["median_ms"]["stream"]["unfolded"]
+     > d["lab2_network"]["median_ms"]["device"]["unfolded"]),
+    ("lab2", "every BN module call that folding removed counts in full",
+     lambda d: d["lab2_network"]["speedup"]["stream"] > d["lab2_network"]["speedup"]["device"]),
+    ("lab2", "308 MB per activation, far beyond the H200's L2",
+     lambda d: 308e6 > 4 * d["lab0_sweep"]["l2_bytes"]),
+    # Lab 3
+    ("lab3", "fusion saves a large share of the *bytes*", lambda d: 1 - 3 / 5 >= 0.3),  # 4096³: 2 of 5 passes, a count
+    ("lab3", "fused, it gains under 2 % (the K sweep below, at $K$ = 1024 and 4096)",
+     lambda d: all(r["speedup"] < 1.02 for r in lab3_k(d, low=1024))),
+    ("lab3", "the bytes saved are a small share, at most 3 %",
+     lambda d: all(r["saved_share"] <= 0.03 for r in lab3_skinny(d))),
+    ("lab3", "it streams all of $B$ in about two hundred microseconds",
+     lambda d: all(150 <= r["unfused_us"] <= 300 for r in lab3_skinny(d) if r["M"] == 1)),
+    ("lab3", "the speedup stays under 3 % in every timing mode",
+     lambda d: all(0.99 <= r["speedup"] < 1.03 for r in lab3_skinny(d))),
+    ("lab3", "about triples the bytes", lambda d: all(2.9 <= lab3_small_k_ratio(k) <= 3.0 for k in (8, 16, 32, 64))),
+    ("lab3", "that extra pass is two thirds of the unfused bytes",
+     lambda d: all(0.64 <= r["saved_share"] <= 2 / 3 for r in lab3_k(d, high=64))),
+    ("lab3", "This is where fusing the epilogue pays, though less than that byte ratio",
+     lambda d: all(1.3 < r["speedup"] < lab3_small_k_ratio(r["K"]) for r in lab3_k(d, high=16))
+     and min(r["speedup"] for r in lab3_k(d, high=16)) > max(r["speedup"] for r in lab3_skinny(d))),
+    ("lab3", "the plain kernel writes $C$ at a smaller fraction of the C-write floor's rate than the reference's two "
+             "kernels do",
+     lambda d: all(lab3_shortfall(d, t)[3] < lab3_shortfall(d, t)[2] for t in ("float32", "float16"))),
+    ("lab3", "cuBLAS several times faster than your tiled kernel",
+     lambda d: all(next(r["median_us"] for r in d["lab3_sweep"]["cublas"] if r["shape"] == [4096] * 3
+                        and r["name"] == "plain fused") >= 3 * r["median_us"] for r in d["lab3_sweep"]["cublas"]
+                   if r["shape"] == [4096] * 3 and r["name"] in ("torch.addmm + relu", "F.linear + relu"))),
+    ("lab3", "no version can do better",
+     lambda d: all(r["fraction_of_floor"] <= 1.0 for r in d["lab3_sweep"]["small_k"]["rows"])),
+    ("lab3", "so fusing gains under 2 %", lambda d: all(r["speedup"] < 1.02 for r in lab3_k(d, low=1024))),
+    ("lab3", "(the table's, at most 3 %)", lambda d: all(r["saved_share"] <= 0.03 for r in lab3_skinny(d))),
+    ("lab3", "a GEMM of tens to hundreds of microseconds",
+     lambda d: all(10 <= r["unfused_us"] < 1000 for r in lab3_skinny(d))),
+    ("lab3", "a small gain, under 3 % here in every timing mode",
+     lambda d: all(r["speedup"] < 1.03 for r in lab3_skinny(d))),
+    ("lab3", "the unfused epilogue's extra read and write of C costs about as much as the GEMM itself",
+     lambda d: all(abs(r["unfused_us"] / r["fused_us"] - 2) < 0.5 for r in lab3_k(d, high=16))),
+    ("lab3", "the measured speedup is largest at the smallest K (8 and 16) and falls as K grows past that",
+     lambda d: all(
+         min(r["speedup"] for r in lab3_k(d, high=16) if r["dtype"] == t)
+         > max(r["speedup"] for r in lab3_k(d, low=17) if r["dtype"] == t)
+         and all(a["speedup"] > b["speedup"] for a, b in zip(
+             [r for r in lab3_k(d, low=16) if r["dtype"] == t], [r for r in lab3_k(d, low=17) if r["dtype"] == t]))
+         for t in ("float32", "float16"))),
+    ("lab3", "gain under 2 %; skinny inference GEMMs gain only the second launch, under 3 % here in every timing mode",
+     lambda d: all(r["speedup"] < 1.02 for r in lab3_k(d, low=1024))
+     and all(r["speedup"] < 1.03 for r in lab3_skinny(d))),
+    ("lab3", "there fusing removes a whole read and write of C: the big gain",
+     lambda d: min(r["speedup"] for r in lab3_k(d, high=16)) > 1.3),
+    ("lab3", "a kernel written like an elementwise one (wide contiguous stores, inputs on chip) gets near it",
+     lambda d: all(s["tuned_fraction_of_floor"] >= 0.8 for s in d["lab3_sweep"]["small_k"]["summary"].values())),
+]  # the README's numbers are built from the data's own formatting: readme_claims below
+
+
+def readme_claims():
+    """The README's lab table and measurement sentences: each number, as the data formats it."""
+    def k16(d):
+        ks = [r["speedup"] for r in lab3_k(d, high=16) if r["dtype"] == "float32"]
+        return f"{min(ks):.2f}–{max(ks):.2f}×"
+
+    def skinny(d):
+        s = [r["speedup"] for r in lab3_skinny(d)]
+        return f"{min(s):.2f}–{max(s):.2f}× skinny M"
+
+    def bn_cost(d):
+        t = lab2_graded(d)["median_us"]
+        return f"({t['BN in registers'] / t['plain fused (folded)'] - 1:.1%})".replace("%", " %")
+
+    def rebuild(d):
+        times = rebuilds(d)
+        return f"an edit rebuilds in {int(min(times))}–{int(max(times)) + 1} s"
+
+    return [
+        ("README", lambda d: f"full points from {x(policy(d, 'lab0.add_relu_mul', 'threshold'))} "
+                             f"(plain: {x(policy(d, 'lab0.add_relu_mul', 'plain_speedup'))})"),
+        ("README", lambda d: f"gains nothing (fused: {x(d['lab1_conv']['speedups']['fused'])}"
+                             + (", a little slower)" if 0.95 < d["lab1_conv"]["speedups"]["fused"] < 1 else ")")),
+        ("README", lambda d: f"gains {x(lab1_graded(d)['speedups']['plain fused'])}"),
+        ("README", lambda d: f"full points from {x(policy(d, 'lab1.depthwise_relu', 'threshold'))}"),
+        ("README", lambda d: f"folded vs in-register BN {bn_cost(d)}"),
+        ("README", lambda d: f"{x(d['lab2_network']['speedup']['device'])} per call"),
+        ("README", lambda d: f"{x(d['lab2_network']['speedup']['stream'])} for back-to-back calls"),
+        ("README", lambda d: f"full points from {x(policy(d, 'lab2.conv_bn_relu', 'threshold'))} "
+                             f"(plain: {x(policy(d, 'lab2.conv_bn_relu', 'plain_speedup'))})"),
+        ("README", lambda d: f"{x(next(r['speedup'] for r in lab3_k(d, low=4096) if r['dtype'] == 'float32'))} "
+                             "compute-bound (4096³)"),
+        ("README", skinny),
+        ("README", lambda d: f"{k16(d)} at small K"),
+        ("README", lambda d: "at {:.0f} % (fp32) and {:.0f} % (fp16, tensor cores) of the C-write floor".format(
+            *(100 * d["lab3_sweep"]["small_k"]["summary"][t]["tuned_fraction_of_floor"]
+              for t in ("float32", "float16")))),
+        ("README", lambda d: f"full points from {x(policy(d, 'lab3.gemm_bias_relu', 'threshold'))} at "
+                             "16384×4096×16, fp16"),
+        ("README", lambda d: f"(plain: {x(lab3_small_k_row(d, 'plain fused', 'float16')['speedup_vs_reference'])}, "
+                             "the saved sweep's)"),
+        ("README", rebuild),
+        # the emulation's own benchmark (docs/emulation.md, "Measured"): a barrier is a fiber switch
+        ("README", lambda d: f"A barrier costs about {emulation_measured('one context switch')} ns"),
+        ("README", lambda d: f"a 16×16-tiled 512³ GEMM runs in {emulation_measured('GEMM, 512³')} s on 2 cores"),
+    ]
+
+
+def markdown(lab) -> str:
+    cells = json.loads((ROOT / "solutions" / lab / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def squash(text) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def emulation_measured(row: str) -> str:
+    """The hand-written switch's number in docs/emulation.md's table of measurements, on the row that says ``row``."""
+    for line in (ROOT / "docs" / "emulation.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("|") and row in line:
+            return re.search(r"\*\*([\d.]+)\s*(?:ns|s)\*\*", line).group(1)
+    raise AssertionError(f"docs/emulation.md has no measured row {row!r}")
+
+
+def readme_measurements() -> str:
+    """The README's lab table and its paragraphs of measured numbers: the H200's and the emulation's (all above
+    "Grading a class")."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = "\n".join(line for line in text.splitlines() if re.match(r"\| [0-3] ", line))
+    measured = re.search(r"Measured on the H200.*?(?:\n\n|$)", text, re.S)
+    emulation = re.search(r"Platforms: .*?(?:\n\n|$)", text, re.S)
+    assert table and measured and emulation, \
+        "the README's lab table or its measurement paragraphs moved: update this test"
+    return table + "\n" + measured.group(0) + emulation.group(0)
+
+
+# ------------------------------------------------------------------------------------------------------- the tests
+@pytest.mark.parametrize("where,phrase,check", CLAIMS, ids=[f"{w}: {p[:50]}" for w, p, _ in CLAIMS])
+def test_the_claim_is_in_the_text_and_the_data_agree(where, phrase, check):
+    assert squash(phrase) in squash(markdown(where)), f"{where} no longer says {phrase!r}: remove or update the claim"
+    assert check(load_data()), f"{where} says {phrase!r}, and the saved measurements contradict it"
+
+
+@pytest.mark.parametrize("index", range(len(readme_claims())))
+def test_the_readme_states_the_saved_numbers(index):
+    _, expected = readme_claims()[index]
+    wanted = expected(load_data())
+    assert squash(wanted) in squash(readme_measurements()), \
+        f"the README should say {wanted!r}, from the saved measurements:\n{readme_measurements()}"
+
+
+def test_every_number_the_readme_measures_is_checked():
+    data, text = load_data(), squash(readme_measurements())
+    covered = [(m.start(), m.end()) for _, expected in readme_claims()
+               for m in re.finditer(re.escape(squash(expected(data))), text)]
+    numbers = re.finditer(r"\d+(?:\.\d+)?\s*(?:×(?!\s*\d)|%|s\b|ns\b|µs\b|ms\b)", text)
+    loose = [text[max(0, m.start() - 40):m.end() + 5] for m in numbers
+             if not any(a <= m.start() and m.end() <= b for a, b in covered)
+             and not README_NOT_MEASURED.search(text[max(0, m.start() - 60):m.end() + 20])]
+    assert not loose, "the README states numbers no test ties to the saved data:\n" + "\n".join(loose)
+
+
+# The README's measured numbers that come from docs/RESULTS.md's benchmarks of the H200 machine, not from a file
+# the labs ship: the GPU build times and the timing self-check (docs/RESULTS.md, "Build times", "Timing accuracy").
+README_NOT_MEASURED = re.compile(r"builds in 2\.1 s cold|1\.4 s after an edit|0\.04 s from cache|spread 0\.29 %|"
+                                 r"within 0\.4 %")
+
+# Sentences that use the vocabulary of comparison without speaking of a saved measurement: (lab, words) -> why.
+NOT_MEASURED = {
+    ("lab0", "Every fused kernel in this course wins"): "the course's thesis, shown by the labs that follow",
+    ("lab0", "every later lab grades a measured speedup"): "what the course does",
+    ("lab0", "so much faster when fused"): "the launch count: n - 1 launches fewer, shown by the cell above it",
+    ("lab0", "relative standard error is under 1 %"): "fuselab.measure's precision target, a setting",
+    ("lab0", "Describe the speedup curve"): "a question",
+    ("lab0", "Compare the speedup at the largest sizes"): "a question",
+    ("lab0", "(Look at the fraction of the copy ceiling each version reaches.)"): "a hint to a question",
+    ("lab0", "the graded speedup is measured against it"): "what the speed test does",
+    ("lab0", "Graded: the speedup of your fused kernel"): "a heading and what the test does",
+    ("lab0", "partial credit between 1.0× and the threshold"): "the grading rule",
+    ("lab0", "how close to the hardware?"): "a heading",
+    ("lab0", "the speedup is the byte ratio times the ratio of the two versions' fractions"): "an identity "
+        "(fuselab/labs/shortfall.py), true of any measurement",
+    ("lab1", "It is **memory-bound**, and the activation pass is a large share of all the bytes moved"): "a count: "
+        "the pass moves 2 of the pair's 4 tensors",
+    ("lab1", "below the *ridge point*"): "a definition",
+    ("lab1", "Its time is set by bytes, and it has very few of them"): "the roofline's reading of 0.125 FLOP/byte",
+    ("lab1", "Would it gain more with a *faster* conv"): "a question",
+    ("lab1", "the faster the main kernel, the more its epilogue's memory traffic matters"): "the arithmetic of shares",
+    ("lab1", "with as many bytes as the conv itself, is no longer small"): "a count: 2 tensors each",
+    ("lab1", "a grid's z dimension is at most 65535"): "a CUDA limit",
+    ("lab1", "within a few units in the last place"): "floating-point error of 9 products, not a measurement",
+    ("lab1", "Then the same at a launch-bound size"): "what the cell times",
+    ("lab1", "each as a speedup over the graded reference"): "what the cell shows",
+    ("lab1", "The cell prints both fractions, which give the speedup"): "the identity of fuselab/labs/shortfall.py",
+    ("lab1", "Graded: the speedup of your fused depthwise kernel"): "a heading and what the test does",
+    ("lab1", "partial credit between 1.0× and the threshold"): "the grading rule",
+    ("lab1", "how close to the copy bandwidth?"): "a heading",
+    ("lab2", "the graded speedup."): "the lab's outline",
+    ("lab2", "at batch 1 (launch-bound) and batch 64"): "what the cell times",
+    ("lab2", "the speedup is the GPU time folding removed"): "what device mode measures (fuselab.timing.modes)",
+    ("lab2", "a speedup means little without saying which"): "advice",
+    ("lab2", "it is **memory-bound**, like an elementwise op"): "9 multiply-adds per 8 bytes: a count",
+    ("lab2", "On a GPU, the cell below times"): "what the cell times",
+    ("lab2", "the speedup is the byte ratio times the fused kernel's fraction"): "the identity of "
+        "fuselab/labs/shortfall.py",
+    ("lab2", "Graded: the speedup of your fused kernel"): "a heading and what the test does",
+    ("lab2", "partial credit between 1.0× and it"): "the grading rule",
+    ("lab2", "how close to the hardware?"): "a heading",
+    ("lab2", "pays for two 64-bit divisions"): "what the kernel's code does",
+    ("lab2", "where the epilogue meets a compute-bound operator"): "the next lab's outline",
+    ("lab3", "where fusing the epilogue pays A fully connected layer"): "the title",
+    ("lab3", "the **graded speedup** at a small-$K$ shape"): "the lab's outline",
+    ("lab3", "16× less traffic"): "16×16 tiles: a count",
+    ("lab3", "loses about three decimal digits"): "fp16's 11-bit significand against 4096 terms: arithmetic",
+    ("lab3", "it is *less* accurate than the fused kernel, not just slower"): "the rounding count, shown by the "
+        "rounding cell's ulps",
+    ("lab3", "the unfused epilogue kernel reads $C$ and the bias"): "the exercise's definition",
+    ("lab3", "a fixed few microseconds, a large share only when the GEMM itself is short"): "the arithmetic of "
+        "shares; the next sentence says what this GEMM's time is",
+    ("lab3", "It pays for low-rank (LoRA) projections"): "where small-K shapes occur",
+    ("lab3", "so it runs at a fraction of the fp32 peak"): "what two shared loads per FMA imply; C.2's table "
+        "prints the rate",
+    ("lab3", "Every version pays at least that"): "the C-write floor's definition",
+    ("lab3", "A kernel gets close to the floor by writing C"): "how to approach it (Part D measures it)",
+    ("lab3", "the speedup along $M$ in each timing mode"): "a question",
+    ("lab3", "The graded speedup: a small-K layer"): "a heading and what the test does",
+    ("lab3", "partial credit below it and 0 at 1.0×"): "the grading rule",
+    ("lab3", "**Large shapes** (compute-bound)."): "Part D's outline",
+    ("lab3", "cut load instructions by 4×"): "a float4 carries 4 floats: a count",
+    ("lab3", "**Skinny shapes** (M ≤ 16, memory-bound)."): "Part D's outline",
+    ("lab3", "16 rows used at most"): "a count",
+    ("lab3", "**Small K** (M > 16, K ≤ 16: C-bound)."): "Part D's outline",
+    ("lab3", "The goals, on the course's H200"): "Part D's targets (the cell prints what was measured)",
+    ("lab3", "cuBLAS's lead at large shapes is register blocking"): "what cuBLAS does (C.2's table measures it)",
+}
+
+VOCABULARY = re.compile(
+    r"\b(?:faster|slower|speedups?|gains?|gained|loses?|pays|byte ratio|percent|measurable|set by|triples?|a third|"
+    r"two thirds|fractions?|share|near|close to|compute-bound|memory-bound|C-bound|launch-bound|above the|below the|"
+    r"at most|under \d|within|much less|much more|several times|many times|hundreds of|few microseconds|"
+    r"milliseconds)\b|%|\d\s*×(?!\s*\d)|\dx\b(?!\s*\d)", re.IGNORECASE)
+
+
+def sentences(text):
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*(`$#])|\s(?=- )", squash(text)) if s.strip()]
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_comparative_sentence_is_checked_or_says_why_not(lab):
+    words = [squash(p) for w, p, _ in CLAIMS if w == lab] + [squash(p) for (w, p) in NOT_MEASURED if w == lab]
+    loose = [s for s in sentences(markdown(lab)) if VOCABULARY.search(s) and not any(p in s for p in words)]
+    assert not loose, (f"{lab}'s markdown compares or quantifies without a check against the saved data: add a "
+                       "claim to CLAIMS (or, for a definition or a count, to NOT_MEASURED with why):\n"
+                       + "\n".join(loose))
+
+
+def test_not_measured_entries_are_used():
+    unused = [(lab, p) for (lab, p) in NOT_MEASURED if squash(p) not in squash(markdown(lab))]
+    assert not unused, f"NOT_MEASURED entries match no markdown any more: remove them: {unused}"
+
+
+# A claim that cannot fail protects nothing: the saved data, bent the way a re-measurement could, must break them.
+def bend(data, path, factor):
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if isinstance(node, list):
+        for row in node:
+            row[path[-1]] *= factor
+    else:
+        node[path[-1]] *= factor
+
+
+@pytest.mark.parametrize("lab,phrase,path,factor", [
+    ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio",
+     ("lab0_sweep", "rows", "speedup"), 1.2),
+    ("lab0", "the speedup passes the byte ratio", ("lab0_sweep", "rows", "speedup"), 0.8),
+    ("lab1", "its point lies above that roof", ("lab1_conv", "times_us", "cuDNN conv + relu (eager)"), 1.2),
+    ("lab1", "gain nothing, the fused kernel even measuring a little slower than the pair",
+     ("lab1_conv", "speedups", "fused"), 1.03),
+    ("lab3", "the speedup stays under 3 % in every timing mode", ("lab3_sweep", "rows", "speedup"), 1.05),
+    ("lab3", "fused, it gains under 2 % (the K sweep below, at $K$ = 1024 and 4096)",
+     ("lab3_sweep", "k_rows", "speedup"), 1.03),
+])
+def test_a_claim_fails_when_the_data_move(lab, phrase, path, factor):
+    check = next(c for w, p, c in CLAIMS if w == lab and p == phrase)
+    data = load_data()
+    assert check(data)
+    bend(data, path, factor)
+    assert not check(data), f"{phrase!r} still holds with {path} × {factor}: the check checks nothing"
+
+
+def test_the_readme_check_fails_when_the_data_move():
+    data = load_data()
+    before = [expected(data) for _, expected in readme_claims()]
+    bend(data, ("lab3_sweep", "k_rows", "speedup"), 1.02)
+    bend(data, ("lab1_conv", "speedups", "fused"), 1.01)
+    after = [expected(data) for _, expected in readme_claims()]
+    assert sum(a != b for a, b in zip(before, after)) >= 2
+
+
+def test_the_emulation_rebuild_measurement_is_saved():
+    saved = load_data()["emulation_build"]
+    assert saved["backend"] == "emulate" and saved["labs"] and all(rebuilds({"emulation_build": saved}))
+    assert {name.split(".")[0] for name in saved["labs"]} == set(LABS), "every lab's kernels are timed"
+
+
+def test_readme_claims_path_exists():
+    assert Path(EMULATION_BUILD).is_file()
