@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import fuselab
 from fuselab.labs import lab1
-from fuselab.labs.lab1 import samples as lab1_samples, selfcheck as lab1_selfcheck
+from fuselab.labs.lab1 import samples as lab1_samples
+from fuselab.tools.gpu_selfcheck.lab_checks import lab1 as lab1_selfcheck
 from fuselab.course.sample_class import make_submission
 
 
