@@ -47,6 +47,18 @@ def lab0_rows(d, inside):
     return [r for r in sweep["rows"] if (4 * r["n"] <= sweep["l2_bytes"]) == inside]
 
 
+def counter_rows(d, inside):
+    """Lab 0's hardware-counter rows where all five tensors of the unfused chain fit in L2 at once (inside), or
+    where each tensor is at least half of L2 (beyond)."""
+    saved = d["lab0_counters"]
+    l2 = saved["l2_bytes"]
+    return [r for r in saved["rows"] if (5 * r["tensor_bytes"] <= l2 if inside else 2 * r["tensor_bytes"] >= l2)]
+
+
+def counter_sum(row, side, key):
+    return sum(k[key] for k in row[side]["kernels"])
+
+
 def lab1_conv_rate(d, name):
     return d["lab1_conv"]["flops"] / (d["lab1_conv"]["times_us"][name] * 1e-6)
 
@@ -124,6 +136,31 @@ def x(value):  # how the README writes a speedup
 # solution notebook's markdown) or "README" (its lab table and measurement sentences).
 CLAIMS = [
     # Lab 0
+    # Lab 0's hardware counters (section 5.2)
+    ("lab0", "one where every tensor fits in L2 at once, and two where they do not",
+     lambda d: len(counter_rows(d, True)) == 1 and len(counter_rows(d, False)) == 2),
+    ("lab0", "the unfused chain moves about twice the fused kernel's bytes, as your count says",
+     lambda d: all(1.8 <= r["dram_ratio"] <= 2.2 for r in counter_rows(d, False))),
+    ("lab0", "Both versions read the three inputs from DRAM once and write nothing back while they run",
+     lambda d: all(abs(counter_sum(r, side, "dram_read_bytes") - 3 * r["tensor_bytes"]) <= 0.05 * r["tensor_bytes"]
+                   and counter_sum(r, side, "dram_write_bytes") <= 0.05 * r["tensor_bytes"]
+                   for r in counter_rows(d, True) for side in ("unfused", "fused"))),
+    ("lab0", "relu finds most of its reads there",
+     lambda d: all(r["unfused"]["kernels"][1]["l2_read_hit_pct"] > 50 for r in counter_rows(d, True))),
+    ("lab0", "The DRAM bytes are about equal",
+     lambda d: all(0.95 <= r["dram_ratio"] <= 1.05 for r in counter_rows(d, True))),
+    ("lab0", "what fusion saves here is two launches and the round trips through L2",
+     lambda d: all(counter_sum(r, "fused", "l2_read_sectors") < 0.8 * counter_sum(r, "unfused", "l2_read_sectors")
+                   and r["fused"]["duration_ns"] < r["unfused"]["duration_ns"] for r in counter_rows(d, True))),
+    ("lab0", "The fused kernel's L2 hit rate is about zero",
+     lambda d: all(r["fused"]["l2_read_hit_pct"] < 1.0 for r in d["lab0_counters"]["rows"])),
+    ("lab0", "The unfused chain's is higher inside L2",
+     lambda d: all(r["unfused"]["l2_read_hit_pct"] > 10 * max(r["fused"]["l2_read_hit_pct"], 0.1)
+                   for r in counter_rows(d, True))),
+    ("lab0", "Lecture notes sometimes promise fusion several times better cache hit rates; for this chain, the "
+             "counters say otherwise",
+     lambda d: not any(r["fused"]["l2_read_hit_pct"] >= 2 * r["unfused"]["l2_read_hit_pct"]
+                       and r["fused"]["l2_read_hit_pct"] >= 1.0 for r in d["lab0_counters"]["rows"])),
     ("lab0", "Thousands of tiny launches add up to milliseconds",
      lambda d: 1000 * d["lab0_launch"]["launch"]["queued_device_us"] >= 1000),
     ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio",

@@ -45,7 +45,7 @@ ALLOWED = {
 
 # The cells that show the course GPU's saved results without a GPU, and what they must print from the saved file.
 SAVED_RESULT_CELLS = {
-    "lab0": ["launch_overhead", "sweep"],
+    "lab0": ["launch_overhead", "sweep", "counters_figure"],
     "lab1": ["conv_timing", "roofline", "depthwise_timing"],
     "lab2": ["context", "network_timing"],
     "lab3": ["sweep", "cublas", "speed_settings"],
@@ -206,7 +206,10 @@ def expected_prints(lab):
         rows = lab0.saved_results(lab0.SWEEP_RESULTS)["rows"]
         return ([f"{launch['host_issue_us']:.1f} µs", f"{launch['queued_device_us']:.2f} µs",
                  f"{launch['one_from_idle_us']:.1f} µs", f"{launch['graph_per_kernel_us']:.2f} µs"]
-                + [f"speedup {r['speedup']:.2f}x" for r in rows])
+                + [f"speedup {r['speedup']:.2f}x" for r in rows]
+                + [f"ratio {r['dram_ratio']:.2f}x; L2 read hits unfused {r['unfused']['l2_read_hit_pct']:.1f}%, "
+                   f"fused {r['fused']['l2_read_hit_pct']:.1f}%"
+                   for r in lab0.saved_results(lab0.COUNTER_RESULTS)["rows"]])
     if lab == "lab1":
         conv = lab1.saved_results(lab1.CONV_RESULTS)
         times = conv["times_us"]
