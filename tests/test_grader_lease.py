@@ -632,7 +632,7 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     # the wait for a slot is a pause (not held against the test's time limit), however long it lasts
     assert max(server.waited_s for server in servers) > 0.3
     assert all(server.slot_waited_s == server.waited_s for server in servers)  # none waited for the GPU alone
-    assert all(not list(s.folder.glob("slot-*")) for s in servers), "slot files left behind"
+    assert all(not list(s.folder.path.glob("slot-*")) for s in servers), "slot files left behind"
     # every slot came back, the dead child's too
     assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))
     assert not shared.speed_slots.acquire(blocking=False)

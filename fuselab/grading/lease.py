@@ -11,7 +11,7 @@ so no signals or sockets): ``lease-request-T-N``, answered by ``lease-granted-T-
 ``lease-released-T-N``, where T is a tag the grader gives each child it starts (``FUSELAB_GPU_LEASE_TAG``), so a
 request left behind by a killed child is never served. ``fuselab.speed.lease`` is the child's side
 (``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's (``LeaseServer``). The child is untrusted: the
-grader writes its grant without following links, holds a lease at most ``max_hold_s`` (then the child is killed
+grader touches its folder only through ``untrusted`` (no link followed, only regular files seen), holds a lease at most ``max_hold_s`` (then the child is killed
 and its test fails), and gives the GPU back whatever happens in between.
 """
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from ..speed.lease import GRANTED, RELEASED, REQUEST, SLOT_GRANTED, SLOT_RELEASED, SLOT_REQUEST
 from ..proctree import parents
 from .isolate import children_of, gpu_processes, process_trees
+from .untrusted import Folder
 
 PREFIXES = (REQUEST, GRANTED, RELEASED, SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED)
 
@@ -277,19 +278,31 @@ def grading_lease(device, cell_timeout: float) -> DeviceLease:
                        speed_slots=speed_test_slots(smallest_gpu_memory_gib([device])))
 
 
+def _held(folder) -> tuple:
+    """``(Folder, whether this call opened it)`` for a ``Folder`` or a path."""
+    return (folder, False) if isinstance(folder, Folder) else (Folder(folder), True)
+
+
 def clear_files(folder) -> None:
-    """Remove lease files from ``folder`` (before a child starts: nothing left by an earlier one is served)."""
-    for prefix in PREFIXES:
-        for path in Path(folder).glob(prefix + "*"):
-            with contextlib.suppress(OSError):
-                path.unlink()  # a link is removed, never followed
+    """Remove lease files from ``folder`` (a ``untrusted.Folder`` or a path; before a child starts: nothing left
+    by an earlier one is served)."""
+    box, opened = _held(folder)
+    try:
+        for name in box.names():
+            if name.startswith(PREFIXES):
+                with contextlib.suppress(OSError):
+                    box.remove(name)  # a link is removed, never followed
+    finally:
+        if opened:
+            box.close()
 
 
 class LeaseServer:
     """The parent's side of one child's lease files (polled by ``recheck.run_clean``)."""
 
     def __init__(self, lease: DeviceLease | None, folder: Path, child, tag: str):
-        self.lease, self.folder, self.child, self.tag = lease, Path(folder), child, tag
+        self.lease, self.child, self.tag = lease, child, tag
+        self.folder, self._opened = _held(folder)  # the child's folder: read through ``untrusted`` only
         self.slot = None             # the speed test slot held (its request's number)
         self._slot_asked = None      # (when, the child's paused seconds then) while it waits for a slot
         self.holding = None          # the request being served
@@ -315,10 +328,10 @@ class LeaseServer:
             return
         self._poll_slot()
         if self.holding is None:
-            requests = sorted(self.folder.glob(f"{REQUEST}{self.tag}-*"))
+            requests = self.folder.names(prefix=f"{REQUEST}{self.tag}-")
             if requests and self.child.alive():
-                self._grant(requests[0].name[len(REQUEST):])
-        elif (self.folder / (RELEASED + self.holding)).exists() or not self.child.alive():
+                self._grant(requests[0][len(REQUEST):])
+        elif self.folder.is_file(RELEASED + self.holding) or not self.child.alive():
             self.finish()
         elif time.monotonic() - self._granted_at > self.lease.max_hold_s:
             self.stop_reason = "held the GPU to itself far longer than a timing takes"
@@ -332,7 +345,7 @@ class LeaseServer:
         while the child holds the GPU to itself: its checker never asks then, and with everyone else stopped no
         slot could come back."""
         if self.slot is None:
-            requests = sorted(self.folder.glob(f"{SLOT_REQUEST}{self.tag}-*"))
+            requests = self.folder.names(prefix=f"{SLOT_REQUEST}{self.tag}-")
             if not requests or not self.child.alive() or self.holding is not None:
                 return
             if self._slot_asked is None:
@@ -343,10 +356,10 @@ class LeaseServer:
             self.waited_s += waited
             self.slot_waited_s += waited
             self._slot_asked = None
-            self.slot = requests[0].name[len(SLOT_REQUEST):]
+            self.slot = requests[0][len(SLOT_REQUEST):]
             if not self._answer(SLOT_GRANTED + self.slot, "a speed test slot"):
                 self._give_back_slot()
-        elif (self.folder / (SLOT_RELEASED + self.slot)).exists() or not self.child.alive():
+        elif self.folder.is_file(SLOT_RELEASED + self.slot) or not self.child.alive():
             self._give_back_slot()
 
     def _slot_wait(self) -> float:
@@ -360,8 +373,8 @@ class LeaseServer:
     def _remove(self, prefixes, number: str) -> None:
         """One request's files (a link is removed, never followed)."""
         for prefix in prefixes:
-            with contextlib.suppress(OSError):
-                (self.folder / (prefix + number)).unlink()
+            with contextlib.suppress(OSError, ValueError):
+                self.folder.remove(prefix + number)
 
     def _give_back_slot(self) -> None:
         if self.slot is not None:
@@ -371,13 +384,11 @@ class LeaseServer:
 
     def _answer(self, name: str, what: str) -> bool:
         """Write the grant ``name``; never through a link the child planted: O_EXCL refuses any existing name."""
-        try:
-            os.close(os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+        if self.folder.create(name):
             return True
-        except OSError as exc:
-            self.stop_reason = f"its request for {what} could not be answered (a file in the way of the grant)"
-            self.notes.append(f"a grant of {what} could not be written ({exc.strerror}): given back")
-            return False
+        self.stop_reason = f"its request for {what} could not be answered (a file in the way of the grant)"
+        self.notes.append(f"a grant of {what} could not be written (a name in the way): given back")
+        return False
 
     def _grant(self, number: str) -> None:
         acquired = self.lease.acquire(self.child)
@@ -393,8 +404,13 @@ class LeaseServer:
 
     def close(self) -> None:
         """Give back everything the child held: the GPU and its speed test slot (idempotent)."""
-        self.finish()
-        self._give_back_slot()
+        try:
+            self.finish()
+            self._give_back_slot()
+        finally:
+            if self._opened:
+                self.folder.close()
+                self._opened = False
 
     def finish(self) -> None:
         """Give the GPU back (idempotent)."""

@@ -31,8 +31,8 @@ import ast
 import json
 import os
 import secrets
-import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +43,7 @@ from .. import notebook as ipynb
 from ..kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from . import isolate, transfer
 from .lease import LeaseServer, clear_files
+from .untrusted import Folder
 from .demos import demo_problems
 from .sanitize import sanitize_cell
 
@@ -220,12 +221,18 @@ def _score(cell, end) -> CellVerdict:
     return CellVerdict(points=maximum, status="passed", **common)
 
 
-def _read_events(path: Path) -> list:
-    """The child's events; the file is in the child's folder, so anything but well-formed events is dropped."""
-    if not path.exists():
+EVENTS_LIMIT = 64 * 2**20  # a checker writes a few KiB of events per cell
+
+
+def _read_events(events) -> list:
+    """The checker's events, from the file the grader opened for it before it started (``events``: an open
+    file); anything but well-formed events is dropped, and so is all of it past ``EVENTS_LIMIT``."""
+    try:
+        data = os.pread(events.fileno(), EVENTS_LIMIT + 1, 0)
+    except OSError:
         return []
     events = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in data[:EVENTS_LIMIT].decode("utf-8", errors="replace").splitlines():
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
@@ -300,8 +307,23 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     plan every submission's recheck runs, so a kept cell that needed a demo fails there first, for the
     instructor). A demo builds no kernel that nbgrader's runs would then compile for every submission.
     """
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(workdir).absolute()
+    # the checker's folder, whose parent is the grader's: held by descriptor, everything in it reached through
+    # ``untrusted`` (the checker, and a library it loaded, can write it)
+    with Folder(workdir.parent) as parent:
+        parent.make_folder(workdir.name)
+    box = Folder(workdir)
+    try:
+        return _run_clean(box, instructor_nb, student_nb, workdir, cell_timeout=cell_timeout,
+                          total_timeout=total_timeout, limits=limits, env=env, device=device, sandbox=sandbox,
+                          hide=hide, lease=lease, kernels_in_worker=kernels_in_worker, on_cell=on_cell,
+                          skip_demos=skip_demos)
+    finally:
+        box.close()
+
+
+def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_timeout, limits, env, device,
+               sandbox, hide, lease, kernels_in_worker, on_cell, skip_demos) -> CleanResult:
     cells, flags = clean_plan(instructor_nb, student_nb, skip_demos=skip_demos)
     plan_path = workdir / "clean-plan.json"
     graded = [c for c in cells if c["graded"]]
@@ -318,35 +340,33 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     timeline: dict = {}
     by_index = {c["index"]: c for c in cells}
     while True:
-        plan_path.unlink(missing_ok=True)  # a link the last child left there is removed, never written through
-        plan_path.write_text(json.dumps({"cells": cells, "start": start}))
-        events_path = workdir / f"clean-events-{restarts}.jsonl"
-        events_path.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "fuselab.grading.cellrunner", str(plan_path), str(events_path)]
+        box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start}))  # a planted link is removed
+        # the checker's events go to a file no sandbox can name, opened here before it starts (its descriptor)
+        events_file = tempfile.TemporaryFile(prefix="fuselab-events-")
+        command = [sys.executable, "-m", "fuselab.grading.cellrunner", str(plan_path), f"fd:{events_file.fileno()}"]
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
-        clear_files(workdir)  # a request left by a killed child is never served
+        clear_files(box)  # a request left by a killed child is never served
         tag = f"{restarts}-{secrets.token_hex(4)}"
         spawned = time.time()
-        worker, fds = _start_worker("solution", workdir, restarts, env, limits, sandbox, hide, lease)
+        worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease)
         kernel_worker, kernel_fds = None, ()
         try:
             if not env.get(KERNELS_HERE_ENV):
-                kernel_worker, kernel_fds = _start_worker("kernel", workdir, restarts, env, limits, sandbox, hide,
-                                                          lease)
+                kernel_worker, kernel_fds = _start_worker("kernel", box, env, limits, sandbox, hide, lease)
             child_env = dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
             if kernel_fds:
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
                 child_env[transfer.ENV] = str(_transfer_file(workdir))
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3]))
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], events_file.fileno()))
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
             for fd in (*fds, *kernel_fds):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
-        server = LeaseServer(lease, workdir, child, tag)
+        server = LeaseServer(lease, box, child, tag)
         stop_reason, cell_started = None, None   # (index, paused seconds when it started)
         announced = 0  # this process's cell starts already passed to ``on_cell``
         pauses = PauseLog()
@@ -355,7 +375,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                 time.sleep(0.05)
                 pauses.sample(server.paused_s())
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
-                events = _read_events(events_path)
+                events = _read_events(events_file)
                 running = events[-1] if events and events[-1].get("event") == "start" else None
                 paused = server.paused_s()
                 announced = _announce(events, announced, by_index, on_cell)
@@ -387,7 +407,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         gpu_held += server.held_s
         gpu_holds += server.holds
         outcome = child.wait(timeout=30)
-        events = _read_events(events_path)
+        events = _read_events(events_file)
+        events_file.close()
         _announce(events, announced, by_index, on_cell)  # cells too short for any poll to have seen
         events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
         _add_timeline(timeline, events, by_index, spawned)
@@ -441,7 +462,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         _fail_rest(verdicts, graded, f"the notebook stopped in {label} (not a graded cell) before this test: {why}",
                    status="not run")
         break
-    _transfer_file(workdir).unlink(missing_ok=True)  # as large as the largest launch's buffers: not kept
+    box.remove(TRANSFER)  # as large as the largest launch's buffers: not kept
     _fail_rest(verdicts, graded, "", status="not run")
     speed_needs_correctness(verdicts)
     from ..native_check import REFUSED_MARK
@@ -455,16 +476,20 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
 
 
+TRANSFER = "kernel-process/transfer.bin"  # in the checker's folder
+
+
 def _transfer_file(workdir: Path) -> Path:
-    return workdir / "kernel-process" / "transfer.bin"
+    return workdir / TRANSFER
 
 
-def _start_worker(kind: str, workdir: Path, restarts: int, env: dict, limits, sandbox: bool, hide, lease):
+def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease):
     """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
     out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
-    tests or events, nor the other worker's folder; its builds go to its own cache there."""
-    folder = workdir / f"{kind}-process"
-    folder.mkdir(parents=True, exist_ok=True)
+    tests or events, nor the other worker's folder; its builds go to its own cache there. What it prints goes
+    to anonymous files of its keeper's (never read back, never a name in a folder it can write)."""
+    workdir = box.path
+    folder = box.make_folder(f"{kind}-process")  # a link the checker left in its place is removed, not followed
     to_worker_r, to_worker_w = os.pipe()
     from_worker_r, from_worker_w = os.pipe()
     command = [sys.executable, "-m", f"fuselab.grading.{kind}_worker", str(to_worker_r), str(from_worker_w)]
@@ -475,10 +500,9 @@ def _start_worker(kind: str, workdir: Path, restarts: int, env: dict, limits, sa
     worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
     if kind == "kernel":
         worker_env[transfer.ENV] = str(_transfer_file(workdir))
-        _transfer_file(workdir).unlink(missing_ok=True)  # whatever the last worker left there is never mapped
-    with open(folder / f"output-{restarts}.txt", "w") as log:  # what its cells print: never read back
-        worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), stdout=log,
-                               stderr=subprocess.STDOUT, registry=lease, pass_fds=(to_worker_r, from_worker_w))
+        box.remove(TRANSFER)  # whatever the last worker left there is never mapped
+    worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
+                           pass_fds=(to_worker_r, from_worker_w))
     return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
 
 
