@@ -31,6 +31,7 @@ from .. import config, diagnostics, native_check, proctree, prototypes, toolchai
 from ..errors import BuildError, BuildTimeout, NotWrittenError
 from ..module import Module
 from ..quiet import captured_output
+from . import shared as shared_builds
 from .cuda import job as cuda_job
 from .job import Job
 
@@ -77,8 +78,9 @@ def _build(source, launchers, *, name, backend, extra_cflags, timeout, sanitize,
         job = emulate_job(source, protos, filename, extra_cflags, sanitize)
     else:
         job = cuda_job(source, protos, filename, extra_cflags)
-    if _kernel_host is not None and not _in_shared_builds(job):
-        # the grader's checker: a student's library is built and loaded in the solution worker, never here
+    if _kernel_host is not None and shared_builds.status(job.name) == "absent":
+        # the grader's checker: a student's library is built and loaded in the solution worker, never here (an
+        # instructor's kernel whose shared build changed is built here, into the checker's own cache)
         return _kernel_host.build(dict(source=source, launchers=launchers, name=name, backend=backend,
                                        extra_cflags=tuple(extra_cflags), timeout=timeout, sanitize=sanitize),
                                   protos, backend, source, name)
@@ -107,9 +109,8 @@ def use_kernel_host(host) -> None:
 
 
 def _in_shared_builds(job) -> bool:
-    shared = config.shared_builds_dir()
-    return shared is not None and (shared / job.name / "fuselab-complete").exists() \
-        and (shared / job.name / f"{job.name}.so").exists()
+    """A finished shared build whose library still has the bytes the grader recorded (``shared``)."""
+    return shared_builds.status(job.name) == "ok"
 
 
 def _from_shared_builds(library: Path) -> bool:
@@ -162,7 +163,7 @@ def _compile(job: Job, timeout: float, verbose: bool):
     """Return ``(library path, log, seconds, cached)``, compiling only when no finished build exists."""
     shared = config.shared_builds_dir()
     if _in_shared_builds(job):
-        return shared / job.name / f"{job.name}.so", "", 0.0, True
+        return shared_builds.library_of(shared, job.name), "", 0.0, True
     build_dir = config.builds_dir() / job.name
     library = build_dir / f"{job.name}.so"
     done_marker = build_dir / "fuselab-complete"

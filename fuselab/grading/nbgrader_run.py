@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..course import GRADER, REPO, SOLUTIONS, nbgrader
 from . import isolate
+from .untrusted import Folder, Refused
 
 
 NBGRADER_CONFIG = GRADER / "nbgrader_config.py"  # the course's: its late-penalty plugin settings are used
@@ -91,6 +92,7 @@ def add_students(db: Path, students) -> None:
             gradebook.update_or_create_student(student)
 
 
+OUTPUT_LIMIT = 256 * 2**20  # what is read back of nbgrader's autograded notebook and gradebook
 GATE_ENV = "FUSELAB_NOTEBOOK_GATE"
 GATE_NAME = ".notebook-may-start"
 STOP = "stop"  # what the gate file says when the notebook run must not go on (the recheck failed)
@@ -175,25 +177,37 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
     started = time.time()
     outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER), registry=lease)
     result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds, "phases": {}}
-    graded = scratch / "autograded" / student / lab / notebook_name(lab)
-    if not _own_file(graded, scratch) or not _own_file(scratch / "gradebook.db", scratch):
-        result["error"] = ("nbgrader's output was replaced by a link or a folder; not read "
-                           f"(nbgrader {outcome.describe()})")
+    # its outputs are in the scratch course the student's run could write: read through ``untrusted`` into copies
+    # of the grader's own beside it (``workdir``, which no sandbox writes), never opened where they lie
+    graded = Path(workdir) / "autograded.ipynb"
+    gradebook_copy = Path(workdir) / "nbgrader-gradebook.db"
+    try:
+        with Folder(workdir) as box:
+            notebook_bytes = box.read_bytes(f"nbgrader/autograded/{student}/{lab}/{notebook_name(lab)}",
+                                            OUTPUT_LIMIT)
+            gradebook_bytes = box.read_bytes("nbgrader/gradebook.db", OUTPUT_LIMIT)
+            box.remove(graded.name)
+            if notebook_bytes is not None:
+                box.write_bytes(graded.name, notebook_bytes)
+            box.write_bytes(gradebook_copy.name, gradebook_bytes or b"")
+    except Refused as exc:
+        result["error"] = (f"nbgrader's output was replaced by a link, a special file or too much: not read "
+                           f"({exc}; nbgrader {outcome.describe()})")
         return result
-    if graded.exists():
+    if notebook_bytes is not None:
         result["autograded"] = str(graded)
         try:
-            result["phases"] = phases(json.loads(graded.read_text()), started, started + outcome.seconds)
+            result["phases"] = phases(json.loads(notebook_bytes), started, started + outcome.seconds)
         except (ValueError, RecursionError):  # written by the student's run: any bytes at all
             pass
-    if not graded.exists():
+    if notebook_bytes is None:
         result["error"] = ("nbgrader could not run the notebook to the end (its kernel died or a cell hit the time "
                            f"limit; nbgrader {outcome.describe()})")
     elif not outcome.ok:
         result["error"] = f"nbgrader autograde {outcome.describe()}"
     try:
         from nbgrader.api import Gradebook, MissingEntry
-        with Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as gradebook:
+        with Gradebook(f"sqlite:///{gradebook_copy}") as gradebook:
             submission = gradebook.find_submission(lab, student)
             for nb in submission.notebooks:
                 for grade in nb.grades:
@@ -205,14 +219,6 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
         result["error"] = (result["error"] or "nbgrader did not grade the notebook") + ": " + \
             (outcome.stdout + outcome.stderr).strip()[-800:]
     return result
-
-
-def _own_file(path: Path, folder: Path) -> bool:
-    """``path`` (which the child's run may have replaced) is missing, or a plain file really inside ``folder``:
-    never a link the grader would follow elsewhere."""
-    if not os.path.lexists(path):
-        return True
-    return path.is_file() and not path.is_symlink() and Path(folder).resolve() in path.resolve().parents
 
 
 def execution_span(cell) -> tuple | None:

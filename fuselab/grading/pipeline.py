@@ -30,11 +30,13 @@ from pathlib import Path
 
 from .. import course
 from .. import notebook as ipynb
+from ..build import shared as shared_builds
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
 from . import feedback, intake, isolate, nbgrader_run, recheck, report, roster, schedule, term
 from .lease import grading_lease
 from .results import CellResult, SubmissionResult
+from .untrusted import Folder
 
 RUNS = course.GRADER / "runs"
 
@@ -59,6 +61,7 @@ class Settings:
     cpu_threads: int | None = None      # CPU threads per child (set from the number of workers by ``grade``)
     roster: Path | None = None          # the LMS's class list (CSV), kept in the course folder for later runs
     due: dict = field(default_factory=dict)  # lab → due date (ISO 8601), kept in the course's gradebook
+    shared_digests: dict | None = None  # the shared builds' sha256, recorded after the reference runs
 
 
 @dataclass
@@ -173,6 +176,8 @@ def _base_env(settings: Settings, workdir: Path, device) -> dict:
     env = isolate.worker_env(os.environ)
     env.update(FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"),
                FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
+    # what a shared build's bytes must hash to before any process loads it (no file a submission could reach)
+    env[shared_builds.DIGESTS_ENV] = json.dumps(settings.shared_digests or {}, separators=(",", ":"))
     env.pop("FUSELAB_GRADE_LOG", None)
     env.pop("FUSELAB_GPU_LEASE", None)
     _share_cpus(env, settings.cpu_threads)
@@ -223,6 +228,10 @@ def prepare(run: SubmissionRun) -> None:
     gpu_note = _idle(run.device, run.lease)
     if gpu_note:
         run.notes.append(gpu_note)
+    digests = run.settings.shared_digests
+    changed = shared_builds.changed(run.settings.shared_builds, digests) if digests else []
+    if changed:  # its processes refuse them too (``fuselab.build.shared``): this tells the TA
+        run.notes.append(shared_builds.note(changed))
     lab = run.sub.lab
     run.instructor = json.loads((course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)).read_text())
 
@@ -329,7 +338,7 @@ def copy_recheck_builds(run: SubmissionRun) -> None:
     """The notebook run builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so
     nothing the notebook run does reaches what the clean recheck used)."""
     cache = run.workdir / "cache"
-    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", cache)
+    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", cache, trusted=run.workdir)
     if run.settings.sandbox:
         isolate.give_to_sandbox(cache)  # copied after its sandbox started: the kernel writes its build locks there
 
@@ -372,6 +381,23 @@ def save(run: SubmissionRun) -> None:
     _write_result(run.workdir / "result.json", run.result)
 
 
+# what the sandboxes of a submission wrote (its checker's and workers' folders, build caches, nbgrader's scratch
+# course): removed once it is graded, never following a link. Kept: result.json and nbgrader's autograded
+# notebook, which the grader copied out of the scratch course (``nbgrader_run``)
+LEFTOVERS = ("clean", "cache", "nbgrader", "nbgrader-gradebook.db")
+
+
+def tidy(run: SubmissionRun) -> None:
+    if run.workdir is None:
+        return
+    with Folder(run.workdir) as box:
+        for name in LEFTOVERS:
+            try:
+                box.remove(name)
+            except OSError as exc:  # what is left costs disk, not a grade
+                run.notes.append(f"could not remove {name} from the submission's folder after grading: {exc}")
+
+
 SUBMISSION_STEPS = (prepare, graded_runs, combine_runs, scrub_messages, stamp, sandbox_held, save)
 
 
@@ -382,8 +408,11 @@ def grade_submission(sub: intake.Submission, device, settings: Settings, source:
     ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU.
     """
     run = SubmissionRun(sub, device, settings, Path(source), lease)
-    for step in SUBMISSION_STEPS:
-        step(run)
+    try:
+        for step in SUBMISSION_STEPS:
+            step(run)
+    finally:
+        tidy(run)  # also after a grader error: nothing a sandbox left is kept
     return run.result
 
 
@@ -399,18 +428,31 @@ def _threads_per_child(concurrent: int) -> int:
 
 
 def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_depth: int = 32,
-                 max_entries: int = 10_000) -> None:
+                 max_entries: int = 10_000, trusted: Path | None = None) -> None:
     """Copy the kernel worker's build cache ``source`` to ``target``: regular files only, read through descriptors
     opened without following any link, folder by folder (the worker may still be running and changing the tree: a
     folder swapped for a link, a file swapped for a pipe, is skipped, never followed or waited on), not past
     ``limit_bytes``, ``max_depth`` folders deep or ``max_entries`` files and folders (a build has tens: a tree of
     millions would hold the submission up; the notebook run builds the rest itself). Modification times are
-    kept (the build tool compares them). The gate's name is never copied."""
+    kept (the build tool compares them). The gate's name is never copied.
+
+    ``trusted``: a folder above both that no sandbox can write (default: ``source``'s parent); the way from it
+    to ``source`` and to ``target`` is walked without following links (``untrusted``): the target is another
+    sandbox's folder."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        root = os.open(source, flags | os.O_DIRECTORY)
-    except OSError:
-        return  # none, or a link the worker put there
+    trusted = Path(trusted or os.path.commonpath([Path(source).parent, Path(target).parent]))
+    with Folder(trusted) as top:
+        try:
+            root = top.open_folder(Path(source).relative_to(trusted))
+        except OSError:
+            return  # none, or a link a sandbox put on the way
+        try:
+            _copy_tree(root, top, Path(target).relative_to(trusted), flags, limit_bytes, max_depth, max_entries)
+        finally:
+            os.close(root)
+
+
+def _copy_tree(root: int, top: Folder, target: Path, flags, limit_bytes, max_depth, max_entries) -> None:
     budget, entries = [limit_bytes], [max_entries]
 
     def walk(folder: int, relative: Path, depth: int) -> bool:
@@ -433,27 +475,22 @@ def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_dep
                 if stat.S_ISDIR(info.st_mode):
                     if depth < max_depth and not walk(handle, relative / name, depth + 1):
                         return False
-                elif stat.S_ISREG(info.st_mode):
+                elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # never a file with a name elsewhere
                     if info.st_size > budget[0]:
                         return False
                     budget[0] -= info.st_size
-                    _copy_open_file(handle, target / relative / name, info)
+                    _copy_open_file(handle, top, target / relative / name, info)
             finally:
                 os.close(handle)
         return True
 
-    try:
-        walk(root, Path(), 0)
-    finally:
-        os.close(root)
+    walk(root, Path(), 0)
 
 
-def _copy_open_file(handle: int, destination: Path, info) -> None:
-    """The bytes of the open regular file ``handle`` (at most its size when opened) into a new ``destination``."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        destination.unlink()
-    out = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, info.st_mode & 0o755)
+def _copy_open_file(handle: int, top: Folder, destination: Path, info) -> None:
+    """The bytes of the open regular file ``handle`` (at most its size when opened) into a new ``destination``
+    under ``top`` (never through a link)."""
+    out = top.new_file(destination, info.st_mode & 0o755)
     try:
         left = info.st_size
         while left > 0:
@@ -462,9 +499,9 @@ def _copy_open_file(handle: int, destination: Path, info) -> None:
                 break
             os.write(out, chunk)
             left -= len(chunk)
+        os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
     finally:
         os.close(out)
-    os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def _idle(device, lease=None) -> str:
@@ -603,6 +640,10 @@ def _grade(source, settings: Settings) -> ClassResult:
     with ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
         reference = dict(zip(labs_graded, pool.map(
             lambda lab: reference_run(lab, settings, devices[0], leases.get(devices[0])), labs_graded)))
+    # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
+    settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
+    if changed:
+        problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed)))
     clock = phase_done("reference runs", clock)
 
     todo, results = [], {}

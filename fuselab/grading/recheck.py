@@ -310,6 +310,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     workdir = Path(workdir).absolute()
     # the checker's folder, whose parent is the grader's: held by descriptor, everything in it reached through
     # ``untrusted`` (the checker, and a library it loaded, can write it)
+    workdir.parent.mkdir(parents=True, exist_ok=True)  # the caller's folder: no sandbox writes it
     with Folder(workdir.parent) as parent:
         parent.make_folder(workdir.name)
     box = Folder(workdir)

@@ -76,32 +76,27 @@ class Folder:
         fd = os.dup(self.fd)
         try:
             for name in parts[:-1]:
-                fd = self._step(fd, name, create)
+                child = self._step(fd, name, create)
+                os.close(fd)
+                fd = child
             yield fd, parts[-1]
         finally:
             os.close(fd)
 
     @staticmethod
     def _step(fd: int, name: str, create: bool) -> int:
+        """The folder ``name`` in ``fd``, opened (never through a link)."""
         try:
-            try:
-                child = os.open(name, DIRECTORY, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(name, 0o755, dir_fd=fd)
-                child = os.open(name, DIRECTORY, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not create:
-                    raise Refused(exc.errno, f"{name}: not a folder (a link or a file in its place)") from None
-                _remove_at(fd, name)  # a link or file where the grader's folder goes: removed, never followed
-                os.mkdir(name, 0o755, dir_fd=fd)
-                child = os.open(name, DIRECTORY, dir_fd=fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-        return child
+            return os.open(name, DIRECTORY, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not create:
+                raise Refused(exc.errno, f"{name}: not a folder (a link or a file in its place)") from None
+            _remove_at(fd, name)  # a link or file where the grader's folder goes: removed, never followed
+        os.mkdir(name, 0o755, dir_fd=fd)
+        return os.open(name, DIRECTORY, dir_fd=fd)
 
     # -- reading
 
@@ -158,16 +153,19 @@ class Folder:
 
     # -- writing and removing
 
-    def write_bytes(self, relative, data: bytes, mode: int = 0o644) -> None:
-        """A new regular file at ``relative`` holding ``data`` (folders on the way made, never through a link);
-        whatever had the name is removed first, never written through."""
+    def new_file(self, relative, mode: int = 0o644) -> int:
+        """A descriptor (the caller closes it) of a new, empty regular file at ``relative``: folders on the way
+        made, never through a link; whatever had the name is removed first, never written through."""
         with self._parent(relative, create=True) as (parent, name):
             with contextlib.suppress(FileNotFoundError):
                 _remove_at(parent, name)
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                         dir_fd=parent)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                           dir_fd=parent)
+
+    def write_bytes(self, relative, data: bytes, mode: int = 0o644) -> None:
+        """A new regular file at ``relative`` holding ``data`` (``new_file``)."""
+        with os.fdopen(self.new_file(relative, mode), "wb") as handle:
+            handle.write(data)
 
     def write_text(self, relative, text: str, mode: int = 0o644) -> None:
         self.write_bytes(relative, text.encode("utf-8"), mode)

@@ -1,0 +1,125 @@
+"""The instructor's shared builds, verified by content.
+
+The grader's reference run builds the instructor's kernels into ``<out>/shared-builds/builds`` before any
+submission runs; every submission's processes see that folder read-only (``FUSELAB_SHARED_BUILDS``) and load
+those libraries instead of building them again. A library there is loaded only if its bytes still hash to what
+the grader recorded when the reference run made it: the digests reach every process in
+``FUSELAB_SHARED_BUILDS_SHA256`` (no file a submission could reach), and the grader keeps them in
+``<out>/shared-builds/manifest.json`` (outside every sandbox) for a resumed run. A library whose bytes changed is
+never loaded: the process builds the same source into its own cache instead, and the grader notes it for the TA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+from .. import config
+
+DIGESTS_ENV = "FUSELAB_SHARED_BUILDS_SHA256"  # {build name: sha256 of its library}, set by the grader
+MANIFEST = "manifest.json"                     # beside ``builds/`` in the grader's shared-builds folder
+COMPLETE = "fuselab-complete"
+
+_verified: dict = {}  # (path, device, inode, size, mtime) → digest, per process
+
+
+def digests() -> dict | None:
+    """The digests the grader passed down, or None (not graded with shared builds, or an unreadable value)."""
+    text = os.environ.get(DIGESTS_ENV)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def library_of(builds: Path, name: str) -> Path:
+    return Path(builds) / name / f"{name}.so"
+
+
+def file_digest(path) -> str | None:
+    """sha256 of the regular file at ``path`` (its last component not a link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        key = (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        if key in _verified:
+            return _verified[key]
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+        _verified[key] = digest.hexdigest()
+        return _verified[key]
+    finally:
+        os.close(fd)
+
+
+def status(name: str) -> str:
+    """Whether the build ``name`` is to be loaded from the shared builds: ``"ok"`` (there, finished, and its
+    library's bytes are the recorded ones), ``"changed"`` (a shared build, but missing, unrecorded or its bytes
+    differ: never loaded, built in the process's own cache), or ``"absent"`` (no shared build of that name)."""
+    shared = config.shared_builds_dir()
+    if shared is None:
+        return "absent"
+    recorded = digests() or {}
+    if name not in recorded:
+        # there but never recorded (made after the grader's record, or no digests passed down): never loaded
+        return "changed" if os.path.lexists(shared / name) else "absent"
+    if not (shared / name / COMPLETE).is_file():
+        return "changed"
+    return "ok" if file_digest(library_of(shared, name)) == recorded[name] else "changed"
+
+
+# ---------------------------------------------------------------------------------------- the grader's side
+
+def record(shared_root: Path) -> tuple:
+    """After the reference runs: the digests of every finished build in ``<shared_root>/builds``, and the names
+    whose library changed since they were first recorded (a resumed run keeps the first digest, so a changed
+    library stays refused). Writes ``<shared_root>/manifest.json``."""
+    shared_root = Path(shared_root)
+    manifest_path = shared_root / MANIFEST
+    try:
+        kept = json.loads(manifest_path.read_text())
+        kept = kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        kept = {}
+    builds = shared_root / "builds"
+    recorded, changed = dict(kept), []
+    for folder in sorted(builds.iterdir()) if builds.is_dir() else []:
+        name = folder.name
+        if folder.is_symlink() or not (folder / COMPLETE).is_file():
+            continue
+        digest = file_digest(library_of(builds, name))
+        if digest is None:
+            continue
+        if name not in recorded:
+            recorded[name] = digest
+        elif recorded[name] != digest:
+            changed.append(name)
+    changed += [name for name in kept if file_digest(library_of(builds, name)) is None and name not in changed]
+    shared_root.mkdir(parents=True, exist_ok=True)
+    temporary = manifest_path.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(recorded, indent=1, sort_keys=True))
+    os.replace(temporary, manifest_path)
+    return recorded, sorted(changed)
+
+
+def changed(shared_root: Path, recorded: dict) -> list:
+    """The recorded builds whose library is missing or no longer has its recorded bytes."""
+    builds = Path(shared_root) / "builds"
+    return sorted(name for name, digest in recorded.items() if file_digest(library_of(builds, name)) != digest)
+
+
+def note(names) -> str:
+    return (f"the instructor's shared build(s) {', '.join(names)} changed after the reference run made them: "
+            "not loaded (rebuilt in this submission's own cache); look for what wrote into the shared builds")

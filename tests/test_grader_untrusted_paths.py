@@ -1,0 +1,340 @@
+"""The grader never opens, follows or loads what a submission can write, except through ``untrusted``.
+
+A submission planted links named like its workers' logs (``output-N.txt``), pointing at the instructor's shared
+build of a kernel and at host files, then crashed its kernel worker: on the restart the grader opened the links
+for writing (as root, anywhere), the shared library changed, and every later checker loaded it. Here the same
+attacks (planted from Python and from a C++ static initialiser) run through the sandboxed clean recheck, as root
+and as a plain user the test creates; a control submission graded after them, in the same folders, keeps its
+grade, and a shared build changed after the reference run is never loaded. Fails, never skips, where bubblewrap
+does not work."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fuselab.build import shared as shared_builds
+from fuselab.grading import isolate, pipeline, recheck, untrusted
+
+from .conftest import REPO
+
+LINK_NAMES = [f"output-{n}.txt" for n in range(0, 6)]
+
+
+def _cell(source, grade_id, graded=False, solution=False, points=0):
+    meta = {"nbgrader": {"grade_id": grade_id, "grade": graded, "solution": solution, "locked": not solution,
+                         "schema_version": 3, **({"points": points} if graded else {})}}
+    return {"cell_type": "code", "metadata": meta, "source": source, "outputs": [], "execution_count": None}
+
+
+REFERENCE_KERNEL = r'''
+__global__ void twice_kernel(const float* a, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2.0f * a[i];
+}
+void twice(const float* a, float* out, int n, cudaStream_t stream) {
+    twice_kernel<<<(n + 127) / 128, 128, 0, stream>>>(a, out, n);
+}
+'''
+PROTO = "void twice(const float* a, float* out, int n, cudaStream_t stream)"
+STUDENT_PROTO = "void student(const float* a, float* out, int n, cudaStream_t stream)"
+
+SETUP = ("import torch\nimport fuselab\n"
+         f"REFERENCE = fuselab.build({REFERENCE_KERNEL!r}, [{PROTO!r}], name='reference', backend='emulate')\n")
+# the instructor's solution: a Python function and a kernel source
+SOLUTION = ("def double(x):\n    return 2 * x\n"
+            "SOURCE = r'''\n__global__ void k(const float* a, float* out, int n) {\n"
+            "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) out[i] = 2.0f * a[i];\n}\n"
+            "void student(const float* a, float* out, int n, cudaStream_t stream) {\n"
+            "    k<<<(n + 127) / 128, 128, 0, stream>>>(a, out, n);\n}\n'''\n")
+# the tests check against the shared build of the reference kernel: a changed library changes every grade
+TEST_KERNEL = ("x = torch.arange(8, dtype=torch.float32)\nexpected = torch.empty(8)\n"
+               "REFERENCE.twice(x, expected, 8)\nassert torch.equal(expected, 2 * x), expected\n"
+               f"mine = fuselab.build(SOURCE, [{STUDENT_PROTO!r}], name='student', backend='emulate')\n"
+               "got = torch.empty(8)\nmine.student(x, got, 8)\nassert torch.equal(got, expected)\n")
+TEST_PYTHON = ("x = torch.arange(8, dtype=torch.float32)\nexpected = torch.empty(8)\n"
+               "REFERENCE.twice(x, expected, 8)\nassert torch.equal(double(x), expected)\n")
+INSTRUCTOR = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+    _cell(SETUP, "setup"), _cell(SOLUTION, "solution", solution=True),
+    _cell(TEST_KERNEL, "test_kernel", graded=True, points=3),
+    _cell(TEST_PYTHON, "test_python", graded=True, points=2)]}
+
+# a launcher that crashes the kernel worker (abort is allowed: any kernel may call it): the restart that follows
+# is where the grader used to open the worker's log files
+CRASHING_KERNEL = ("#include <cstdlib>\n"
+                   "void student(const float* a, float* out, int n, cudaStream_t stream) { abort(); }\n")
+
+
+def _python_attack(targets: list) -> str:
+    """Links planted from Python in the solution worker's folder, then a kernel that crashes its worker."""
+    return textwrap.dedent(f"""\
+        import os
+        for target, name in zip({targets!r} * 6, {LINK_NAMES!r}):
+            try:
+                os.symlink(target, name)
+            except OSError:
+                pass
+        def double(x):
+            return 2 * x
+        SOURCE = {CRASHING_KERNEL!r}
+        """)
+
+
+# x86-64: long f(long nr, long a, long b, long c) { return syscall(nr, a, b, c); } (no system call's name, no
+# asm in the source: the way the attack got past the symbol filter)
+SYSCALL_CODE = "0x48,0x89,0xf8,0x48,0x89,0xf7,0x48,0x89,0xd6,0x48,0x89,0xca,0x0f,0x05,0xc3"
+
+
+def _cpp_attack(targets: list) -> str:
+    """Links planted by a static initialiser of the student's library, in the kernel worker's folder."""
+    pairs = ", ".join(f'{{"{t}", "{n}"}}' for t, n in zip(targets * 6, LINK_NAMES))
+    source = textwrap.dedent(f"""\
+        #include <cstdlib>
+        #include <cstring>
+        #include <sys/mman.h>
+        static const unsigned char code[] = {{{SYSCALL_CODE}}};
+        static const char* links[][2] = {{{pairs}}};
+        static int planted = [] {{
+            void* page = mmap(0, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (page == MAP_FAILED) return 0;
+            memcpy(page, code, sizeof code);
+            long (*call)(long, long, long, long) = (long (*)(long, long, long, long))page;
+            for (auto& link : links) call(88, (long)link[0], (long)link[1], 0);  // symlink(2)
+            return 1;
+        }}();
+        void student(const float* a, float* out, int n, cudaStream_t stream) {{ abort(); }}
+        """)
+    return f"def double(x):\n    return 2 * x\nSOURCE = {source!r}\n"
+
+
+def _student(solution_source: str) -> dict:
+    nb = json.loads(json.dumps(INSTRUCTOR))
+    nb["cells"][1]["source"] = solution_source
+    return nb
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p): (p.read_bytes(), p.stat().st_mode, p.stat().st_uid) for p in sorted(folder.rglob("*"))
+            if p.is_file() or p.is_symlink()}
+
+
+def scenario(root: Path, attacks=("python", "cpp")) -> dict:
+    """The whole attack, as the grader meets it: a reference run fills the shared builds (digests recorded),
+    each attack is graded sandboxed in a submission folder, then the control twice (as in a regrade in the same
+    ``--out``). Returns what the test asserts."""
+    root = Path(root)
+    shared, out = root / "shared-builds", root / "out"
+    host = root / "host"
+    host.mkdir(parents=True, exist_ok=True)
+    existing = host / "existing.txt"
+    existing.write_text("the host's own file\n")
+    created = host / "created-by-grader.txt"
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(shared), MPLBACKEND="Agg")
+    env.pop("FUSELAB_SHARED_BUILDS", None)
+    reference = recheck.run_clean(INSTRUCTOR, INSTRUCTOR, root / "reference", cell_timeout=240, total_timeout=600,
+                                  env=env, kernels_in_worker=False)
+    digests, _ = shared_builds.record(shared)
+    library = next((shared / "builds").glob("*/*.so"))
+    before = {"library": _digest(library), "host": _snapshot(host)}
+    targets = [str(library), str(existing), str(created)]
+    sources = {"python": _python_attack(targets), "cpp": _cpp_attack(targets), "control": SOLUTION}
+    graded = {}
+    for name in [*attacks, "control", "control"]:
+        workdir = out / "work" / name / "lab"
+        env = dict(os.environ, FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"), MPLBACKEND="Agg",
+                   FUSELAB_SHARED_BUILDS=str(shared / "builds"),
+                   **{shared_builds.DIGESTS_ENV: json.dumps(digests)})
+        result = recheck.run_clean(INSTRUCTOR, _student(sources[name]), workdir / "clean", cell_timeout=240,
+                                   total_timeout=900, env=env, sandbox=True, hide=[out, root / "reference"],
+                                   limits=isolate.Limits(memory_bytes=4 * 2**30))
+        planted = sorted(str(p.relative_to(workdir)) for p in (workdir / "clean").rglob("output-*")
+                         if p.is_symlink())
+        graded.setdefault(name, []).append({
+            "points": {k: v.points for k, v in result.cells.items()},
+            "messages": {k: v.message[:300] for k, v in result.cells.items()},
+            "restarts": result.restarts, "flags": result.flags, "planted": planted})
+    return {"reference": {k: v.points for k, v in reference.cells.items()}, "graded": graded,
+            "library_unchanged": _digest(library) == before["library"],
+            "host_unchanged": _snapshot(host) == before["host"], "created": created.exists()}
+
+
+def _check(outcome: dict, attacks=("python", "cpp")) -> None:
+    assert outcome["reference"] == {"test_kernel": 3.0, "test_python": 2.0}, outcome
+    for name in attacks:
+        attack = outcome["graded"][name][0]
+        refused = any("refused" in flag for flag in attack["flags"])
+        # the attack happened: its links are there, its kernel crashed the worker and the run restarted
+        assert refused or attack["planted"], attack
+        assert refused or attack["restarts"] >= 1, attack
+        assert attack["points"]["test_kernel"] == 0, attack
+    assert outcome["library_unchanged"], "the shared build was written through a planted link"
+    assert outcome["host_unchanged"] and not outcome["created"], "a host file was written through a planted link"
+    for control in outcome["graded"]["control"]:
+        assert control["points"] == {"test_kernel": 3.0, "test_python": 2.0}, control
+
+
+def _sandbox_or_fail():
+    problem = isolate.sandbox_problem()
+    assert problem is None, f"the sandbox must work here (CI installs bubblewrap): {problem}"
+
+
+def test_planted_log_links_never_reach_the_shared_builds_or_the_host(tmp_path):
+    _sandbox_or_fail()
+    _check(scenario(tmp_path))
+
+
+PLAIN_USER = "fuselab-untrusted"
+
+
+def test_as_a_plain_user_the_same_attacks_hold(tmp_path):
+    """The grader run by a user without rights (``runuser``), the sandbox in an unprivileged user namespace."""
+    _sandbox_or_fail()
+    if os.geteuid() != 0:
+        # already a plain user: the same scenario, in this process
+        _check(scenario(tmp_path))
+        return
+    if subprocess.run(["id", PLAIN_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PLAIN_USER],
+                       check=True, capture_output=True)
+    user = pwd.getpwnam(PLAIN_USER)
+    root = Path(tempfile.mkdtemp(prefix="fuselab-plain-user-"))
+    try:
+        os.chmod(root, 0o755)
+        os.chown(root, user.pw_uid, user.pw_gid)
+        script = ("import json, sys\nfrom tests.test_grader_untrusted_paths import scenario\n"
+                  "print('OUTCOME ' + json.dumps(scenario(sys.argv[1])))\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSELAB_", "TORCH_EXTENSIONS"))}
+        env.update(HOME=str(root), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1",
+                   FUSELAB_CACHE_DIR=str(root / "cache"), TORCH_EXTENSIONS_DIR=str(root / "torch-extensions"))
+        done = subprocess.run(["runuser", "-u", PLAIN_USER, "--", sys.executable, "-c", script, str(root / "run")],
+                              cwd=str(root), env=env, capture_output=True, text=True, timeout=1800)
+        line = next((l for l in done.stdout.splitlines() if l.startswith("OUTCOME ")), None)
+        assert line, f"the plain user's run failed (is the checkout readable by others?):\n{done.stderr[-4000:]}"
+        _check(json.loads(line[len("OUTCOME "):]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- a changed shared build
+
+def test_a_shared_build_changed_after_the_reference_run_is_never_loaded(tmp_path):
+    """The checker loads the instructor's kernels from the shared builds only with the bytes recorded when the
+    reference run made them; a changed library is rebuilt in the submission's own cache and the TA is told."""
+    _sandbox_or_fail()
+    shared = tmp_path / "shared-builds"
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(shared), MPLBACKEND="Agg")
+    env.pop("FUSELAB_SHARED_BUILDS", None)
+    recheck.run_clean(INSTRUCTOR, INSTRUCTOR, tmp_path / "reference", cell_timeout=240, total_timeout=600,
+                      env=env, kernels_in_worker=False)
+    digests, changed = shared_builds.record(shared)
+    assert not changed and len(digests) >= 2  # the reference kernel and the instructor's own solution kernel
+    library = next(p for p in (shared / "builds").glob("*/*.so") if _loads_reference(p))
+    library.chmod(0o644)
+    library.write_bytes(b"\x7fELF not the instructor's library")  # what a planted link used to do
+    assert shared_builds.record(shared)[1] == [library.parent.name]  # a resumed run keeps the first digest
+    assert shared_builds.changed(shared, digests) == [library.parent.name]
+    settings = pipeline.Settings(out=tmp_path / "out", shared_builds=shared, shared_digests=digests)
+    workdir = tmp_path / "out" / "work" / "control" / "lab"
+    env = pipeline._base_env(settings, workdir / "clean", None)
+    result = recheck.run_clean(INSTRUCTOR, _student(SOLUTION), workdir / "clean", cell_timeout=240,
+                               total_timeout=900, env=env, sandbox=True, hide=[tmp_path / "out"],
+                               limits=isolate.Limits(memory_bytes=4 * 2**30))
+    # not loaded (it would fail to load: every test would score 0), rebuilt in the checker's own cache
+    assert {k: v.points for k, v in result.cells.items()} == {"test_kernel": 3.0, "test_python": 2.0}, result
+    assert (workdir / "clean" / "cache" / "builds" / library.parent.name).is_dir()
+    assert library.read_bytes() == b"\x7fELF not the instructor's library"
+    assert "not loaded" in shared_builds.note([library.parent.name])
+
+
+def _loads_reference(library: Path) -> bool:
+    return b"twice_kernel" in library.read_bytes()
+
+
+def test_without_recorded_digests_nothing_is_loaded_from_the_shared_builds(tmp_path, monkeypatch):
+    builds = tmp_path / "builds" / "k1"
+    builds.mkdir(parents=True)
+    (builds / "k1.so").write_bytes(b"library")
+    (builds / "fuselab-complete").write_text("")
+    monkeypatch.setenv("FUSELAB_SHARED_BUILDS", str(tmp_path / "builds"))
+    monkeypatch.delenv(shared_builds.DIGESTS_ENV, raising=False)
+    assert shared_builds.status("k1") == "changed" and shared_builds.status("k2") == "absent"
+    monkeypatch.setenv(shared_builds.DIGESTS_ENV, json.dumps({"k1": hashlib.sha256(b"library").hexdigest()}))
+    assert shared_builds.status("k1") == "ok"
+    (builds / "k1.so").unlink()
+    (builds / "k1.so").symlink_to(tmp_path / "elsewhere.so")
+    (tmp_path / "elsewhere.so").write_bytes(b"library")
+    assert shared_builds.status("k1") == "changed"  # a link is never followed, even to the right bytes
+
+
+# ----------------------------------------------------------------------------- the helper itself
+
+def test_the_helper_refuses_links_special_files_hard_links_and_size(tmp_path):
+    box_path = tmp_path / "box"
+    box_path.mkdir()
+    secret = tmp_path / "host-secret"
+    secret.write_text("root's")
+    (box_path / "leaf-link").symlink_to(secret)
+    (box_path / "folder-link").symlink_to(tmp_path)
+    os.mkfifo(box_path / "fifo")
+    os.link(secret, box_path / "hard")
+    (box_path / "big").write_bytes(b"x" * 100)
+    (box_path / "real").mkdir()
+    (box_path / "real" / "fine.txt").write_text("data")
+    with untrusted.Folder(box_path) as box:
+        for name in ("leaf-link", "folder-link/host-secret", "fifo", "hard"):
+            with pytest.raises(untrusted.Refused):
+                box.read_bytes(name)  # a FIFO is refused at once, never waited on
+        with pytest.raises(untrusted.Refused):
+            box.read_bytes("big", limit=10)
+        assert box.read_bytes("real/fine.txt") == b"data"
+        assert box.read_bytes("missing") is None
+        assert not box.is_file("leaf-link") and box.is_file("real/fine.txt")
+        # writing replaces a link, never follows it; a link on the way is refused
+        box.write_text("leaf-link", "grader's")
+        assert secret.read_text() == "root's" and (box_path / "leaf-link").read_text() == "grader's"
+        with pytest.raises(untrusted.Refused):
+            box.read_bytes("folder-link/anything")
+        assert not box.create("hard") and secret.read_text() == "root's"
+        # a folder the grader hands to a sandbox: a link in its place is removed, not followed
+        assert box.make_folder("folder-link") == box_path / "folder-link"
+        assert (box_path / "folder-link").is_dir() and not (box_path / "folder-link").is_symlink()
+        assert secret.exists()
+        # removing a tree never follows a link inside it
+        (box_path / "real" / "out").symlink_to(tmp_path)
+        box.remove("real")
+        assert not (box_path / "real").exists() and secret.read_text() == "root's"
+
+
+def test_a_locked_folder_a_sandbox_left_is_still_removed(tmp_path):
+    locked = tmp_path / "work" / "clean" / "kernel-process"
+    locked.mkdir(parents=True)
+    (locked / "file").write_text("x")
+    (locked / "link").symlink_to(tmp_path)
+    keep = tmp_path / "work" / "result.json"
+    keep.write_text("{}")
+    locked.chmod(0)
+    run = pipeline.SubmissionRun(sub=None, device=None, settings=None, source=tmp_path, workdir=tmp_path / "work")
+    pipeline.tidy(run)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["result.json"], run.notes
+    assert tmp_path.exists()
+
+
+def test_the_grader_never_names_a_workers_log_in_its_folder():
+    """The workers' output goes to their keeper's anonymous files: nothing named in a folder they write."""
+    source = Path(recheck.__file__).read_text()
+    assert "output-" not in source and "clean-events" not in source
