@@ -11,8 +11,9 @@ so no signals or sockets): ``lease-request-T-N``, answered by ``lease-granted-T-
 ``lease-released-T-N``, where T is a tag the grader gives each child it starts (``FUSELAB_GPU_LEASE_TAG``), so a
 request left behind by a killed child is never served. ``fuselab.speed.lease`` is the child's side
 (``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's (``LeaseServer``). The child is untrusted: the
-grader touches its folder only through ``untrusted`` (no link followed, only regular files seen), holds a lease at most ``max_hold_s`` (then the child is killed
-and its test fails), and gives the GPU back whatever happens in between.
+grader touches its folder only through ``untrusted`` (no link followed, only regular files seen), holds a lease
+at most ``max_hold_s`` (then the child is killed and its test fails), and gives the GPU back whatever happens in
+between.
 """
 
 from __future__ import annotations

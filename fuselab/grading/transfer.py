@@ -4,14 +4,16 @@ A launch's tensors cross whole (their storages, guard bands included). Pickling 
 seconds for the labs' GPU shapes (a 64 MB tensor is copied five times on each side); through a file both
 processes map, each storage is copied once into it and once out of it on each side (for a GPU tensor: one
 device-to-host and one host-to-device copy each way). The file lives in the kernel worker's own folder, which
-the checker sees too. The checker chooses every offset and size; what the worker writes there is read back only
-at those places, and only into the storages the checker sent.
+the checker sees too; the grader itself never opens it (it only removes it, through ``untrusted``). The
+checker chooses every offset and size; what the worker writes there is read back only at those places, and
+only into the storages the checker sent.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 from pathlib import Path
 
 import torch
@@ -53,8 +55,10 @@ class Transfer:
                 self.map.close()
             except BufferError:  # a region still viewed somewhere: that map stays until it is let go
                 pass
-        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if grow else 0) | os.O_NOFOLLOW, 0o600)
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if grow else 0) | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # the worker's folder: a FIFO or a device is never mapped
+                raise ValueError(f"the transfer file {self.path} is not a regular file")
             if grow and os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
             length = os.fstat(fd).st_size
