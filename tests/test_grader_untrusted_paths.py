@@ -65,10 +65,14 @@ TEST_KERNEL = ("x = torch.arange(8, dtype=torch.float32)\nexpected = torch.empty
                "got = torch.empty(8)\nmine.student(x, got, 8)\nassert torch.equal(got, expected)\n")
 TEST_PYTHON = ("x = torch.arange(8, dtype=torch.float32)\nexpected = torch.empty(8)\n"
                "REFERENCE.twice(x, expected, 8)\nassert torch.equal(double(x), expected)\n")
+# three kernel tests: a kernel that crashes its worker restarts the run three times (output-1, -2 and -3 opened)
 INSTRUCTOR = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
     _cell(SETUP, "setup"), _cell(SOLUTION, "solution", solution=True),
     _cell(TEST_KERNEL, "test_kernel", graded=True, points=3),
+    _cell(TEST_KERNEL, "test_kernel_again", graded=True, points=1),
+    _cell(TEST_KERNEL, "test_kernel_third", graded=True, points=1),
     _cell(TEST_PYTHON, "test_python", graded=True, points=2)]}
+DESERVED = {"test_kernel": 3.0, "test_kernel_again": 1.0, "test_kernel_third": 1.0, "test_python": 2.0}
 
 # a launcher that crashes the kernel worker (abort is allowed: any kernel may call it): the restart that follows
 # is where the grader used to open the worker's log files
@@ -80,7 +84,7 @@ def _python_attack(targets: list) -> str:
     """Links planted from Python in the solution worker's folder, then a kernel that crashes its worker."""
     return textwrap.dedent(f"""\
         import os
-        for target, name in zip({targets!r} * 6, {LINK_NAMES!r}):
+        for target, name in zip({targets!r} * 6, {LINK_NAMES[1:]!r}):
             try:
                 os.symlink(target, name)
             except OSError:
@@ -98,16 +102,16 @@ SYSCALL_CODE = "0x48,0x89,0xf8,0x48,0x89,0xf7,0x48,0x89,0xd6,0x48,0x89,0xca,0x0f
 
 def _cpp_attack(targets: list) -> str:
     """Links planted by a static initialiser of the student's library, in the kernel worker's folder."""
-    pairs = ", ".join(f'{{"{t}", "{n}"}}' for t, n in zip(targets * 6, LINK_NAMES))
+    pairs = ", ".join(f'{{"{t}", "{n}"}}' for t, n in zip(targets * 6, LINK_NAMES[1:]))
     source = textwrap.dedent(f"""\
         #include <cstdlib>
         #include <cstring>
-        #include <sys/mman.h>
+        extern "C" void* mmap(void*, unsigned long, int, int, int, long);
         static const unsigned char code[] = {{{SYSCALL_CODE}}};
         static const char* links[][2] = {{{pairs}}};
         static int planted = [] {{
-            void* page = mmap(0, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (page == MAP_FAILED) return 0;
+            void* page = mmap(0, 4096, 7, 0x22, -1, 0);  // read, write and execute; private, anonymous
+            if (page == (void*)-1) return 0;
             memcpy(page, code, sizeof code);
             long (*call)(long, long, long, long) = (long (*)(long, long, long, long))page;
             for (auto& link : links) call(88, (long)link[0], (long)link[1], 0);  // symlink(2)
@@ -174,18 +178,18 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
 
 
 def _check(outcome: dict, attacks=("python", "cpp")) -> None:
-    assert outcome["reference"] == {"test_kernel": 3.0, "test_python": 2.0}, outcome
+    assert outcome["reference"] == DESERVED, outcome
     for name in attacks:
         attack = outcome["graded"][name][0]
         refused = any("refused" in flag for flag in attack["flags"])
         # the attack happened: its links are there, its kernel crashed the worker and the run restarted
         assert refused or attack["planted"], attack
-        assert refused or attack["restarts"] >= 1, attack
+        assert refused or attack["restarts"] >= 3, attack
         assert attack["points"]["test_kernel"] == 0, attack
     assert outcome["library_unchanged"], "the shared build was written through a planted link"
     assert outcome["host_unchanged"] and not outcome["created"], "a host file was written through a planted link"
     for control in outcome["graded"]["control"]:
-        assert control["points"] == {"test_kernel": 3.0, "test_python": 2.0}, control
+        assert control["points"] == DESERVED, control
 
 
 def _sandbox_or_fail():
@@ -255,7 +259,7 @@ def test_a_shared_build_changed_after_the_reference_run_is_never_loaded(tmp_path
                                total_timeout=900, env=env, sandbox=True, hide=[tmp_path / "out"],
                                limits=isolate.Limits(memory_bytes=4 * 2**30))
     # not loaded (it would fail to load: every test would score 0), rebuilt in the checker's own cache
-    assert {k: v.points for k, v in result.cells.items()} == {"test_kernel": 3.0, "test_python": 2.0}, result
+    assert {k: v.points for k, v in result.cells.items()} == DESERVED, result
     assert (workdir / "clean" / "cache" / "builds" / library.parent.name).is_dir()
     assert library.read_bytes() == b"\x7fELF not the instructor's library"
     assert "not loaded" in shared_builds.note([library.parent.name])
@@ -338,3 +342,55 @@ def test_the_grader_never_names_a_workers_log_in_its_folder():
     """The workers' output goes to their keeper's anonymous files: nothing named in a folder they write."""
     source = Path(recheck.__file__).read_text()
     assert "output-" not in source and "clean-events" not in source
+
+
+# ----------------------------------------------------------------------------- other names the grader touches
+
+PLAIN = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+    _cell("import torch\n", "setup"), _cell("def double(x):\n    return 2 * x\n", "solution", solution=True),
+    _cell("assert double(21) == 42", "test_double", graded=True, points=1),
+    _cell("assert double(2) == 4", "test_again", graded=True, points=1)]}
+
+def test_links_fifos_and_hard_links_in_the_checkers_folder_are_never_followed(tmp_path):
+    """What a checker that loaded a changed library could leave in its folder before a restart: its workers'
+    folders, the plan, the transfer file and lease files as links, a FIFO and a hard link to host files. The
+    grader (root here: it hands the workers' folders to the sandbox's user) follows none of them."""
+    _sandbox_or_fail()
+    host = tmp_path / "host"
+    (host / "folder").mkdir(parents=True)
+    (host / "folder" / "kept.txt").write_text("host data")
+    (host / "file.txt").write_text("host file")
+    before = _snapshot(host), (host / "folder").stat().st_uid, (host / "folder").stat().st_mode
+    clean = tmp_path / "work" / "student" / "lab" / "clean"
+    clean.mkdir(parents=True)
+    (clean / "solution-process").symlink_to(host / "folder", target_is_directory=True)
+    (clean / "kernel-process").mkdir()
+    (clean / "kernel-process" / "transfer.bin").symlink_to(host / "file.txt")
+    (clean / "clean-plan.json").symlink_to(host / "file.txt")
+    os.mkfifo(clean / "lease-released-0-1")
+    os.link(host / "file.txt", clean / "lease-granted-0-1")
+    result = recheck.run_clean(PLAIN, PLAIN, clean, cell_timeout=120,
+                               total_timeout=300, sandbox=True, hide=[tmp_path / "work"],
+                               limits=isolate.Limits(memory_bytes=3 * 2**30))
+    assert {k: v.points for k, v in result.cells.items()} == {"test_double": 1.0, "test_again": 1.0}, result
+    after = _snapshot(host), (host / "folder").stat().st_uid, (host / "folder").stat().st_mode
+    assert after == before
+    assert not (clean / "solution-process").is_symlink()
+
+
+def test_a_fifo_planted_as_a_log_never_holds_the_grader_up(tmp_path):
+    """FIFOs named like the workers' logs, then a kernel that crashes the kernel worker in a graded test: the
+    restart opens no name in the workers' folders (a FIFO would hold the grader there for good), and the test
+    after the crash keeps its points."""
+    _sandbox_or_fail()
+    fifos = ("import os\n"
+             f"for name in {LINK_NAMES!r}:\n"
+             "    os.mkfifo(name)\n"
+             "def double(x):\n    return 2 * x\n"
+             f"SOURCE = {CRASHING_KERNEL!r}\n")
+    result = recheck.run_clean(INSTRUCTOR, _student(fifos), tmp_path / "work" / "clean", cell_timeout=240,
+                               total_timeout=600, sandbox=True, hide=[tmp_path / "work"],
+                               limits=isolate.Limits(memory_bytes=4 * 2**30))
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "work" / "clean" / "solution-process" / "output-1.txt").st_mode)
+    assert result.restarts >= 1 and result.cells["test_kernel"].points == 0, result
+    assert result.cells["test_python"].points == 2, result.cells["test_python"]
