@@ -10,6 +10,7 @@ does not work."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -205,6 +206,24 @@ def test_planted_log_links_never_reach_the_shared_builds_or_the_host(tmp_path):
 PLAIN_USER = "fuselab-untrusted"
 
 
+@contextlib.contextmanager
+def _traversable(*paths):
+    """Every folder above ``paths`` that others cannot pass through (an interpreter under ``/root``, say) gets
+    o+x (pass through, not list) for the duration; put back after."""
+    changed = []
+    try:
+        for path in paths:
+            for folder in reversed(Path(os.path.realpath(path)).parents):
+                mode = folder.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+                    changed.append((folder, stat.S_IMODE(mode)))
+        yield
+    finally:
+        for folder, mode in reversed(changed):
+            folder.chmod(mode)
+
+
 def test_as_a_plain_user_the_same_attacks_hold(tmp_path):
     """The grader run by a user without rights (``runuser``), the sandbox in an unprivileged user namespace."""
     _sandbox_or_fail()
@@ -225,8 +244,10 @@ def test_as_a_plain_user_the_same_attacks_hold(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSELAB_", "TORCH_EXTENSIONS"))}
         env.update(HOME=str(root), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1",
                    FUSELAB_CACHE_DIR=str(root / "cache"), TORCH_EXTENSIONS_DIR=str(root / "torch-extensions"))
-        done = subprocess.run(["runuser", "-u", PLAIN_USER, "--", sys.executable, "-c", script, str(root / "run")],
-                              cwd=str(root), env=env, capture_output=True, text=True, timeout=1800)
+        with _traversable(sys.executable, REPO / "fuselab"):
+            done = subprocess.run(["runuser", "-u", PLAIN_USER, "--", sys.executable, "-c", script,
+                                   str(root / "run")], cwd=str(root), env=env, capture_output=True, text=True,
+                                  timeout=1800)
         line = next((l for l in done.stdout.splitlines() if l.startswith("OUTCOME ")), None)
         assert line, f"the plain user's run failed (is the checkout readable by others?):\n{done.stderr[-4000:]}"
         _check(json.loads(line[len("OUTCOME "):]))
