@@ -8,7 +8,7 @@ without code changes:
 - ``FUSELAB_BUILD_TIMEOUT``: seconds a build may take before it is stopped. Default 300.
 - ``FUSELAB_SHARED_BUILDS``: a builds folder looked up first and never written (the grader shares the
   instructor's builds with every submission this way, while each submission builds into a cache of its own).
-  A library there is loaded only if ``FUSELAB_SHARED_BUILDS_SHA256`` records its bytes (``fuselab.build.shared``).
+  A library there is loaded only with the bytes recorded in the manifest beside it (``fuselab.build.shared``).
 """
 
 import os

@@ -162,8 +162,7 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
     for name in [*attacks, "control", "control"]:
         workdir = out / "work" / name / "lab"
         env = dict(os.environ, FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"), MPLBACKEND="Agg",
-                   FUSELAB_SHARED_BUILDS=str(shared / "builds"),
-                   **{shared_builds.DIGESTS_ENV: json.dumps(digests)})
+                   FUSELAB_SHARED_BUILDS=str(shared / "builds"))
         result = recheck.run_clean(INSTRUCTOR, _student(sources[name]), workdir / "clean", cell_timeout=240,
                                    total_timeout=900, env=env, sandbox=True, hide=[out, root / "reference"],
                                    limits=isolate.Limits(memory_bytes=4 * 2**30))
@@ -296,9 +295,13 @@ def test_without_recorded_digests_nothing_is_loaded_from_the_shared_builds(tmp_p
     (builds / "k1.so").write_bytes(b"library")
     (builds / "fuselab-complete").write_text("")
     monkeypatch.setenv("FUSELAB_SHARED_BUILDS", str(tmp_path / "builds"))
-    monkeypatch.delenv(shared_builds.DIGESTS_ENV, raising=False)
-    assert shared_builds.status("k1") == "changed" and shared_builds.status("k2") == "absent"
-    monkeypatch.setenv(shared_builds.DIGESTS_ENV, json.dumps({"k1": hashlib.sha256(b"library").hexdigest()}))
+    assert shared_builds.status("k1") == "changed" and shared_builds.status("k2") == "absent"  # no manifest
+    manifest = tmp_path / shared_builds.MANIFEST
+    manifest.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"k1": hashlib.sha256(b"library").hexdigest()}))
+    assert shared_builds.status("k1") == "changed"  # a manifest that is a link is never read
+    manifest.unlink()
+    manifest.write_text(json.dumps({"k1": hashlib.sha256(b"library").hexdigest()}))
     assert shared_builds.status("k1") == "ok"
     (builds / "k1.so").unlink()
     (builds / "k1.so").symlink_to(tmp_path / "elsewhere.so")

@@ -3,10 +3,10 @@
 The grader's reference run builds the instructor's kernels into ``<out>/shared-builds/builds`` before any
 submission runs; every submission's processes see that folder read-only (``FUSELAB_SHARED_BUILDS``) and load
 those libraries instead of building them again. A library there is loaded only if its bytes still hash to what
-the grader recorded when the reference run made it: the digests reach every process in
-``FUSELAB_SHARED_BUILDS_SHA256`` (no file a submission could reach), and the grader keeps them in
-``<out>/shared-builds/manifest.json`` (outside every sandbox) for a resumed run. A library whose bytes changed is
-never loaded: the process builds the same source into its own cache instead, and the grader notes it for the TA.
+the grader recorded when the reference run made it, in ``<out>/shared-builds/manifest.json``: beside
+``builds/``, written by the grader before any submission runs, shown read-only to each sandbox (``readonly``) and
+writable by none. A library whose bytes changed, or that the manifest does not hold, is never loaded: the process
+builds the same source into its own cache instead, and the grader notes it for the TA.
 """
 
 from __future__ import annotations
@@ -19,22 +19,41 @@ from pathlib import Path
 
 from .. import config
 
-DIGESTS_ENV = "FUSELAB_SHARED_BUILDS_SHA256"  # {build name: sha256 of its library}, set by the grader
-MANIFEST = "manifest.json"                     # beside ``builds/`` in the grader's shared-builds folder
+MANIFEST = "manifest.json"  # {build name: sha256 of its library}, beside ``builds/`` in the shared-builds folder
+MANIFEST_LIMIT = 16 * 2**20
 COMPLETE = "fuselab-complete"
 
 _verified: dict = {}  # (path, device, inode, size, mtime) → digest, per process
 
 
+def manifest_of(builds) -> Path:
+    """Where the grader records the digests of the shared builds folder ``builds``."""
+    return Path(builds).parent / MANIFEST
+
+
+def readonly(env: dict) -> list:
+    """What a sandbox is shown read-only of the shared builds named in ``env``: the folder and its manifest."""
+    builds = env.get("FUSELAB_SHARED_BUILDS")
+    return [builds, str(manifest_of(builds))] if builds else []
+
+
 def digests() -> dict | None:
-    """The digests the grader passed down, or None (not graded with shared builds, or an unreadable value)."""
-    text = os.environ.get(DIGESTS_ENV)
-    if not text:
+    """The digests the grader recorded for the shared builds, or None (no manifest, or not a readable one)."""
+    shared = config.shared_builds_dir()
+    if shared is None:
         return None
     try:
-        value = json.loads(text)
-    except ValueError:
+        fd = os.open(manifest_of(shared), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        value = json.loads(os.read(fd, MANIFEST_LIMIT))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
     return value if isinstance(value, dict) else None
 
 
@@ -73,7 +92,7 @@ def status(name: str) -> str:
         return "absent"
     recorded = digests() or {}
     if name not in recorded:
-        # there but never recorded (made after the grader's record, or no digests passed down): never loaded
+        # there but never recorded (made after the grader's record, or no manifest): never loaded
         return "changed" if os.path.lexists(shared / name) else "absent"
     if not (shared / name / COMPLETE).is_file():
         return "changed"

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 from ..course import GRADER, REPO, SOLUTIONS, nbgrader
+from ..build import shared as shared_builds
 from . import isolate
 from .untrusted import Folder, Refused
 
@@ -170,7 +171,7 @@ def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, wor
         # only its scratch course and build cache: the submission's folder holds result.json, which it must not
         # write; nbgrader and its kernel talk over the sandbox's own loopback
         command = isolate.sandboxed(command, own=[scratch, Path(env["FUSELAB_CACHE_DIR"])], hide=list(hide),
-                                    readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+                                    readonly=shared_builds.readonly(env))
     # nbgrader talks to its kernel over loopback: a bare network namespace (loopback down) would stop it, so
     # only bubblewrap (which brings loopback up) takes the network away here.
     limits = isolate.Limits(**{**limits.__dict__, "wall_s": wall_timeout, "no_network": False})

@@ -176,8 +176,6 @@ def _base_env(settings: Settings, workdir: Path, device) -> dict:
     env = isolate.worker_env(os.environ)
     env.update(FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"),
                FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
-    # what a shared build's bytes must hash to before any process loads it (no file a submission could reach)
-    env[shared_builds.DIGESTS_ENV] = json.dumps(settings.shared_digests or {}, separators=(",", ":"))
     env.pop("FUSELAB_GRADE_LOG", None)
     env.pop("FUSELAB_GPU_LEASE", None)
     _share_cpus(env, settings.cpu_threads)

@@ -41,6 +41,7 @@ from pathlib import Path
 from .. import course
 from .. import notebook as ipynb
 from ..kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
+from ..build import shared as shared_builds
 from . import isolate, transfer
 from .lease import LeaseServer, clear_files
 from .untrusted import Folder
@@ -347,7 +348,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         command = [sys.executable, "-m", "fuselab.grading.cellrunner", str(plan_path), f"fd:{events_file.fileno()}"]
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
-                                        readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+                                        readonly=shared_builds.readonly(env))
         clear_files(box)  # a request left by a killed child is never served
         tag = f"{restarts}-{secrets.token_hex(4)}"
         spawned = time.time()
@@ -496,7 +497,7 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
     command = [sys.executable, "-m", f"fuselab.grading.{kind}_worker", str(to_worker_r), str(from_worker_w)]
     if sandbox:
         command = isolate.sandboxed(command, own=[folder], hide=[*hide, workdir],
-                                    readonly=[env.get("FUSELAB_SHARED_BUILDS") or ""])
+                                    readonly=shared_builds.readonly(env))
     worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
     worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
     if kind == "kernel":
