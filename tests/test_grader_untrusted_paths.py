@@ -168,10 +168,12 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
                                    limits=isolate.Limits(memory_bytes=4 * 2**30))
         planted = sorted(str(p.relative_to(workdir)) for p in (workdir / "clean").rglob("output-*")
                          if p.is_symlink())
+        # the shared build was loaded where it is, never built again into this submission's caches
+        rebuilt = sorted(str(p.relative_to(workdir)) for p in (workdir / "clean").rglob(library.parent.name))
         graded.setdefault(name, []).append({
             "points": {k: v.points for k, v in result.cells.items()},
             "messages": {k: v.message[:300] for k, v in result.cells.items()},
-            "restarts": result.restarts, "flags": result.flags, "planted": planted})
+            "restarts": result.restarts, "flags": result.flags, "planted": planted, "rebuilt": rebuilt})
     return {"reference": {k: v.points for k, v in reference.cells.items()}, "graded": graded,
             "library_unchanged": _digest(library) == before["library"],
             "host_unchanged": _snapshot(host) == before["host"], "created": created.exists()}
@@ -190,6 +192,7 @@ def _check(outcome: dict, attacks=("python", "cpp")) -> None:
     assert outcome["host_unchanged"] and not outcome["created"], "a host file was written through a planted link"
     for control in outcome["graded"]["control"]:
         assert control["points"] == DESERVED, control
+        assert not control["rebuilt"], control
 
 
 def _sandbox_or_fail():
