@@ -6,8 +6,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+from .terminal import shown
 
 
 def add_parsers(sub) -> None:
@@ -32,9 +36,13 @@ def add_parsers(sub) -> None:
                             "a time (default: two per three CPU cores, at most one per 6 GiB of GPU memory, at "
                             "most 16)")
     grade.add_argument("--cpu-workers", type=int, default=1, help="parallel submissions without a GPU")
-    grade.add_argument("--cell-timeout", type=float, default=300, help="seconds per test (default 300)")
+    grade.add_argument("--cell-timeout", type=float, default=300,
+                       help="seconds of its own time per test: the CPU time of the processes that run it and the "
+                            "time they wait (for anything but a CPU), at most the wall-clock time (default 300). A "
+                            "test still running after five times as long by the clock is stopped and, before it "
+                            "scores 0, run again alone")
     grade.add_argument("--submission-timeout", type=float, default=1200,
-                       help="seconds per submission, all of it (default 1200)")
+                       help="seconds of its own time per submission, all of it (default 1200)")
     grade.add_argument("--memory-gb", type=float, default=16, help="resident memory per submission (default 16)")
     grade.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=True,
                        help="run each submission under bubblewrap as a user without rights: no network, sees only "
@@ -81,6 +89,10 @@ def add_slurm_arguments(grade) -> None:
 def run(args) -> int:
     if args.command == "grade":
         if args.slurm or args.status:
+            problem = out_problem(Path(args.out)) if args.slurm and args.out else None
+            if problem:
+                print(f"fuselab grade: {problem}", file=sys.stderr)
+                return 3
             from .slurm import main_cli
             return main_cli(args)
         if args.submissions is None:
@@ -105,24 +117,70 @@ def run(args) -> int:
     return 2
 
 
+def out_problem(out: Path) -> str | None:
+    """Why grading cannot write into ``out``, said so a teaching assistant can fix it; None if it can. ``out`` (and
+    any missing parent) is made, and a file is written into it and removed."""
+    shown_out = shown(out)
+    try:
+        if out.exists() and not out.is_dir():
+            return f"--out {shown_out} is a file, not a folder: give a folder (a new one is made)"
+        out.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".fuselab-write-test-", dir=out)
+        os.close(handle)
+        os.unlink(probe)
+    except (NotADirectoryError, FileExistsError):
+        file = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        return f"--out {shown_out} cannot be made: {shown(file) if file else 'a part of its path'} is a file"
+    except PermissionError:
+        return f"--out {shown_out}: you ({_user()}) may not write there: choose a folder you can write to, or ask " \
+               "its owner for write permission"
+    except OSError as exc:
+        return f"--out {shown_out} cannot be written: {shown(exc.strerror or exc)}: choose another folder"
+    return None
+
+
+def _user() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return f"uid {os.geteuid()}"
+
+
 def main_grade(args) -> int:
+    from .pipeline import GradingRefused, Settings, check_out, default_out, grade
+    out = Path(args.out) if args.out else default_out()
+    try:
+        check_out(out, Path(args.submissions))
+    except GradingRefused as refused:
+        print(f"fuselab grade: {shown(refused)}", file=sys.stderr)
+        return 3
+    problem = out_problem(out)
+    if problem:
+        print(f"fuselab grade: {problem}{'' if args.out else ' (the default --out; give another with --out)'}",
+              file=sys.stderr)
+        return 3
+
     import torch
 
     from . import samplecheck
-    from .pipeline import Settings, default_out, grade
-    settings = Settings(out=Path(args.out) if args.out else default_out(), labs=args.labs, students=args.students,
+    settings = Settings(out=out, labs=args.labs, students=args.students,
                         force=args.force, gpus=args.gpus, jobs_per_gpu=args.jobs_per_gpu,
                         cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
                         notebook_run=args.notebook_run, feedback=not args.no_feedback,
                         roster=Path(args.roster) if args.roster else None, due=_due_arguments(args.due))
-    from .pipeline import GradingRefused
     try:
         result = grade(args.submissions, settings)
     except GradingRefused as refused:
-        print(f"fuselab grade: {refused}", file=sys.stderr)
+        print(f"fuselab grade: {shown(refused)}", file=sys.stderr)
         return 3
+    except OSError as exc:  # a disk that filled, an --out made read-only meanwhile: what was saved is kept there
+        where = f" ({shown(exc.filename)})" if exc.filename else ""
+        print(f"fuselab grade: grading stopped: {shown(exc.strerror or exc)}{where}. What was graded is saved in "
+              f"{shown(out)}: fix the cause and run the same command to resume", file=sys.stderr)
+        return 4
     print()
     if args.expect_samples:
         rows = samplecheck.compare(result.results, on_gpu=torch.cuda.is_available())
@@ -131,10 +189,13 @@ def main_grade(args) -> int:
     else:
         print(grade_table(result.results))
         failed = []
+    retried = retry_lines(result.results)
+    if retried:
+        print("\nran past a wall-clock limit (a busy machine?) and were run again alone:\n" + "\n".join(retried))
     for problem in result.problems:
-        print(f"not graded: {problem.where}: {problem.message}")
-    print(f"\ngrades:   {result.grades_csv}\nreport:   {result.out / 'report.html'}\n"
-          f"feedback: {result.out / 'feedback'}\ngradebook: {result.out / 'course' / 'gradebook.db'}")
+        print(f"not graded: {shown(problem.where)}: {shown(problem.message)}")
+    print(f"\ngrades:   {shown(result.grades_csv)}\nreport:   {shown(result.out / 'report.html')}\n"
+          f"feedback: {shown(result.out / 'feedback')}\ngradebook: {shown(result.out / 'course' / 'gradebook.db')}")
     return 1 if failed else 0
 
 
@@ -152,11 +213,25 @@ def grade_table(results) -> str:
     from .results import SubmissionResult
     lines = []
     for r in map(SubmissionResult.of, results):
-        tests = " ".join(f"{k.replace('test_', '')}={c.points:g}/{c.max_points:g}" for k, c in r.cells.items())
+        tests = " ".join(f"{shown(k.replace('test_', ''))}={c.points:g}/{c.max_points:g}" for k, c in r.cells.items())
         flags = r.attention
-        lines.append(f"{r.student + '/' + r.lab:<32} {r.total:>5g}/{r.max_total:<4g} {tests}"
+        lines.append(f"{shown(r.student + '/' + r.lab):<32} {r.total:>5g}/{r.max_total:<4g} {tests}"
                      f"{'  [' + str(flags) + ' flag(s)]' if flags else ''}")
     return "\n".join(lines)
+
+
+def retry_lines(results) -> list:
+    """One line per test that ran past a wall-clock limit: its first try, and what the retry alone gave."""
+    from .results import SubmissionResult
+    lines = []
+    for r in map(SubmissionResult.of, results):
+        for grade_id, cell in r.cells.items():
+            retry = cell.get("retry")
+            if isinstance(retry, dict) and retry:
+                lines.append(f"  {shown(r.student + '/' + r.lab)} {shown(grade_id)}: "
+                             f"retry: {shown(retry.get('retry', 'not run'))}; first try: "
+                             f"{shown(retry.get('first_try', ''))}")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..course import sample_class
 from .results import SubmissionResult
+from .terminal import shown
 
 
 def verdict_class(points: float, maximum: float) -> str:
@@ -51,15 +52,15 @@ def compare(results: list, on_gpu: bool) -> list:
 
 def table(rows: list) -> str:
     lines = []
-    width = max([len(f"{r['sample']}/{r['lab']}") for r in rows] + [10])
+    width = max([len(shown(f"{r['sample']}/{r['lab']}")) for r in rows] + [10])
     for r in rows:
         mark = "ok  " if r["ok"] else "MISS"
-        tests = " ".join(f"{k.replace('test_', '')}={p:g}/{m:g}" for k, (p, m, _) in r["cells"].items())
-        lines.append(f"{mark} {r['sample'] + '/' + r['lab']:<{width}} {r['total']:>5g}/{r['max']:<4g} {tests}"
+        tests = " ".join(f"{shown(k.replace('test_', ''))}={p:g}/{m:g}" for k, (p, m, _) in r["cells"].items())
+        lines.append(f"{mark} {shown(r['sample'] + '/' + r['lab']):<{width}} {r['total']:>5g}/{r['max']:<4g} {tests}"
                      f"{'  [' + str(r['flags']) + ' flag(s)]' if r['flags'] else ''}  {r['seconds']:.0f}s")
         lines.append(f"     {'':<{width}} {r['why']}")
         for miss in r["mismatches"]:
-            lines.append(f"     {'':<{width}} !! {miss}")
+            lines.append(f"     {'':<{width}} !! {shown(miss)}")
     return "\n".join(lines)
 
 
