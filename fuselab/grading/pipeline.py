@@ -36,6 +36,7 @@ from ..labs import registry
 from . import feedback, intake, isolate, nbgrader_run, recheck, report, roster, schedule, term
 from .lease import grading_lease
 from .results import CellResult, SubmissionResult
+from .terminal import shown
 from .untrusted import Folder
 
 RUNS = course.GRADER / "runs"
@@ -50,8 +51,10 @@ class Settings:
     gpus: object = "auto"
     jobs_per_gpu: int | None = None     # submissions sharing a GPU (timings still get it alone); None: by CPU count
     cpu_workers: int = 1
-    cell_timeout: float = 300.0
+    cell_timeout: float = 300.0        # a test's own time (recheck: CPU time per thread, or wall if less)
     submission_timeout: float = 1200.0
+    cell_wall_timeout: float | None = None        # the wall-clock backstops (default: recheck.WALL_BACKSTOP times
+    submission_wall_timeout: float | None = None  # the limits); a test stopped by one is retried alone
     memory_bytes: int = 16 * 2**30
     sandbox: bool = True               # False only on an explicit --no-sandbox
     notebook_run: bool = False         # also nbgrader's own autograde of each notebook (--notebook-run)
@@ -234,14 +237,71 @@ def prepare(run: SubmissionRun) -> None:
     run.instructor = json.loads((course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)).read_text())
 
 
+def _time_limits(settings: Settings) -> dict:
+    return dict(cell_timeout=settings.cell_timeout, total_timeout=settings.submission_timeout,
+                wall_timeout=settings.cell_wall_timeout, total_wall_timeout=settings.submission_wall_timeout)
+
+
 def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
     """The verdicts: the instructor's notebook in the checker, the student's code in its workers (``recheck``)."""
     settings = run.settings
     run.clean = recheck.run_clean(run.instructor, json.loads(Path(run.sub.notebook).read_text()),
-                                  run.workdir / "clean", cell_timeout=settings.cell_timeout,
-                                  total_timeout=settings.submission_timeout, limits=run.limits,
+                                  run.workdir / "clean", **_time_limits(settings), limits=run.limits,
                                   env=_base_env(settings, run.workdir / "clean", run.device), device=run.device,
                                   sandbox=settings.sandbox, hide=run.hide, lease=run.lease, on_cell=on_cell)
+
+
+class _Alone:
+    """The submissions' graded runs share the machine (``sharing``); a retry of tests that ran past a wall-clock
+    limit runs with none of them (``alone``): it waits for those running to end, and none starts meanwhile."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._running = 0
+        self._waiting = 0      # retries waiting for the machine
+        self._alone = False
+
+    @contextlib.contextmanager
+    def sharing(self):
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self):
+        with self._changed:
+            self._waiting += 1
+            self._changed.wait_for(lambda: not self._alone and not self._running)
+            self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
+ALONE = _Alone()  # one per grader process: "alone" means no other submission of this grader is running
+
+
+def retry_overruns(run: SubmissionRun) -> None:
+    """Tests a wall-clock limit stopped (a busy machine may have starved them, ``recheck``) run again, alone, with
+    a longer backstop, before they can score 0; their verdicts say so (``CellVerdict.retry``)."""
+    if not run.clean.retries_due:
+        return
+    settings = run.settings
+    with ALONE.alone():
+        recheck.retry_overruns(run.clean, run.instructor, json.loads(Path(run.sub.notebook).read_text()),
+                               run.workdir / "retry", **_time_limits(settings), limits=run.limits,
+                               env=_base_env(settings, run.workdir / "retry", run.device), device=run.device,
+                               sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
 
 
 def no_notebook_run() -> dict:
@@ -252,11 +312,12 @@ def no_notebook_run() -> dict:
 def graded_runs(run: SubmissionRun) -> None:
     """The clean recheck, whose verdicts are the grade; with ``--notebook-run`` nbgrader's own run of the notebook
     beside it (``both_runs``)."""
-    if run.settings.notebook_run:
-        both_runs(run)
-    else:
-        clean_recheck(run)
-        run.notebook_run = no_notebook_run()
+    with ALONE.sharing():
+        if run.settings.notebook_run:
+            both_runs(run)
+        else:
+            clean_recheck(run)
+            run.notebook_run = no_notebook_run()
 
 
 def both_runs(run: SubmissionRun) -> None:
@@ -382,7 +443,7 @@ def save(run: SubmissionRun) -> None:
 # what the sandboxes of a submission wrote (its checker's and workers' folders, build caches, nbgrader's scratch
 # course): removed once it is graded, never following a link. Kept: result.json and nbgrader's autograded
 # notebook, which the grader copied out of the scratch course (``nbgrader_run``)
-LEFTOVERS = ("clean", "cache", "nbgrader", "nbgrader-gradebook.db")
+LEFTOVERS = ("clean", "retry", "cache", "nbgrader", "nbgrader-gradebook.db")
 
 
 def tidy(run: SubmissionRun) -> None:
@@ -396,7 +457,7 @@ def tidy(run: SubmissionRun) -> None:
                 run.notes.append(f"could not remove {name} from the submission's folder after grading: {exc}")
 
 
-SUBMISSION_STEPS = (prepare, graded_runs, combine_runs, scrub_messages, stamp, sandbox_held, save)
+SUBMISSION_STEPS = (prepare, graded_runs, retry_overruns, combine_runs, scrub_messages, stamp, sandbox_held, save)
 
 
 def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
@@ -519,6 +580,8 @@ def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list, ha
     for grade_id, verdict in clean.cells.items():
         in_notebook = notebook_run["cells"].get(grade_id)
         entry = CellResult.from_verdict(verdict, notebook_points=in_notebook[0] if in_notebook else None)
+        if verdict.retry:  # ran past a wall-clock limit: what the first try was, and what the retry alone gave
+            entry.extra["retry"] = dict(verdict.retry)
         if in_notebook is not None and in_notebook[0] is not None:
             if verdict.speed and in_notebook[0] > 1e-6:
                 # the notebook run measures no speed (it leaves that to the clean recheck) and scores such a cell 0
@@ -666,7 +729,7 @@ def _grade(source, settings: Settings) -> ClassResult:
 
     def done(sub, result):
         if bar is not None:
-            bar.set_postfix_str(f"{sub.student}/{sub.lab}")
+            bar.set_postfix_str(shown(f"{sub.student}/{sub.lab}"))
             bar.update(1)
 
     stop = threading.Event()

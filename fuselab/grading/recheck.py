@@ -21,6 +21,16 @@ rerun; builds come from the cache), so a fault costs only the test that touched 
 context in a cell that is *not* graded (a demo) stops the run: every later test scores 0 and says why, never
 full marks.
 
+Time limits do not depend on how busy the machine is. A cell's limit counts its *own* time (``TreeMeter``): the
+CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
+per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
+that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count,
+nor does time stopped or waiting for the GPU. A cell past its own time (an endless loop, a hang) scores 0
+"timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
+stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
+grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
+before it can score 0.
+
 After the run, a graded speed test scores only if the correctness tests it requires (``speed_requires`` in
 ``fuselab/speed/policy.json``) passed in this same clean run.
 """
@@ -38,7 +48,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import course
+from .. import course, proctree
 from .. import notebook as ipynb
 from ..kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from ..build import shared as shared_builds
@@ -60,6 +70,9 @@ class CellVerdict:
     seconds: float = 0.0
     speed: list = field(default_factory=list)  # records of fuselab.speed.speedup_test
     requires_failed: list = field(default_factory=list)  # correctness tests a speed test needed and that failed
+    # a wall-clock overrun that load may have caused: {"first_try": why} while a retry is due; after the retry
+    # also "retry": what it gave (``retry_overruns``)
+    retry: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +92,11 @@ class CleanResult:
         return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
                 "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s,
                 "gpu_held_s": self.gpu_held_s, "gpu_holds": self.gpu_holds, "timeline": self.timeline}
+
+    @property
+    def retries_due(self) -> list:
+        """The tests stopped by a wall-clock limit (``CellVerdict.retry``) that no retry has run yet."""
+        return [k for k, v in self.cells.items() if v.retry and "retry" not in v.retry]
 
     @classmethod
     def from_json(cls, data):
@@ -273,6 +291,75 @@ class PauseLog:
         return before[-1] if before else 0.0
 
 
+WALL_BACKSTOP = 5.0   # a cell's (and a submission's) wall-clock limit, in multiples of its limit of own time
+RETRY_BACKSTOP = 2.0  # a retry's wall-clock limit, in multiples of the first try's (its default at least)
+RETRIED = "retried alone"  # the timeline's entry for the retries' time
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``: its threads', and its children's that it has waited for (0 where it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / _TICKS   # utime, stime, cutime, cstime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _running(pid: int) -> bool:
+    """Whether a thread of ``pid`` is running or waiting for a CPU (state R)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+class TreeMeter:
+    """What the process trees below ``roots`` (the checker's and its workers' keepers) did so far, read from /proc
+    at most every ``every_s``: ``(cpu, blocked)``, the CPU seconds they used and the seconds during which none of
+    their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped), sampled.
+
+    A process that ends is counted in the one that waits for it (its keeper at worst), so the CPU sum only grows;
+    a reading never goes back (a process seen between its end and its parent's wait)."""
+
+    def __init__(self, roots, every_s: float = 0.5):
+        self.roots = [root for root in roots if root]
+        self.every_s = every_s
+        self._read_at, self._cpu, self._blocked = None, 0.0, 0.0
+
+    def read(self) -> tuple:
+        now = time.monotonic()
+        if self._read_at is None or now - self._read_at >= self.every_s:
+            parent_of = proctree.parents()
+            pids = set()
+            for root in self.roots:
+                pids |= {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
+            self._cpu = max(self._cpu, sum(map(_process_cpu, pids)))
+            if self._read_at is not None and pids and not any(map(_running, pids)):
+                self._blocked += now - self._read_at
+            self._read_at = now
+        return self._cpu, self._blocked
+
+
+def cpu_threads(env: dict) -> int:
+    """How many CPU threads a child may keep busy (``OMP_NUM_THREADS``, else every core it may use): CPU time is
+    divided by it, so a test that runs on several threads is not charged more than its wall-clock time."""
+    try:
+        return max(1, int(env.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, len(os.sched_getaffinity(0)))
+
+
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
 SLOT_WAIT, LEASE_WAIT, HELD = "waiting for a speed test slot", "waiting for the GPU alone", "the GPU held alone"
 STOPPED = "stopped for others' timings"  # anywhere in the run: the other submissions' holds of the GPU
@@ -293,8 +380,17 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
 
 def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
               limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=(),
-              lease=None, kernels_in_worker=True, on_cell=None, skip_demos=True) -> CleanResult:
+              lease=None, kernels_in_worker=True, on_cell=None, skip_demos=True, wall_timeout=None,
+              total_wall_timeout=None, only=None, check_requirements=True) -> CleanResult:
     """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
+
+    ``cell_timeout``, ``total_timeout``: a cell's and the whole run's limits of *own* time (the module's doc);
+    ``wall_timeout``, ``total_wall_timeout``: their wall-clock backstops (default ``WALL_BACKSTOP`` times them).
+    A cell or a run stopped by a backstop is marked for a retry (``CellVerdict.retry``, ``retry_overruns``).
+
+    ``only``: run only these graded tests (and the cells before them that are not tests: their setup).
+    ``check_requirements``: zero speed tests whose required correctness tests failed (off for a retry, which
+    checks after merging).
 
     ``kernels_in_worker``: a student's kernels are built, loaded and launched in the solution worker (into its
     own build cache). Off only for the instructor's reference run, whose kernels fill the shared builds.
@@ -319,18 +415,30 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         return _run_clean(box, instructor_nb, student_nb, workdir, cell_timeout=cell_timeout,
                           total_timeout=total_timeout, limits=limits, env=env, device=device, sandbox=sandbox,
                           hide=hide, lease=lease, kernels_in_worker=kernels_in_worker, on_cell=on_cell,
-                          skip_demos=skip_demos)
+                          skip_demos=skip_demos, wall_timeout=wall_timeout or WALL_BACKSTOP * cell_timeout,
+                          total_wall_timeout=total_wall_timeout or WALL_BACKSTOP * total_timeout, only=only,
+                          check_requirements=check_requirements)
     finally:
         box.close()
 
 
 def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_timeout, limits, env, device,
-               sandbox, hide, lease, kernels_in_worker, on_cell, skip_demos) -> CleanResult:
+               sandbox, hide, lease, kernels_in_worker, on_cell, skip_demos, wall_timeout, total_wall_timeout, only,
+               check_requirements) -> CleanResult:
     cells, flags = clean_plan(instructor_nb, student_nb, skip_demos=skip_demos)
+    if only is not None:
+        cells = _only(cells, only)
     plan_path = workdir / "clean-plan.json"
     graded = [c for c in cells if c["graded"]]
     verdicts: dict = {}
     env = runner_env(env if env is not None else os.environ, workdir, device)
+    threads = cpu_threads(env)
+    # a build is one step of a cell: on a busy machine it must not be stopped before the cell's own limits would
+    try:
+        build_timeout = float(env.get("FUSELAB_BUILD_TIMEOUT") or 300)
+    except ValueError:
+        build_timeout = 300.0
+    env["FUSELAB_BUILD_TIMEOUT"] = str(max(build_timeout, wall_timeout + 60))
     if lease is not None:
         env["FUSELAB_GPU_LEASE"] = str(workdir)
     if not kernels_in_worker:
@@ -338,6 +446,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
+    cpu_before, blocked_before = 0.0, 0.0  # what the processes of the run's earlier starts used
     gpu_holds: list = []
     timeline: dict = {}
     by_index = {c["index"]: c for c in cells}
@@ -369,9 +478,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             for fd in (*fds, *kernel_fds):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, box, child, tag)
-        stop_reason, cell_started = None, None   # (index, paused seconds when it started)
+        # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
+        stop_reason, cell_started, ran_over = None, None, False
         announced = 0  # this process's cell starts already passed to ``on_cell``
         pauses = PauseLog()
+        meter = TreeMeter([child.process.pid, worker.process.pid, kernel_worker and kernel_worker.process.pid])
         try:
             while child.alive():
                 time.sleep(0.05)
@@ -380,17 +491,26 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 events = _read_events(events_file)
                 running = events[-1] if events and events[-1].get("event") == "start" else None
                 paused = server.paused_s()
+                cpu, blocked = meter.read()
                 announced = _announce(events, announced, by_index, on_cell)
                 if running and (cell_started is None or cell_started[0] != running.get("index")):
-                    cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))))
+                    cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))), cpu,
+                                    blocked)
+                if stop_reason is not None:
+                    continue  # stopped: waiting for it to end
                 if server.stop_reason:
                     stop_reason = server.stop_reason
-                    child.stop()
-                elif running and time.time() - _event_time(running) - (paused - cell_started[1]) > cell_timeout:
-                    stop_reason = f"timed out after {cell_timeout:.0f} s (the test's time limit)"
-                    child.stop()
-                elif time.monotonic() - started - paused_before - paused > total_timeout:
-                    stop_reason = f"the submission's time limit ({total_timeout:.0f} s) ran out"
+                elif running:
+                    # waiting for the GPU or stopped for others' timings is a pause: neither its clock nor its own
+                    in_pause = paused - cell_started[1]
+                    own = (cpu - cell_started[2]) / threads + max(0.0, blocked - cell_started[3] - in_pause)
+                    stop_reason, ran_over = _over_time(time.time() - _event_time(running) - in_pause, own,
+                                                       cell_timeout, wall_timeout, "the test's")
+                if stop_reason is None:
+                    own = (cpu_before + cpu) / threads + max(0.0, blocked_before + blocked - paused_before - paused)
+                    stop_reason, ran_over = _over_time(time.monotonic() - started - paused_before - paused, own,
+                                                       total_timeout, total_wall_timeout, "the submission's")
+                if stop_reason is not None:
                     child.stop()
         except BaseException:
             child.stop()  # never left running (or registered) behind a grader error
@@ -403,6 +523,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                     helper.stop(timed_out=False)
                     helper.wait(timeout=10)
         paused_before += server.paused_s()
+        cpu, blocked = meter.read()
+        cpu_before, blocked_before = cpu_before + cpu, blocked_before + blocked
         stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
         flags += server.notes
         gpu_wait += server.waited_s
@@ -430,10 +552,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         if last and last["event"] == "done":
             break
         # the process ended early: which cell did it die in, and why?
+        due = {"first_try": stop_reason} if ran_over else None  # a wall-clock overrun: retried before it counts
         if last is None:
             why = stop_reason or f"the checking process {outcome.describe()} before running any cell: " \
                                  f"{outcome.stderr.strip()[-500:]}"
-            _fail_rest(verdicts, graded, why, status="not run")
+            _fail_rest(verdicts, graded, why, status="not run", retry=due)
             break
         culprit = by_index[last["index"]]
         if last["event"] == "poisoned":
@@ -451,9 +574,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 verdicts[culprit["grade_id"]] = CellVerdict(
                     culprit["grade_id"], 0.0, culprit["points"],
                     "timed out" if "timed out" in why else "crashed", why,
-                    seconds=time.time() - _event_time(last))
+                    seconds=time.time() - _event_time(last), retry=dict(due or {}))
             if "submission's time limit" in why:
-                _fail_rest(verdicts, graded, why, status="not run")
+                _fail_rest(verdicts, graded, why, status="not run", retry=due)
                 break
             start = culprit["index"] + 1
             restarts += 1
@@ -462,11 +585,12 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             continue
         label = culprit["grade_id"] or f"cell {culprit['index']}"
         _fail_rest(verdicts, graded, f"the notebook stopped in {label} (not a graded cell) before this test: {why}",
-                   status="not run")
+                   status="not run", retry=due)
         break
     box.remove(TRANSFER)  # as large as the largest launch's buffers: not kept
     _fail_rest(verdicts, graded, "", status="not run")
-    speed_needs_correctness(verdicts)
+    if check_requirements:
+        speed_needs_correctness(verdicts)
     from ..native_check import REFUSED_MARK
     refused = sorted({g for g, v in verdicts.items() if REFUSED_MARK in v.message})
     if refused:
@@ -476,6 +600,40 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
                        gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
+
+
+def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0,
+                   total_timeout=1800.0, wall_timeout=None, total_wall_timeout=None, **run_args) -> CleanResult:
+    """Run again, in ``workdir``, the tests of ``first`` that a wall-clock backstop stopped (``retries_due``), with
+    backstops ``RETRY_BACKSTOP`` times as long and the same limits of own time; ``first`` takes their verdicts,
+    each saying what its first try was (``CellVerdict.retry``). The caller makes sure no other submission of its
+    own runs meanwhile. A speed test zeroed because a retried test failed is run again too (speed counts only for
+    a kernel that passed in the same run: the requirements are checked again on the merged verdicts)."""
+    due = first.retries_due
+    if not due:
+        return first
+    speed_after = [k for k, v in first.cells.items() if set(v.requires_failed) & set(due) and k not in due]
+    wall_timeout = RETRY_BACKSTOP * max(wall_timeout or 0.0, WALL_BACKSTOP * cell_timeout)
+    total_wall_timeout = RETRY_BACKSTOP * max(total_wall_timeout or 0.0, WALL_BACKSTOP * total_timeout)
+    again = run_clean(instructor_nb, student_nb, workdir, cell_timeout=cell_timeout, total_timeout=total_timeout,
+                      wall_timeout=wall_timeout, total_wall_timeout=total_wall_timeout, only=[*due, *speed_after],
+                      check_requirements=False, **run_args)
+    for grade_id in [*due, *speed_after]:
+        before, after = first.cells[grade_id], again.cells[grade_id]
+        if grade_id in due:
+            after.retry = {"first_try": before.retry["first_try"],
+                           "retry": f"{after.status}, {after.points:g} of {after.max_points:g} points in "
+                                    f"{after.seconds:.0f} s" + (f" ({after.retry['first_try']})" if after.retry else "")}
+        first.cells[grade_id] = after
+    speed_needs_correctness(first.cells, among=[*due, *speed_after])
+    first.flags += [flag for flag in again.flags if flag not in first.flags]
+    first.restarts += again.restarts
+    first.seconds += again.seconds
+    first.gpu_wait_s += again.gpu_wait_s
+    first.gpu_held_s += again.gpu_held_s
+    first.gpu_holds += again.gpu_holds
+    first.timeline[RETRIED] = round(first.timeline.get(RETRIED, 0.0) + again.seconds, 3)
+    return first
 
 
 TRANSFER = "kernel-process/transfer.bin"  # in the checker's folder
@@ -508,12 +666,15 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
     return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
 
 
-def speed_needs_correctness(verdicts: dict, policy=None) -> None:
+def speed_needs_correctness(verdicts: dict, policy=None, among=None) -> None:
     """Zero every speed test whose timed kernel failed a correctness test it requires (``speed_requires`` in the
-    policy), in this same clean run: a fast kernel that is wrong earns no speed points."""
+    policy), in this same clean run: a fast kernel that is wrong earns no speed points. ``among``: check only
+    these tests (the others were checked already)."""
     from .. import speed
     policy = policy or speed.load_policy()
     for grade_id, verdict in verdicts.items():
+        if among is not None and grade_id not in among:
+            continue
         tests = {r.get("test") for r in verdict.speed if isinstance(r, dict)}
         required = [name for test in sorted(t for t in tests if isinstance(t, str))
                     for name in policy["tests"].get(test, {}).get("speed_requires", [])]
@@ -557,7 +718,29 @@ def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) 
         add(events[-1]["index"], max(0.0, time.time() - _event_time(events[-1])))
 
 
-def _fail_rest(verdicts, graded, why, status):
+def _fail_rest(verdicts, graded, why, status, retry=None):
     for cell in graded:
         if cell["grade_id"] not in verdicts:
-            verdicts[cell["grade_id"]] = CellVerdict(cell["grade_id"], 0.0, cell["points"], status, why)
+            verdicts[cell["grade_id"]] = CellVerdict(cell["grade_id"], 0.0, cell["points"], status, why,
+                                                     retry=dict(retry or {}))
+
+
+def _over_time(wall: float, own: float, limit: float, wall_limit: float, whose: str):
+    """``(why, ran_over)`` for a cell (or a run) past its limit of own time or its wall-clock backstop, else
+    ``(None, False)``. ``own``: the module doc's, never more than ``wall`` (a test on more threads than it has
+    cores). ``ran_over``: only the backstop stopped it."""
+    own = min(wall, own)
+    if own > limit:
+        return f"timed out after {limit:.0f} s of its own time ({whose} time limit)", False
+    if wall > wall_limit:
+        return (f"timed out: still running after {wall_limit:.0f} s of wall-clock time, {own:.0f} s of them its own "
+                f"({whose} time limit is {limit:.0f} s of its own time)"), True
+    return None, False
+
+
+def _only(cells: list, grade_ids) -> list:
+    """The plan for ``grade_ids`` alone: the cells that are not tests, and those tests, up to the last of them."""
+    grade_ids = set(grade_ids)
+    kept = [c for c in cells if not c["graded"] or c["grade_id"] in grade_ids]
+    last = max((k for k, c in enumerate(kept) if c["graded"]), default=-1)
+    return kept[: last + 1]

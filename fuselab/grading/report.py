@@ -243,6 +243,11 @@ def markdown(class_result) -> str:
         attention += [f"- {who}: {_md(c.status)} in {_md(t)}: "
                       f"{_md(c.message.splitlines()[0], 200) if c.message else ''}"
                       for t, c in r.cells.items() if c.status in ("crashed", "timed out")]
+        # a test a wall-clock limit stopped (a busy machine, or a hang) was run again alone before it could score 0
+        attention += [f"- {who}: {_md(t)} ran past a wall-clock limit and was **run again alone**: "
+                      f"{_md(c.get('retry').get('retry', 'not run'), 200)} (first try: "
+                      f"{_md(c.get('retry').get('first_try', ''), 200)})"
+                      for t, c in r.cells.items() if isinstance(c.get("retry"), dict) and c.get("retry")]
     attention += [f"- {_md(p.student or '?')}{'/' + _md(p.lab) if p.lab else ''}: **not graded**: "
                   f"{_md(p.where, 300)}: {_md(p.message, 500)}" for p in class_result.problems]
     attention += [f"- {_md(student)}/{_md(lab)}: feedback: {_md(problem, 300)}"

@@ -1,0 +1,185 @@
+"""Grades that do not depend on how busy the machine is.
+
+A test's limit counts its own time (the CPU time of the checker and its workers); only a wall-clock backstop
+stops a test that waits, and a test it stopped is run again alone before it scores 0 (``recheck.retry_overruns``,
+``pipeline.retry_overruns``). The small synthetic notebooks here run in seconds; the sample class graded beside
+CPU hogs is ``test_a_busy_machine_gives_every_sample_its_grade``.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from fuselab.grading import isolate, pipeline, recheck, samplecheck
+
+from .test_grader_isolation import _cell, _notebook
+
+
+def _instructor(middle):
+    return _notebook([
+        _cell("import time\nVALUE = 41", "setup"),
+        _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
+        _cell("assert answer() == 42", "test_first", graded=True, points=2),
+        *middle,
+        _cell("assert answer() == 42", "test_last", graded=True, points=3),
+    ])
+
+
+def _run(nb, workdir, **limits):
+    return recheck.run_clean(nb, nb, workdir, limits=isolate.Limits(memory_bytes=2 * 2**30), **limits)
+
+
+# 2 s of its own time per test; 2 s by the clock on the first try (a retry gets 2 x 5 x 2 s = 20 s by the clock)
+LIMITS = dict(cell_timeout=2.0, wall_timeout=2.0, total_timeout=60.0)
+
+
+def _retry(first, nb, tmp_path):
+    return recheck.retry_overruns(first, nb, nb, tmp_path / "retry", **LIMITS,
+                                  limits=isolate.Limits(memory_bytes=2 * 2**30))
+
+
+def test_a_test_starved_of_the_cpu_is_retried_and_keeps_its_points(tmp_path, monkeypatch):
+    # a busy machine, as the grader sees it: the test's processes are runnable all along (state R) but get no
+    # CPU time, so its clock runs and its own time does not
+    monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    nb = _instructor([_cell("time.sleep(4)\nassert answer() == 42", "test_slow", graded=True, points=1)])
+    first = _run(nb, tmp_path / "first", **LIMITS)
+    slow = first.cells["test_slow"]
+    assert slow.points == 0 and slow.status == "timed out" and "wall-clock" in slow.message
+    assert first.retries_due == ["test_slow"]
+    assert first.cells["test_first"].points == 2 and first.cells["test_last"].points == 3  # grading went on
+    result = _retry(first, nb, tmp_path)
+    slow = result.cells["test_slow"]
+    assert slow.points == 1 and slow.status == "passed"
+    assert "wall-clock" in slow.retry["first_try"] and slow.retry["retry"].startswith("passed, 1 of 1 points")
+    assert result.retries_due == []
+    assert result.cells["test_first"].points == 2 and result.cells["test_last"].points == 3
+    assert result.timeline[recheck.RETRIED] > 0
+
+
+def test_a_starved_hang_still_scores_zero_in_bounded_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    nb = _instructor([_cell("time.sleep(10_000)", "test_hang", graded=True, points=1)])
+    started = time.monotonic()
+    result = _retry(_run(nb, tmp_path / "first", **LIMITS), nb, tmp_path)
+    hang = result.cells["test_hang"]
+    assert hang.points == 0 and hang.status == "timed out"
+    assert "wall-clock" in hang.retry["first_try"] and hang.retry["retry"].startswith("timed out, 0 of 1 points")
+    assert result.cells["test_last"].points == 3
+    assert time.monotonic() - started < 240  # backstops of 2 s and 20 s, plus process starts on a loaded machine
+
+
+@pytest.mark.parametrize("source", ["while True:\n    pass", "time.sleep(10_000)"])
+def test_an_endless_loop_or_a_hang_is_stopped_by_its_own_time_and_not_retried(tmp_path, source):
+    nb = _instructor([_cell(source, "test_stuck", graded=True, points=1)])
+    # a backstop far away: what stops it is the CPU time it burns, or the time it waits, whatever the load
+    result = _run(nb, tmp_path, cell_timeout=2.0, wall_timeout=600.0, total_timeout=600.0)
+    stuck = result.cells["test_stuck"]
+    assert stuck.points == 0 and stuck.status == "timed out" and "own time" in stuck.message
+    assert stuck.retry == {} and result.retries_due == []
+    assert result.cells["test_last"].points == 3
+
+
+def test_the_cpu_of_a_tree_counts_its_descendants():
+    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass']); "
+            "import time; time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        meter = recheck.TreeMeter([child.pid], every_s=0.0)
+        deadline = time.monotonic() + 120
+        while meter.read()[0] < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert meter.read()[0] >= 1.0  # the grandchild's second, while it ran and after its parent reaped it
+        blocked = meter.read()[1]
+        time.sleep(1.5)
+        assert meter.read()[1] - blocked >= 1.0  # now it sleeps: none of its threads runs
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_retry_runs_with_no_other_submission_running():
+    gate, log = pipeline._Alone(), []
+    first_in, release = threading.Event(), threading.Event()
+
+    def submission(name, hold):
+        with gate.sharing():
+            log.append(f"{name} in")
+            first_in.set()
+            hold.wait(30)
+            log.append(f"{name} out")
+
+    def retry():
+        with gate.alone():
+            log.append("retry in")
+            time.sleep(0.2)
+            log.append("retry out")
+
+    running = threading.Thread(target=submission, args=("a", release))
+    running.start()
+    first_in.wait(30)
+    retrying = threading.Thread(target=retry)
+    retrying.start()
+    time.sleep(0.2)
+    done = threading.Event()
+    done.set()
+    later = threading.Thread(target=submission, args=("b", done))
+    later.start()  # waits: a retry is waiting for the machine
+    time.sleep(0.2)
+    assert log == ["a in"]
+    release.set()
+    for thread in (running, retrying, later):
+        thread.join(30)
+    assert log[:4] == ["a in", "a out", "retry in", "retry out"] and log[4] == "b in"
+
+
+# --- the sample class on a busy machine ---------------------------------------------------------------------------
+
+# Lab 0's correct sample and its endless one, beside a CPU hog per core. Each test's own limit is CI's (30 s; the
+# slowest of these tests needs about half of it), its first try's clock limit so tight that the correct sample's
+# tests run past it: they are retried alone, beside the hogs still, with a backstop of 2 x 5 x 30 s.
+BUSY_CLASS = [("correct", "lab0"), ("endless", "lab0")]
+BUSY_LIMITS = dict(cell_timeout=30.0, cell_wall_timeout=5.0, submission_timeout=400.0)
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("busy")
+    examples = samplecheck.stage(out / "examples", BUSY_CLASS)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(max(1, len(os.sched_getaffinity(0))))]
+    try:
+        started = time.monotonic()
+        result = pipeline.grade(examples, pipeline.Settings(out=out / "run", progress=False, feedback=False,
+                                                            cpu_workers=2, **BUSY_LIMITS))
+        seconds = time.monotonic() - started
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    return {"result": result, "seconds": seconds}
+
+
+def test_a_busy_machine_gives_every_sample_its_grade(busy):
+    result = busy["result"]
+    rows = samplecheck.compare(result.results, on_gpu=False)
+    assert sorted((r["sample"], r["lab"]) for r in rows) == sorted(BUSY_CLASS)
+    assert all(r["ok"] for r in rows), "\n" + samplecheck.table(rows)
+    by = {(r.student, r.lab): r for r in result.results}
+    retried = {(r.student, r.lab, test): cell.get("retry") for r in result.results
+               for test, cell in r.cells.items() if cell.get("retry")}
+    assert retried, "no test ran past its first try's clock limit: the limits no longer make the machine busy"
+    for (student, lab, test), retry in retried.items():
+        assert "wall-clock" in retry["first_try"] and "retry" in retry
+    report = (result.out / "report.md").read_text()
+    assert "run again alone" in report
+    student, lab, test = next(iter(retried))
+    assert f"{student}/{lab}: {test} ran past a wall-clock limit" in report
+    # the endless kernel: 0, "timed out", by its own time (on the first try or on the retry)
+    endless = by[("endless", "lab0")].cells["test_fused"]
+    assert endless.points == 0 and endless.status == "timed out" and "own time" in endless.message
