@@ -32,7 +32,7 @@ from .. import course
 from .. import notebook as ipynb
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
-from . import feedback, intake, isolate, nbgrader_run, recheck, report, roster, schedule, term
+from . import feedback, handgrading, intake, isolate, nbgrader_run, recheck, report, roster, schedule, term
 from .lease import grading_lease
 from .results import CellResult, SubmissionResult
 
@@ -711,10 +711,14 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
         lab_pages = {**lab_pages, **(feedback.lab_sources(missing_pages) if missing_pages else {})}
     late = {(s.student, s.lab): s for s in class_result.standings}
     for result in ordered:
-        notebook_copy = result.notebook_autograded or result.notebook
+        # formgrader's copy is the notebook as submitted, never nbgrader's executed one (which holds the hidden
+        # tests, and what the student's code printed while they ran): nbgrader's feedback buttons render it
+        notebook_copy = result.notebook or result.notebook_autograded
         standing = late.get((result.student, result.lab))
         nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy),
                             timestamp=standing.submitted if standing else None)
+    # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
+    ordered = handgrading.apply(ordered, course_root / "gradebook.db")
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
         # ran) and the verdicts; never from what nbgrader's run printed
