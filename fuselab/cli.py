@@ -35,7 +35,8 @@ def main(argv=None) -> int:
         return formgrader(args.run, port=args.port, ip=args.ip)
     if args.command == "doctor":
         from .doctor import main as doctor
-        return doctor()
+        from .grading.readiness import sandbox_finding
+        return doctor(extra_checks=[sandbox_finding])
     if args.command == "demo":
         from .tools.demo import main as demo_main
         return demo_main(backend=args.backend, size=args.size)
