@@ -43,8 +43,9 @@ def add_parsers(sub) -> None:
     grade.add_argument("--notebook-run", action="store_true",
                        help="also autograde each notebook with nbgrader as submitted (the student's code and the "
                             "hidden tests in one kernel, beside the clean recheck): its scores never count, where "
-                            "they differ the report says so, its executed notebook goes to course/autograded/ "
-                            "(default: the notebook as submitted goes there). About half again the CPU time")
+                            "they differ the report says so, its executed notebook stays in the submission's "
+                            "work/ folder for you (formgrader gets the notebook as submitted). About half again "
+                            "the CPU time")
     grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
     grade.add_argument("--expect-samples", action="store_true",
                        help="the submissions are the sample class: check every verdict against its sample")
