@@ -10,40 +10,52 @@ writes there 0) nothing is drawn.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 
 from ..timing.progress import in_jupyter_kernel
 
 
-class _Silent:
-    def update(self, n=1):
-        pass
+class Phase:
+    """A bar for one phase of ``total`` steps (tqdm's ``update`` and ``set_postfix_str``); ``close`` ends it.
+    Also a context manager. Silent where ``enabled`` is false or inside a Jupyter kernel."""
 
-    def set_postfix_str(self, text):
-        pass
+    def __init__(self, name: str, total: int, unit: str, enabled: bool = True):
+        self.bar = None
+        if not enabled or in_jupyter_kernel():
+            return
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=name, unit=unit, file=sys.stderr, leave=True, dynamic_ncols=True)
+        self._stop = threading.Event()
+        # the elapsed time moves while a long step (a reference run: minutes) has not ended
+        self._ticker = threading.Thread(target=self._tick, name=f"progress {name}", daemon=True)
+        self._ticker.start()
+
+    def _tick(self):
+        while not self._stop.wait(1.0):
+            self.bar.refresh()
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def set_postfix_str(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self._stop.set()
+            self._ticker.join()
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
-@contextlib.contextmanager
-def phase(name: str, total: int, unit: str, enabled: bool = True):
-    """A bar for one phase of ``total`` steps; yields an object with tqdm's ``update`` and ``set_postfix_str``."""
-    if not enabled or in_jupyter_kernel():
-        yield _Silent()
-        return
-    from tqdm import tqdm
-    bar = tqdm(total=total, desc=name, unit=unit, file=sys.stderr, leave=True, dynamic_ncols=True)
-    stop = threading.Event()
-
-    def tick():  # the elapsed time moves while a long step (a reference run: minutes) has not ended
-        while not stop.wait(1.0):
-            bar.refresh()
-
-    ticker = threading.Thread(target=tick, name=f"progress {name}", daemon=True)
-    ticker.start()
-    try:
-        yield bar
-    finally:
-        stop.set()
-        ticker.join()
-        bar.close()
+def phase(name: str, total: int, unit: str, enabled: bool = True) -> Phase:
+    return Phase(name, total, unit, enabled)
