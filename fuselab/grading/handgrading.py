@@ -39,8 +39,8 @@ def read(gradebook_db: Path) -> dict:
 
 def apply(results: list, gradebook_db: Path) -> list:
     """``results`` (SubmissionResults) with the gradebook's hand grading applied: each result's ``hand_graded``
-    (grade_id → points or None while ungraded, max_points, comment), an autograded test a person re-scored
-    (``by_hand`` on its cell) and the totals. Only these in-memory copies change; nothing is saved."""
+    (grade_id → points or None while ungraded, max_points, comment) and an autograded test a person re-scored
+    (``by_hand`` on its cell, and ``total``). Only these in-memory copies change; nothing is saved."""
     entered = read(gradebook_db)
     applied = []
     for result in map(SubmissionResult.of, results):
@@ -56,12 +56,20 @@ def apply(results: list, gradebook_db: Path) -> list:
             hand[grade_id] = {"points": entry.get("manual"), "max_points": entry.get("max"),
                               "comment": entry.get("comment") or ""}
         result.extra["hand_graded"] = hand
-        result.total = sum(c.points for c in result.cells.values()) + \
-            sum(h["points"] or 0.0 for h in hand.values())
-        result.max_total = sum(c.max_points for c in result.cells.values()) + \
-            sum(h["max_points"] or 0.0 for h in hand.values())
+        # ``total`` stays the autograded tests' (a person's re-score included), ``max_total`` theirs: what the
+        # sample check and the self-check's full marks compare; ``totals`` adds the written answers
+        result.total = sum(c.points for c in result.cells.values())
         applied.append(result)
     return applied
+
+
+def totals(result) -> tuple:
+    """``(points, maximum)`` of a result with its hand-graded cells, as nbgrader counts them: what ``grades.csv``
+    and the report show (a written answer not graded yet counts 0 of its maximum)."""
+    result = SubmissionResult.of(result)
+    hand = hand_graded(result).values()
+    return (result.total + sum(h["points"] or 0.0 for h in hand),
+            result.max_total + sum(h["max_points"] or 0.0 for h in hand))
 
 
 def hand_graded(result) -> dict:
