@@ -10,6 +10,7 @@ cheap; the outputs step and the resume are the real ones.
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -180,6 +181,12 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
         comments = _get(base, token, f"comments?submission_id={ann_nb['id']}")
         remark = next(c for c in comments if c["name"] == "answer_sweep")
         _put(base, token, f"comment/{remark['id']}", {**remark, "manual_comment": "Good sweep, but say why L2."})
+        with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=30) as response:  # no student panels
+            page = response.read().decode()
+        config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                                      page, re.S).group(1))
+        assert set(formgrader.STUDENT_LAB_PLUGINS) <= set(config["disabledExtensions"]), config["disabledExtensions"]
+        assert "@jupyter/nbgrader:formgrader" not in config["disabledExtensions"]
         logged = log.read_text()
         assert "Unwritable directory" not in logged and "exchange" not in logged.lower(), logged[-3000:]
         assert "alembic" not in logged, logged[-3000:]

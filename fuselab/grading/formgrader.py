@@ -12,6 +12,7 @@ feedback pages (``handgrading``) without regrading.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -71,6 +72,19 @@ def write_config(course: Path) -> Path:
     return config
 
 
+LAB_CONFIG = ".formgrader-config"  # in the course: a Jupyter config path with the lab's page settings
+
+
+def write_lab_config(course: Path) -> Path:
+    """``course/.formgrader-config``: JupyterLab without the student-side panels (their server side is off)."""
+    folder = course / LAB_CONFIG
+    (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+    page = folder / "labconfig" / "page_config.json"
+    page.unlink(missing_ok=True)
+    page.write_text(json.dumps({"disabledExtensions": {name: True for name in STUDENT_LAB_PLUGINS}}, indent=2))
+    return folder
+
+
 def _no_exchange_class():
     from nbgrader.exchange import ExchangeError
     from nbgrader.exchange.default import ExchangeList  # the default's settings (Exchange.root, ...) still apply
@@ -100,7 +114,9 @@ def free_port(ip: str = "127.0.0.1") -> int:
 def server_command(course: Path, port: int, token: str, ip: str = "127.0.0.1") -> tuple:
     """``(argv, env)`` of the JupyterLab that serves formgrader on ``course`` (run it with cwd=course)."""
     bin_dir = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""),
+               JUPYTER_CONFIG_PATH=os.pathsep.join(filter(None, [str(write_lab_config(course)),
+                                                                 os.environ.get("JUPYTER_CONFIG_PATH")])))
     argv = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--ip={ip}", f"--port={port}",
             "--ServerApp.port_retries=0", f"--ServerApp.root_dir={course}", f"--IdentityProvider.token={token}",
             *(f"--ServerApp.jpserver_extensions={name}=False" for name in STUDENT_EXTENSIONS)]
