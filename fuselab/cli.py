@@ -1,5 +1,5 @@
 """The ``fuselab`` command: ``doctor``, ``demo``, ``clean``, ``release``, ``grade``, ``export``, ``calibrate``,
-``samples``."""
+``samples``, ``formgrader``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ def main(argv=None) -> int:
     sub.add_parser("clean", help="delete every cached build")
     rel = sub.add_parser("release", help="regenerate labs/ from solutions/ with nbgrader")
     rel.add_argument("--check", action="store_true", help="only report whether labs/ is up to date")
+    hand = sub.add_parser("formgrader", help="hand-grade a graded run in nbgrader's formgrader (prints its URL)")
+    hand.add_argument("run", nargs="?", metavar="RUN_OR_COURSE",
+                      help="a graded run's folder (fuselab grade's --out) or its course/ (default: the newest run "
+                           "under grader/runs)")
+    hand.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    hand.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     from .grading.cli import add_parsers as add_grading_parsers
     add_grading_parsers(sub)
     args = parser.parse_args(argv)
@@ -24,9 +30,13 @@ def main(argv=None) -> int:
         from .grading.cli import run as run_grading
         return run_grading(args)
 
+    if args.command == "formgrader":
+        from .grading.formgrader import main as formgrader
+        return formgrader(args.run, port=args.port, ip=args.ip)
     if args.command == "doctor":
         from .doctor import main as doctor
-        return doctor()
+        from .grading.readiness import sandbox_finding
+        return doctor(extra_checks=[sandbox_finding])
     if args.command == "demo":
         from .tools.demo import main as demo_main
         return demo_main(backend=args.backend, size=args.size)

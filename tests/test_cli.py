@@ -57,3 +57,31 @@ def test_demo_builds_checks_and_times():
     assert "check: add_relu_mul: all" in result.stdout
     assert "not measured (no GPU)" in result.stdout or "faster at n" in result.stdout
     assert result.stderr == ""
+
+
+def test_doctor_reports_a_sandbox_that_cannot_start_and_how_to_fix_it(tmp_path):
+    """A bubblewrap that fails to start a sandbox (as where user namespaces are forbidden): grading would be
+    refused, so the doctor says so, with the fix, and fails."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    result = _run("doctor", env={"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 1, result.stdout
+    line = next(line for line in result.stdout.splitlines() if "sandbox" in line)
+    assert "PROBLEM" in line and "refuses to grade" in line and "cannot start" in line, result.stdout
+    assert "user namespaces" in result.stdout.split(line)[1]
+
+
+def test_doctor_says_to_install_a_missing_bubblewrap(monkeypatch):
+    from fuselab.grading import isolate, readiness
+    monkeypatch.setattr(isolate, "bubblewrap", lambda: None)
+    finding = readiness.sandbox_finding()
+    assert finding.status == "problem" and "not installed" in finding.detail
+    assert "apt-get install bubblewrap" in finding.fix
+
+
+def test_doctor_checks_the_sandbox_and_passes_where_it_works():
+    result = _run("doctor")
+    line = next(line for line in result.stdout.splitlines() if "sandbox" in line)
+    assert "[ok" in line, result.stdout  # CI installs bubblewrap (.ci/run); the sandbox must work there

@@ -375,9 +375,12 @@ def check_nosy_feedback(class_result, secret: str) -> None:
     page = (class_result.out / "feedback" / NOSY / f"{LAB}.html").read_text()
     text = _text_of(page)
     hidden = _hidden_lines()
-    # the attack worked where the student's code ran: nbgrader's autograded notebook holds the hidden tests
-    autograded = next(class_result.out.glob(f"course/autograded/{NOSY}/{LAB}/*.ipynb")).read_text()
-    assert [line for line in hidden if json.dumps(line)[1:-1] in autograded] != []
+    # the attack worked where the student's code ran: nbgrader's executed notebook holds the hidden tests
+    executed = Path(graded["notebook_autograded"]).read_text()
+    assert [line for line in hidden if json.dumps(line)[1:-1] in executed] != []
+    # but formgrader's copy, which nbgrader's own feedback buttons render, holds none of them
+    stored = next(class_result.out.glob(f"course/autograded/{NOSY}/{LAB}/*.ipynb")).read_text()
+    assert [line for line in hidden if json.dumps(line)[1:-1] in stored] == []
     # and none of it is in the page
     assert [line for line in hidden if line in text] == []
     assert secret not in text and "HIDDEN TESTS" not in text

@@ -137,8 +137,13 @@ def test_feedback_shows_scores_but_never_the_hidden_tests(graded):
         assert "Automatically graded:" in text and "HIDDEN TESTS" not in text
         leaked = [line for line in _hidden_lines(lab) if line in text]
         assert leaked == [], f"{name}/{lab} feedback shows hidden tests: {leaked[:3]}"
-    autograded = next(result.out.glob("course/autograded/correct/lab0/*.ipynb")).read_text()
-    assert "BEGIN HIDDEN TESTS" in autograded  # what nbgrader would have shown
+    # nbgrader's executed notebook (--notebook-run) holds the hidden tests; formgrader's copy, which nbgrader's own
+    # feedback buttons render, holds none
+    correct = next(r for r in result.results if (r["student"], r["lab"]) == ("correct", "lab0"))
+    assert "BEGIN HIDDEN TESTS" in Path(correct["notebook_autograded"]).read_text()
+    stored = next(result.out.glob("course/autograded/correct/lab0/*.ipynb")).read_text()
+    assert "HIDDEN TESTS" not in stored
+    assert [line for line in _hidden_lines("lab0") if json.dumps(line)[1:-1] in stored] == []
 
 
 def test_feedback_holds_nothing_a_submission_read_while_graded(graded):

@@ -4,10 +4,13 @@ The instructor's solution notebook of each lab runs through the clean recheck (a
 times; each graded speedup test logs the plain solution's speedup S over the lab's fixed unfused reference.
 The median S gives this GPU's threshold, 1 + 0.6 (S - 1) (docs/design.md §3). A test whose S is below 1.3 on this GPU
 is recorded as not gradable on this GPU (grading then falls back to the H200's entry, and says so).
+
+``--set-threshold TEST=SPEEDUP`` sets a threshold by hand instead (``set_thresholds``): a term's own choice, no GPU needed.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import statistics
@@ -64,6 +67,41 @@ def calibrate(labs=None, repeats=3, policy_path=None, write=True) -> list:
         else:  # recorded as not gradable: grading falls back to the H200's entry and says so
             lines.append(f"{test_id}: plain solution {s:.2f}x on {found['gpu']} is below the "
                          f"{MIN_GRADABLE_SPEEDUP}x floor: not gradable on this GPU")
+    if write:
+        path.write_text(json.dumps(policy, indent=2) + "\n")
+        lines.append(f"written to {path}")
+    return lines
+
+
+def set_thresholds(assignments, gpu: str | None = None, policy_path=None, write=True) -> list:
+    """``fuselab calibrate --set-threshold TEST=SPEEDUP``: a term's own full-points threshold, without a GPU.
+
+    Each ``TEST=SPEEDUP`` replaces ``threshold`` in that test's entry for ``gpu`` (default: the H200's, which
+    every GPU without an entry of its own is graded with) and says where it came from; the measured
+    ``plain_speedup`` stays beside it, so ``fuselab calibrate`` on a GPU (which writes the measured rule again)
+    undoes it. Grading reads the threshold from this file, so the next ``fuselab grade --force`` uses it."""
+    from ..speed.policy import REFERENCE_GPU
+    gpu = gpu or REFERENCE_GPU
+    path = Path(policy_path or os.environ.get("FUSELAB_POLICY") or POLICY_PATH)
+    policy = load_policy(path)
+    lines = []
+    for assignment in assignments:
+        test_id, _, value = str(assignment).partition("=")
+        if test_id not in policy["tests"]:
+            raise ValueError(f"no graded speedup test {test_id!r}: the tests are {', '.join(sorted(policy['tests']))}")
+        try:
+            threshold = float(value)
+        except ValueError:
+            raise ValueError(f"{assignment!r}: give TEST=SPEEDUP, e.g. {test_id}=1.5") from None
+        if not threshold > 1.0:
+            raise ValueError(f"{assignment!r}: a full-points threshold must be a speedup above 1.0")
+        entry = policy["tests"][test_id].setdefault("gpus", {}).setdefault(gpu, {})
+        before = entry.get("threshold")
+        entry.pop("gradable", None)  # a threshold set by hand is gradable by decision
+        entry["threshold"] = round(threshold, 3)
+        entry["threshold_source"] = (f"set by hand ({datetime.date.today().isoformat()}; was "
+                                     f"{before if before is not None else 'none'})")
+        lines.append(f"{test_id}: full points from {threshold:.3g}x on {gpu} (was {before or 'none'})")
     if write:
         path.write_text(json.dumps(policy, indent=2) + "\n")
         lines.append(f"written to {path}")

@@ -51,8 +51,9 @@ def add_parsers(sub) -> None:
     grade.add_argument("--notebook-run", action="store_true",
                        help="also autograde each notebook with nbgrader as submitted (the student's code and the "
                             "hidden tests in one kernel, beside the clean recheck): its scores never count, where "
-                            "they differ the report says so, its executed notebook goes to course/autograded/ "
-                            "(default: the notebook as submitted goes there). About half again the CPU time")
+                            "they differ the report says so, its executed notebook stays in the submission's "
+                            "work/ folder for you (formgrader gets the notebook as submitted). About half again "
+                            "the CPU time")
     grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
     grade.add_argument("--expect-samples", action="store_true",
                        help="the submissions are the sample class: check every verdict against its sample")
@@ -62,6 +63,11 @@ def add_parsers(sub) -> None:
     cal.add_argument("--repeats", type=int, default=3)
     cal.add_argument("--policy", help="policy file (default: fuselab/speed/policy.json or $FUSELAB_POLICY)")
     cal.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    cal.add_argument("--set-threshold", nargs="+", metavar="TEST=SPEEDUP",
+                     help="set a test's full-points threshold by hand instead of measuring (no GPU needed), e.g. "
+                          "lab0.add_relu_mul=1.6")
+    cal.add_argument("--gpu", help="with --set-threshold: the GPU model's entry (default: NVIDIA H200, which GPUs "
+                                   "without an entry are graded with)")
     export = sub.add_parser("export", help="write the course's grades as Canvas and Moodle grade-import CSVs")
     export.add_argument("course", nargs="?", default=None, help="the course folder (default: grader/runs/term)")
     export.add_argument("--to", help="folder for the files (default: <course>/export)")
@@ -104,7 +110,15 @@ def run(args) -> int:
         args.course = args.course or default_out()
         return export_main(args)
     if args.command == "calibrate":
-        from .calibrate import calibrate
+        from .calibrate import calibrate, set_thresholds
+        if args.set_threshold:
+            try:
+                lines = set_thresholds(args.set_threshold, args.gpu, args.policy, write=not args.dry_run)
+            except ValueError as problem:
+                print(f"fuselab calibrate: {problem}", file=sys.stderr)
+                return 2
+            print("\n".join(lines))
+            return 0
         for line in calibrate(args.labs, args.repeats, args.policy, write=not args.dry_run):
             print(line)
         return 0

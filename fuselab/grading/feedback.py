@@ -409,9 +409,17 @@ def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> 
     total = sum(_points(c)[0] for c in verdicts.cells.values())
     maximum = sum(_points(c)[1] for c in verdicts.cells.values())
     parts = [f"<h1>Feedback: {_e(lab)}, {_e(student)}</h1>",
-             f"<p><b>Automatically graded: {total:g} of {maximum:g} points.</b></p>",
-             f"<p>{_e(HOW_GRADED)}</p>",
-             "<table><tr><th>test</th><th>points</th><th>result</th><th>why</th></tr>"]
+             f"<p><b>Automatically graded: {total:g} of {maximum:g} points.</b></p>"]
+    hand = {k: _dict(v) for k, v in _dict(result.get("hand_graded")).items()}
+    if hand:  # the totals with what a teaching assistant graded by hand (handgrading.apply)
+        given = sum(_number(h.get("points")) for h in hand.values())
+        most = sum(_number(h.get("max_points")) for h in hand.values())
+        waiting = sum(1 for h in hand.values() if not isinstance(h.get("points"), (int, float)))
+        parts.append(f"<p><b>Graded by hand: {given:g} of {most:g} points"
+                     f"{f' ({waiting} answer(s) still to be graded)' if waiting else ''}. "
+                     f"Total: {total + given:g} of {maximum + most:g} points.</b></p>")
+    parts += [f"<p>{_e(HOW_GRADED)}</p>",
+              "<table><tr><th>test</th><th>points</th><th>result</th><th>why</th></tr>"]
     for grade_id, cell in verdicts.cells.items():
         points, most = _points(cell)
         status = cell.get("status") if isinstance(cell.get("status"), str) else "?"
@@ -425,6 +433,8 @@ def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> 
         speed = _speed_line(cell.get("speed"))
         if speed and status not in speed:
             why.append(speed)
+        if _dict(cell.get("by_hand")):
+            why.append("points given by a teaching assistant")
         klass = "ok" if points >= most else "lost"
         parts.append(f"<tr><td><a href='#{_anchor(grade_id)}'>{_e(grade_id)}</a></td>"
                      f"<td class='{klass}'>{points:g} / {most:g}</td><td>{_e(status)}</td>"

@@ -272,7 +272,7 @@ def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy
     target = course_root / "autograded" / student / lab / notebook_name(lab)
     target.parent.mkdir(parents=True, exist_ok=True)
     if Path(notebook_copy).is_file():  # an earlier run's staged copy may be gone: the gradebook is what counts
-        shutil.copy(notebook_copy, target)
+        write_without_hidden_tests(Path(notebook_copy), target)
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
         gradebook.update_or_create_student(student)
         try:
@@ -301,6 +301,43 @@ def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy
             if penalty is not None:
                 notebook.late_submission_penalty = min(max(penalty, 0), notebook.score)
         gradebook.db.commit()
+
+
+HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader's ClearHiddenTests delimiters
+
+
+def write_without_hidden_tests(notebook: Path, target: Path) -> None:
+    """``notebook`` into ``target`` (formgrader's ``autograded/``) with no hidden test in it: nbgrader's own
+    "Generate feedback" renders that copy as it is (its feedback converter has no ClearHiddenTests), and
+    "Release feedback" hands the page to the student. A hidden-test region is cut the way ClearHiddenTests cuts
+    it (an unclosed one to the cell's end, never an error: the notebook is the student's), and the outputs of a
+    cell that had one go with it. A notebook that is not JSON is copied as it is (nbgrader cannot show it)."""
+    try:
+        nb = json.loads(notebook.read_text())
+        cells = nb["cells"]
+        assert isinstance(cells, list)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError, RecursionError):
+        shutil.copy(notebook, target)
+        return
+    for cell in cells:
+        if not isinstance(cell, dict):
+            continue
+        text = cell.get("source", "")
+        text = "".join(text) if isinstance(text, list) else str(text)
+        kept, hidden, cut = [], False, False
+        for line in text.split("\n"):
+            if HIDDEN_BEGIN in line:
+                hidden = cut = True
+            elif HIDDEN_END in line and hidden:
+                hidden = False
+            elif not hidden:
+                kept.append(line)
+        if cut:
+            cell["source"] = "\n".join(kept)
+            if "outputs" in cell:
+                cell["outputs"] = []
+    target.unlink(missing_ok=True)
+    target.write_text(json.dumps(nb, indent=1))
 
 
 def export(course_root: Path, to: Path) -> None:

@@ -33,7 +33,8 @@ from .. import notebook as ipynb
 from ..build import shared as shared_builds
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
-from . import feedback, intake, isolate, nbgrader_run, recheck, report, roster, schedule, term
+from . import (feedback, handgrading, intake, isolate, nbgrader_run, recheck, report, roster, run_progress,
+               schedule, term)
 from .lease import grading_lease
 from .results import CellResult, SubmissionResult
 from .terminal import shown
@@ -681,16 +682,21 @@ def _grade(source, settings: Settings) -> ClassResult:
         raise GradingRefused(f"--roster: {exc}") from None
     notebook_names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}  # to recognise all
     seen: set = set()
-    submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
-                                           students=settings.students, only_labs=labs, seen=seen)
-    _check_students(settings.students, seen, source)
-    if settings.students:  # a run over some students changes nobody else's rows
-        problems = [p for p in problems if p.student in settings.students]
     course_root = settings.out / "course"
-    nbgrader_run.prepare_course(course_root, labs)
-    nbgrader_run.set_due_dates(course_root / "gradebook.db", due)
-    nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
-    lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
+    with run_progress.phase("course set-up", len(labs) + 1, "step", settings.progress) as bar:
+        submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
+                                               students=settings.students, only_labs=labs, seen=seen)
+        bar.update()
+        _check_students(settings.students, seen, source)
+        if settings.students:  # a run over some students changes nobody else's rows
+            problems = [p for p in problems if p.student in settings.students]
+        for lab in labs:  # nbgrader's release of each lab: seconds each
+            bar.set_postfix_str(lab)
+            nbgrader_run.prepare_course(course_root, [lab])
+            bar.update()
+        nbgrader_run.set_due_dates(course_root / "gradebook.db", due)
+        nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
+        lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
     clock = phase_done("intake and course", clock)
 
     devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
@@ -698,9 +704,13 @@ def _grade(source, settings: Settings) -> ClassResult:
     # the labs' reference runs side by side (their timings take turns), before any student of theirs
     labs_graded = sorted({s.lab for s in submissions})
     settings.cpu_threads = _threads_per_child(len(labs_graded))
-    with ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
-        reference = dict(zip(labs_graded, pool.map(
-            lambda lab: reference_run(lab, settings, devices[0], leases.get(devices[0])), labs_graded)))
+    with run_progress.phase("reference runs", len(labs_graded), "lab", settings.progress) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
+        def reference_of(lab):
+            ran = reference_run(lab, settings, devices[0], leases.get(devices[0]))
+            bar.update()
+            return ran
+        reference = dict(zip(labs_graded, pool.map(reference_of, labs_graded)))
     # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:
@@ -812,21 +822,34 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
         missing_pages = sorted({r.lab for r in ordered} - set(lab_pages))
         lab_pages = {**lab_pages, **(feedback.lab_sources(missing_pages) if missing_pages else {})}
     late = {(s.student, s.lab): s for s in class_result.standings}
+    bar = run_progress.phase("gradebook", len(ordered), "submission", getattr(settings, "progress", False))
     for result in ordered:
-        notebook_copy = result.notebook_autograded or result.notebook
+        # formgrader's copy is the notebook as submitted, never nbgrader's executed one (which holds the hidden
+        # tests, and what the student's code printed while they ran): nbgrader's feedback buttons render it
+        notebook_copy = result.notebook or result.notebook_autograded
         standing = late.get((result.student, result.lab))
         nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy),
                             timestamp=standing.submitted if standing else None)
+        bar.update()
+    bar.close()
+    # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
+    ordered = handgrading.apply(ordered, course_root / "gradebook.db")
+    bar = run_progress.phase("feedback and report", 4, "step", getattr(settings, "progress", False))
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
         # ran) and the verdicts; never from what nbgrader's run printed
         class_result.feedback, class_result.feedback_problems = feedback.write_all(
             ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db",
             show_flags=feedback.shown_flags(settings.out))
+    bar.update()
     clock = phase_done("feedback", clock)
     nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
+    bar.update()
     class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
                                                       standings=class_result.standings)
+    bar.update()
     class_result.report = report.write_report(class_result, settings.out)
+    bar.update()
+    bar.close()
     phase_done("gradebook and report", clock)
     return class_result

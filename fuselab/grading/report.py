@@ -19,6 +19,7 @@ import urllib.parse
 from pathlib import Path
 
 from . import schedule, term
+from .handgrading import hand_graded, totals
 from .intake import printable
 from .results import SubmissionResult
 
@@ -67,13 +68,14 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None) -
     standings = _graded_standings(results) if standings is None else standings
     labs = sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB})
     tests = {lab: list(next((r for r in results if r.lab == lab), SubmissionResult("", lab)).cells) for lab in labs}
-    maxima = {lab: next((r.max_total for r in results if r.lab == lab), None) for lab in labs}
+    maxima = {lab: next((totals(r)[1] for r in results if r.lab == lab), None) for lab in labs}
+    hand = {lab: sorted({g for r in results if r.lab == lab for g in hand_graded(r)}) for lab in labs}
     speed_tests = {lab: [t for t in tests[lab] if any(t in c.cells and c.cells[t].speed for c in results
                                                       if c.lab == lab)] for lab in labs}
     header = ["student", "name", "lms id"]
     for lab in labs:
         header += [f"{lab} total", f"{lab} max", f"{lab} status", f"{lab} late", f"{lab} submitted"] + \
-                  [f"{lab}/{t}" for t in tests[lab]] + [f"{lab}/{t} speedup" for t in speed_tests[lab]]
+                  [f"{lab}/{t}" for t in tests[lab] + hand[lab]] + [f"{lab}/{t} speedup" for t in speed_tests[lab]]
     unknown_lab = [s for s in standings if s.lab == term.UNKNOWN_LAB]
     header += ["total", "max", "flags"] + (["not graded (lab unknown)"] if unknown_lab else [])
     rows = {}
@@ -97,16 +99,19 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None) -
     for r in results:
         row = rows.setdefault(r.student, {"student": r.student, "total": 0.0, "max": 0.0, "flags": 0})
         row.setdefault(f"{r.lab} status", "graded")
-        row[f"{r.lab} total"] = f"{r.total:g}"
-        row[f"{r.lab} max"] = f"{r.max_total:g}"
+        total, maximum = totals(r)  # with the written answers graded by hand
+        row[f"{r.lab} total"] = f"{total:g}"
+        row[f"{r.lab} max"] = f"{maximum:g}"
         for test, cell in r.cells.items():
             row[f"{r.lab}/{test}"] = f"{cell.points:g}"
             if test in speed_tests[r.lab]:
                 measured = cell.measured_speedup()
                 row[f"{r.lab}/{test} speedup"] = f"{measured['speedup']:.3f}" if measured else \
                     ("not measured (no GPU)" if cell.status == "not measured (no GPU)" else "")
-        row["total"] += r.total
-        row["max"] += r.max_total
+        for grade_id, entry in hand_graded(r).items():  # blank until a person grades it in formgrader
+            row[f"{r.lab}/{grade_id}"] = "" if entry["points"] is None else f"{entry['points']:g}"
+        row["total"] += total
+        row["max"] += maximum
         row["flags"] += r.attention
     # a name the file system gave as bytes that are not UTF-8 is written as \\xNN, not a crash
     with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as handle:
@@ -222,8 +227,9 @@ def markdown(class_result) -> str:
                 cells.append(text)
             page = pages.get(lab, {}).get(r.student)
             link = f"[page]({_relative_link(page, class_result.out)})" if page else ""
+            total, maximum = totals(r)  # with the written answers graded by hand
             lines.append(f"| {_md(r.student)} | " + " | ".join(cells) +
-                         f" | **{r.total:g}** / {r.max_total:g} | {late} | {_md(lost_points(r), 400)} | {link} "
+                         f" | **{total:g}** / {maximum:g} | {late} | {_md(lost_points(r), 400)} | {link} "
                          f"| {r.seconds or 0:.0f} s |")
         lines.append("")
     unknown = [s for s in standings if s.lab == term.UNKNOWN_LAB]

@@ -1,0 +1,77 @@
+"""What teaching assistants entered in formgrader, onto the graded results, for the class's outputs.
+
+The course gradebook (``<out>/course/gradebook.db``) is where hand grading lives: formgrader writes a written
+answer's score, a changed score of an autograded test, and comments there. The outputs step
+(``pipeline.write_outputs``) reads them back on every run, so the next ``fuselab grade`` of the same ``--out``
+puts them in ``grades.csv``, the report's totals and the feedback pages without regrading anything (a kept
+result is never graded again). ``result.json`` never holds them: the gradebook stays the one place they are.
+
+A cell's points are nbgrader's own rule: the hand-given score where a person gave one, else the grader's.
+The maxima are nbgrader's too: every hand-graded cell counts in a lab's maximum, graded yet or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .results import SubmissionResult
+
+
+def read(gradebook_db: Path) -> dict:
+    """``{(student, lab): {grade_id: {"manual": score or None, "max": max points, "comment": text}}}``."""
+    found: dict = {}
+    if not Path(gradebook_db).exists():
+        return found
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in assignment.submissions:
+                cells = found.setdefault((submission.student_id, assignment.name), {})
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        cells[grade.name] = {"manual": grade.manual_score, "max": grade.max_score, "comment": ""}
+                    for comment in notebook.comments:
+                        if (comment.manual_comment or "").strip():
+                            cells.setdefault(comment.name, {"manual": None, "max": None})["comment"] = \
+                                comment.manual_comment
+    return found
+
+
+def apply(results: list, gradebook_db: Path) -> list:
+    """``results`` (SubmissionResults) with the gradebook's hand grading applied: each result's ``hand_graded``
+    (grade_id → points or None while ungraded, max_points, comment) and an autograded test a person re-scored
+    (``by_hand`` on its cell, and ``total``). Only these in-memory copies change; nothing is saved."""
+    entered = read(gradebook_db)
+    applied = []
+    for result in map(SubmissionResult.of, results):
+        mine = entered.get((result.student, result.lab), {})
+        for grade_id, cell in result.cells.items():
+            manual = (mine.get(grade_id) or {}).get("manual")
+            if manual is not None and abs(manual - cell.points) > 1e-9:
+                cell.extra["by_hand"] = {"points": manual, "grader": cell.points}
+                cell.points = float(manual)
+        hand = {}
+        for grade_id in result.manual_cells:
+            entry = mine.get(grade_id) or {}
+            hand[grade_id] = {"points": entry.get("manual"), "max_points": entry.get("max"),
+                              "comment": entry.get("comment") or ""}
+        result.extra["hand_graded"] = hand
+        # ``total`` stays the autograded tests' (a person's re-score included), ``max_total`` theirs: what the
+        # sample check and the self-check's full marks compare; ``totals`` adds the written answers
+        result.total = sum(c.points for c in result.cells.values())
+        applied.append(result)
+    return applied
+
+
+def totals(result) -> tuple:
+    """``(points, maximum)`` of a result with its hand-graded cells, as nbgrader counts them: what ``grades.csv``
+    and the report show (a written answer not graded yet counts 0 of its maximum)."""
+    result = SubmissionResult.of(result)
+    hand = hand_graded(result).values()
+    return (result.total + sum(h["points"] or 0.0 for h in hand),
+            result.max_total + sum(h["max_points"] or 0.0 for h in hand))
+
+
+def hand_graded(result) -> dict:
+    """grade_id → {"points", "max_points", "comment"} of a result's hand-graded cells (empty before ``apply``)."""
+    return SubmissionResult.of(result).get("hand_graded") or {}

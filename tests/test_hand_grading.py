@@ -1,0 +1,207 @@
+"""Hand grading a graded run: ``fuselab formgrader RUN`` serves that run's gradebook (from the venv, without an
+exchange), a manual grade entered through formgrader's own web API reaches ``grades.csv``, the report's totals and
+the feedback page on the next ``fuselab grade`` of the run (nothing regraded), and nbgrader's own feedback
+buttons never show a hidden test, whichever way the run was graded.
+
+The run is made without grading anything (the results a grading run saves, written directly), so the test is
+cheap; the outputs step and the resume are the real ones.
+"""
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fuselab import course
+from fuselab import notebook as ipynb
+from fuselab.grading import formgrader, nbgrader_run, pipeline
+from fuselab.grading.results import CellResult, SubmissionResult
+
+LAB = "lab0"
+STUDENTS = ("ann", "bob")
+
+
+def _instructor():
+    return json.loads((course.SOLUTIONS / LAB / nbgrader_run.notebook_name(LAB)).read_text())
+
+
+def _saved_result(out: Path, student: str, notebook: Path, executed: Path | None) -> None:
+    """What a grading run saves for one submission: full marks on every autograded test."""
+    instructor = _instructor()
+    cells = {ipynb.grade_id(c): CellResult(points=float(ipynb.points(c)), max_points=float(ipynb.points(c)),
+                                           status="passed")
+             for c in instructor["cells"] if ipynb.grade_id(c) and ipynb.is_graded(c) and not ipynb.is_hand_graded(c)}
+    result = SubmissionResult(student=student, lab=LAB, cells=cells, total=sum(c.points for c in cells.values()),
+                              max_total=sum(c.max_points for c in cells.values()),
+                              manual_cells=pipeline.hand_graded(instructor), notebook=str(notebook),
+                              notebook_sha=pipeline._sha(notebook), sandbox=True,
+                              notebook_autograded=str(executed) if executed else None)
+    work = out / "work" / student / LAB
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "result.json").write_text(json.dumps(result.to_json()))
+
+
+@pytest.fixture
+def graded_run(tmp_path, monkeypatch):
+    """A run of two students on lab0, as ``fuselab grade`` leaves it: ann graded with ``--notebook-run`` (her
+    executed notebook, the instructor's cells and hidden tests in it, beside her result), bob without."""
+    source = tmp_path / "class"
+    for student in STUDENTS:
+        folder = source / student / LAB
+        folder.mkdir(parents=True)
+        shutil.copy(course.LABS / LAB / nbgrader_run.notebook_name(LAB), folder)
+    out = tmp_path / "run"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    # the first run: each submission's result saved as a grading run saves it, then the outputs
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade(sub, out, tmp_path))
+    pipeline.grade(source, pipeline.Settings(out=out, labs=[LAB], progress=False))
+    # from now on a run of the same --out must keep every result: nothing may be graded again
+    monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("a kept result was regraded"))
+    return source, out, pipeline.Settings(out=out, labs=[LAB], progress=False)
+
+
+def _fake_grade(sub, out, tmp_path):
+    executed = None
+    if sub.student == "ann":  # nbgrader's executed notebook: the instructor's test cells, hidden tests and all
+        executed = tmp_path / "executed.ipynb"
+        shutil.copy(course.SOLUTIONS / LAB / nbgrader_run.notebook_name(LAB), executed)
+    _saved_result(out, sub.student, Path(sub.notebook), executed)
+    return SubmissionResult.from_json(json.loads((out / "work" / sub.student / LAB / "result.json").read_text()))
+
+
+def _hidden_lines():
+    """The hidden tests' lines that the students' notebook does not have anyway."""
+    release = (course.LABS / LAB / nbgrader_run.notebook_name(LAB)).read_text()
+    lines = set()
+    for cell in _instructor()["cells"]:
+        for block in ipynb.hidden_test_blocks(ipynb.source(cell)):
+            lines |= {line.strip() for line in block.splitlines() if len(line.strip()) > 12}
+    lines = {line for line in lines if json.dumps(line)[1:-1] not in release}
+    assert lines
+    return lines
+
+
+def test_the_course_of_a_run_is_found_and_anything_else_is_refused(graded_run, tmp_path):
+    _, out, _ = graded_run
+    assert formgrader.course_folder(out) == (out / "course").resolve()
+    assert formgrader.course_folder(out / "course") == (out / "course").resolve()
+    with pytest.raises(formgrader.NotACourse, match="holds no gradebook"):
+        formgrader.course_folder(tmp_path / "class")
+
+
+def test_nbgrader_feedback_never_shows_hidden_tests(graded_run):
+    """formgrader's "Generate feedback" (nbgrader generate_feedback) on a run graded both ways."""
+    _, out, _ = graded_run
+    root = out / "course"
+    stored = (root / "autograded" / "ann" / LAB / nbgrader_run.notebook_name(LAB)).read_text()
+    hidden = _hidden_lines()
+    assert not [line for line in hidden if line in stored]
+    course.nbgrader("generate_feedback", LAB, *nbgrader_run.course_args(root))
+    for student in STUDENTS:
+        page = (root / "feedback" / student / LAB / "lab0.html").read_text()
+        assert "Feedback" in page or "lab0" in page
+        leaked = [line for line in hidden if line in page]
+        assert not leaked, f"{student}'s nbgrader feedback shows hidden tests: {leaked[:3]}"
+
+
+def test_hidden_test_regions_are_cut_from_any_notebook(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "source": "a = 1\n### BEGIN HIDDEN TESTS\nsecret()\n### END HIDDEN TESTS\nb",
+                     "outputs": [{"output_type": "stream", "text": "secret() said"}]},
+                    {"cell_type": "code", "source": ["x\n", "### BEGIN HIDDEN TESTS\n", "unclosed secret"],
+                     "outputs": []},
+                    "not a cell"]}
+    path = tmp_path / "in.ipynb"
+    path.write_text(json.dumps(nb))
+    nbgrader_run.write_without_hidden_tests(path, tmp_path / "out.ipynb")
+    cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
+    assert cells[0]["source"] == "a = 1\nb" and cells[0]["outputs"] == []  # what a hidden test printed goes too
+    assert cells[1]["source"] == "x" and cells[2] == "not a cell"
+
+
+def _put(base, token, path, body):
+    request = urllib.request.Request(f"{base}/formgrader/api/{path}?token={token}", method="PUT",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _get(base, token, path):
+    joined = "&" if "?" in path else "?"
+    with urllib.request.urlopen(f"{base}/formgrader/api/{path}{joined}token={token}", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(graded_run, tmp_path):
+    source, out, settings = graded_run
+    before = list(csv.DictReader((out / "grades.csv").open()))
+    ann = next(r for r in before if r["student"] == "ann")
+    assert ann["lab0/answer_sweep"] == ""  # not yet graded by hand
+    auto_total, maximum = float(ann["lab0 total"]), float(ann["lab0 max"])
+
+    # `fuselab formgrader RUN` from the venv's own bin, with a PATH that does not hold it
+    port = formgrader.free_port()
+    env = dict(os.environ, PATH="/usr/bin:/bin", JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"), PYTHONPATH=str(course.REPO))
+    log = tmp_path / "server.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen([str(Path(sys.executable).parent / "fuselab"), "formgrader", str(out),
+                                   "--port", str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        started = time.monotonic()
+        while "token=" not in log.read_text():
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() - started < 60, log.read_text()
+            time.sleep(0.2)
+        opened = next(line for line in log.read_text().splitlines() if "/formgrader?token=" in line)
+        base, token = opened.split("open:")[1].strip().split("/formgrader?token=")
+        for _ in range(240):
+            try:
+                _get(base, token, "assignments")
+                break
+            except OSError:
+                assert server.poll() is None, log.read_text()
+                time.sleep(0.5)
+        assignments = _get(base, token, "assignments")
+        assert [a["name"] for a in assignments] == [LAB], assignments  # the run's gradebook, not the repository's
+        submissions = _get(base, token, f"submitted_notebooks/{LAB}/{LAB}")
+        ann_nb = next(s for s in submissions if s["student"] == "ann")
+        grades = _get(base, token, f"grades?submission_id={ann_nb['id']}")
+        sweep = next(g for g in grades if g["name"] == "answer_sweep")
+        _put(base, token, f"grade/{sweep['id']}", {**sweep, "manual_score": 1.5})
+        comments = _get(base, token, f"comments?submission_id={ann_nb['id']}")
+        remark = next(c for c in comments if c["name"] == "answer_sweep")
+        _put(base, token, f"comment/{remark['id']}", {**remark, "manual_comment": "Good sweep, but say why L2."})
+        with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=30) as response:  # no student panels
+            page = response.read().decode()
+        config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                                      page, re.S).group(1))
+        assert set(formgrader.STUDENT_LAB_PLUGINS) <= set(config["disabledExtensions"]), config["disabledExtensions"]
+        assert "@jupyter/nbgrader:formgrader" not in config["disabledExtensions"]
+        logged = log.read_text()
+        assert "Unwritable directory" not in logged and "exchange" not in logged.lower(), logged[-3000:]
+        assert "alembic" not in logged, logged[-3000:]
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+
+    # the next `fuselab grade` of the run: nothing regraded (the fixture fails on a regrade)
+    pipeline.grade(source, settings)
+    after = {r["student"]: r for r in csv.DictReader((out / "grades.csv").open())}
+    assert after["ann"]["lab0/answer_sweep"] == "1.5"
+    assert float(after["ann"]["lab0 total"]) == auto_total + 1.5
+    assert float(after["ann"]["lab0 max"]) == maximum and float(after["ann"]["total"]) == auto_total + 1.5
+    assert float(after["bob"]["lab0 total"]) == auto_total
+    report = (out / "report.md").read_text()
+    assert f"**{auto_total + 1.5:g}** / {maximum:g}" in report
+    page = (out / "feedback" / "ann" / "lab0.html").read_text()
+    assert "Good sweep, but say why L2." in page and f"Total: {auto_total + 1.5:g} of {maximum:g}" in page

@@ -1,0 +1,110 @@
+"""docs/ta-guide.md tells the truth: every number in "How long a class takes" is one docs/RESULTS.md states and
+the saved raw data of that run gives, each command it shows exists with the options it uses, and README's
+grading section points to it (CPU, about a second).
+"""
+
+import json
+import re
+import shlex
+
+import pytest
+
+from .conftest import REPO
+
+GUIDE = REPO / "docs" / "ta-guide.md"
+RESULTS = REPO / "docs" / "RESULTS.md"
+RUN = REPO / "docs" / "results" / "selfcheck-h200-env-throughput-samples-01bc439.json"
+
+
+def _throughput() -> dict:
+    return json.loads(RUN.read_text())["throughput"]
+
+
+def _per_submission_cpu(t):
+    return sum(t["cpu_by_process"].values()) / _submissions(t)
+
+
+def _submissions(t):
+    return round(t["phase_seconds"]["submissions"] / t["submission_phase_per_submission"])
+
+
+# each number the section may state → how to read it from the saved run (rounded as written)
+FROM_THE_RUN = {
+    "10 submissions sharing": lambda t: t["jobs"],
+    "20 submissions": _submissions,
+    "69 s": lambda t: t["phase_seconds"]["submissions"],
+    "3.4 s per submission": lambda t: t["submission_phase_per_submission"],
+    "29.8 core-s": _per_submission_cpu,
+}
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\d)")
+
+
+def _section(title: str) -> str:
+    text = GUIDE.read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_every_number_of_the_timing_section_is_the_saved_runs():
+    section = _section("How long a class takes").replace("01bc439", "")  # the commit is a name, not a number
+    section = re.sub(r"docs/RESULTS\.md|H200|--\w[\w-]*", "", section)
+    section = section.replace("speed tests score 0", "")  # the rule without a GPU, not a measurement
+    stated = NUMBER.findall(section)
+    claimed = {phrase: re.search(r"\d+(?:\.\d+)?", phrase).group() for phrase in FROM_THE_RUN}
+    unexplained = [n for n in stated if n not in claimed.values()]
+    assert unexplained == [], f"numbers in the guide's timing section with no saved source: {unexplained}"
+    throughput = _throughput()
+    results = RESULTS.read_text()
+    for phrase, number in claimed.items():
+        assert phrase in section.replace("**", ""), f"the guide no longer says {phrase!r}: update FROM_THE_RUN"
+        value = FROM_THE_RUN[phrase](throughput)
+        decimals = len(number.split(".")[1]) if "." in number else 0
+        assert f"{value:.{decimals}f}" == number, (phrase, value)
+        assert number in results, f"{phrase}: docs/RESULTS.md does not state {number}"
+    assert "01bc439" in results and "01bc439" in _section("How long a class takes")
+
+
+def _commands():
+    for line in GUIDE.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith(".venv/bin/fuselab "):
+            yield shlex.split(line)[1:]
+
+
+@pytest.mark.parametrize("argv", list(_commands()), ids=lambda argv: " ".join(argv[:2]))
+def test_each_command_shown_parses(argv):
+    import argparse
+
+    from fuselab import cli
+    parsed = {}
+
+    def keep(self, args=None, namespace=None):
+        parsed["args"] = original(self, args, namespace)
+        raise SystemExit(0)
+
+    original = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = keep
+    try:
+        with pytest.raises(SystemExit) as ended:
+            cli.main(argv)
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    assert ended.value.code == 0 and parsed["args"].command == argv[0]
+
+
+def test_readme_points_to_the_guide_and_its_synopsis_lists_every_option():
+    import argparse
+
+    from fuselab.grading.cli import add_parsers
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    section = text[text.index("## Grading a class"):text.index("\n## ", text.index("## Grading a class") + 1)]
+    assert "docs/ta-guide.md" in section
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    grade = parser._subparsers._group_actions[0].choices["grade"]
+    options = {o for action in grade._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
+    synopsis = section[section.index("```"):section.index("```", section.index("```") + 3)]
+    missing = sorted(o for o in options if o not in synopsis)
+    assert missing == [], f"README's grading synopsis leaves out {missing}"
