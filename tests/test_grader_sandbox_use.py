@@ -441,6 +441,38 @@ def test_no_secret_of_the_graders_environment_is_inside_the_sandbox(tmp_path, mo
         assert name.encode() not in inside
 
 
+def test_a_compiler_the_grader_names_outside_the_sandbox_never_breaks_a_build_inside(tmp_path, monkeypatch):
+    """The grader's own compiler settings (CXX, CC, CUDAHOSTCXX, NVCC flags) name programs of its machine that the
+    sandbox need not show: on the H200 machine CXX named such a compiler, and every build inside the sandbox failed
+    ("not found"), so every kernel test of every submission scored 0. A build inside finds its compiler as a
+    student's does."""
+    _sandbox_or_fail()
+    hidden = tmp_path / "toolchain"  # a folder the sandbox does not show
+    hidden.mkdir()
+    for name in ("g++", "gcc"):
+        wrapper = hidden / name
+        wrapper.write_text(f"#!/bin/sh\nexec {shutil.which(name)} \"$@\"\n")
+        wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(hidden / "g++"))
+    monkeypatch.setenv("CC", str(hidden / "gcc"))
+    monkeypatch.setenv("CUDAHOSTCXX", str(hidden / "g++"))
+    monkeypatch.setenv("NVCC_PREPEND_FLAGS", f"-ccbin {hidden / 'g++'}")
+    settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "shared")
+    own = tmp_path / "own"
+    env = pipeline._base_env(settings, own, None)
+    assert not {"CXX", "CC", "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS"} & set(env)
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(own / "cache"), FUSELAB_BACKEND="emulate",
+               PYTHONPATH=str(REPO))
+    build = ("import fuselab\n"
+             "src = '__global__ void k(float* x) { x[threadIdx.x] = 1.0f; }\\n'"
+             " 'void launch(float* x, cudaStream_t s) { k<<<1, 4, 0, s>>>(x); }\\n'\n"
+             "mod = fuselab.build(src, ['void launch(float* x /*[4]*/, cudaStream_t s)'], name='cxx_probe')\n"
+             "print('built', mod.backend)\n")
+    command = isolate.sandboxed([sys.executable, "-c", build], own=[own], hide=[])
+    result = isolate.Child(command, limits=pipeline._limits(settings), env=env, cwd=str(own)).wait()
+    assert result.ok and "built" in result.stdout, (result.stdout + result.stderr)[-2000:]
+
+
 # --- native code --------------------------------------------------------------------------------------------------
 
 RAW_SYSCALLS = textwrap.dedent('''
