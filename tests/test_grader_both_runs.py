@@ -171,6 +171,7 @@ def test_the_notebook_run_is_asked_for_on_the_command_line(tmp_path, monkeypatch
         seen.append(settings)
         raise pipeline.GradingRefused("stop here")
     monkeypatch.setattr(pipeline, "grade", grade)
-    argv = ["grade", str(tmp_path), "--out", str(tmp_path / "out")] + (["--notebook-run"] if flag else [])
+    (tmp_path / "class").mkdir()  # the course folder is never inside the submissions (the command refuses it)
+    argv = ["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out")] + (["--notebook-run"] if flag else [])
     assert cli.main(argv) == 3
     assert seen[0].notebook_run is flag

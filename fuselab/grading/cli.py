@@ -133,8 +133,10 @@ def run(args) -> int:
 
 def out_problem(out: Path) -> str | None:
     """Why grading cannot write into ``out``, said so a teaching assistant can fix it; None if it can. ``out`` (and
-    any missing parent) is made, and a file is written into it and removed."""
+    any missing parent) is made, a file is written into it and removed, and the folders made for the probe are
+    removed again: a run refused later (a sandbox that does not work) leaves nothing behind."""
     shown_out = shown(out)
+    made = [p for p in [out, *out.parents] if not p.exists()]
     try:
         if out.exists() and not out.is_dir():
             return f"--out {shown_out} is a file, not a folder: give a folder (a new one is made)"
@@ -142,6 +144,8 @@ def out_problem(out: Path) -> str | None:
         handle, probe = tempfile.mkstemp(prefix=".fuselab-write-test-", dir=out)
         os.close(handle)
         os.unlink(probe)
+        for folder in made:  # deepest first
+            folder.rmdir()
     except (NotADirectoryError, FileExistsError):
         file = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
         return f"--out {shown_out} cannot be made: {shown(file) if file else 'a part of its path'} is a file"
