@@ -234,29 +234,19 @@ def lab_sources(labs) -> dict:
 
 
 def written_answers(gradebook_db: Path) -> dict:
-    """``{(student, lab): {grade_id: {"score", "max", "comment"}}}`` from the course gradebook: what a person
-    entered in formgrader (written answers' scores, comments on any cell). Empty if it cannot be read."""
-    found: dict = {}
-    if not Path(gradebook_db).exists():
-        return found
+    """``{(student, lab): {grade_id: {"score", "max", "comment"}}}`` from the course gradebook (``handgrading.read``):
+    what a person entered in formgrader (written answers' scores, comments on any cell), else nbgrader's own score.
+    Empty if it cannot be read."""
+    from .handgrading import read
     try:
-        from nbgrader.api import Gradebook
-        with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
-            for assignment in gradebook.assignments:
-                for submission in assignment.submissions:
-                    cells = found.setdefault((submission.student_id, assignment.name), {})
-                    for notebook in submission.notebooks:
-                        for grade in notebook.grades:
-                            cells.setdefault(grade.name, {})["max"] = grade.max_score
-                            cells[grade.name]["score"] = grade.manual_score if grade.manual_score is not None \
-                                else grade.auto_score
-                        for comment in notebook.comments:
-                            text = comment.manual_comment or ""
-                            if text.strip():
-                                cells.setdefault(comment.name, {})["comment"] = text
+        entered = read(gradebook_db)
     except Exception:  # noqa: BLE001 - a gradebook that cannot be read leaves the written answers "to be graded"
         return {}
-    return found
+    return {key: {grade_id: {"max": cell["max"],
+                             "score": cell["manual"] if cell["manual"] is not None else cell["auto"],
+                             **({"comment": cell["comment"]} if (cell["comment"] or "").strip() else {})}
+                  for grade_id, cell in cells.items()}
+            for key, cells in entered.items()}
 
 
 # ---------------------------------------------------------------------------------------------- verdicts

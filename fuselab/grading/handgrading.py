@@ -18,7 +18,8 @@ from .results import SubmissionResult
 
 
 def read(gradebook_db: Path) -> dict:
-    """``{(student, lab): {grade_id: {"manual": score or None, "max": max points, "comment": text}}}``."""
+    """``{(student, lab): {grade_id: {"manual": score or None, "auto": nbgrader's score or None, "max": max points,
+    "comment": text}}}``: what a person entered in formgrader, and nbgrader's own score beside it."""
     found: dict = {}
     if not Path(gradebook_db).exists():
         return found
@@ -29,10 +30,11 @@ def read(gradebook_db: Path) -> dict:
                 cells = found.setdefault((submission.student_id, assignment.name), {})
                 for notebook in submission.notebooks:
                     for grade in notebook.grades:
-                        cells[grade.name] = {"manual": grade.manual_score, "max": grade.max_score, "comment": ""}
+                        cells[grade.name] = {"manual": grade.manual_score, "auto": grade.auto_score,
+                                             "max": grade.max_score, "comment": ""}
                     for comment in notebook.comments:
                         if (comment.manual_comment or "").strip():
-                            cells.setdefault(comment.name, {"manual": None, "max": None})["comment"] = \
+                            cells.setdefault(comment.name, {"manual": None, "auto": None, "max": None})["comment"] = \
                                 comment.manual_comment
     return found
 
