@@ -622,3 +622,32 @@ def test_the_keepers_pid_namespace_keeps_what_the_command_exits_with(tmp_path):
     crashed = isolate.Child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
                             limits=isolate.Limits(wall_s=30, memory_bytes=None)).wait()
     assert crashed.signal == signal.SIGSEGV
+
+
+def test_a_class_zip_inside_the_checkout_is_hidden_and_the_checkout_still_shown(tmp_path):
+    """A TA who downloads the LMS zip into the course's checkout (the guide's commands run from there): the
+    sandbox hid the zip's folder, the whole checkout, and then could not show solutions/ to hide it: every
+    submission was "not graded". The zip alone is hidden (empty inside); the checkout is shown as always."""
+    _sandbox_or_fail()
+    zipped = REPO / f".test-class-{os.getpid()}.zip"
+    zipped.write_bytes(b"PK\x05\x06" + b"\0" * 18 + b"a student's notebook")
+    try:
+        settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "shared")
+        hide = pipeline._hidden_folders(settings, zipped)
+        assert zipped.resolve() in hide and REPO.resolve() not in hide
+        own = tmp_path / "own"
+        probe = f"import sys; print(len(open({str(zipped)!r}, 'rb').read())); import fuselab; print('shown')"
+        command = isolate.sandboxed([sys.executable, "-c", probe], own=[own], hide=hide)
+        result = isolate.Child(command, limits=pipeline._limits(settings), env=dict(os.environ, PYTHONPATH=str(REPO)),
+                               cwd=str(own)).wait()
+        assert result.ok and result.stdout.split() == ["0", "shown"], (result.stdout + result.stderr)[-2000:]
+    finally:
+        zipped.unlink()
+
+
+def test_a_submissions_folder_holding_the_course_is_refused_before_grading(tmp_path):
+    settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "shared")
+    with pytest.raises(pipeline.GradingRefused, match="outside it"):
+        pipeline.check_source(REPO, settings)
+    pipeline.check_source(tmp_path, settings)  # a folder of its own: fine
+    pipeline.check_source(REPO / "grader" / "examples", settings)  # inside the checkout, holding none of it: fine

@@ -5,6 +5,8 @@ by name), then a user without rights, then bubblewrap.
 
 - The environment is cut down to the names the regular expression allows *before* bubblewrap starts: bubblewrap's
   own ``--clearenv`` would leave the grader's environment in its pid 1, which the sandbox could read.
+- ``--fuselab-empty DEST`` lays an empty read-only file over DEST (bubblewrap's ``--ro-bind-data`` from a pipe
+  already at its end): a file that must not be read inside a folder the sandbox shows.
 - The folders bubblewrap binds (``--fuselab-bind SRC DEST``, ``--fuselab-ro-bind SRC DEST``) are first shown, as
   root, in a private mount namespace under ``/run/fuselab-sandbox/N`` (a fresh tmpfs over ``/run``), and bubblewrap
   binds them from there: the user without rights could not reach a Python that lives under ``/root``, or a run
@@ -63,6 +65,13 @@ def main(argv) -> int:
         if command[i] == "--":
             args += command[i:]
             break
+        if command[i] == "--fuselab-empty":  # an empty read-only file over DEST (a file the sandbox must not read)
+            empty, done = os.pipe()
+            os.close(done)  # read to its end at once: bubblewrap copies nothing
+            os.set_inheritable(empty, True)
+            args += ["--ro-bind-data", str(empty), command[i + 1]]
+            i += 2
+            continue
         if command[i] in bind:
             source = command[i + 1]
             if as_root:

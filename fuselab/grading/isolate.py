@@ -565,6 +565,8 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
         if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
             args += _tmpfs(str(folder), 4096)
             empty.append(str(folder))
+        elif Path(folder).is_file() and any(r in Path(folder).parents for r in runtime):
+            args += ["--fuselab-empty", str(folder)]  # a class's zip in the checkout: an empty file inside
     for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():
             args += ["--fuselab-ro-bind", str(folder), str(folder)]

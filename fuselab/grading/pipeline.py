@@ -190,8 +190,21 @@ def _base_env(settings: Settings, workdir: Path, device) -> dict:
 
 
 def _hidden_folders(settings: Settings, source: Path) -> list:
-    """What a sandboxed submission must not see: the whole run folder and the class's submissions."""
-    return [settings.out, Path(source).resolve() if Path(source).is_dir() else Path(source).resolve().parent]
+    """What a sandboxed submission must not see: the whole run folder and the class's submissions (a folder, or the
+    zip itself: the folder a zip lies in may be the course's own checkout, which the sandbox must show)."""
+    return [settings.out, Path(source).resolve()]
+
+
+def check_source(source: Path, settings: Settings) -> None:
+    """Refuse a submissions folder that holds the course's own files (the checkout, the Python environment): a
+    sandbox hides the submissions, and could then not show what it runs."""
+    if not settings.sandbox or not Path(source).is_dir():
+        return
+    folder = Path(source).resolve()
+    inside = [r for r in isolate.runtime_folders() if r == folder or folder in r.parents]
+    if inside:
+        raise GradingRefused(f"the submissions folder {shown(folder)} holds the course's own files ({shown(inside[0])}):"
+                             " put the class's submissions (or the LMS zip) in a folder of their own, outside it")
 
 
 @dataclass
@@ -640,6 +653,7 @@ def grade(source, settings: Settings) -> ClassResult:
     """Grade every submission under ``source`` (a folder or a zip); see the module doc. Raises ``GradingRefused``
     (before anything is graded) for a sandbox that does not work, an ``--out`` in use or in the wrong place."""
     check_out(settings.out, Path(source))
+    check_source(Path(source), settings)
     check_sandbox(settings)
     settings.out = Path(settings.out).resolve()
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -761,7 +775,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     for sub, outcome in zip(todo, outcomes):
         if isinstance(outcome, Exception):
             problems.append(intake.Problem(sub.origin, f"the grader failed on this submission: {outcome!r}",
-                                           student=sub.student, lab=sub.lab))
+                                           student=sub.student, lab=sub.lab, grader_failed=True))
             continue
         results[(sub.student, sub.lab)] = outcome
 
