@@ -178,3 +178,23 @@ def test_an_io_error_while_grading_is_one_line_and_says_how_to_resume(tmp_path, 
     assert code == 4 and "Traceback" not in out + err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "No space left on device" in lines[0] and "run the same command to resume" in lines[0]
+
+
+def test_a_run_whose_grader_failed_on_a_submission_does_not_exit_as_a_success(tmp_path, monkeypatch):
+    # a sandbox that failed for every submission (its check passed) once saved nothing and exited 0: the TA saw a
+    # success; the grader's own failures now end in exit status 5 and a line saying to run the same command again
+    problems = [intake.Problem(where=str(tmp_path / "a.ipynb"), message="the grader failed on this submission: X",
+                               student="alice", lab="lab0", grader_failed=True),
+                intake.Problem(where=str(tmp_path / "b.html"), message="wrong file type", student="bob", lab="lab0")]
+
+    def fake_grade(source, settings):
+        return pipeline.ClassResult(out=settings.out, results=[], problems=problems,
+                                    grades_csv=settings.out / "grades.csv")
+
+    monkeypatch.setattr(pipeline, "grade", fake_grade)
+    (tmp_path / "submissions").mkdir()
+    code, out, err = _grade_cli(tmp_path / "submissions", "--out", tmp_path / "run")
+    assert code == 5 and "the grader failed on 1 submission(s)" in err and "run the same command again" in err
+    problems.pop(0)
+    code, _, _ = _grade_cli(tmp_path / "submissions", "--out", tmp_path / "run")
+    assert code == 0  # a student's wrong upload is the class's business, not a failed run

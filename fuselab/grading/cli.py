@@ -214,6 +214,11 @@ def main_grade(args) -> int:
         print(f"not graded: {shown(problem.where)}: {shown(problem.message)}")
     print(f"\ngrades:   {shown(result.grades_csv)}\nreport:   {shown(result.out / 'report.html')}\n"
           f"feedback: {shown(result.out / 'feedback')}\ngradebook: {shown(result.out / 'course' / 'gradebook.db')}")
+    broken = [p for p in result.problems if p.grader_failed]
+    if broken:  # never a quiet success: these submissions have no grade yet
+        print(f"fuselab grade: the grader failed on {len(broken)} submission(s) (listed above as not graded): fix "
+              "the cause and run the same command again to grade them", file=sys.stderr)
+        return 5
     return 1 if failed else 0
 
 

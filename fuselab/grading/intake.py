@@ -83,6 +83,7 @@ class Problem:
     message: str
     student: str | None = None
     lab: str | None = None
+    grader_failed: bool = False  # the grader's own failure, not the submission's: a run again grades it
 
     def __post_init__(self):
         self.where, self.message = printable(self.where), printable(self.message)
