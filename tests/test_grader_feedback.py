@@ -296,14 +296,15 @@ def test_fuzz_any_result_json_gets_a_page(result):
 
 
 def test_the_report_takes_any_name_and_flag(tmp_path):
-    names = ["a|b <script>alert(1)</script>", "caf\udce9_\udcff", "*bold* [x](javascript:1) `code`", "\ud800"]
+    names = ["a|b <script>alert(1)</script>", "caf\udce9_\udcff", "*bold* [x](javascript:1) `code`", "\ud800",
+             "bob\x1b[2J\x1b[31mALL SUBMISSIONS PASSED\x1b[0m", "mal\u202eyrt"]
     results = []
     for i, name in enumerate(names):
         results.append({"student": name, "lab": LAB, "cells": {"test_fused": {
             "points": 1.0, "max_points": 2.0, "status": "crashed", "message": f"<b>boom</b> | {name}",
             "speed": []}}, "total": 1.0, "max_total": 2.0, "flags": [f"fused_source: {name}\nnext | line"],
             "disagreements": [], "notes": [f"note {name}"], "seconds": 1.0 + i})
-    problems = [intake.Problem(where="submissions/\udcff\udcfe/lab0.ipynb", message="not a <notebook>",
+    problems = [intake.Problem(where="submissions/\udcff\udcfe/lab0.ipynb", message="not a <notebook>\x1b[2J",
                                student="\udcff|", lab=LAB)]
     class_result = pipeline.ClassResult(out=tmp_path, results=results, problems=problems,
                                         feedback_problems=[("x|y", LAB, "its page: <b>")])
@@ -317,7 +318,11 @@ def test_the_report_takes_any_name_and_flag(tmp_path):
     columns = "| student | test_fused | total | late | reason | feedback | time |"
     assert all(len(re.split(r"(?<!\\)\|", row)) == len(columns.split("|"))
                for row in rows)  # no name adds a column
-    assert "caf\\udce9_\\udcff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")  # written, not a crash
+    # written, not a crash: bytes that are not UTF-8 as \xNN, as the report shows them
+    assert "caf\\xe9_\\xff" in (tmp_path / "grades.csv").read_text(encoding="utf-8")
+    for written in ("grades.csv", "report.md", "report.html"):  # no escape sequence or override reaches a reader
+        text = (tmp_path / written).read_text(encoding="utf-8", errors="replace")
+        assert "\x1b" not in text and "\u202e" not in text, written
 
 
 # ---------------------------------------------------------------------------------------------- end to end

@@ -22,12 +22,15 @@ from . import schedule, term
 from .handgrading import hand_graded, totals
 from .intake import printable
 from .results import SubmissionResult
+from .terminal import shown
 
 
 def _md(text, limit: int | None = None) -> str:
     """Any text (a student's folder name, a flag, a path) as one line of markdown that shows as written: bytes
-    that are not UTF-8 as ``\\xNN``, markdown's and HTML's punctuation (tables' ``|`` too) backslashed."""
-    text = " ".join(printable(text).split())
+    that are not UTF-8 as ``\\xNN``, controls, escape sequences and bidirectional overrides as their escapes
+    (``terminal.shown``: a report shown with ``cat`` or in a browser is not rewritten), markdown's and HTML's
+    punctuation (tables' ``|`` too) backslashed."""
+    text = shown(" ".join(printable(text).split()))
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
     # ``_`` stays: student ids are full of it, and at worst it italicises a word
@@ -120,7 +123,8 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None) -
         for student in sorted(rows):
             row = rows[student]
             row["total"], row["max"] = f"{row['total']:g}", f"{row['max']:g}"
-            writer.writerow(row)
+            # a folder name's escape sequence or right-to-left override never reaches a terminal or a spreadsheet
+            writer.writerow({key: shown(value) if isinstance(value, str) else value for key, value in row.items()})
     return path
 
 
