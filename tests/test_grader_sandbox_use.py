@@ -335,6 +335,7 @@ SPAWN = textwrap.dedent('''
     for n in range(200):
         started.append(subprocess.Popen(["sleep", "60"]))
         print(n, flush=True)
+        time.sleep(0.01)  # 2 s for all: the watchdog looks twice a second (an idle machine forks 200 in less)
     time.sleep(60)
 ''')
 
@@ -348,6 +349,28 @@ def test_a_submission_starting_200_processes_is_stopped(tmp_path):
     unsandboxed = isolate.Child([sys.executable, "-c", SPAWN],
                                 limits=isolate.Limits(wall_s=60, memory_bytes=None, processes=40)).wait()
     assert unsandboxed.limit and "processes" in unsandboxed.limit
+
+
+THREADS = textwrap.dedent('''
+    import threading, time
+    stop = threading.Event()
+    for n in range(600):
+        threading.Thread(target=stop.wait, daemon=True).start()
+        if n % 10 == 0:
+            print(n, flush=True)
+            time.sleep(0.05)  # 3 s for all: the watchdog looks twice a second
+    print("all 600 started", flush=True)
+    time.sleep(60)
+''')
+
+
+def test_a_submission_starting_600_threads_is_stopped(tmp_path):
+    """Threads take the host's PIDs as processes do, and /proc lists processes only: 600 waiting threads in one
+    process got past a count of processes (an attack pass found it)."""
+    _sandbox_or_fail()
+    outcome = _sandboxed_run(tmp_path, THREADS, isolate.Limits(wall_s=60, memory_bytes=None, processes=100))
+    assert outcome.limit and "threads" in outcome.limit and not outcome.timed_out, outcome
+    assert "all 600 started" not in outcome.stdout
 
 
 DISK_HOG = textwrap.dedent('''

@@ -48,7 +48,7 @@ class Limits:
     memory_bytes: int | None = 16 * 2**30  # resident memory of the whole tree + its private tmpfs (watchdog)
     file_bytes: int | None = 4 * 2**30     # RLIMIT_FSIZE: a runaway write stops here
     no_network: bool = False      # a network namespace of its own (outside the sandbox: best effort)
-    processes: int | None = 256   # processes of the tree at once (watchdog); a build runs tens
+    processes: int | None = 256   # processes and threads of the tree at once (watchdog); a build runs tens
     disk_bytes: int | None = 8 * 2**30     # what a sandbox's writable folders hold (watchdog)
 
 
@@ -177,6 +177,19 @@ def tree_rss(pid: int, tree=None) -> int:
     return total
 
 
+def tree_tasks(tree) -> int:
+    """Processes and threads of ``tree`` (each process's ``Threads:``): a thread takes a PID of the host's as a
+    process does, and /proc lists only processes, so counting processes alone let 600 threads through."""
+    total = 0
+    for pid in tree:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+        except (OSError, ValueError, StopIteration, IndexError):
+            total += 1
+    return total
+
+
 def private_tmpfs_bytes(tree, folders) -> int:
     """What the sandbox's private tmpfs folders hold: memory no process's resident size shows. Read through a
     process of the tree inside the sandbox (``/proc/PID/root``: its own mounts), each file system once; the host's
@@ -300,8 +313,8 @@ class Child:
         """Which watched limit the tree is past now, in words; None while within them."""
         limits = self.limits
         tree = [self.process.pid] + children_of(self.process.pid, _recent_parents())
-        if limits.processes and len(tree) > limits.processes:
-            return f"started more than {limits.processes} processes at once (the limit)"
+        if limits.processes and tree_tasks(tree) > limits.processes:
+            return f"started more than {limits.processes} processes and threads at once (the limit)"
         if limits.memory_bytes:
             private = private_tmpfs_bytes(tree, self.sandbox.private) if self.sandbox is not None else 0
             if tree_rss(self.process.pid, tree) + private > limits.memory_bytes:
