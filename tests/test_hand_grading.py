@@ -205,3 +205,47 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     assert f"**{auto_total + 1.5:g}** / {maximum:g}" in report
     page = (out / "feedback" / "ann" / "lab0.html").read_text()
     assert "Good sweep, but say why L2." in page and f"Total: {auto_total + 1.5:g} of {maximum:g}" in page
+
+
+def test_stopping_the_formgrader_command_stops_its_server(tmp_path):
+    """A TA's script (or a closed terminal) stopping ``fuselab formgrader`` with SIGTERM left its jupyter child
+    serving the gradebook on the port: the server now ends with the command."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    marker = f"fuselab-formgrader-child-{os.getpid()}"
+    script = ("import sys\nfrom pathlib import Path\nfrom fuselab.grading import formgrader\n"
+              f"formgrader.course_folder = lambda target: Path({str(tmp_path)!r})\n"
+              "formgrader.write_config = lambda course: None\n"
+              "formgrader.server_command = lambda *a: ([sys.executable, '-c', 'import time; time.sleep(300)', "
+              f"{marker!r}], None)\n"
+              "sys.exit(formgrader.main())\n")
+    command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+    def alive():
+        found = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    try:
+        assert "open:" in command.stdout.readline() + command.stdout.readline()
+        deadline = time.monotonic() + 20
+        while not alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive(), "the server did not start"
+        command.send_signal(signal.SIGTERM)
+        command.wait(timeout=20)
+        deadline = time.monotonic() + 10
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(), "the formgrader's server outlived the command"
+    finally:
+        command.kill()
+        for pid in alive():
+            os.kill(int(pid), signal.SIGKILL)

@@ -12,9 +12,11 @@ feedback pages (``handgrading``) without regrading.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -142,7 +144,21 @@ def main(target=None, port: int | None = None, ip: str = "127.0.0.1") -> int:
     print(f"formgrader on {course}\n  open: {url(ip, port, token)}\n"
           f"  then: fuselab grade <the same submissions> --out {course.parent} puts the hand grades in grades.csv, "
           "the report and the feedback pages (nothing is regraded)\n  stop: Ctrl-C", flush=True)
+    # the server ends with this command however it ends: Ctrl-C, a closed terminal (SIGHUP), a script's SIGTERM,
+    # even SIGKILL (the child's death signal); left behind, it would keep serving the gradebook on the port
+    server = subprocess.Popen(argv, cwd=str(course), env=env, preexec_fn=_dies_with_parent)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: server.terminate())
     try:
-        return subprocess.call(argv, cwd=str(course), env=env)
+        return server.wait()
     except KeyboardInterrupt:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
         return 0
+
+
+def _dies_with_parent() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
