@@ -142,3 +142,29 @@ def plot_roofline(peak_flops, peak_bytes_per_s, points: dict, ax=None):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return ax
+
+
+def plot_standing(kernels: dict, threshold, floor=None, ax=None):
+    """Where one graded kernel stands: bars of speedup over the lab's unfused reference (``kernels``: label →
+    speedup, drawn top to bottom; the label ``"your kernel"`` is highlighted), the full-marks ``threshold`` as a
+    line with the partial-credit range shaded from 1.0x, and ``floor`` (the speedup of a kernel moving only its
+    minimum bytes at the copy bandwidth) as a line no kernel crosses. The feedback page draws it from one
+    grading run's numbers only."""
+    ax = _axes(ax, size=(7, 0.5 * len(kernels) + 1.4))
+    names = list(kernels)[::-1]
+    values = [kernels[name] for name in names]
+    colors = ["#d62728" if name == "your kernel" else "#9e9e9e" if "reference" in name else "#1f77b4"
+              for name in names]
+    bars = ax.barh(names, values, color=colors, height=0.6)
+    for bar, value in zip(bars, values):
+        ax.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.2f}x", va="center", fontsize=9)
+    top = max(values + [threshold] + ([floor] if floor else []))
+    ax.axvspan(1.0, threshold, color="#fff4e0", zorder=0, label="partial credit")
+    ax.axvline(threshold, color="#2a7a2a", ls="--", lw=1.5, label=f"full marks from {threshold:.2f}x")
+    if floor:
+        ax.axvline(floor, color="black", ls=":", lw=1.5, label=f"floor: minimum bytes at copy bandwidth, {floor:.2f}x")
+    ax.set_xlim(0, top * 1.18)
+    ax.set_xlabel("speedup over the lab's unfused reference (higher is faster)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
+    ax.grid(alpha=0.3, axis="x")
+    return ax

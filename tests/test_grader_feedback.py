@@ -410,3 +410,114 @@ def check_nosy_feedback(class_result, secret: str) -> None:
     text = _text_of(pages[LAB][NOSY].read_text())
     assert "Clear <answer>, well argued." in text and "graded by hand" in text
     assert [line for line in hidden if line in text] == [] and secret not in text
+
+
+# ---------------------------------------------------------------------------------------------- the speed picture
+
+GPU = "NVIDIA H200"
+
+
+def _speed_record(speedup=1.9, gpu=GPU, **extra):
+    return {"test": "lab0.add_relu_mul", "max_points": 4, "points": 0.07 * 4, "speedup": speedup,
+            "ci": [speedup - 0.01, speedup + 0.01], "threshold": 1.837, "mode": "device", "gpu": gpu,
+            "shape": [67108864], "status": "measured", "reference_s": 6.7e-4, "student_s": 6.7e-4 / speedup, **extra}
+
+
+def _reference_run(gpu=GPU, copy=4.4e12, plain=2.397, reference_s=6.69e-4):
+    record = _speed_record(plain, gpu, reference_s=reference_s, copy_bytes_per_s=copy)
+    return {"cells": {"test_speedup": {"points": 4.0, "max_points": 4.0, "status": "passed", "speed": [record]}}}
+
+
+def _measured_result(tmp_path, record):
+    result = _result(tmp_path, _student_notebook())
+    result["cells"]["test_speedup"] = {"points": 2.0, "max_points": 4.0, "status": "partial", "message": "",
+                                       "speed": [record]}
+    return result
+
+
+def _standing_block(page):
+    start = page.index("<h2>Where your kernel stands</h2>")
+    return page[start: page.index("<h2>", start + 5)]
+
+
+def _pictures(block):
+    return re.findall(r"<img class='standing'[^>]*src='data:image/png;base64,([A-Za-z0-9+/=]+)'", block)
+
+
+def test_the_page_draws_the_students_kernel_among_the_runs_measurements(tmp_path):
+    """A measured speed test: a picture of the student's speedup beside the lab's unfused reference, the plain
+    solution and the floor, all from this grading run on this GPU, and the numbers said in words beside it."""
+    from fuselab.labs import floors
+    reference = _reference_run()
+    path, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.9)), tmp_path / "fb", SOURCES,
+                                 references={LAB: reference})
+    block = _standing_block(path.read_text())
+    pictures = _pictures(block)
+    assert len(pictures) == 1
+    import base64
+    assert base64.b64decode(pictures[0]).startswith(b"\x89PNG")
+    words = _text_of(block)
+    floor = 6.69e-4 / (floors.min_bytes("lab0.add_relu_mul", [67108864], "float32") / 4.4e12)
+    assert "1.90x faster" in words and "full marks from 1.84x" in words and "NVIDIA H200" in words
+    assert "plain solution, measured in the same grading run, ran 2.40x" in words
+    assert f"No kernel can pass {floor:.2f}x" in words
+    # the floor moves with the copy bandwidth the run measured, not with saved course data
+    slower = _reference_run(copy=2.2e12)
+    again, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.9)), tmp_path / "fb2", SOURCES,
+                                  references={LAB: slower})
+    assert f"No kernel can pass {floor / 2:.2f}x" in _text_of(_standing_block(again.read_text()))
+
+
+def test_without_a_gpu_the_page_says_so_instead_of_a_picture(tmp_path):
+    path, _ = feedback.write_one(_result(tmp_path, _student_notebook()), tmp_path / "fb", SOURCES,
+                                 references={LAB: _reference_run()})
+    block = _standing_block(path.read_text())
+    assert _pictures(block) == [] and "<img" not in block
+    assert "not measured: the grading machine has no GPU, so there is no picture" in _text_of(block)
+
+
+def test_the_picture_leaves_out_what_this_run_did_not_measure_on_this_gpu(tmp_path):
+    """A reference run on another GPU model (or none: a run without its reference.json) draws neither the plain
+    solution nor the floor, and says so."""
+    for name, references in (("other", {LAB: _reference_run(gpu="NVIDIA A100")}), ("none", {}),
+                             ("no bandwidth", {LAB: _reference_run(copy=None)})):
+        path, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.5)), tmp_path / name, SOURCES,
+                                     references=references)
+        block = _standing_block(path.read_text())
+        words = _text_of(block)
+        assert len(_pictures(block)) == 1 and "1.50x faster" in words, name
+        assert "No kernel can pass" not in words and "floor (the fewest bytes" in words, name
+        assert ("ran 2.40x" in words) == (name == "no bandwidth"), name
+
+
+def test_the_picture_is_drawn_from_numbers_only(tmp_path):
+    """Strings of a record (its test id, the GPU's name) reach the page escaped and the picture not at all: the
+    same numbers give the same image whatever those strings say."""
+    evil = "<script>alert(1)</script>"
+    plain_page, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.7)), tmp_path / "a", SOURCES,
+                                       references={LAB: _reference_run()})
+    record = _speed_record(1.7, gpu=GPU + evil)
+    reference = _reference_run(gpu=GPU + evil)
+    odd_page, _ = feedback.write_one(_measured_result(tmp_path, record), tmp_path / "b", SOURCES,
+                                     references={LAB: reference})
+    page = odd_page.read_text()
+    assert "<script" not in page.lower() and "&lt;script&gt;" in page
+    assert _pictures(_standing_block(page)) == _pictures(_standing_block(plain_page.read_text()))
+
+
+def test_write_all_reads_the_runs_reference_beside_the_feedback_folder(tmp_path):
+    out = tmp_path / "run"
+    (out / "reference" / LAB).mkdir(parents=True)
+    (out / "reference" / LAB / "reference.json").write_text(json.dumps(_reference_run()))
+    pages, problems = feedback.write_all([_measured_result(tmp_path, _speed_record(2.1))], out / "feedback", SOURCES)
+    assert problems == []
+    words = _text_of(_standing_block(pages[LAB]["alice"].read_text()))
+    assert "ran 2.40x" in words and "No kernel can pass" in words
+
+
+def test_the_page_is_rendered_by_the_autoescaping_template():
+    """No hand-built HTML: the page comes from templates/feedback.html, with autoescaping on."""
+    source = Path(feedback.__file__).read_text()
+    assert "html.escape" not in source and "<div" not in source
+    assert feedback._environment().autoescape is True
+    assert (feedback.TEMPLATES / "feedback.html").is_file()

@@ -1,6 +1,6 @@
 """Per-student feedback: one HTML page per submission, built only from what the student may see.
 
-The page has two sources, and nothing else reaches it:
+The page has three sources, and nothing else reaches it:
 
 1. the student's **own submitted notebook**: their cells with the outputs they themselves submitted. Cells the
    lab provides (tests, setup, anything not a solution cell) are shown as the lab's **release** version
@@ -9,7 +9,16 @@ The page has two sources, and nothing else reaches it:
 2. the **grader's verdicts** (``result.json``, from the clean recheck): points, status, a bounded message, the
    speed records' numbers, the flags and notes of that submission, whether the notebook run scored anything
    differently (one fixed sentence a page: never the notebook run's numbers, nor which tests, which the student's
-   code can choose), and the written answers' scores and comments a teaching assistant entered in formgrader.
+   code can choose), and the written answers' scores and comments a teaching assistant entered in formgrader;
+3. the grader's own **reference run** of the lab's solution in the same grading run (``reference/<lab>/
+   reference.json``, written before any student's code ran): the plain solution's speedup and the copy bandwidth
+   measured on that GPU. With the speed record's numbers they draw each measured speed test as a picture (PNG,
+   ``plots.plot_standing``): the student's kernel beside the lab's unfused reference, the plain solution, the
+   threshold for full marks and the floor (the op's fewest bytes, ``labs/floors.py``, at that copy bandwidth). The
+   picture is drawn from numbers alone; a speed test not measured (no GPU) says so instead.
+
+The page is rendered by ``templates/feedback.html`` (Jinja2, autoescaping on): the code here gathers text and
+numbers, and the template escapes every one of them.
 
 Nothing printed while the grader ran the student's code (nbgrader's autograded notebook, the kernel's output,
 the clean recheck's stdout) is read. That is what keeps the hidden tests and the grading machine's files and
@@ -37,8 +46,8 @@ import ast
 import base64
 import binascii
 import hashlib
-import html
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -375,7 +384,10 @@ class _Verdicts:
 
 
 # ---------------------------------------------------------------------------------------------- rendering
+# Python gathers the page's content as plain data (strings and numbers); templates/feedback.html renders it with
+# Jinja2's autoescaping, so no text of a submission or a run reaches the page unescaped, whatever its path here.
 
+TEMPLATES = Path(__file__).parent / "templates"
 _STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;vertical-align:top}
@@ -384,32 +396,36 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px;ma
 .label{font-size:80%;color:#666}.out pre{background:#fff;border:1px dashed #ccc}
 .verdict{background:#eef3fb;padding:6px;margin:4px 0}.ok{color:#2a7a2a}.lost{color:#b02a2a}
 .flag{background:#fff4e0;padding:4px 6px;margin:3px 0}.md pre{background:#fff;font-family:inherit}
+.standing{max-width:100%}.speed{margin:.5em 0}
 """
 
 
-def _e(text) -> str:
-    return html.escape(text if isinstance(text, str) else str(text), quote=True)
+
+def _environment():
+    import jinja2
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def _render(name: str, **context) -> str:
+    return _environment().get_template(name).render(**context)
 
 
 def _points(cell: dict) -> tuple:
     return _number(cell.get("points")), _number(cell.get("max_points"))
 
 
-def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> list:
+def _summary(result, verdicts: _Verdicts, manual: dict, scrub) -> dict:
     total = sum(_points(c)[0] for c in verdicts.cells.values())
     maximum = sum(_points(c)[1] for c in verdicts.cells.values())
-    parts = [f"<h1>Feedback: {_e(lab)}, {_e(student)}</h1>",
-             f"<p><b>Automatically graded: {total:g} of {maximum:g} points.</b></p>"]
+    summary = {"total": f"{total:g}", "maximum": f"{maximum:g}", "hand": None, "rows": [], "manual": []}
     hand = {k: _dict(v) for k, v in _dict(result.get("hand_graded")).items()}
     if hand:  # the totals with what a teaching assistant graded by hand (handgrading.apply)
         given = sum(_number(h.get("points")) for h in hand.values())
         most = sum(_number(h.get("max_points")) for h in hand.values())
         waiting = sum(1 for h in hand.values() if not isinstance(h.get("points"), (int, float)))
-        parts.append(f"<p><b>Graded by hand: {given:g} of {most:g} points"
-                     f"{f' ({waiting} answer(s) still to be graded)' if waiting else ''}. "
-                     f"Total: {total + given:g} of {maximum + most:g} points.</b></p>")
-    parts += [f"<p>{_e(HOW_GRADED)}</p>",
-              "<table><tr><th>test</th><th>points</th><th>result</th><th>why</th></tr>"]
+        summary["hand"] = {"given": f"{given:g}", "most": f"{most:g}", "waiting": waiting,
+                           "total": f"{total + given:g}", "maximum": f"{maximum + most:g}"}
     for grade_id, cell in verdicts.cells.items():
         points, most = _points(cell)
         status = cell.get("status") if isinstance(cell.get("status"), str) else "?"
@@ -425,50 +441,44 @@ def _summary(student, lab, result, verdicts: _Verdicts, manual: dict, scrub) -> 
             why.append(speed)
         if _dict(cell.get("by_hand")):
             why.append("points given by a teaching assistant")
-        klass = "ok" if points >= most else "lost"
-        parts.append(f"<tr><td><a href='#{_anchor(grade_id)}'>{_e(grade_id)}</a></td>"
-                     f"<td class='{klass}'>{points:g} / {most:g}</td><td>{_e(status)}</td>"
-                     f"<td>{_e('; '.join(why))}</td></tr>")
+        summary["rows"].append({"anchor": _anchor(grade_id), "grade_id": grade_id, "ok": points >= most,
+                                "points": f"{points:g} / {most:g}", "status": status, "why": "; ".join(why)})
     for grade_id in [g for g in _list(result.get("manual_cells")) if isinstance(g, str)]:
         entry = _dict(manual.get(grade_id))
         score, most = entry.get("score"), entry.get("max")
-        shown = f"{_number(score):g} / {_number(most):g}" if isinstance(score, (int, float)) else \
+        graded = isinstance(score, (int, float))
+        shown = f"{_number(score):g} / {_number(most):g}" if graded else \
             (f"? / {_number(most):g}" if isinstance(most, (int, float)) else "?")
-        parts.append(f"<tr><td>{_e(grade_id)}</td><td>{shown}</td><td>written answer</td>"
-                     f"<td>{'graded by hand' if isinstance(score, (int, float)) else 'to be graded by hand'}"
-                     "</td></tr>")
-    parts.append("</table>")
-    return parts
+        summary["manual"].append({"grade_id": grade_id, "shown": shown,
+                                  "state": "graded by hand" if graded else "to be graded by hand"})
+    return summary
 
 
 def _anchor(grade_id) -> str:
     return "t-" + re.sub(r"[^A-Za-z0-9_-]", "_", str(grade_id))[:100]
 
 
-def _flag_html(cell_id, text, test_id) -> str:
-    where = "" if cell_id == test_id else f"about your cell <code>{_e(cell_id)}</code>, which this test uses: "
-    return f"<div class='flag'>⚠ {where}{_e(_flat(text, MAX_NOTE_CHARS))}</div>"
+def _flag(cell_id, text, test_id) -> dict:
+    """A flag: ``about`` names the solution cell it is about when that is not the test it is shown at."""
+    return {"about": None if cell_id == test_id else str(cell_id), "text": _flat(text, MAX_NOTE_CHARS)}
 
 
-def _verdict_html(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> str:
+def _comment(entry) -> str:
+    comment = _dict(entry).get("comment")
+    return clean_text(comment, 4000) if isinstance(comment, str) and comment.strip() else ""
+
+
+def _verdict(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> dict:
     cell = verdicts.cells.get(grade_id, {})
     points, most = _points(cell)
     status = cell.get("status") if isinstance(cell.get("status"), str) else ""
-    parts = [f"<div class='verdict' id='{_anchor(grade_id)}'><b>Grader: {_e(grade_id)}: "
-             f"<span class='{'ok' if points >= most else 'lost'}'>{points:g} of {most:g} points</span></b>, "
-             f"{_e(STATUS_WORDS.get(status, status))}."]
     message = cell.get("message") if isinstance(cell.get("message"), str) else ""
-    if message.strip():
-        parts.append(f"<pre>{_e(clean_text(scrub(message), MAX_MESSAGE_CHARS))}</pre>")
-    speed = _speed_line(cell.get("speed"))
-    if speed:
-        parts.append(f"<div>{_e(speed)}</div>")
-    parts += [_flag_html(c, f, grade_id) for c, f in verdicts.flags_for_test(grade_id)]
-    comment = _dict(manual.get(grade_id)).get("comment")
-    if isinstance(comment, str) and comment.strip():
-        parts.append(f"<div class='flag'>Comment: {_e(clean_text(comment, 4000))}</div>")
-    parts.append("</div>")
-    return "".join(parts)
+    return {"anchor": _anchor(grade_id), "grade_id": grade_id, "ok": points >= most,
+            "points": f"{points:g}", "most": f"{most:g}", "status": STATUS_WORDS.get(status, status),
+            "message": clean_text(scrub(message), MAX_MESSAGE_CHARS) if message.strip() else "",
+            "speed": _speed_line(cell.get("speed")),
+            "flags": [_flag(c, f, grade_id) for c, f in verdicts.flags_for_test(grade_id)],
+            "comment": _comment(manual.get(grade_id))}
 
 
 # A disagreement is said once a page, in these words alone. The notebook run executes the student's code beside the
@@ -479,39 +489,33 @@ _DISAGREED = ("Your notebook's own run scored differently from the grader's clea
               "counts: it runs what your solution cells define, apart from the rest of your notebook's code.")
 
 
-def _grader_notes(verdicts: _Verdicts, release_problem: str) -> list:
-    parts = []
-    cell_flags = {c: fs for c, fs in verdicts.flags_by_cell.items() if c not in verdicts.cells}
-    if cell_flags:
-        parts.append("<h2>About your solution cells</h2><ul>")
-        for cell_id, texts in cell_flags.items():
-            tests = verdicts.tests_using(cell_id)
-            cost = f" (the tests that use it: {', '.join(tests)})" if tests else ""
-            for text in texts:
-                parts.append(f"<li><code>{_e(cell_id)}</code>{_e(cost)}: {_e(_flat(text, MAX_NOTE_CHARS))}</li>")
-        parts.append("</ul>")
+def _grader_notes(verdicts: _Verdicts, release_problem: str) -> dict:
+    cell_flags = []
+    for cell_id, texts in verdicts.flags_by_cell.items():
+        if cell_id in verdicts.cells:
+            continue
+        tests = verdicts.tests_using(cell_id)
+        cost = f" (the tests that use it: {', '.join(tests)})" if tests else ""
+        cell_flags += [{"cell": cell_id, "cost": cost, "text": _flat(text, MAX_NOTE_CHARS)} for text in texts]
     disagreed = bool(verdicts.other_disagreements) or any(verdicts.disagreements.values())
     general = verdicts.other_flags + ([_DISAGREED] if disagreed else [])
     notes = verdicts.notes + ([release_problem] if release_problem else [])
-    if general or notes:
-        parts.append("<h2>Notes from the grader</h2><ul>")
-        parts += [f"<li>{_e(_flat(text, MAX_NOTE_CHARS))}</li>" for text in general + notes]
-        parts.append("</ul>")
-    return parts
+    return {"cell_flags": cell_flags, "general": [_flat(text, MAX_NOTE_CHARS) for text in general + notes]}
 
 
-def _image(mime, data) -> str:
+def _image(mime, data) -> dict:
+    """A submitted image: ``{"mime", "data"}`` when it is valid base64 of a size the page shows, else a label."""
     data = _text(data).replace("\n", "")
     if len(data) > MAX_IMAGE_BYTES:
-        return f"<div class='label'>(an image of {len(data) // 1024} kB: too large to show)</div>"
+        return {"label": f"(an image of {len(data) // 1024} kB: too large to show)"}
     try:
         base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        return "<div class='label'>(an image that is not valid base64: not shown)</div>"
-    return f"<img alt='output' src='data:{mime};base64,{data}'>"
+        return {"label": "(an image that is not valid base64: not shown)"}
+    return {"mime": mime, "data": data}
 
 
-def _outputs_html(outputs) -> str:
+def _outputs(outputs) -> dict | None:
     """The outputs the student submitted: text, and PNG/JPEG images. HTML, JavaScript and other rich outputs are
     shown by their plain-text version (the page runs nothing a notebook carries)."""
     texts, images, budget = [], [], MAX_OUTPUT_CHARS
@@ -539,21 +543,32 @@ def _outputs_html(outputs) -> str:
         texts.append(text[: max(0, budget) + 1])  # one past the budget: the cut below then says so
         budget -= len(texts[-1])
     text = clean_text("".join(t if t.endswith("\n") else t + "\n" for t in texts if t), MAX_OUTPUT_CHARS)
-    body = (f"<pre>{_e(text)}</pre>" if text.strip() else "") + "".join(images)
-    return f"<div class='out'><div class='label'>output in the notebook you submitted</div>{body}</div>" \
-        if body else ""
+    text = text if text.strip() else ""
+    return {"text": text, "images": images} if text or images else None
 
 
-def _cells_html(nb: dict, sources: LabSources, verdicts: _Verdicts, scrub, manual) -> tuple:
-    """The notebook part of the page, and the tests the student's notebook did not contain."""
-    parts, shown, size = [], set(), 0
+def _size(item) -> int:
+    """About how many characters an item takes on the page (its texts and images), for the page's size budget."""
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, dict):
+        return 80 + sum(_size(v) for v in item.values())
+    if isinstance(item, list):
+        return sum(_size(v) for v in item)
+    return 8
+
+
+def _cells(nb: dict, sources: LabSources, verdicts: _Verdicts, scrub, manual) -> tuple:
+    """The notebook part of the page (cells, and labels where a cell is not shown), and the tests the student's
+    notebook did not contain."""
+    items, shown, size = [], set(), 0
     cells = nb["cells"]
     for index, cell in enumerate(cells):
         if size > MAX_PAGE_CHARS:
-            parts.append(f"<p class='label'>({len(cells) - index:,} more cells: past the size this page shows)</p>")
+            items.append({"label": f"({len(cells) - index:,} more cells: past the size this page shows)"})
             break
         if not isinstance(cell, dict):
-            parts.append(f"<p class='label'>(cell {index + 1} is not a notebook cell: not shown)</p>")
+            items.append({"label": f"(cell {index + 1} is not a notebook cell: not shown)"})
             continue
         kind = cell.get("cell_type") if isinstance(cell.get("cell_type"), str) else "?"
         grade_id = _grade_id(cell)
@@ -567,78 +582,163 @@ def _cells_html(nb: dict, sources: LabSources, verdicts: _Verdicts, scrub, manua
             source = _text(cell.get("source"))
             label = f"your cell {grade_id}" if grade_id else "your cell"
         is_test = grade_id in verdicts.cells and grade_id not in shown
-        piece = [f"<div class='cell{' test' if is_test else ''}'><div class='label'>[{index + 1}] {_e(kind)}, "
-                 f"{_e(label)}</div>"]
         text = clean_text(source, MAX_SOURCE_CHARS)
-        piece.append(f"<div class='md'><pre>{_e(text)}</pre></div>" if kind == "markdown" else
-                     f"<pre>{_e(text)}</pre>" if text.strip() else "")
-        if kind == "code":
-            piece.append(_outputs_html(cell.get("outputs")))
+        item = {"test": is_test, "title": f"[{index + 1}] {kind}, {label}", "markdown": kind == "markdown",
+                "source": text if text.strip() or kind == "markdown" else "",
+                "outputs": _outputs(cell.get("outputs")) if kind == "code" else None,
+                "flags": [], "verdict": None, "comment": ""}
         if grade_id and not is_test:
-            piece += [_flag_html(grade_id, f, None) for f in verdicts.flags_by_cell.get(grade_id, [])]
+            item["flags"] = [_flag(grade_id, f, None) for f in verdicts.flags_by_cell.get(grade_id, [])]
         if is_test:
-            piece.append(_verdict_html(grade_id, verdicts, scrub, manual))
+            item["verdict"] = _verdict(grade_id, verdicts, scrub, manual)
             shown.add(grade_id)
-        elif grade_id in _dict(manual) and _dict(manual[grade_id]).get("comment"):
-            piece.append(f"<div class='flag'>Comment: {_e(clean_text(manual[grade_id]['comment'], 4000))}</div>")
-        piece.append("</div>")
-        html_piece = "".join(piece)
-        size += len(html_piece)
-        parts.append(html_piece)
-    return parts, [g for g in verdicts.cells if g not in shown]
+        elif grade_id in _dict(manual):
+            item["comment"] = _comment(manual[grade_id])
+        size += _size(item)
+        items.append(item)
+    return items, [g for g in verdicts.cells if g not in shown]
+
+
+# ---------------------------------------------------------------------------------------------- the speed picture
+
+
+def _measured(value) -> float | None:
+    """A positive finite number, or None."""
+    number = _number(value, None)
+    return number if number is not None and math.isfinite(number) and number > 0 else None
+
+
+def _record_of(records, test_id) -> dict:
+    return next((_dict(r) for r in _list(records) if _dict(r).get("test") == test_id), {})
+
+
+def _standing(grade_id, cell: dict, reference: dict) -> dict | None:
+    """What the page says of a graded speed test's kernel: a picture of it beside the lab's unfused reference, the
+    plain solution and the floor, every number measured in this grading run; or, when its speed was not measured,
+    why there is no picture. None for a cell that is not a speed test."""
+    records = [_dict(r) for r in _list(cell.get("speed")) if isinstance(_dict(r).get("test"), str)]
+    if not records:
+        return None
+    record = records[0]
+    test_id = _flat(record["test"], 100)
+    speedup, threshold = _measured(record.get("speedup")), _measured(record.get("threshold"))
+    standing = {"grade_id": grade_id, "anchor": _anchor(grade_id), "test": test_id, "picture": None, "said": [],
+                "why_not": ""}
+    if speedup is None or threshold is None:
+        status = record.get("status") if isinstance(record.get("status"), str) else ""
+        standing["why_not"] = ("Your kernel's speed was not measured: the grading machine has no GPU, so there is no "
+                               "picture of where it stands." if status == "not measured (no GPU)" else
+                               f"Your kernel's speed was not measured ({_flat(status or 'no measurement', 300)}), "
+                               "so there is no picture of where it stands.")
+        return standing
+    gpu = record.get("gpu") if isinstance(record.get("gpu"), str) else None
+    kernels = {"the lab's unfused reference": 1.0}
+    plain_record = _record_of(_dict(_dict(_dict(reference.get("cells")).get(grade_id))).get("speed"), test_id)
+    same_gpu = plain_record.get("gpu") == gpu and plain_record.get("status") == "measured"
+    plain = _measured(plain_record.get("speedup")) if same_gpu else None
+    if plain is not None:
+        kernels["the course's plain solution"] = plain
+    else:
+        standing["said"].append("The course's plain solution was not measured on this GPU in this grading run, so "
+                                "it is not drawn.")
+    kernels["your kernel"] = speedup
+    floor = _floor(test_id, record, plain_record if same_gpu else {})
+    if floor is None:
+        standing["said"].append("The floor (the fewest bytes at this GPU's copy bandwidth) was not measured in this "
+                                "grading run, so it is not drawn.")
+    standing["said"].insert(0, _standing_words(speedup, threshold, plain, floor, gpu))
+    standing["picture"] = _picture(kernels, threshold, floor)
+    return standing
+
+
+def _floor(test_id, record, plain_record) -> float | None:
+    """The floor's speedup over the lab's unfused reference: the reference's time in the grader's reference run
+    over the time of the op's minimum bytes at the copy bandwidth measured in that run, on the same GPU."""
+    from ..labs import floors, registry
+    copy, reference_s = _measured(plain_record.get("copy_bytes_per_s")), _measured(plain_record.get("reference_s"))
+    shape = record.get("shape")
+    if copy is None or reference_s is None or not isinstance(shape, list) or \
+            not all(isinstance(s, int) and s > 0 for s in shape):
+        return None
+    try:
+        dtype = registry.graded_tests()[test_id].dtype
+    except KeyError:
+        return None
+    moved = floors.min_bytes(test_id, shape, dtype)
+    return reference_s / (moved / copy) if moved else None
+
+
+def _standing_words(speedup, threshold, plain, floor, gpu) -> str:
+    words = [f"Your kernel ran {speedup:.2f}x faster than the lab's unfused reference"
+             + (f" on the grading machine's {_flat(gpu, 80)}" if gpu else "")
+             + f"; full marks from {threshold:.2f}x."]
+    if plain is not None:
+        words.append(f"The course's plain solution, measured in the same grading run, ran {plain:.2f}x.")
+    if floor is not None:
+        words.append(f"No kernel can pass {floor:.2f}x here: the time of its fewest bytes at this GPU's copy "
+                     "bandwidth (measured in the same run).")
+    return " ".join(words)
+
+
+def _picture(kernels: dict, threshold: float, floor) -> str | None:
+    """The standing as a PNG, base64: drawn from the grader's numbers only (labels are the grader's own words)."""
+    try:
+        import io
+
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        from ..plots import plot_standing
+        figure = Figure(figsize=(7, 0.5 * len(kernels) + 1.8), dpi=90)
+        FigureCanvasAgg(figure)
+        plot_standing(kernels, threshold, floor, ax=figure.add_subplot(1, 1, 1))
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", bbox_inches="tight")
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+    except Exception:  # noqa: BLE001 - the words beside it still say the numbers
+        return None
 
 
 def build_page(result: dict, sources: LabSources, notebook: dict | None, notebook_problem: str = "",
-               manual: dict | None = None, scrub=None, show_flags: bool = True) -> str:
+               manual: dict | None = None, scrub=None, show_flags: bool = True, reference: dict | None = None) -> str:
     """The feedback page (HTML) of one submission; ``notebook`` is the student's submitted notebook or None.
-    ``show_flags``: False leaves the grader's flags out (``write_one`` does until a TA decides)."""
+    ``show_flags``: False leaves the grader's flags out (``write_one`` does until a TA decides). ``reference``: the
+    grader's reference run of the lab (``reference.json``) in the same grading run, whose plain solution and floor
+    the speed picture draws."""
     result = _dict(result)
     if not show_flags:
         result = {**result, "flags": []}
-    manual = _dict(manual)
+    manual, reference = _dict(manual), _dict(reference)
     scrub = scrub or MessageScrub(sources.hidden_lines)
     student, lab = _flat(result.get("student", "?"), 200), _flat(result.get("lab", "?"), 100)
     verdicts = _Verdicts.of(result, sources)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
-             "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; "
-             "style-src 'unsafe-inline'\">",
-             f"<title>{_e(lab)}: feedback for {_e(student)}</title><style>{_STYLE}</style></head><body>"]
-    parts += _summary(student, lab, result, verdicts, manual, scrub)
-    parts += _grader_notes(verdicts, sources.problem)
-    parts.append("<h2>Your notebook</h2>")
-    missing = list(verdicts.cells)
+    speed = [s for s in (_standing(g, c, reference) for g, c in verdicts.cells.items()) if s is not None]
+    cells, missing = None, list(verdicts.cells)
     if notebook is not None:
         try:
-            cell_parts, missing = _cells_html(notebook, sources, verdicts, scrub, manual)
-            parts += cell_parts
+            cells, missing = _cells(notebook, sources, verdicts, scrub, manual)
         except Exception as exc:  # noqa: BLE001 - the verdicts above still reach the student
             notebook_problem = f"your notebook could not be shown ({type(exc).__name__})"
-    if notebook_problem:
-        parts.append(f"<p class='flag'>{_e(notebook_problem)}; your points above are not affected.</p>")
-    if missing:
-        parts.append("<h2>Tests not found in your notebook</h2><p>The grader ran them from the lab's notebook.</p>")
-        for grade_id in missing:
-            release = sources.release.get(grade_id)
-            source = clean_text(_text(release.get("source")), MAX_SOURCE_CHARS) if release else ""
-            parts.append("<div class='cell test'>" + (f"<pre>{_e(source)}</pre>" if source else "") +
-                         _verdict_html(grade_id, verdicts, scrub, manual) + "</div>")
-    parts.append("</body></html>")
-    return "".join(parts)
+    missing = [{"source": clean_text(_text(sources.release[g].get("source")), MAX_SOURCE_CHARS)
+                if g in sources.release else "", "verdict": _verdict(g, verdicts, scrub, manual)} for g in missing]
+    return _render("feedback.html", student=student, lab=lab, style=_STYLE, how_graded=HOW_GRADED,
+                   summary=_summary(result, verdicts, manual, scrub), speed=speed,
+                   notes=_grader_notes(verdicts, sources.problem), cells=cells or [],
+                   notebook_problem=notebook_problem, missing=missing)
 
 
 def plain_page(student, lab, why: str) -> str:
-    return (f"<!doctype html><meta charset='utf-8'><title>feedback</title><h1>Feedback: {_e(_flat(lab, 100))}, "
-            f"{_e(_flat(student, 200))}</h1><p>The feedback page could not be built ({_e(_flat(why, 300))}). "
-            "Your grade is recorded; ask your teaching assistant for the details.</p>")
+    return _render("feedback-plain.html", student=_flat(student, 200), lab=_flat(lab, 100), why=_flat(why, 300))
 
 
 # ---------------------------------------------------------------------------------------------- writing
 
 
 def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = None,
-              show_flags: bool = False) -> tuple:
+              show_flags: bool = False, references: dict | None = None) -> tuple:
     """Write ``out_dir/<student>/<lab>.html``; ``(path or None, problem text or "")``. Never raises. The flags
-    are on the page only with ``show_flags`` (a TA decided)."""
+    are on the page only with ``show_flags`` (a TA decided). ``references``: lab → the grading run's reference
+    run (``reference_runs``)."""
     result = _dict(result)
     student, lab = str(result.get("student", "")), str(result.get("lab", ""))
     problem = ""
@@ -646,7 +746,8 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
         lab_source = sources.get(lab) or LabSources(problem="the lab's release notebook is unknown")
         notebook, notebook_problem = load_notebook(result.get("notebook", ""), result.get("notebook_sha"))
         page = build_page(result, lab_source, notebook, notebook_problem,
-                          _dict(manual).get((student, lab), {}), show_flags=show_flags)
+                          _dict(manual).get((student, lab), {}), show_flags=show_flags,
+                          reference=_dict(references).get(lab))
         if notebook_problem:
             problem = notebook_problem
     except Exception as exc:  # noqa: BLE001 - one submission's page must not stop the class's
@@ -682,21 +783,41 @@ def shown_flags(course_folder: Path) -> set:
     return {(student.strip(), lab.strip()) for student, _, lab in pairs if student.strip() and lab.strip()}
 
 
+def reference_runs(out: Path, labs) -> dict:
+    """lab → the grading run's reference run of the lab's solution (``<out>/reference/<lab>/reference.json``,
+    written by the grader before any student's code ran), where it can be read: its speed records hold the plain
+    solution's speedup and the copy bandwidth measured on that GPU, which the speed picture draws."""
+    found = {}
+    for lab in labs:
+        try:
+            saved = json.loads((Path(out) / "reference" / _safe_part(str(lab)) / "reference.json").read_text())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(saved, dict):
+            found[lab] = saved
+    return found
+
+
 def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None,
-              show_flags=frozenset()) -> tuple:
+              show_flags=frozenset(), references: dict | None = None) -> tuple:
     """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises.
 
     ``results``: ``SubmissionResult``s, or result.json dicts of any shape (read defensively, as JSON).
-    ``show_flags``: the (student, lab)s whose pages show the grader's flags (``shown_flags``)."""
+    ``show_flags``: the (student, lab)s whose pages show the grader's flags (``shown_flags``).
+    ``references``: lab → the lab's reference run in this grading run; by default read beside ``out_dir``
+    (``reference_runs`` of its parent, the run's output folder)."""
     results = [r.to_json() if isinstance(r, SubmissionResult) else r for r in _list(results)]
     results = [r for r in results if isinstance(r, dict)]
     if sources is None:
         sources = lab_sources(sorted({str(r.get("lab")) for r in results}))
     manual = written_answers(gradebook_db) if gradebook_db else {}
+    if references is None:
+        references = reference_runs(Path(out_dir).parent, sorted({str(r.get("lab")) for r in results}))
     pages, problems = {}, []
     for result in results:
         student, lab = str(result.get("student", "")), str(result.get("lab", ""))
-        path, problem = write_one(result, out_dir, sources, manual, show_flags=(student, lab) in show_flags)
+        path, problem = write_one(result, out_dir, sources, manual, show_flags=(student, lab) in show_flags,
+                                  references=references)
         if path is not None:
             pages.setdefault(lab, {})[student] = path
         if problem:

@@ -208,6 +208,11 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             result = timing.compare({"reference": rotating(reference_op, "reference"),
                                      "student": LAST_TIMED},
                                     baseline="reference", mode=mode, budget_s=budget_s)
+            if not asks_a_checker():
+                # a run of the course's own (the grader's reference run of the solution, not a student's kernel
+                # worker): this GPU's copy bandwidth, now, the feedback page's yardstick for the floor
+                from ..timing.roofline import measure_copy_bandwidth
+                record["copy_bytes_per_s"] = measure_copy_bandwidth(budget_s=0.5)
         speedup = result.graded_speedup("student")
         record.update(student_s=result["student"].median, reference_s=result["reference"].median)
 
