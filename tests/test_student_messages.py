@@ -1020,13 +1020,33 @@ def test_a_line_every_failing_case_repeats_is_said_once_with_a_count():
     assert report.count("✗ case") == 3, report
 
 
-def test_a_depthwise_kernel_without_the_loop_over_grid_z_is_told():
-    # every visible test passed: none has more than 65535 planes (the emulation cannot run that many threads in a
-    # test), so the source says it; the GPU's hidden cases have more
+GRID_Z_LOOP = "for (int p = blockIdx.z; p < planes; p += gridDim.z)"
+
+
+@pytest.mark.parametrize("bug", ["no loop over gridDim.z", "the loop steps by one grid's worth of planes too many"])
+def test_a_depthwise_kernel_without_the_loop_over_grid_z_fails_a_visible_test_that_names_why(bug):
+    """No visible case had more than 65535 planes, so a kernel that takes its plane from blockIdx.z alone passed
+    every visible test (only a note read from the source spoke of it). A visible case of 65600 one-pixel planes
+    runs under the emulation in a second: it fails such a kernel, saying the planes past the grid's z were never
+    computed and the loop that computes them; the solution passes it."""
     from fuselab.labs import lab1
     source = _lab_source("lab1", "DEPTHWISE_SOURCE")
-    assert "gridDim.z" in source and lab1.plane_loop_note(source) == ""
-    note = lab1.plane_loop_note(re.sub(r"for \(int p = blockIdx\.z; p < planes; p \+= gridDim\.z\)",
-                                       "for (int p = blockIdx.z; p < planes; p += 1 << 30)", source))
-    assert "gridDim.z" in note and "65535" in note, note
-    assert any(c.N * c.C > 65535 for c in lab1.GPU_DEPTHWISE_CASES)
+    assert GRID_Z_LOOP in source
+    wrong = {"no loop over gridDim.z": "for (int p = blockIdx.z; p < planes && p == blockIdx.z; ++p)",
+             "the loop steps by one grid's worth of planes too many": GRID_Z_LOOP.replace("p += gridDim.z",
+                                                                                          "p += 2 * gridDim.z")}[bug]
+    assert lab1.MANY_PLANES_CASE.N * lab1.MANY_PLANES_CASE.C > 65535
+
+    def op(text, name):
+        mod = fuselab.build(text, lab1.SOLUTION_SOURCES["DEPTHWISE_SOURCE"], name=name, backend="emulate")
+        return lab1.depthwise_fused(mod)
+
+    lab1.check_many_planes(op(source, "msg_planes_ok"), lab1.make_depthwise_inputs)  # the solution passes
+    buggy = op(source.replace(GRID_Z_LOOP, wrong), "msg_planes_" + str(len(bug)))
+    # every other visible case passes: this is the one test that shows the bug before grading
+    assert _depthwise_check(source.replace(GRID_Z_LOOP, wrong), "msg_planes_" + str(len(bug))).passed
+    with pytest.raises(AssertionError) as raised:
+        lab1.check_many_planes(buggy, lab1.make_depthwise_inputs)
+    message = str(raised.value)
+    assert "first 65535 planes are right" in message and "blockIdx.z alone" in message, message
+    assert "p += gridDim.z" in message and "65 plane(s) past them are wrong (from plane 65535 on)" in message, message

@@ -9,7 +9,6 @@ Tensors are NCHW fp32 and contiguous. A missing bias is passed to the kernels as
 tensor's data pointer), as cuDNN and PyTorch's own kernels take it.
 """
 
-import re
 from collections import namedtuple
 
 import torch
@@ -259,6 +258,11 @@ SMALL_CONV_CASES.append(ConvCase(0, 3, 6, 7, 4, 3, 1, 1, True, "relu"))
 SMALL_DEPTHWISE_CASES.append(DepthwiseCase(0, 3, 5, 7, True, "relu"))
 # Hidden tests on the CPU: more random small cases (fixed seeds).
 HIDDEN_SMALL_CONV_CASES = random_conv_cases(8, seed=101) + [ConvCase(0, 2, 9, 4, 3, 1, 2, 0, False, "none")]
+# More planes (N·C) than a grid's z dimension holds, each of one pixel: a kernel putting the planes on blockIdx.z
+# without the loop over gridDim.z leaves the planes past the grid unwritten. Small enough for the emulation (one
+# thread of each block has work). Its own visible test, ``check_many_planes``, says that cause when it is the one.
+GRID_Z_LIMIT = 65535
+MANY_PLANES_CASE = DepthwiseCase(1, GRID_Z_LIMIT + 65, 1, 1, True, "relu")
 HIDDEN_SMALL_DEPTHWISE_CASES = random_depthwise_cases(8, seed=102) + [DepthwiseCase(0, 5, 9, 40, False, "leaky_relu")]
 
 # GPU cases: hidden tests and timing. Odd sizes beyond one block, channel counts that are not multiples of
@@ -332,18 +336,30 @@ def check_output_size(conv_output_size_fn, cases=OUTPUT_SIZE_CASES):
     print(f"✓ conv_output_size: {len(cases)} cases passed")
 
 
-def plane_loop_note(source: str) -> str:
-    """A kernel that walks the planes with ``blockIdx.z`` but never steps by ``gridDim.z`` computes only the first
-    65535 planes (a grid's z limit), and no visible case has more: too many threads for the emulation to run in a
-    test. Said from the source, as a note (a kernel may put the planes on another axis), or ""."""
-    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
-    if "blockIdx.z" in code and "gridDim.z" not in code:
-        return ("note: your kernel walks the planes (N·C) with blockIdx.z but never steps by gridDim.z. A grid's z "
-                "dimension is at most 65535, so with more planes than that (N = 64, C = 1100, say) the planes past "
-                "the grid are never computed, and the launch of a larger grid fails. No test here has that many "
-                "(too many threads for the emulation): loop `for (p = blockIdx.z; p < planes; p += gridDim.z)`, "
-                "with the grid's z at most 65535.")
-    return ""
+def check_many_planes(op, make_inputs, seed=41) -> None:
+    """The visible test of the planes past a grid's z limit: ``op(x, w, bias, act, slope, out)`` on
+    ``MANY_PLANES_CASE`` (``make_inputs(case, seed)`` gives its inputs). A kernel that takes its plane from
+    ``blockIdx.z`` alone, without the loop over ``gridDim.z``, gets the first 65535 planes right and leaves the
+    rest unwritten: that failure is said by its cause; any other goes to ``fuselab.check``'s report."""
+    from ...check import check
+    case = MANY_PLANES_CASE
+    x, w, bias, act, slope = make_inputs(case, seed)
+    out = torch.full_like(x, float("nan"))
+    op(x, w, bias, act, slope, out)
+    expected = depthwise_reference(x.double().cpu(), w.double().cpu(), None if bias is None else bias.double().cpu(),
+                                   act, slope)
+    wrong = ~torch.isclose(out.double().cpu(), expected, rtol=1e-4, atol=1e-5)
+    planes = wrong.reshape(case.N * case.C, -1).any(dim=1).nonzero().flatten().tolist()
+    if planes and min(planes) >= GRID_Z_LIMIT:
+        raise AssertionError(
+            f"depthwise_conv_act, N = {case.N}, C = {case.C} ({case.N * case.C} planes of {case.H}×{case.W}): the "
+            f"first {GRID_Z_LIMIT} planes are right and {len(planes)} plane(s) past them are wrong (from plane "
+            f"{planes[0]} on). A grid's z dimension holds at most {GRID_Z_LIMIT} blocks, so a kernel that takes its "
+            "plane from blockIdx.z alone never computes the planes past the grid: loop "
+            "`for (p = blockIdx.z; p < planes; p += gridDim.z)`, with the grid's z at most 65535.")
+    if planes:  # wrong elsewhere too: the general report says where and how
+        check(op, depthwise_reference, make_inputs, [case], seeds=(seed,), name="depthwise_conv_act (many planes)")
+    print(f"✓ depthwise_conv_act: {case.N * case.C} planes, more than a grid's z dimension holds ({GRID_Z_LIMIT})")
 
 
 def _slope(gen):
