@@ -84,6 +84,27 @@ def lab2_graded(d):
     return next(r for r in d["lab2_context"]["rows"] if tuple(r["shape"]) == tuple(lab2.TIMED_SHAPE))
 
 
+def bytes_share(d, lab, shape):
+    """The share of the lab's unfused reference's time, at ``shape``, that its minimum bytes take at the saved copy
+    bandwidth: near 1 for a kernel its bytes limit; small where launches and ramp-up set the time."""
+    from fuselab.labs import lab1, lab2
+    if lab == "lab1":
+        row = next(r for r in d["lab1_depthwise"]["rows"] if tuple(r["shape"][:4]) == tuple(shape))
+        moved, seconds = lab1.depthwise_bytes(*shape)["unfused"], row["times_us"][row["baseline"]] * 1e-6
+        copy = d["lab1_depthwise"]["copy_GBps"]
+    else:
+        row = next(r for r in d["lab2_context"]["rows"] if tuple(r["shape"]) == tuple(shape))
+        moved, seconds = lab2.bytes_moved(shape)["unfused"], row["median_us"]["lab reference (3 kernels)"] * 1e-6
+        copy = d["lab2_context"]["copy_GBps"]
+    return moved / (copy * 1e9) / seconds
+
+
+def launch_bound(d, lab, small, big):
+    """"Launch-bound" at ``small``: the reference's bytes take under a fifth of its time there, and under half the
+    share they take at ``big``, where the bytes set more of it."""
+    return bytes_share(d, lab, small) < 0.2 and bytes_share(d, lab, big) > 2 * bytes_share(d, lab, small)
+
+
 def lab2_shortfall(d):
     t = lab2_graded(d)["median_us"]
     f_unfused, f_fused = fractions(t["lab reference (3 kernels)"], t["plain fused (folded)"], 3.0)
@@ -220,6 +241,8 @@ CLAIMS = [
     ("lab1", "the fused kernel measured a little slower, by under 5 %",
      lambda d: 0.95 < d["lab1_conv"]["speedups"]["fused"] < 1.0),
     # Lab 1, Part B
+    ("lab1", "Then the same at a launch-bound size",
+     lambda d: launch_bound(d, "lab1", (1, 32, 112, 112), (64, 96, 112, 112))),
     ("lab1", "Here fusion pays", lambda d: lab1_graded(d)["speedups"]["plain fused"] > 1.3),
     ("lab1", "a large share for a memory-bound depthwise conv, though less than its byte ratio",
      lambda d: 1.3 < lab1_graded(d)["speedups"]["plain fused"] < 2.0),
@@ -233,6 +256,8 @@ CLAIMS = [
     ("lab1", "each tensor 308 MB, beyond the L2",
      lambda d: 64 * 96 * 112 * 112 * 4 // 10**6 == 308 and 308e6 > d["lab0_sweep"]["l2_bytes"]),
     # Lab 2
+    ("lab2", "at batch 1 (launch-bound) and batch 64",
+     lambda d: launch_bound(d, "lab2", (1, 32, 112, 112), (64, 96, 112, 112))),
     ("lab2", "moves a third of the unfused bytes", lambda d: True),  # a count (lab2.bytes_moved), tested in test_lab2
     ("lab2", "Its speedup falls short of that byte ratio",
      lambda d: lab2_shortfall(d)[0] < 3.0),
@@ -441,14 +466,12 @@ NOT_MEASURED = {
     ("lab1", "with as many bytes as the conv itself, is no longer small"): "a count: 2 tensors each",
     ("lab1", "a grid's z dimension is at most 65535"): "a CUDA limit",
     ("lab1", "within a few units in the last place"): "floating-point error of 9 products, not a measurement",
-    ("lab1", "Then the same at a launch-bound size"): "what the cell times",
     ("lab1", "each as a speedup over the graded reference"): "what the cell shows",
     ("lab1", "The cell prints both fractions, which give the speedup"): "the identity of fuselab/labs/shortfall.py",
     ("lab1", "Graded: the speedup of your fused depthwise kernel"): "a heading and what the test does",
     ("lab1", "partial credit between 1.0× and the threshold"): "the grading rule",
     ("lab1", "how close to the copy bandwidth?"): "a heading",
     ("lab2", "the graded speedup."): "the lab's outline",
-    ("lab2", "at batch 1 (launch-bound) and batch 64"): "what the cell times",
     ("lab2", "the speedup is the GPU time folding removed"): "what device mode measures (fuselab.timing.modes)",
     ("lab2", "a speedup means little without saying which"): "advice",
     ("lab2", "it is **memory-bound**, like an elementwise op"): "9 multiply-adds per 8 bytes: a count",
@@ -602,3 +625,22 @@ def test_lab3_prints_one_plain_speedup_or_names_each_apart():
             assert value == calibrated, f"{words!r} is not the calibration's {calibrated}x, and names no other run"
     assert calibrated in "".join(v for w, v in found if "sweep" not in w and w in settings)
     assert calibrated in "".join(v for w, v in found if w in graded)
+
+
+@pytest.mark.parametrize("lab,row", [("lab1", 3), ("lab2", 2)])
+def test_launch_bound_fails_when_the_small_size_is_bytes_bound(lab, row):
+    """Called "what the cell times" before, "launch-bound" is a claim about the saved times: were the batch-1
+    reference as fast as its bytes allow, the check must fail."""
+    phrase = {"lab1": "Then the same at a launch-bound size", "lab2": "at batch 1 (launch-bound) and batch 64"}[lab]
+    check = next(c for w, p, c in CLAIMS if w == lab and p == phrase)
+    data = load_data()
+    assert check(data)
+    if lab == "lab1":
+        saved = data["lab1_depthwise"]["rows"][row]
+        assert saved["shape"][:2] == [1, 32]
+        saved["times_us"][saved["baseline"]] /= 6
+    else:
+        saved = data["lab2_context"]["rows"][row]
+        assert saved["shape"][:2] == [1, 32]
+        saved["median_us"]["lab reference (3 kernels)"] /= 6
+    assert not check(data)
