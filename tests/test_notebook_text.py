@@ -263,7 +263,8 @@ def expected_shortfalls(lab):
     size = 2 if test["dtype"] == "float16" else 4
     moved = lab3.traffic(m, n, k, size)
     sweep = lab3.saved_results(lab3.SWEEP_RESULTS)["date"]
-    return [line(f"the plain solution in the small-K sweep ({sweep}, another run than the calibration's)", rows["lab reference"]["median_us"] * 1e-6, rows["plain fused"]["median_us"] * 1e-6,
+    return [line(f"the plain solution in the small-K sweep ({sweep}, another run than the calibration's)",
+                 rows["lab reference"]["median_us"] * 1e-6, rows["plain fused"]["median_us"] * 1e-6,
                  moved["gemm"] + moved["epilogue"], moved["gemm"] + n * size,
                  m * n * size / (rows["C-write floor (fill_)"]["median_us"] * 1e-6), "the C-write floor's rate")]
 
