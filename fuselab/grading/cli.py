@@ -21,7 +21,11 @@ def add_parsers(sub) -> None:
                        help="a folder of <student>/<lab>/*.ipynb, <student>.zip files, or an LMS zip")
     grade.add_argument("--labs", nargs="+", help="only these labs")
     grade.add_argument("--students", nargs="+", help="only these students")
-    grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out")
+    grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out (the "
+                                                            "instructor's reference runs kept there are reused)")
+    grade.add_argument("--remeasure-references", action="store_true",
+                       help="run the instructor's reference runs again even where --out keeps them for this "
+                            "machine, torch and course code (they are rerun by themselves when any of those change)")
     grade.add_argument("--out", help="the term's course folder (default: grader/runs/term): every run adds to it "
                                      "(labs, students, regrades); the same one resumes a stopped run")
     grade.add_argument("--roster", help="the LMS's class list (Canvas gradebook export or Moodle grading "
@@ -183,7 +187,7 @@ def main_grade(args) -> int:
 
     from . import samplecheck
     settings = Settings(out=out, labs=args.labs, students=args.students,
-                        force=args.force, gpus=args.gpus, jobs_per_gpu=args.jobs_per_gpu,
+                        force=args.force, remeasure_references=args.remeasure_references, gpus=args.gpus, jobs_per_gpu=args.jobs_per_gpu,
                         cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,

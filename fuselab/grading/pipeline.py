@@ -33,8 +33,8 @@ from .. import notebook as ipynb
 from ..build import shared as shared_builds
 from ..speed.graded import SPEED_IN_RECHECK_ENV
 from ..labs import registry
-from . import (feedback, handgrading, intake, isolate, nbgrader_run, recheck, report, roster, run_progress,
-               schedule, term)
+from . import (feedback, handgrading, intake, isolate, nbgrader_run, recheck, reference_cache, report, roster,
+               run_progress, schedule, term)
 from .lease import grading_lease
 from .results import CellResult, SubmissionResult
 from .terminal import shown
@@ -66,6 +66,7 @@ class Settings:
     roster: Path | None = None          # the LMS's class list (CSV), kept in the course folder for later runs
     due: dict = field(default_factory=dict)  # lab → due date (ISO 8601), kept in the course's gradebook
     shared_digests: dict | None = None  # the shared builds' sha256, recorded after the reference runs
+    remeasure_references: bool = False  # run the reference runs again even where the course folder keeps them
 
 
 @dataclass
@@ -80,6 +81,7 @@ class ClassResult:
     feedback_problems: list = field(default_factory=list)  # (student, lab, what its page could not show)
     phase_seconds: dict = field(default_factory=dict)  # reference runs, submissions, feedback and report
     phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
+    phase_cpu: dict = field(default_factory=dict)      # the same phases' CPU seconds: the grader and its children
     graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
     workers: list = field(default_factory=list)  # the worker slots (``schedule.workers_for``): a device each
     standings: list = field(default_factory=list)  # the whole course's (student, lab)s (``term.standings``)
@@ -621,16 +623,18 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
     """The instructor's own solution through the clean recheck, by the trusted grader, before any student.
 
     It fills the shared build cache (the lab's reference kernels, the starter and solution kernels) and proves
-    the grading machine works: every correctness test must pass.
+    the grading machine works: every correctness test must pass. A run kept in the course folder is reused while
+    nothing it depends on changed (``reference_cache``), unless ``settings.remeasure_references``; ``--force``
+    regrades submissions, not the references.
     """
     path = course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)
     nb = json.loads(path.read_text())
     workdir = settings.out / "reference" / lab
-    saved = workdir / "reference.json"
-    if saved.exists() and not settings.force:
-        previous = json.loads(saved.read_text())
-        if previous.get("notebook_sha") == _sha(path):
-            return previous
+    key = reference_cache.key(lab, device)  # what runs now: kept under this key, whatever changes meanwhile
+    if not settings.remeasure_references:
+        kept = reference_cache.load(workdir, key, settings.shared_builds, settings.sandbox)
+        if kept is not None:
+            return kept
     shutil.rmtree(workdir, ignore_errors=True)
     env = dict(os.environ, FUSELAB_CACHE_DIR=str(settings.shared_builds), MPLBACKEND="Agg",
                CUDA_DEVICE_ORDER="PCI_BUS_ID")
@@ -645,8 +649,17 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
               and k not in registry.speed_grade_ids(lab)]
     result = {"cells": cells, "broken": broken, "seconds": clean.seconds, "notebook_sha": _sha(path),
               "device": device, "gpu_holds": clean.gpu_holds}
-    saved.write_text(json.dumps(result, indent=1))
-    return result
+    (workdir / reference_cache.ENTRY).write_text(json.dumps(result, indent=1))
+    return {**result, "key": key}  # ``keep_references`` keeps it for reuse once its builds are recorded
+
+
+def keep_references(reference: dict, settings: Settings) -> None:
+    """The reference runs made now, kept for later runs with the shared builds just recorded (``reference_cache``)."""
+    for lab, result in reference.items():
+        if not result.get("reused") and result.get("key"):
+            body = {k: v for k, v in result.items() if k != "key"}
+            reference_cache.store(settings.out / "reference" / lab, body, result["key"], settings.shared_digests,
+                                  settings.sandbox)
 
 
 def grade(source, settings: Settings) -> ClassResult:
@@ -674,15 +687,25 @@ def _precompile() -> None:
         compileall.compile_dir(str(course.REPO / "fuselab"), quiet=2)
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of every child it waited for (a phase's children end within it)."""
+    import resource
+    return sum(getattr(resource.getrusage(who), part) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for part in ("ru_utime", "ru_stime"))
+
+
 def _grade(source, settings: Settings) -> ClassResult:
     clock = time.monotonic()
-    _precompile()
-    phases, spans = {}, {}
+    phases, spans, cpu = {}, {}, {}
+    cpu_at = [cpu_seconds()]
 
     def phase_done(name, since):
         now = time.monotonic()
         phases[name], spans[name] = now - since, (since, now)
+        cpu[name], cpu_at[0] = cpu_seconds() - cpu_at[0], cpu_seconds()
         return now
+
+    _precompile()
 
     settings.shared_builds = Path(settings.shared_builds or settings.out / "shared-builds").resolve()
     labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
@@ -729,6 +752,8 @@ def _grade(source, settings: Settings) -> ClassResult:
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:
         problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed)))
+    else:
+        keep_references(reference, settings)
     clock = phase_done("reference runs", clock)
 
     todo, results = [], {}
@@ -782,8 +807,8 @@ def _grade(source, settings: Settings) -> ClassResult:
     run_labs = settings.labs or {s.lab for s in submissions} | {p.lab for p in problems if p.lab}
     term.record_course(settings.out, submissions, set(results), problems, run_labs, people)
     class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
-                               reference=reference, phase_seconds=phases, phase_spans=spans, graded_now=len(todo),
-                               workers=workers)
+                               reference=reference, phase_seconds=phases, phase_spans=spans, phase_cpu=cpu,
+                               graded_now=len(todo), workers=workers)
     return write_outputs(class_result, settings, clock, lab_pages=lab_pages)
 
 
@@ -820,9 +845,12 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     if lab_pages is None and settings.feedback:
         lab_pages = feedback.lab_sources(sorted({r.lab for r in class_result.results}))
 
+    cpu_at = [cpu_seconds()]
+
     def phase_done(name, since):
         now = time.monotonic()
         class_result.phase_seconds[name], class_result.phase_spans[name] = now - since, (since, now)
+        class_result.phase_cpu[name], cpu_at[0] = cpu_seconds() - cpu_at[0], cpu_seconds()
         return now
 
     course_root = settings.out / "course"

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import course
+from ..build import shared as shared_builds
 from . import intake, nbgrader_run, pipeline, schedule, term
 from .isolate import nvidia_smi
 from .lease import grading_lease
@@ -362,7 +363,11 @@ def reference_runs(out: Path, labs: list, settings: pipeline.Settings, model: st
         shared.cpu_threads = max(1, schedule.available_cores() // max(1, len(labs)))
         lease = grading_lease(device, settings.cell_timeout) if device is not None else None
         with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
-            list(pool.map(lambda lab: pipeline.reference_run(lab, shared, device, lease), labs))
+            ran = dict(zip(labs, pool.map(lambda lab: pipeline.reference_run(lab, shared, device, lease), labs)))
+        # kept with the builds they made, as one host keeps them, so that every shard reuses them
+        shared.shared_digests, changed = shared_builds.record(shared.shared_builds)
+        if not changed:
+            pipeline.keep_references(ran, shared)
     link = settings.out / "reference"
     if not link.is_symlink():
         shutil.rmtree(link, ignore_errors=True)

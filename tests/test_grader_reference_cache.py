@@ -1,0 +1,176 @@
+"""The instructor's reference runs are kept in the course folder and reused only while nothing they depend on
+changed, verified by content, never from a file a submission could have swapped in (``reference_cache``)."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from fuselab import course
+from fuselab.build import shared as shared_builds
+from fuselab.grading import pipeline, recheck, reference_cache
+from fuselab.grading.recheck import CellVerdict, CleanResult
+
+LAB = "lab0"
+
+
+@pytest.fixture
+def course_copy(tmp_path, monkeypatch):
+    """The course's solutions and package, copied so that a test may edit what the references depend on."""
+    solutions = tmp_path / "course" / "solutions"
+    shutil.copytree(course.SOLUTIONS / LAB, solutions / LAB)
+    package = tmp_path / "course" / "fuselab"
+    package.mkdir()
+    (package / "module.py").write_text("X = 1\n")
+    monkeypatch.setattr(course, "SOLUTIONS", solutions)
+    monkeypatch.setattr(course, "REPO", tmp_path / "course")
+    return tmp_path / "course"
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The clean recheck of the reference faked: it counts its runs and makes one shared build, as the real one
+    does (the instructor's kernels into the shared builds)."""
+    calls = []
+
+    def run_clean(instructor, student, workdir, env=None, **kwargs):
+        calls.append(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        build = shared_root_of(env) / "builds" / "lab0_reference"
+        build.mkdir(parents=True, exist_ok=True)
+        shared_builds.library_of(build.parent, build.name).write_bytes(b"the instructor's library")
+        (build / shared_builds.COMPLETE).write_text("")
+        return CleanResult(cells={"test_ok": CellVerdict("test_ok", 2.0, 2.0, "passed")}, seconds=3.0)
+
+    monkeypatch.setattr(recheck, "run_clean", run_clean)
+    return calls
+
+
+def shared_root_of(env):
+    from pathlib import Path
+    return Path(env["FUSELAB_CACHE_DIR"])
+
+
+def _settings(tmp_path, **kw):
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return pipeline.Settings(out=out, shared_builds=out / "shared-builds", progress=False, **kw)
+
+
+def _references(settings, device=None):
+    """One run's reference step as ``pipeline._grade`` does it: run or reuse, record the builds, keep."""
+    reference = {LAB: pipeline.reference_run(LAB, settings, device)}
+    settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
+    assert not changed
+    pipeline.keep_references(reference, settings)
+    return reference[LAB]
+
+
+def test_a_forced_regrade_reuses_the_references_and_remeasuring_runs_them(tmp_path, course_copy, runs):
+    first = _references(_settings(tmp_path))
+    assert len(runs) == 1 and not first.get("reused")
+    again = _references(_settings(tmp_path, force=True))  # --force regrades students, not the references
+    assert len(runs) == 1 and again["reused"] and again["cells"] == first["cells"]
+    assert not _references(_settings(tmp_path, remeasure_references=True)).get("reused")
+    assert len(runs) == 2
+
+
+@pytest.mark.parametrize("change", ["solution", "package", "torch", "machine"])
+def test_a_change_of_what_they_depend_on_runs_them_again(tmp_path, course_copy, runs, monkeypatch, change):
+    _references(_settings(tmp_path))
+    if change == "solution":
+        notebook = course_copy / "solutions" / LAB / f"{LAB}.ipynb"
+        notebook.write_text(notebook.read_text() + "\n")
+    elif change == "package":
+        (course_copy / "fuselab" / "module.py").write_text("X = 2\n")
+    elif change == "torch":
+        monkeypatch.setattr(reference_cache, "_torch_version", lambda: "9.9.9")
+    else:
+        monkeypatch.setattr(reference_cache, "machine", lambda device: "another GPU")
+    assert not _references(_settings(tmp_path)).get("reused")
+    assert len(runs) == 2
+
+
+def _entry(settings):
+    return settings.out / "reference" / LAB / reference_cache.ENTRY
+
+
+@pytest.mark.parametrize("tamper", ["verdict", "digest", "link", "hard link", "build", "manifest", "broken"])
+def test_an_entry_or_build_not_as_the_grader_kept_it_is_not_reused(tmp_path, course_copy, runs, tamper):
+    settings = _settings(tmp_path)
+    _references(settings)
+    entry = _entry(settings)
+    data = json.loads(entry.read_text())
+    if tamper == "verdict":  # a changed result whose digest was not recomputed
+        data["cells"]["test_ok"]["points"] = 0.0
+        entry.write_text(json.dumps(data))
+    elif tamper == "digest":  # a forged digest over a changed body still does not hold the right key's builds
+        data["cache"]["builds"] = {}
+        entry.write_text(json.dumps(data))
+    elif tamper == "link":
+        elsewhere = tmp_path / "elsewhere.json"
+        entry.rename(elsewhere)
+        entry.symlink_to(elsewhere)
+    elif tamper == "hard link":
+        os.link(entry, tmp_path / "second-name.json")
+    elif tamper == "build":  # the library the submissions would load is not the one the reference proved
+        library = next((settings.shared_builds / "builds").glob("*/*.so"))
+        library.write_bytes(b"not the instructor's library")
+    elif tamper == "manifest":
+        (settings.shared_builds / shared_builds.MANIFEST).write_text("{}")
+    else:
+        data["broken"] = ["test_ok"]
+        data["cache"]["digest"] = ""
+        body = {k: v for k, v in data.items() if k != "cache"}
+        import hashlib
+        data["cache"]["digest"] = hashlib.sha256(reference_cache._canonical({**body, "cache": data["cache"]})).hexdigest()
+        entry.write_text(json.dumps(data))
+    key = reference_cache.key(LAB, None)
+    assert reference_cache.load(entry.parent, key, settings.shared_builds, sandbox=True) is None
+
+
+def test_an_entry_kept_by_a_run_without_the_sandbox_is_not_reused_by_a_sandboxed_one(tmp_path, course_copy, runs):
+    _references(_settings(tmp_path, sandbox=False))
+    assert _references(_settings(tmp_path, sandbox=False))["reused"]
+    assert not _references(_settings(tmp_path, sandbox=True)).get("reused")
+    assert _references(_settings(tmp_path, sandbox=False))["reused"]  # a sandboxed entry serves either
+
+
+def test_a_change_made_while_they_ran_is_not_taken_for_what_they_ran(tmp_path, course_copy, runs, monkeypatch):
+    real = recheck.run_clean
+
+    def edited_meanwhile(*args, **kwargs):
+        (course_copy / "fuselab" / "module.py").write_text("X = 3\n")  # the course updated during the run
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recheck, "run_clean", edited_meanwhile)
+    _references(_settings(tmp_path))
+    assert not _references(_settings(tmp_path)).get("reused")  # kept under what ran: the code before the edit
+    assert _references(_settings(tmp_path))["reused"]
+    assert len(runs) == 2
+
+
+def test_the_self_check_tools_are_not_what_they_depend_on(tmp_path, course_copy, runs):
+    (course_copy / "fuselab" / "tools").mkdir()
+    (course_copy / "fuselab" / "tools" / "bench.py").write_text("A = 1\n")
+    _references(_settings(tmp_path))
+    (course_copy / "fuselab" / "tools" / "bench.py").write_text("A = 2\n")
+    assert _references(_settings(tmp_path))["reused"]
+    (course_copy / "fuselab" / "labs_tools.py").write_text("B = 1\n")  # anything else of the package counts
+    assert not _references(_settings(tmp_path)).get("reused")
+
+
+def test_slurm_shards_reuse_the_reference_runs_of_their_gpu_model(tmp_path, course_copy, runs, monkeypatch):
+    """The first task on a model runs them and keeps them with their builds; the next tasks, and each shard's
+    own pipeline (through its ``reference`` link), reuse them."""
+    from fuselab.grading import slurm
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU emulation, as a task without GPUs
+    out = tmp_path / "out"
+    references = slurm.slurm_dir(out) / "references" / "cpu"
+    settings = pipeline.Settings(out=out / "shard-000", labs=[LAB], gpus="auto", progress=False,
+                                 shared_builds=references / "shared-builds")
+    slurm.reference_runs(out, [LAB], settings, "cpu")
+    slurm.reference_runs(out, [LAB], settings, "cpu")  # a later task on the same model
+    assert len(runs) == 1
+    assert pipeline.reference_run(LAB, settings, None)["reused"] and len(runs) == 1  # the shard's pipeline
