@@ -36,7 +36,7 @@ import time
 import warnings
 
 from ..notebook import HIDDEN_MARK
-from . import failures
+from . import failures, lazy_plots
 
 MAX_TEXT = 4000
 
@@ -184,6 +184,7 @@ def _run_cell(cell, namespace, worker, host=None):
 
 
 def main(plan_path, events_path) -> int:
+    lazy_plots.defer()  # the setup cell's plotting imports load only if a cell draws
     plan = json.loads(open(plan_path).read())
     worker = _solution_process()
     host = _kernel_host()

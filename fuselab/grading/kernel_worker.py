@@ -31,7 +31,7 @@ import sys
 
 import torch
 
-from . import wire
+from . import lazy_plots, wire
 from .cellrunner import _cuda_poisoned, _execute
 from .kernels import KERNEL_ERRORS, _free_gpu_memory, _synchronize
 from .transfer import ENV as TRANSFER_ENV, Transfer
@@ -206,6 +206,7 @@ def _lease_from_checker(in_fd: int, out_fd: int):
 
 
 def main(in_fd: int, out_fd: int) -> int:
+    lazy_plots.defer()  # the setup cell's plotting imports load only if a cell draws
     from ..speed import lease
     lease.ask_through(lambda: _lease_from_checker(in_fd, out_fd))
     worker = KernelWorker()

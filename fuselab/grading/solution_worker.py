@@ -26,7 +26,7 @@ import sys
 import time
 import types
 
-from . import wire
+from . import lazy_plots, wire
 
 MODULE_METHODS = ("train",)
 CELL_SECONDS = float(os.environ.get("FUSELAB_SOLUTION_CELL_S", "60"))
@@ -190,6 +190,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def main(in_fd: int, out_fd: int) -> int:
+    lazy_plots.defer()  # the setup cell's plotting imports load only if a cell draws
     signal.signal(signal.SIGALRM, _out_of_time)
     worker = Worker()
     while True:
