@@ -177,3 +177,57 @@ def test_a_speed_record_keeps_only_the_phases_the_course_names():
                                  "check at the timed shape": 3}})
     assert record["phases"] == {PHASES[0]: 0.25}  # finite, non-negative floats of the course's own labels only
     assert "phases" not in _record({"status": "measured", "phases": ["timing", 1.0]})
+
+
+def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_path, capsys, monkeypatch):
+    """One copy of one lab: the class, then one student's regrade in the same course folder, which reuses the
+    reference runs; the output says where the time and the CPU went, fixed and per submission. (Without a GPU a
+    speed test scores 0, so the stage itself says MISS here: the flow is what is checked.)"""
+    from fuselab.tools.gpu_selfcheck import grading_runs
+    monkeypatch.setenv("FUSELAB_THROUGHPUT_REGRADE_BEFORE_S", "100000")  # a busy test machine still regrades
+    result = grading_runs.stage_throughput(tmp_path, copies=1, labs=["lab0"], regrade=True)
+    printed = capsys.readouterr().out
+    run, again = result["runs"][0], result["one_student_regrade"]
+    for summary in (run, again):
+        phases = summary["phases"]
+        assert set(phases["per_submission_median"]) == {"start", "build", "tests", "timing waits", "GPU held",
+                                                        "other"}
+        assert phases["submissions"]["count"] == 1 and phases["submissions"]["cpu_seconds"] > 0
+        assert phases["fixed"]["cpu_seconds"] > 0 and phases["per_submission_median"]["start"] > 0
+        # every correctness test of the correct sample passed: only the speed test, unmeasured here, lost points
+        assert all("not measured" in why for why in summary["submissions"][0]["lost"].values()), summary
+    assert not run["phases"]["references_reused"] and again["phases"]["references_reused"]
+    # the regrade's fixed cost is set-up and intake alone: less than the first run's, which ran the references
+    assert again["phases"]["fixed"]["reference runs"]["cpu_seconds"] < \
+        run["phases"]["fixed"]["reference runs"]["cpu_seconds"]
+    assert "fixed:" in printed and "GPU held): start" in printed and "s CPU each" in run["headline"]
+    assert "one student's regrade" in result["headline"] and "references reused" in result["headline"]
+
+
+def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
+    from fuselab.grading.pipeline import ClassResult
+    from fuselab.grading.results import SubmissionResult
+    from fuselab.tools.gpu_selfcheck import grading_runs
+
+    def result(student, start):
+        return SubmissionResult.from_json({
+            "student": student, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": 10.0, "cells": {},
+            "flags": [], "disagreements": [], "clean_timeline": {
+                "process start": start, "setup": 0.5, "build_fused": 2.0, "test_fused": 3.0, "test_speedup": 1.0,
+                "waiting for the GPU alone": 0.4, "stopped for others' timings": 0.1, "the GPU held alone": 0.2}})
+    run = ClassResult(out=tmp_path, results=[result("ann", 1.0), result("bob", 3.0)], problems=[],
+                      reference={"lab0": {"reused": True}}, graded_now=2,
+                      phase_seconds={"intake and course": 2.0, "reference runs": 0.1, "submissions": 20.0,
+                                     "feedback": 1.0, "gradebook and report": 2.0},
+                      phase_cpu={"intake and course": 1.5, "reference runs": 0.05, "submissions": 30.0,
+                                 "feedback": 0.5, "gradebook and report": 1.0})
+    phases = grading_runs.phases_of(run, wall=25.3)
+    assert phases["fixed"]["seconds"] == 2.1 and phases["fixed"]["cpu_seconds"] == 1.6
+    assert phases["submissions"] == {"seconds": 20.0, "cpu_seconds": 30.0, "count": 2, "seconds_each": 10.0,
+                                     "cpu_seconds_each": 15.0}
+    assert phases["per_submission_median"] == {"start": 2.0, "build": 2.0, "tests": 4.0, "timing waits": 0.5,
+                                               "GPU held": 0.2, "other": 0.5}
+    assert phases["references_reused"] and phases["outputs"] == {"seconds": 3.0, "cpu_seconds": 1.5}
+    table = grading_runs.phase_table(phases)
+    assert "fixed: 2.1 s wall, 1.6 s CPU" in table and "references 0.1 s / 0.1 s CPU, reused" in table
+    assert "2 in 20.0 s = 10.00 s each, 15.00 s CPU each" in table

@@ -96,7 +96,8 @@ def _stages() -> list:
         Stage("samples", grading_runs.stage_samples, needs=(GPU, NBGRADER),
               checks="the grader's sample class: every sample gets the grade it deserves"),
         Stage("throughput", grading_runs.stage_throughput, needs=(GPU, NBGRADER),
-              checks="grading time per submission on copies of the correct samples"),
+              checks="grading time and CPU per phase on copies of the correct samples (120 by default), then "
+                     "one student's regrade reusing the reference runs"),
         Stage("multigpu", grading_runs.stage_multigpu, needs=(TWO_GPUS, NBGRADER),
               checks="one class graded on one GPU and on all: same grades, no two timings on one GPU at once"),
         Stage("tests", machine.stage_tests, needs=(GPU,), rows=machine.tests_rows,
