@@ -23,6 +23,7 @@ all of that. It is reused only when
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -65,8 +66,10 @@ def depends_digest(lab: str) -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
 def machine(device) -> str:
-    """``cpu``, or the model of the GPU ``device`` (an nvidia-smi index or UUID); ``gpu`` where unreadable."""
+    """``cpu``, or the model of the GPU ``device`` (an nvidia-smi index or UUID); ``gpu`` where unreadable.
+    Asked once per device and process: nvidia-smi takes a good part of a second on a busy GPU."""
     if device is None:
         return "cpu"
     from .isolate import nvidia_smi
