@@ -119,13 +119,10 @@ def test_an_entry_or_build_not_as_the_grader_kept_it_is_not_reused(tmp_path, cou
         library.write_bytes(b"not the instructor's library")
     elif tamper == "manifest":
         (settings.shared_builds / shared_builds.MANIFEST).write_text("{}")
-    else:
+    else:  # a failed correctness test, kept as the grader keeps it (its digest right): run again all the same
         data["broken"] = ["test_ok"]
-        data["cache"]["digest"] = ""
-        body = {k: v for k, v in data.items() if k != "cache"}
-        import hashlib
-        data["cache"]["digest"] = hashlib.sha256(reference_cache._canonical({**body, "cache": data["cache"]})).hexdigest()
-        entry.write_text(json.dumps(data))
+        cache = data.pop("cache")
+        reference_cache.store(entry.parent, data, cache["key"], cache["builds"], cache["sandbox"])
     key = reference_cache.key(LAB, None)
     assert reference_cache.load(entry.parent, key, settings.shared_builds, sandbox=True) is None
 

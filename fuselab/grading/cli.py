@@ -187,8 +187,8 @@ def main_grade(args) -> int:
 
     from . import samplecheck
     settings = Settings(out=out, labs=args.labs, students=args.students,
-                        force=args.force, remeasure_references=args.remeasure_references, gpus=args.gpus, jobs_per_gpu=args.jobs_per_gpu,
-                        cpu_workers=args.cpu_workers,
+                        force=args.force, remeasure_references=args.remeasure_references, gpus=args.gpus,
+                        jobs_per_gpu=args.jobs_per_gpu, cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
                         notebook_run=args.notebook_run, feedback=not args.no_feedback,

@@ -268,8 +268,8 @@ def phase_table(phases: dict) -> str:
              f"{'reused' if phases['references_reused'] else 'run'})",
              f"  submissions: {subs['count']} in {subs['seconds']:.1f} s = {subs['seconds_each']:.2f} s each, "
              f"{subs['cpu_seconds_each']:.2f} s CPU each",
-             "  per submission (median s; the tests' time holds the timing waits and the GPU held): " + ", ".join(f"{k} {v:.2f}"
-                                                        for k, v in phases["per_submission_median"].items()),
+             "  per submission (median s; the tests' time holds the timing waits and the GPU held): "
+             + ", ".join(f"{k} {v:.2f}" for k, v in phases["per_submission_median"].items()),
              f"  outputs (feedback, gradebook, report): {outs['seconds']:.1f} s, {outs['cpu_seconds']:.1f} s CPU",
              f"  all-in: {phases['wall_seconds']:.1f} s"]
     return "\n".join(lines)
