@@ -542,7 +542,7 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
       caller's where it is visible inside;
     - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp``, ``/var/tmp`` and
       ``/dev/shm`` (``TMPFS_BYTES`` each, counted by ``Child`` as memory); a minimal ``/dev`` plus the GPU's device
-      files; killed with its parent;
+      files; ``/`` and ``/dev`` themselves read-only (nothing can be created there); killed with its parent;
     - only the environment variables a worker reads, by name (``WORKER_ENV``);
     - the command starts behind a one-line Python that tells ``Child`` it started inside (``SandboxCommand``).
 
@@ -589,7 +589,10 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
         if as_root:
             _give(Path(folder), SANDBOX_UID, SANDBOX_GID)
         args += ["--fuselab-bind", str(folder), str(folder)]
-    for folder in empty:
+    # last, once every mount point is made: bubblewrap's own root and /dev are tmpfs that nothing bounds or counts,
+    # so they are read-only (the folders mounted on them keep their own modes: the device files, the GPU's among
+    # them, stay usable, /dev/shm and /tmp stay private, bounded and counted)
+    for folder in [*empty, "/dev", "/"]:
         args += ["--remount-ro", folder]
     args += ["--setenv", "HOME", str(own[0]) if own else "/tmp"]
     enter = [sys.executable, "-I", "-S", str(Path(__file__).with_name("enter_sandbox.py")),

@@ -1,0 +1,120 @@
+"""What a sandboxed submission can hold and see, tried as an attacker, as root and as a plain user the test creates:
+no place inside is writable but its own folders and the bounded, counted private tmpfs (bubblewrap's own ``/``
+and ``/dev`` are read-only); memory no process's resident size shows (memfd, shared mappings, files deleted but
+held open, SysV shared memory) counts against the limit, by the kernel's memory cgroup where the grader can have
+one and by the watchdog where not; the checkout shows only what a worker needs. Small limits: small CI machines."""
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fuselab.grading import isolate
+
+from .conftest import REPO
+from .test_grader_sandbox_use import _as_plain_user, _sandbox_or_fail, _user_folder
+
+
+def _run(tmp_path, script, *args, limits=None, own=None):
+    own = Path(own or tmp_path / "own")
+    command = isolate.sandboxed([sys.executable, "-c", script, *args], own=[own], hide=[])
+    return isolate.Child(command, limits=limits or isolate.Limits(wall_s=120, memory_bytes=None),
+                         cwd=str(own)).wait()
+
+
+def _report(outcome) -> dict:
+    assert outcome.returncode == 0, outcome
+    return json.loads(outcome.stdout.strip().splitlines()[-1])
+
+
+# --- nothing writable but its own folders and the private tmpfs ------------------------------------------------------
+
+WRITABLE = textwrap.dedent(r'''
+    import json, os, stat, sys
+    own, nodes = sys.argv[1], json.loads(sys.argv[2])
+    seen = {}
+    def attempt(name, action):
+        try:
+            action()
+            seen[name] = "done"
+        except OSError as exc:
+            seen[name] = "refused: " + os.strerror(exc.errno)
+    attempt("file_at_root", lambda: open("/fuselab-x", "w").write("x"))
+    attempt("folder_at_root", lambda: os.mkdir("/fuselab-y"))
+    attempt("file_in_dev", lambda: open("/dev/fuselab-x", "w").write("x"))
+    attempt("folder_in_dev", lambda: os.mkdir("/dev/fuselab-y"))
+    # a folder bubblewrap made on its root for a mount point further down (the own folder's parent)
+    attempt("beside_own", lambda: open(os.path.join(os.path.dirname(own), "fuselab-z"), "w").write("x"))
+    attempt("own", lambda: open(os.path.join(own, "mine"), "w").write("x"))
+    attempt("dev_shm", lambda: open("/dev/shm/mine", "w").write("x"))
+    attempt("tmp", lambda: open("/tmp/mine", "w").write("x"))
+    attempt("dev_null", lambda: open("/dev/null", "w").write("x"))
+    for node in nodes:  # the GPU's device files are bound in like these: still opened for reading and writing
+        attempt("node " + node, lambda: os.close(os.open(node, os.O_RDWR)))
+    # every mount that can be written: device files, /proc, /dev/pts, or what the grader counts
+    writable = []
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        point, options = fields[4].replace("\\040", " "), fields[5].split(",")
+        if "rw" in options and not stat.S_ISCHR(os.stat(point).st_mode):
+            writable.append(point)
+    seen["writable_mounts"] = sorted(writable)
+    print(json.dumps(seen))
+''')
+
+
+def _device_stand_ins() -> list:
+    """Host device files bubblewrap's minimal /dev lacks, bound in as the GPU's are (``--dev-bind``; one nested,
+    as /dev/nvidia-caps/nvidia-cap1 is): nothing here has an NVIDIA GPU."""
+    return [node for node in ("/dev/fuse", "/dev/net/tun") if os.path.exists(node)] or ["/dev/null"]
+
+
+def _check_writable(seen: dict, own: str, nodes) -> None:
+    for name in ("file_at_root", "folder_at_root", "file_in_dev", "folder_in_dev", "beside_own"):
+        assert seen[name].startswith("refused"), (name, seen)
+    for name in ("own", "dev_shm", "tmp", "dev_null", *("node " + n for n in nodes)):
+        assert seen[name] == "done", (name, seen)
+    allowed = {own, *isolate.PRIVATE, "/proc", "/dev/pts"}
+    assert set(seen["writable_mounts"]) <= allowed, seen["writable_mounts"]
+
+
+def test_nothing_in_the_sandbox_is_writable_but_its_own_folders_and_the_counted_tmpfs(tmp_path, monkeypatch):
+    """bubblewrap's own root and /dev are tmpfs that nothing bounds or counts: a submission filled them (files and
+    folders at /x, /dev/x) without limit. Now they are read-only, while the device files (the GPU's included),
+    /dev/shm, /tmp and the own folder stay usable."""
+    _sandbox_or_fail()
+    nodes = _device_stand_ins()
+    monkeypatch.setattr(isolate, "gpu_device_nodes", lambda: nodes)
+    own = Path("/var/lib") / f"fuselab-bounds-{os.getpid()}" / "work" / "own"  # outside every tmpfs inside
+    try:
+        seen = _report(_run(tmp_path, WRITABLE, str(own), json.dumps(nodes), own=own))
+    finally:
+        import shutil
+        shutil.rmtree(own.parent.parent, ignore_errors=True)
+    _check_writable(seen, str(own), nodes)
+
+
+PLAIN_WRITABLE = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    from fuselab.grading import isolate
+    work = Path(sys.argv[1])
+    own = work / "own"
+    command = isolate.sandboxed([sys.executable, "-c", (work / "attack.py").read_text(), str(own), "[]"],
+                                own=[own], hide=[])
+    outcome = isolate.Child(command, limits=isolate.Limits(wall_s=120, memory_bytes=None), cwd=str(own)).wait()
+    print(outcome.stdout.strip().splitlines()[-1] if outcome.returncode == 0 else json.dumps({"failed": str(outcome)}))
+''')
+
+
+def test_nothing_is_writable_in_a_plain_users_sandbox_either(tmp_path):
+    with _user_folder() as work:
+        (work / "attack.py").write_text(WRITABLE)
+        done = _as_plain_user(PLAIN_WRITABLE, work)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert "failed" not in seen, seen
+        _check_writable(seen, str(work / "own"), [])
