@@ -118,3 +118,70 @@ def test_nothing_is_writable_in_a_plain_users_sandbox_either(tmp_path):
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         assert "failed" not in seen, seen
         _check_writable(seen, str(work / "own"), [])
+
+
+# --- of the checkout, only what a worker needs ------------------------------------------------------------------------
+
+CHECKOUT = textwrap.dedent(r'''
+    import json, os, sys
+    repo = sys.argv[1]
+    seen = {"repo": sorted(os.listdir(repo)), "grader": sorted(os.listdir(os.path.join(repo, "grader")))}
+    for name in ("solutions", ".cache", "tests", "docs", "grader/examples", "README.md", ".git"):
+        seen[name] = os.path.exists(os.path.join(repo, name))
+    seen["samples"] = {lab: os.path.getsize(os.path.join(repo, "fuselab", "labs", lab, "samples.py"))
+                       for lab in sorted(os.listdir(os.path.join(repo, "fuselab", "labs"))) if lab.startswith("lab")}
+    # what the workers and nbgrader's kernel import still imports, and nbgrader's settings are readable
+    import fuselab.grading.cellrunner, fuselab.grading.kernel_worker, fuselab.grading.solution_worker
+    import fuselab.labs.lab3.samples
+    seen["imports"] = not hasattr(fuselab.labs.lab3.samples, "SAMPLES")
+    seen["config"] = "CourseDirectory" in open(os.path.join(repo, "grader", "nbgrader_config.py")).read()
+    print(json.dumps(seen))
+''')
+
+
+def _check_checkout(seen: dict) -> None:
+    assert set(seen["repo"]) <= {"fuselab", "grader", ".venv"}, seen["repo"]
+    assert seen["grader"] == ["nbgrader_config.py"], seen["grader"]
+    for name in ("solutions", ".cache", "tests", "docs", "grader/examples", "README.md", ".git"):
+        assert seen[name] is False, (name, seen)
+    assert seen["samples"] and set(seen["samples"].values()) == {0}, seen["samples"]
+    assert seen["imports"] and seen["config"], seen
+
+
+def test_the_sandbox_shows_of_the_checkout_only_the_package_and_nbgraders_settings(tmp_path):
+    """The whole checkout was visible read-only inside: the instructor's builds in .cache/, solutions/, old runs
+    in grader/, tests/, docs/. Now an allow-list: the package and grader/nbgrader_config.py; the package's sample
+    submissions (correct kernels among them) are empty files. What a worker imports still imports."""
+    _sandbox_or_fail()
+    (REPO / ".cache").mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    own = tmp_path / "own"
+    command = isolate.sandboxed([sys.executable, "-c", CHECKOUT, str(REPO)], own=[own], hide=[])
+    seen = _report(isolate.Child(command, limits=isolate.Limits(wall_s=120, memory_bytes=None), env=env,
+                                 cwd=str(own)).wait())
+    _check_checkout(seen)
+
+
+PLAIN_CHECKOUT = textwrap.dedent('''
+    import json, os, sys
+    from pathlib import Path
+    from fuselab import course
+    from fuselab.grading import isolate
+    work = Path(sys.argv[1])
+    own = work / "own"
+    command = isolate.sandboxed([sys.executable, "-c", (work / "attack.py").read_text(), str(course.REPO)],
+                                own=[own], hide=[])
+    outcome = isolate.Child(command, limits=isolate.Limits(wall_s=120, memory_bytes=None), cwd=str(own)).wait()
+    print(outcome.stdout.strip().splitlines()[-1] if outcome.returncode == 0 else json.dumps({"failed": str(outcome)}))
+''')
+
+
+def test_a_plain_users_sandbox_shows_the_same_of_the_checkout(tmp_path):
+    with _user_folder() as work:
+        (work / "attack.py").write_text(CHECKOUT)
+        done = _as_plain_user(PLAIN_CHECKOUT, work)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert "failed" not in seen, seen
+        _check_checkout(seen)
+

@@ -497,12 +497,27 @@ _STARTED = ("import os,sys\nfd=sys.argv[1]\nif fd.isdigit(): os.write(int(fd),b'
 # the course's folders a submission must never read, in any checkout of the course the runtime shows (an
 # editable install puts its checkout on sys.path): the solutions (and their history), the sample class, runs
 HIDDEN_IN_REPO = ("solutions", ".git", "grader/examples", "grader/runs")
+# Of a checkout of the course, a sandbox sees only what its processes read: the package (the checker, the workers
+# and nbgrader's kernel import it) and nbgrader's course settings (nbgrader's run starts in grader/ and reads
+# them). An allow-list: solutions/, the sample class, earlier runs, .cache's builds, tests/, docs/ and whatever is
+# added later stay out.
+SHOWN_OF_CHECKOUT = ("fuselab", "grader/nbgrader_config.py")
+# in the package: the sample class's submissions (correct kernels among them), which no graded process imports;
+# each is an empty file inside
+HIDDEN_IN_PACKAGE = ("labs/*/samples.py",)
+
+
+def _is_checkout(folder: Path) -> bool:
+    """Whether ``folder`` is a checkout of the course (the running one, or another with the same layout)."""
+    return folder == course.REPO or ((folder / "fuselab" / "__init__.py").is_file()
+                                     and (folder / "grader" / "nbgrader_config.py").is_file())
 
 
 def runtime_folders() -> list:
     """The folders a sandboxed Python, its compilers and the course need beyond ``SYSTEM_SHOWN``: the interpreter's
     prefixes, ``sys.path`` (a PYTHONPATH wheelhouse, as on the GPU machine; an editable checkout), the course, the
-    CUDA toolkit. The outermost of nested ones; never ``/``, a home or a private folder as a whole."""
+    CUDA toolkit. The outermost of nested ones; never ``/``, a home or a private folder as a whole; of a checkout of
+    the course, only ``SHOWN_OF_CHECKOUT`` (a file among them)."""
     from ..toolchain import find_cuda_home
     shown = [Path(p) for p in SYSTEM_SHOWN]
     never = {Path("/"), Path.home(), Path("/home"), Path("/root"), *map(Path, PRIVATE)}
@@ -517,6 +532,9 @@ def runtime_folders() -> list:
     for folder in candidates:
         folder = Path(os.path.abspath(folder))
         if folder in never or not folder.is_dir() or any(folder == s or s in folder.parents for s in shown):
+            continue
+        if _is_checkout(folder):  # a checkout on sys.path (PYTHONPATH, an editable install): its allow-list only
+            folders += [folder / name for name in SHOWN_OF_CHECKOUT if (folder / name).exists()]
             continue
         folders.append(folder)
     folders = list(dict.fromkeys(folders))
@@ -536,8 +554,10 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
       ``own`` to it); every capability is gone (``CapEff`` 0), no user namespace can be made inside, so ``mount``,
       ``unshare`` and remounting read-write fail;
     - it sees only the system (``SYSTEM_SHOWN``) and the runtime (``runtime_folders``), read-only: no home, no
-      other checkout's or run's files; the course's solutions and sample class (``HIDDEN_IN_REPO``, in every
-      checkout shown) and ``hide`` are empty read-only folders; ``readonly`` folders are shown again read-only;
+      other checkout's or run's files; of a checkout of the course only the package and nbgrader's settings
+      (``SHOWN_OF_CHECKOUT``), the package's sample submissions empty (``HIDDEN_IN_PACKAGE``); the course's
+      solutions and sample class where a shown folder holds them (``HIDDEN_IN_REPO``) and ``hide`` are empty
+      read-only folders; ``readonly`` folders are shown again read-only;
       ``own`` folders (the submission's) are writable, the first one is ``HOME``; the working folder is the
       caller's where it is visible inside;
     - its own network (loopback only), IPC, UTS, cgroup and PID namespaces; a private ``/tmp``, ``/var/tmp`` and
@@ -574,6 +594,11 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
             if (folder / name).is_dir():
                 args += _tmpfs(str(folder / name), 4096)
                 empty.append(str(folder / name))
+    for folder in runtime:  # in every copy of the package shown (a checkout's, an installed one)
+        package = folder if folder.name == "fuselab" else folder / "fuselab"
+        for pattern in HIDDEN_IN_PACKAGE:
+            for hidden in sorted(package.glob(pattern)) if package.is_dir() else []:
+                args += ["--fuselab-empty", str(hidden)]
     for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
         if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
             args += _tmpfs(str(folder), 4096)
