@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import isolate
+from fuselab.grading import cgroup, isolate
 
 from .conftest import REPO
 from .test_grader_sandbox_use import _as_plain_user, _sandbox_or_fail, _user_folder
@@ -185,3 +185,139 @@ def test_a_plain_users_sandbox_shows_the_same_of_the_checkout(tmp_path):
         assert "failed" not in seen, seen
         _check_checkout(seen)
 
+
+# --- memory no resident size shows --------------------------------------------------------------------------------
+
+HOLD = textwrap.dedent(r'''
+    import ctypes, mmap, os, sys, time
+    kind, size = sys.argv[1], int(sys.argv[2]) * 2**20
+    chunk, held = b"x" * 2**20, []
+
+    def fill(fd):
+        for _ in range(size // 2**20):
+            os.write(fd, chunk)
+
+    try:
+        if kind == "memfd":  # written, never mapped
+            fd = os.memfd_create("held")
+            fill(fd)
+            held.append(fd)
+        elif kind == "memfd_mapped_only":  # written, one page mapped, its descriptor closed
+            fd = os.memfd_create("held")
+            fill(fd)
+            held.append(mmap.mmap(fd, 4096))
+            os.close(fd)
+        elif kind == "shared_dropped":  # a shared mapping touched, then its pages dropped from the page tables
+            area = mmap.mmap(-1, size, flags=mmap.MAP_SHARED)
+            for offset in range(0, size, 4096):
+                area[offset] = 1
+            area.madvise(mmap.MADV_DONTNEED)
+            held.append(area)
+        elif kind == "deleted_tmpfs":  # a file of /dev/shm deleted but held open
+            handle = open("/dev/shm/held", "wb")
+            fill(handle.fileno())
+            os.unlink("/dev/shm/held")
+            held.append(handle)
+        elif kind == "sysv":  # SysV shared memory of the sandbox's IPC namespace, written, then detached
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.shmat.restype = ctypes.c_void_p
+            segment = libc.shmget(0, size, 0o1600)
+            if segment < 0:
+                raise OSError(ctypes.get_errno(), "shmget")
+            address = libc.shmat(segment, None, 0)
+            ctypes.memset(address, 1, size)
+            libc.shmdt(ctypes.c_void_p(address))
+        elif kind == "sysv_messages":  # SysV message queues: kernel memory of the namespace
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.msgget(0, 0o1600) < 0:
+                raise OSError(ctypes.get_errno(), "msgget")
+    except OSError as exc:
+        print("refused", exc.errno, flush=True)
+        sys.exit(0)
+    print("holding", flush=True)
+    time.sleep(40)
+''')
+KINDS = ("memfd", "memfd_mapped_only", "shared_dropped", "deleted_tmpfs", "sysv", "sysv_messages")
+ENOSYS = 38
+
+
+def _held(outcome) -> str:
+    """How the limit held against one kind: stopped for memory, or the call refused inside."""
+    if outcome.out_of_memory and not outcome.timed_out and "memory" in outcome.describe():
+        return "stopped"
+    if f"refused {ENOSYS}" in outcome.stdout:
+        return "refused"
+    return f"not held: {outcome}"
+
+
+def _hold(tmp_path, kind, mib, limit_mib):
+    return _run(tmp_path, HOLD, kind, str(mib), limits=isolate.Limits(wall_s=90, memory_bytes=limit_mib * 2**20))
+
+
+@pytest.mark.parametrize("counter", ["cgroup", "watchdog"])
+def test_memory_no_process_shows_counts_against_the_limit(tmp_path, monkeypatch, counter):
+    """250 MiB held where no resident size shows it (a memfd written and not mapped, or mapped by one page; a shared
+    mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory) under a 120 MiB
+    limit: the tree is stopped for memory, or the call is refused inside (SysV, which nothing the course runs
+    uses). With the kernel's memory cgroup (this machine's, as root) and with the watchdog alone (where the
+    grader can have none)."""
+    _sandbox_or_fail()
+    if counter == "cgroup":
+        assert cgroup.available(), "a writable memory cgroup is expected here (CI runs as root)"
+    else:
+        monkeypatch.setattr(cgroup.MemoryGroup, "make", classmethod(lambda cls, limit: None))
+        monkeypatch.setattr(cgroup, "available", lambda: False)
+    held = {kind: _held(_hold(tmp_path, kind, 250, 120)) for kind in KINDS}
+    assert held == {"memfd": "stopped", "memfd_mapped_only": "stopped", "shared_dropped": "stopped",
+                    "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused"}, held
+    # and what stays under the limit runs on (nothing counted twice)
+    for kind in ("memfd", "memfd_mapped_only", "shared_dropped"):
+        outcome = _run(tmp_path, HOLD.replace("time.sleep(40)", "time.sleep(2)"), kind, "40",
+                       limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20))
+        assert outcome.ok and "holding" in outcome.stdout, (kind, outcome)
+
+
+def test_the_kernel_counts_where_the_grader_has_a_memory_cgroup(tmp_path):
+    """As root here, each child gets a group of its own, limited, removed after it."""
+    assert cgroup.available()
+    child = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"],
+                          limits=isolate.Limits(wall_s=60, memory_bytes=300 * 2**20))
+    group = child.group
+    assert group is not None and group.holds(child.process.pid)
+    child.stop(timed_out=False)
+    child.wait()
+    assert not group.folder.exists()
+
+
+PLAIN_HOLD = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    from fuselab.grading import cgroup, isolate
+    work = Path(sys.argv[1])
+    held = {"cgroup": cgroup.available()}
+    for kind in json.loads((work / "kinds.json").read_text()):
+        own = work / "own"
+        command = isolate.sandboxed([sys.executable, "-c", (work / "hold.py").read_text(), kind, "250"], own=[own],
+                                    hide=[])
+        o = isolate.Child(command, limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20), cwd=str(own)).wait()
+        held[kind] = [o.out_of_memory, o.timed_out, o.describe(), o.stdout]
+    print(json.dumps(held))
+''')
+
+
+def test_memory_no_process_shows_counts_for_a_plain_user_too(tmp_path):
+    """A plain user has no memory cgroup here: the watchdog counts, and where it could not size a memfd that is
+    only mapped (``map_files`` is root's), ``memfd_create`` is refused inside."""
+    with _user_folder() as work:
+        (work / "hold.py").write_text(HOLD)
+        (work / "kinds.json").write_text(json.dumps(KINDS))
+        done = _as_plain_user(PLAIN_HOLD, work)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report.pop("cgroup") is False
+    held = {}
+    for kind, (out_of_memory, timed_out, described, stdout) in report.items():
+        held[kind] = "stopped" if out_of_memory and not timed_out and "memory" in described else \
+            "refused" if f"refused {ENOSYS}" in stdout else f"not held: {described} {stdout}"
+    assert held == {"memfd": "refused", "memfd_mapped_only": "refused", "shared_dropped": "stopped",
+                    "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused"}, held

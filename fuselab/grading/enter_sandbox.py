@@ -7,6 +7,10 @@ by name), then a user without rights, then bubblewrap.
   own ``--clearenv`` would leave the grader's environment in its pid 1, which the sandbox could read.
 - ``--fuselab-empty DEST`` lays an empty read-only file over DEST (bubblewrap's ``--ro-bind-data`` from a pipe
   already at its end): a file that must not be read inside a folder the sandbox shows.
+- ``--fuselab-refuse NAME,NAME`` makes those system calls fail inside with ``ENOSYS`` (bubblewrap's
+  ``--seccomp``, a filter written here): what the kernel's accounting or the watchdog could not count otherwise.
+  A process of another architecture than the machine's own (a 32-bit one) is killed: it would call them by other
+  numbers.
 - The folders bubblewrap binds (``--fuselab-bind SRC DEST``, ``--fuselab-ro-bind SRC DEST``) are first shown, as
   root, in a private mount namespace under ``/run/fuselab-sandbox/N`` (a fresh tmpfs over ``/run``), and bubblewrap
   binds them from there: the user without rights could not reach a Python that lives under ``/root``, or a run
@@ -20,7 +24,9 @@ Standard library only, run with ``-I -S``: nothing from the environment it is fi
 
 import ctypes
 import os
+import platform
 import re
+import struct
 import sys
 
 
@@ -28,6 +34,30 @@ STAGE = "/run/fuselab-sandbox"
 _libc = ctypes.CDLL(None, use_errno=True)
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 CLONE_NEWNS = 0x00020000
+
+
+# seccomp: the architecture as the kernel names it, and the numbers of the calls that can be refused
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SYSCALLS = {"x86_64": {"shmget": 29, "msgget": 68, "memfd_create": 319},
+            "aarch64": {"shmget": 194, "msgget": 186, "memfd_create": 279}}
+X32_BIT = 0x40000000  # x86_64's x32 calls: the same calls under other numbers
+RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, ENOSYS = 0x7FFF0000, 0x00050000, 0x80000000, 38
+LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+
+
+def seccomp_filter(names, machine: str | None = None) -> bytes:
+    """A classic BPF program (``struct sock_filter``s, as bubblewrap's ``--seccomp`` reads them) that makes the
+    system calls ``names`` fail with ENOSYS and kills a process of another architecture."""
+    machine = machine or platform.machine()
+    numbers = [SYSCALLS[machine][name] for name in names]
+    program = [(LD_W_ABS, 0, 0, 4), (JEQ_K, 1, 0, AUDIT_ARCH[machine]), (RET_K, 0, 0, RET_KILL_PROCESS),
+               (LD_W_ABS, 0, 0, 0)]
+    if machine == "x86_64":
+        program += [(JGE_K, 0, 1, X32_BIT), (RET_K, 0, 0, RET_KILL_PROCESS)]
+    for number in numbers:
+        program += [(JEQ_K, 0, 1, number), (RET_K, 0, 0, RET_ERRNO | ENOSYS)]
+    program.append((RET_K, 0, 0, RET_ALLOW))
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
 
 
 def _check(result: int, what: str) -> None:
@@ -70,6 +100,15 @@ def main(argv) -> int:
             os.close(done)  # read to its end at once: bubblewrap copies nothing
             os.set_inheritable(empty, True)
             args += ["--ro-bind-data", str(empty), command[i + 1]]
+            i += 2
+            continue
+        if command[i] == "--fuselab-refuse":  # a seccomp filter, read by bubblewrap from a pipe
+            program = seccomp_filter([name for name in command[i + 1].split(",") if name])
+            filtered, feed = os.pipe()
+            os.write(feed, program)  # a few hundred bytes: the pipe holds them
+            os.close(feed)
+            os.set_inheritable(filtered, True)
+            args += ["--seccomp", str(filtered)]
             i += 2
             continue
         if command[i] in bind:

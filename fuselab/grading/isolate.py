@@ -2,8 +2,9 @@
 
 - **Limits** (``resource.setrlimit`` in the child): CPU seconds, file size, no core dumps. Not ``RLIMIT_AS``:
   CUDA reserves far more virtual address space than it uses, and an address-space limit breaks it. Memory is
-  bounded instead by a watchdog that sums the resident memory of the whole process tree and kills it past the
-  limit.
+  bounded instead by a memory cgroup of the child's own where the grader can make one (``cgroup``: the kernel
+  counts every page the tree holds, shared memory included, and holds the limit), and otherwise by a watchdog that
+  sums the tree's resident memory, its private tmpfs and the shared-memory objects it holds (``shmem_bytes``).
 - **Timeouts** kill the whole tree, descendants first: a Jupyter kernel runs in a session of its own, so killing
   a process group alone would leave an endless kernel spinning.
 - **Every process a child starts ends with it**: each child runs under ``keeper`` (a child subreaper that the
@@ -12,9 +13,8 @@
   to files, never pipes: a process that keeps a copy of its stdout cannot make the grader wait.
 - **Per child, not per user**: the watchdog also counts the tree's processes (``Limits.processes``: an
   ``RLIMIT_NPROC`` would count every process of the uid, which all sandboxes share as root, and which the TA's own
-  work shares as a plain user), what the sandbox's private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` hold (memory,
-  counted with the resident memory), and what its writable folders hold (``Limits.disk_bytes``); past a limit the
-  tree is killed and ``Outcome.limit`` says which.
+  work shares as a plain user), its memory (above), and what its writable folders hold and the files it deleted
+  but holds open (``Limits.disk_bytes``); past a limit the tree is killed and ``Outcome.limit`` says which.
 - **Network and processes outside the sandbox**: a command that is not ``sandboxed`` runs in a PID namespace of
   its own (and, with ``no_network``, a network namespace) made by its keeper where the platform allows (root, or
   unprivileged user namespaces). A ``sandboxed`` command gets both from bubblewrap, and nothing is unshared before
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import secrets
 import tempfile
 import resource
@@ -40,12 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import course, proctree
+from . import cgroup, enter_sandbox
 
 @dataclass
 class Limits:
     wall_s: float = 600.0         # the whole child; the caller may stop it earlier (per-cell timeouts)
     cpu_s: int | None = 3600       # RLIMIT_CPU: CPU seconds of the child (and of each of its descendants)
-    memory_bytes: int | None = 16 * 2**30  # resident memory of the whole tree + its private tmpfs (watchdog)
+    memory_bytes: int | None = 16 * 2**30  # what the whole tree holds, shared memory included (cgroup or watchdog)
     file_bytes: int | None = 4 * 2**30     # RLIMIT_FSIZE: a runaway write stops here
     no_network: bool = False      # a network namespace of its own (outside the sandbox: best effort)
     processes: int | None = 256   # processes and threads of the tree at once (watchdog); a build runs tens
@@ -81,14 +83,19 @@ class Outcome:
 
 
 PR_SET_PDEATHSIG = 1
+KERNEL_STOPPED = ("used more memory than allowed (what its processes hold, /tmp, /var/tmp, /dev/shm and shared "
+                  "memory included)")
 KEEPER = Path(__file__).with_name("keeper.py")
 MARKER_ENV = "FUSELAB_CHILD_MARKER"
 OUTPUT_TAIL_BYTES = 4 * 2**20  # what is read back of a child's stdout/stderr (the files may be far larger)
 
 
-def _set_limits(limits: Limits):
+def _set_limits(limits: Limits, group=None):
     def apply():
         os.setsid()
+        if group is not None:  # before exec: nothing the command starts is ever outside the group
+            with contextlib.suppress(OSError):
+                group.join()
         # the keeper hears when the grader dies, even by SIGKILL, and ends everything below it
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting kernel must not fill the disk
@@ -164,19 +171,6 @@ def _recent_parents(max_age_s: float = 0.4) -> dict:
         return _scan[1]
 
 
-def tree_rss(pid: int, tree=None) -> int:
-    """Resident bytes of ``pid`` and its descendants (as of a scan at most a fraction of a second old: a process
-    started since is counted at the next watch). ``tree``: those pids, already listed."""
-    total = 0
-    page = os.sysconf("SC_PAGE_SIZE")
-    for p in tree if tree is not None else [pid] + children_of(pid, _recent_parents()):
-        try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def tree_tasks(tree) -> int:
     """Processes and threads of ``tree`` (each process's ``Threads:``): a thread takes a PID of the host's as a
     process does, and /proc lists only processes, so counting processes alone let 600 threads through."""
@@ -212,6 +206,151 @@ def private_tmpfs_bytes(tree, folders) -> int:
             seen.add(device)
             total += (info.f_blocks - info.f_bfree) * info.f_frsize
     return total
+
+
+TMPFS_MAGIC, HUGETLBFS_MAGIC = 0x01021994, 0x958458F6
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_long * 15)]
+
+
+_statfs = ctypes.CDLL(None, use_errno=True).statfs
+
+
+def _is_shmem_fs(path: str) -> bool:
+    """Whether ``path`` (a magic link of /proc followed) lies on a tmpfs or hugetlbfs: memory, not disk."""
+    info = _StatFs()
+    return _statfs(os.fsencode(path), ctypes.byref(info)) == 0 and info.f_type in (TMPFS_MAGIC, HUGETLBFS_MAGIC)
+
+
+def _internal_shmem_device() -> int | None:
+    """The device of the kernel's internal tmpfs: memfd_create's files, SysV shared memory and shared anonymous
+    mappings all live there (their mappings show only as a deleted name)."""
+    try:
+        fd = os.memfd_create("fuselab-probe", os.MFD_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    try:
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
+SHMEM_DEVICE = _internal_shmem_device()
+
+
+def shmem_bytes(tree, counted_devices=()) -> int:
+    """What the shared-memory objects ``tree``'s processes hold take, each object once (the watchdog's count where
+    there is no memory cgroup, ``cgroup``): memory no resident size shows (a memfd written and never mapped, a
+    shared mapping whose pages it dropped, a tmpfs file deleted but held open). Found by descriptor
+    (``/proc/PID/fd``: sized by its blocks) and by mapping (``/proc/PID/maps``: sized by its blocks where
+    ``map_files`` may be read, as root; by the mapped span where not). ``counted_devices``: file systems counted
+    otherwise (the private tmpfs, ``private_tmpfs_bytes``)."""
+    counted = set(counted_devices)
+    objects: dict = {}
+    shmem_devices = {SHMEM_DEVICE} if SHMEM_DEVICE is not None else set()
+    other_devices: set = set()
+    for pid in tree:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in descriptors:
+            path = f"/proc/{pid}/fd/{name}"
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or info.st_dev in counted:
+                continue
+            if info.st_dev not in shmem_devices:
+                if info.st_dev in other_devices or not _is_shmem_fs(path):
+                    other_devices.add(info.st_dev)
+                    continue
+                shmem_devices.add(info.st_dev)
+            objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+        try:
+            with open(f"/proc/{pid}/maps") as handle:
+                mappings = handle.read().splitlines()
+        except OSError:
+            continue
+        for line in mappings:
+            fields = line.split(None, 5)
+            if len(fields) < 6 or fields[4] == "0":
+                continue
+            major, minor = fields[3].split(":")
+            device = os.makedev(int(major, 16), int(minor, 16))
+            key = (device, int(fields[4]))
+            if device in counted or device in other_devices:
+                continue
+            span = fields[0]
+            if device not in shmem_devices:  # a named file's mapping: on a tmpfs of the host's?
+                where = f"/proc/{pid}/map_files/{span}"
+                if not _is_shmem_fs(where) and not _is_shmem_fs(f"/proc/{pid}/root{fields[5]}"):
+                    other_devices.add(device)
+                    continue
+                shmem_devices.add(device)
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                size = os.stat(f"/proc/{pid}/map_files/{span}").st_blocks * 512
+            except OSError:
+                size = end - start  # map_files needs root: what the mapping can reach
+            objects[key] = max(objects.get(key, 0), size)
+    return sum(objects.values())
+
+
+def held_deleted_bytes(tree, counted_devices=()) -> int:
+    """What files deleted but held open by ``tree``'s processes take on disk: no folder walk finds them."""
+    seen, total = set(), 0
+    for pid in tree:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in descriptors:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            key = (info.st_dev, info.st_ino)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and key not in seen \
+                    and info.st_dev not in counted_devices and info.st_dev != SHMEM_DEVICE:
+                seen.add(key)
+                total += info.st_blocks * 512
+    return total
+
+
+def tree_unshared_rss(tree) -> int:
+    """Resident anonymous and file memory of ``tree`` (``RssAnon`` + ``RssFile``): the shared memory its processes
+    map is counted once per object instead (``shmem_bytes``, ``private_tmpfs_bytes``)."""
+    total = 0
+    for pid in tree:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith(("RssAnon:", "RssFile:")):
+                with contextlib.suppress(ValueError, IndexError):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def private_devices(tree, folders) -> set:
+    """The devices of the sandbox's private tmpfs folders, seen through a process of the tree."""
+    own = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            own.add(os.stat(folder).st_dev)
+    found = set()
+    for pid in tree:
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                device = os.stat(f"/proc/{pid}/root{folder}").st_dev
+                if device not in own:
+                    found.add(device)
+    return found
 
 
 def folders_bytes(folders, budget: int, max_entries: int = 200_000) -> int:
@@ -295,14 +434,24 @@ class Child:
         else:  # the keeper makes the namespaces the sandbox would have
             started_w = None
             options = ["--pid"] + (["--net"] if limits.no_network else [])
+        # the kernel's count of the tree's memory, shared memory included, and its hard limit, where the grader
+        # can have a memory cgroup; where not, the watchdog counts (``_over_limit``)
+        self.group = cgroup.MemoryGroup.make(limits.memory_bytes) if limits.memory_bytes else None
         try:
             self.process = subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), *options, "--", *command],
-                                            cwd=cwd, env=env, preexec_fn=_set_limits(limits),
+                                            cwd=cwd, env=env, preexec_fn=_set_limits(limits, self.group),
                                             stdin=subprocess.DEVNULL, stdout=stdout or self._stdout,
                                             stderr=stderr or self._stderr, pass_fds=tuple(pass_fds))
+        except BaseException:
+            if self.group is not None:
+                self.group.remove()
+            raise
         finally:
             if started_w is not None:
                 os.close(started_w)
+        if self.group is not None and not self.group.holds(self.process.pid):
+            self.group.remove()  # it could not join (the watchdog counts instead)
+            self.group = None
         self._done = threading.Event()
         if registry is not None:
             registry.register(self)
@@ -315,14 +464,24 @@ class Child:
         tree = [self.process.pid] + children_of(self.process.pid, _recent_parents())
         if limits.processes and tree_tasks(tree) > limits.processes:
             return f"started more than {limits.processes} processes and threads at once (the limit)"
-        if limits.memory_bytes:
-            private = private_tmpfs_bytes(tree, self.sandbox.private) if self.sandbox is not None else 0
-            if tree_rss(self.process.pid, tree) + private > limits.memory_bytes:
+        if limits.memory_bytes and self.group is not None:
+            if self.group.oom_kills() or self.group.used() > limits.memory_bytes:
+                self.out_of_memory = True
+                return KERNEL_STOPPED
+        elif limits.memory_bytes:
+            private, devices = 0, set()
+            if self.sandbox is not None:
+                private = private_tmpfs_bytes(tree, self.sandbox.private)
+                devices = private_devices(tree, self.sandbox.private)
+            shared = shmem_bytes(tree, devices)
+            if tree_unshared_rss(tree) + private + shared > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
+                held += f" (of it {shared / 2**20:.0f} MiB of shared memory)" if shared else ""
                 return f"used more memory than allowed{held}"
         if check_disk and limits.disk_bytes and self.sandbox is not None:
-            used = folders_bytes(self.sandbox.own, limits.disk_bytes)
+            devices = private_devices(tree, self.sandbox.private)
+            used = folders_bytes(self.sandbox.own, limits.disk_bytes) + held_deleted_bytes(tree, devices)
             if used > limits.disk_bytes:
                 return (f"wrote more than {limits.disk_bytes / 2**20:.0f} MiB to its folders "
                         "(the disk budget; or more files than allowed, or a folder hidden from the grader)")
@@ -384,6 +543,11 @@ class Child:
         self._done.set()
         kill_tree(self.process.pid)  # leftovers a finished child may have started (a kernel, a compiler)
         sweep(self.marker)
+        if self.group is not None:
+            if self.group.oom_kills():  # the kernel stopped a process of it at the limit
+                self.out_of_memory = True
+                self.limit = self.limit or KERNEL_STOPPED
+            self.group.remove()
         if self.registry is not None:
             self.registry.unregister(self)
         stdout = _tail(self._stdout) if self._stdout else ""
@@ -541,6 +705,14 @@ def runtime_folders() -> list:
     return [f for f in folders if not any(o in f.parents for o in folders)]
 
 
+def refused_calls() -> list:
+    """The system calls that fail inside the sandbox: SysV shared memory and message queues (memory in the
+    sandbox's own IPC namespace that no process shows; nothing the course runs uses them), and ``memfd_create``
+    where neither a memory cgroup nor ``/proc/PID/map_files`` (root's) lets the grader size a memfd that is only
+    mapped."""
+    return ["shmget", "msgget"] + ([] if os.geteuid() == 0 or cgroup.available() else ["memfd_create"])
+
+
 def gpu_device_nodes() -> list:
     """The GPU's device files that exist here (``/dev/nvidia0``, ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
     ``/dev/nvidia-caps``, ...): the only ones shown inside the sandbox besides the basic ones."""
@@ -581,6 +753,8 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
              "--unshare-user", "--disable-userns", "--unshare-ipc", "--unshare-pid", "--unshare-net",
              "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
              "--cap-drop", "ALL"]
+    if platform.machine() in enter_sandbox.SYSCALLS:
+        args += ["--fuselab-refuse", ",".join(refused_calls())]
     for folder in PRIVATE:
         args += _tmpfs(folder, TMPFS_BYTES)
     empty = []  # hidden folders: empty tmpfs, read-only once everything is mounted (nothing can be stored there)
