@@ -321,3 +321,45 @@ def test_memory_no_process_shows_counts_for_a_plain_user_too(tmp_path):
             "refused" if f"refused {ENOSYS}" in stdout else f"not held: {described} {stdout}"
     assert held == {"memfd": "refused", "memfd_mapped_only": "refused", "shared_dropped": "stopped",
                     "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused"}, held
+
+
+def test_an_installed_copy_of_the_package_shows_no_sample_submissions_either(tmp_path, monkeypatch):
+    """The package installed in the Python environment (its site-packages deep inside the environment's folder,
+    which the sandbox shows whole) held the sample submissions readable."""
+    _sandbox_or_fail()
+    prefix = Path("/var/lib") / f"fuselab-env-{os.getpid()}"
+    site = prefix / "lib" / "site-packages"
+    samples = site / "fuselab" / "labs" / "lab0" / "samples.py"
+    samples.parent.mkdir(parents=True)
+    (site / "fuselab" / "__init__.py").write_text("")
+    samples.write_text("SAMPLES = {'correct': 'a right kernel'}")
+    try:
+        monkeypatch.syspath_prepend(str(site))
+        monkeypatch.syspath_prepend(str(prefix))
+        assert prefix in isolate.runtime_folders()
+        outcome = _run(tmp_path, f"import os; print(os.path.getsize({str(samples)!r}))")
+    finally:
+        import shutil
+        shutil.rmtree(prefix, ignore_errors=True)
+    assert outcome.ok and outcome.stdout.split() == ["0"], outcome
+
+
+DELETED_BUT_HELD = textwrap.dedent(r'''
+    import os, sys, time
+    handle = open("held", "wb")
+    for _ in range(int(sys.argv[1])):
+        handle.write(b"x" * 2**20)
+        handle.flush()
+    os.unlink("held")  # no folder walk finds it now; its blocks stay taken while it is open
+    print("holding", flush=True)
+    time.sleep(40)
+''')
+
+
+def test_a_file_deleted_but_held_open_counts_against_the_disk_budget(tmp_path):
+    _sandbox_or_fail()
+    limits = isolate.Limits(wall_s=90, memory_bytes=None, disk_bytes=100 * 2**20)
+    outcome = _run(tmp_path, DELETED_BUT_HELD, "200", limits=limits)
+    assert outcome.limit and "disk budget" in outcome.limit and not outcome.timed_out, outcome
+    small = _run(tmp_path, DELETED_BUT_HELD.replace("time.sleep(40)", "time.sleep(3)"), "20", limits=limits)
+    assert small.ok, small

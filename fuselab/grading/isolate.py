@@ -705,6 +705,15 @@ def runtime_folders() -> list:
     return [f for f in folders if not any(o in f.parents for o in folders)]
 
 
+def _packages_shown(runtime) -> list:
+    """Every copy of the course's package inside the folders ``runtime`` shows: a checkout's, one beside it, one
+    installed in the Python environment (its site-packages lies deep inside the environment's folder)."""
+    found = [f for f in runtime if f.name == "fuselab"] + [f / "fuselab" for f in runtime]
+    found += [Path(p) / "fuselab" for p in sys.path if p and os.path.isabs(p)]
+    found = [Path(os.path.abspath(f)) for f in found if (f / "__init__.py").is_file()]
+    return [f for f in dict.fromkeys(found) if any(r == f or r in f.parents for r in runtime)]
+
+
 def refused_calls() -> list:
     """The system calls that fail inside the sandbox: SysV shared memory and message queues (memory in the
     sandbox's own IPC namespace that no process shows; nothing the course runs uses them), and ``memfd_create``
@@ -768,10 +777,9 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
             if (folder / name).is_dir():
                 args += _tmpfs(str(folder / name), 4096)
                 empty.append(str(folder / name))
-    for folder in runtime:  # in every copy of the package shown (a checkout's, an installed one)
-        package = folder if folder.name == "fuselab" else folder / "fuselab"
+    for package in _packages_shown(runtime):
         for pattern in HIDDEN_IN_PACKAGE:
-            for hidden in sorted(package.glob(pattern)) if package.is_dir() else []:
+            for hidden in sorted(package.glob(pattern)):
                 args += ["--fuselab-empty", str(hidden)]
     for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
         if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
