@@ -22,8 +22,12 @@ if not getattr(Validator, "fuselab_configured", False):  # nbgrader may read thi
     Validator._indent = _indent_uncut
 
 # Without a GPU a speed test cell passes under Validate (it measures nothing, so it may not score 0), and a bare
-# "Success!" read as if every point were in. Say how many points the course still measures on its GPU.
+# "Success!" read as if every point were in. Say how many points the course still measures on its GPU: the command
+# prints it, and the server's reply carries it under NOT_MEASURED_KEY for the students' Validate button
+# (labextension/: nbgrader's own dialog ignores keys it does not know, so its client is unaffected).
 NOT_MEASURED = "the speed is not measured on this machine (no GPU)"
+NOT_MEASURED_KEY = "fuselab_not_measured"
+_validate = Validator.validate
 _get_failed_cells = Validator._get_failed_cells
 _print_num_failed = Validator._print_num_failed
 
@@ -38,17 +42,33 @@ def _remember_unmeasured(self, nb):
     return _get_failed_cells(self, nb)
 
 
+def _unmeasured_note(self):
+    unmeasured = getattr(self, "unmeasured", [])
+    if not unmeasured:
+        return None
+    points = sum(p for _, p in unmeasured)
+    return (f"{points:g} points not measured here (no GPU): " + ", ".join(cell for cell, _ in unmeasured)
+            + ", measured when the course grades your notebook on its GPU.")
+
+
+def _validate_with_note(self, filename):
+    self.unmeasured = []  # a validator may check several notebooks
+    results = _validate(self, filename)
+    note = _unmeasured_note(self)
+    if note:
+        results[NOT_MEASURED_KEY] = note
+    return results
+
+
 def _say_unmeasured(self, num_failed):
     _print_num_failed(self, num_failed)
-    unmeasured = getattr(self, "unmeasured", [])
-    if unmeasured:
-        points = sum(p for _, p in unmeasured)
-        self.stream.write(f"{points:g} points not measured here (no GPU): "
-                          + ", ".join(cell for cell, _ in unmeasured)
-                          + ", measured when the course grades your notebook on its GPU.\n")
+    note = _unmeasured_note(self)
+    if note:
+        self.stream.write(note + "\n")
 
 
 if not getattr(Validator, "fuselab_configured", False):
+    Validator.validate = _validate_with_note
     Validator._get_failed_cells = _remember_unmeasured
     Validator._print_num_failed = _say_unmeasured
     Validator.fuselab_configured = True

@@ -121,7 +121,9 @@ def test_students_see_validate_and_no_instructor_tools(student_lab, tmp_path):
     hidden = {"@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:menu",
               "@jupyter/nbgrader:course-list", "@jupyterlab/apputils-extension:announcements"}
     assert hidden <= set(config["disabledExtensions"]), config["disabledExtensions"]
-    assert "@jupyter/nbgrader:validate-assignment" not in config["disabledExtensions"]
+    # nbgrader's Validate button gives way to the course's (labextension/), which says what it could not measure
+    assert "@jupyter/nbgrader:validate-assignment" in config["disabledExtensions"]
+    assert "@fuselab/validate" in {ext["name"] for ext in config["federated_extensions"]}
     with pytest.raises(urllib.error.HTTPError, match="404"):  # the formgrader's server side is off too
         urllib.request.urlopen(f"{base}/formgrader?token={token}", timeout=10)
 
