@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +59,7 @@ def test_the_servers_reply_carries_the_points_not_measured(tmp_path):
     env = dict(os.environ, JUPYTER_CONFIG_PATH=str(REPO / "student"),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     reply = json.loads(result.stdout.splitlines()[-1])
     assert reply["success"] is True, reply
