@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import datetime
-import html
 import re
 import urllib.parse
 from pathlib import Path
@@ -33,6 +32,10 @@ def _md(text, limit: int | None = None) -> str:
     text = shown(" ".join(printable(text).split()))
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
+    return _md_punctuation(text)
+
+
+def _md_punctuation(text: str) -> str:
     # ``_`` stays: student ids are full of it, and at worst it italicises a word
     return re.sub(r"([\\`*\[\]!|~<>&])", r"\\\1", text)
 
@@ -45,13 +48,17 @@ def _graded_standings(results) -> list:
     return [term.Standing(r.student, r.lab, term.GRADED, result=r) for r in _typed(results)]
 
 
-def status_text(standing) -> str:
-    """grades.csv's and the report's word for a standing: graded, "not graded: why", missing."""
+def status_text(standing, limit: int | None = 300) -> str:
+    """grades.csv's and the report's word for a standing: graded, "not graded: why", missing. A reason longer
+    than ``limit`` is cut, saying where it is whole (the report's "Why not graded" list)."""
     if standing.status == term.GRADED:
         return "graded"
     if standing.status == term.MISSING:
         return "missing"
-    return f"not graded: {' '.join(printable(standing.why).split())[:300]}"
+    why = " ".join(printable(standing.why).split())
+    if limit is not None and len(why) > limit:
+        why = why[:limit] + "… (the whole reason: report.html, \"Why not graded\")"
+    return f"not graded: {why}"
 
 
 def lost_points(result) -> str:
@@ -65,13 +72,18 @@ def lost_points(result) -> str:
     return "; ".join(f"{', '.join(tests)}: {reason}" for reason, tests in reasons.items())
 
 
-def write_grades_csv(results: list, path: Path, standings: list | None = None) -> Path:
-    """One row per student: ``standings`` (``term.standings``, the whole course), else ``results`` alone."""
+def write_grades_csv(results: list, path: Path, standings: list | None = None,
+                     gradebook_db: Path | None = None) -> Path:
+    """One row per student: ``standings`` (``term.standings``, the whole course), else ``results`` alone. Each
+    lab's maximum is ``lab_maxima``'s (the course gradebook beside ``path``, ``course/gradebook.db``, unless
+    ``gradebook_db`` says where), the same on every row: graded, not graded or missing."""
     results = _typed(results)
+    gradebook_db = gradebook_db or Path(path).parent / "course" / "gradebook.db"
     standings = _graded_standings(results) if standings is None else standings
     labs = sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB})
     tests = {lab: list(next((r for r in results if r.lab == lab), SubmissionResult("", lab)).cells) for lab in labs}
-    maxima = {lab: next((totals(r)[1] for r in results if r.lab == lab), None) for lab in labs}
+    known = lab_maxima(results, gradebook_db)
+    maxima = {lab: known.get(lab) for lab in labs}
     hand = {lab: sorted({g for r in results if r.lab == lab for g in hand_graded(r)}) for lab in labs}
     speed_tests = {lab: [t for t in tests[lab] if any(t in c.cells and c.cells[t].speed for c in results
                                                       if c.lab == lab)] for lab in labs}
@@ -94,15 +106,17 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None) -
         row[f"{lab} status"] = status_text(standing)
         row[f"{lab} late"] = "late" if standing.late else ""
         row[f"{lab} submitted"] = standing.submitted or ""
-        if standing.result is None:
+        if standing.result is None:  # its lab's maximum, as a graded row's: the points it did not get
             row[f"{lab} max"] = f"{maxima[lab]:g}" if maxima[lab] is not None else ""
+            row["max"] += maxima[lab] or 0.0
             if standing.status == term.MISSING:
                 row[f"{lab} total"] = "0"
-                row["max"] += maxima[lab] or 0.0
     for r in results:
         row = rows.setdefault(r.student, {"student": r.student, "total": 0.0, "max": 0.0, "flags": 0})
         row.setdefault(f"{r.lab} status", "graded")
-        total, maximum = totals(r)  # with the written answers graded by hand
+        total, _ = totals(r)  # with the written answers graded by hand
+        maximum = maxima.get(r.lab)
+        maximum = totals(r)[1] if maximum is None else maximum
         row[f"{r.lab} total"] = f"{total:g}"
         row[f"{r.lab} max"] = f"{maximum:g}"
         for test, cell in r.cells.items():
@@ -170,101 +184,198 @@ def _figures(results, lab, folder: Path) -> list:
     return made
 
 
-def _gpu_line(results) -> str:
+def _gpu_line(results) -> list:
     gpus = sorted({s.get("gpu") for r in results for c in r.cells.values() for s in c.speed if s.get("gpu")})
     notes = sorted({s.get("policy_note") for r in results for c in r.cells.values() for s in c.speed
                     if s.get("policy_note")})
     if not gpus:
-        return "No GPU: correctness was graded through the CPU emulation; speed tests are **not measured (no GPU)** " \
-               "and score 0."
+        return [_t("No GPU: correctness was graded through the CPU emulation; speed tests are "),
+                _b("not measured (no GPU)"), _t(" and score 0.")]
     line = f"Speedups measured on {', '.join(gpus)}."
     if notes:
         line += " " + " ".join(notes)
-    return line
+    return [_t(line)]
 
 
-def markdown(class_result) -> str:
+# A line of the report is a list of parts, each ("text" | "bold" | "em" | "code", text) or ("link", text, href):
+# the templates (templates/report.md.j2, report.html.j2) say how each looks; the text in them is escaped there
+def _t(text) -> tuple:
+    return ("text", text)
+
+
+def _b(text) -> tuple:
+    return ("bold", text)
+
+
+def _cut(text, limit: int) -> str:
+    """``text`` as one line, cut at ``limit`` characters with "…" (the templates escape it, this only shortens)."""
+    text = " ".join(printable(text).split())
+    return text[:limit] + "…" if len(text) > limit else text
+
+
+def lab_maxima(results, gradebook_db: Path | None = None) -> dict:
+    """Each lab's maximum, the one grades.csv, the report and ``fuselab export`` all show: nbgrader's (its
+    assignment's maximum: the tests and the written answers) where the course gradebook has the lab, else the
+    largest a graded result of it counts (``handgrading.totals``)."""
+    maxima: dict = {}
+    for r in _typed(results):
+        maxima[r.lab] = max(maxima.get(r.lab, 0.0), totals(r)[1])
+    if gradebook_db is not None and Path(gradebook_db).is_file():
+        from nbgrader.api import Gradebook
+        with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
+            for assignment in gradebook.assignments:
+                if assignment.max_score:
+                    maxima[assignment.name] = float(assignment.max_score)
+    return maxima
+
+
+def _gradebook_of(out) -> Path | None:
+    return Path(out) / "course" / "gradebook.db" if out is not None else None
+
+
+def view(class_result) -> dict:
+    """What the report says, as data for its templates: the summary, what the TA must look at (first), the
+    instructor's reference runs, a table per lab, the whole reasons a submission was not graded, throughput."""
     standings = getattr(class_result, "standings", None) or _graded_standings(class_result.results)
     results = [s.result for s in standings if s.result is not None]
+    maxima = lab_maxima(results, _gradebook_of(class_result.out))
     counted = {status: sum(1 for s in standings if s.status == status)
                for status in (term.GRADED, term.NOT_GRADED, term.MISSING)}
-    lines = [f"# Grading report", "", f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {len(results)} submission(s), "
-             f"{len({s.student for s in standings})} student(s): {counted[term.GRADED]} graded, "
-             f"{counted[term.NOT_GRADED]} not graded, {counted[term.MISSING]} missing."
-             + (f" This run graded {class_result.graded_now} of them." if class_result.graded_now else ""),
-             "", _gpu_line(results), ""]
-    if class_result.reference:
-        lines += ["## The instructor's solution on this machine", ""]
-        for lab, ref in class_result.reference.items():
-            total = sum(c["points"] for c in ref["cells"].values())
-            maximum = sum(c["max_points"] for c in ref["cells"].values())
-            state = "**BROKEN: " + ", ".join(ref["broken"]) + " failed — fix the machine before trusting grades**" \
-                if ref["broken"] else "all correctness tests pass"
-            lines.append(f"- {lab}: {total:g} / {maximum:g} ({state})")
-        lines.append("")
+    summary = (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {len(results)} submission(s), "
+               f"{len({s.student for s in standings})} student(s): {counted[term.GRADED]} graded, "
+               f"{counted[term.NOT_GRADED]} not graded, {counted[term.MISSING]} missing."
+               + (f" This run graded {class_result.graded_now} of them." if class_result.graded_now else ""))
+    # every reason a submission was not graded, whole, below the tables; the table and the list link to it
+    reasons, anchors = [], {}
+    for s in standings:
+        if s.status == term.NOT_GRADED:
+            anchors[(s.student, s.lab)] = f"why-{len(reasons) + 1}"
+            reasons.append({"anchor": anchors[(s.student, s.lab)],
+                            "who": f"{s.student}/{s.lab}" if s.lab != term.UNKNOWN_LAB else s.student,
+                            "lines": printable(s.why).splitlines() or [""]})
+
+    def whole(student, lab) -> list:
+        anchor = anchors.get((student, lab))
+        return [_t(" ("), ("link", "the whole reason", f"#{anchor}"), _t(")")] if anchor else []
+
+    reference = []
+    for lab, ref in (class_result.reference or {}).items():
+        total = sum(c["points"] for c in ref["cells"].values())
+        maximum = sum(c["max_points"] for c in ref["cells"].values())
+        state = [_b("BROKEN: " + ", ".join(ref["broken"]) + " failed — fix the machine before trusting grades")] \
+            if ref["broken"] else [_t("all correctness tests pass")]
+        reference.append([_t(f"{lab}: {total:g} / {maximum:g} (")] + state + [_t(")")])
     pages = getattr(class_result, "feedback", None) or {}
+    labs = []
     for lab in sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB}):
         mine = [s for s in standings if s.lab == lab]
         graded = [s.result for s in mine if s.result is not None]
         tests = list(graded[0].cells) if graded else []
-        lines += [f"## {lab}", ""] + ([f"![{lab}]({lab}-figures.png)", ""] if graded else []) + [
-                  "| student | " + " | ".join(tests) + " | total | late | reason | feedback | time |",
-                  "| --- | " + " | ".join("---" for _ in tests) + " | --- | --- | --- | --- | --- |"]
+        maximum = f"{maxima[lab]:g}" if lab in maxima else "?"
+        rows = []
         for standing in mine:
             r = standing.result
-            late = "late" + (f" ({_md(standing.submitted)})" if standing.submitted else "") if standing.late else ""
+            late = [_t("late" + (f" ({standing.submitted})" if standing.submitted else ""))] if standing.late else []
             if r is None:
-                lines.append(f"| {_md(standing.student)} | " + " | ".join("-" for _ in tests) +
-                             f" | {'0' if standing.status == term.MISSING else '-'} | {late} | "
-                             f"{_md(status_text(standing), 400)} | | |")
+                total = "0" if standing.status == term.MISSING else "-"
+                rows.append({"student": standing.student, "cells": [[_t("-")] for _ in tests],
+                             "total": [_t(f"{total} / {maximum}")], "late": late,
+                             "reason": [_t(_cut(status_text(standing, limit=None), 300))] +
+                             whole(standing.student, lab), "feedback": [], "time": []})
                 continue
             cells = []
             for t in tests:
                 c = r.cells.get(t)
                 if c is None:
-                    cells.append("-")
+                    cells.append([_t("-")])
                     continue
                 measured = c.measured_speedup()
-                text = f"{c.points:g}" + (f" ({measured['speedup']:.2f}x)" if measured else "")
+                cell = [_t(f"{c.points:g}" + (f" ({measured['speedup']:.2f}x)" if measured else ""))]
                 if c.status not in ("passed",):
-                    text += f" *{_md(c.status)}*"
-                cells.append(text)
+                    cell += [_t(" "), ("em", c.status)]
+                cells.append(cell)
             page = pages.get(lab, {}).get(r.student)
-            link = f"[page]({_relative_link(page, class_result.out)})" if page else ""
-            total, maximum = totals(r)  # with the written answers graded by hand
-            lines.append(f"| {_md(r.student)} | " + " | ".join(cells) +
-                         f" | **{total:g}** / {maximum:g} | {late} | {_md(lost_points(r), 400)} | {link} "
-                         f"| {r.seconds or 0:.0f} s |")
-        lines.append("")
-    unknown = [s for s in standings if s.lab == term.UNKNOWN_LAB]
-    if unknown:
-        lines += ["## Not graded, lab unknown", ""]
-        lines += [f"- {_md(s.student)}: {_md(status_text(s), 500)}" for s in unknown] + [""]
+            link = _relative_link(page, class_result.out) if page else ""
+            total, _ = totals(r)  # with the written answers graded by hand
+            rows.append({"student": r.student, "cells": cells, "total": [_b(f"{total:g}"), _t(f" / {maximum}")],
+                         "late": late, "reason": [_t(_cut(lost_points(r), 400))],
+                         "feedback": [("link", "page", link)] if link else [], "time": [_t(f"{r.seconds or 0:.0f} s")]})
+        labs.append({"name": lab, "figure": f"{lab}-figures.png" if graded else None, "tests": tests,
+                     "maximum": maximum, "rows": rows})
+    unknown = [[_t(f"{s.student}: {_cut(status_text(s, limit=None), 500)}")] + whole(s.student, s.lab)
+               for s in standings if s.lab == term.UNKNOWN_LAB]
+    return {"summary": summary, "gpu": _gpu_line(results), "attention": _attention(class_result, standings, whole),
+            "reference": reference, "labs": labs, "unknown": unknown, "reasons": reasons,
+            "throughput": _throughput(class_result)}
+
+
+def _attention(class_result, standings, whole) -> list:
+    """Everything a TA must look at, for the top of the report: disagreements, flags (never on the student's
+    page: the TA decides), the grader's notes, crashes and timeouts, tests run again alone, what could not be
+    graded (this run's problems, and the course's entries an earlier run could not grade), feedback problems."""
     attention = []
-    for r in results:
-        who = _md(f"{r.student}/{r.lab}")
-        attention += [f"- {who}: **disagreement**: {_md(d, 500)}" for d in r.disagreements]
-        attention += [f"- {who}: **flag** (not on the student's page: yours to decide): {_md(f, 500)}"
+    for r in [s.result for s in standings if s.result is not None]:
+        who = f"{r.student}/{r.lab}: "
+        attention += [[_t(who), _b("disagreement"), _t(f": {_cut(d, 500)}")] for d in r.disagreements]
+        attention += [[_t(who), _b("flag"), _t(f" (not on the student's page: yours to decide): {_cut(f, 500)}")]
                       for f in r.flags]
         # what the grader noticed about the run itself (a GPU other programs kept busy, a notebook nbgrader could
-        # not finish, which of two notebooks was graded), as in the student's feedback; flattened and cut, as a
-        # note may end with nbgrader's output: text the student's run printed
-        attention += [f"- {who}: note: {_md(n, 300)}" for n in r.notes]
-        attention += [f"- {who}: {_md(c.status)} in {_md(t)}: "
-                      f"{_md(c.message.splitlines()[0], 200) if c.message else ''}"
+        # not finish, which of two notebooks was graded); flattened and cut, as a note may end with nbgrader's
+        # output: text the student's run printed
+        attention += [[_t(f"{who}note: {_cut(n, 300)}")] for n in r.notes]
+        attention += [[_t(f"{who}{c.status} in {t}: " + (_cut(c.message.splitlines()[0], 200) if c.message else ""))]
                       for t, c in r.cells.items() if c.status in ("crashed", "timed out")]
         # a test a wall-clock limit stopped (a busy machine, or a hang) was run again alone before it could score 0
-        attention += [f"- {who}: {_md(t)} ran past a wall-clock limit and was **run again alone**: "
-                      f"{_md(c.get('retry').get('retry', 'not run'), 200)} (first try: "
-                      f"{_md(c.get('retry').get('first_try', ''), 200)})"
+        attention += [[_t(f"{who}{t} ran past a wall-clock limit and was "), _b("run again alone"),
+                       _t(f": {_cut(c.get('retry').get('retry', 'not run'), 200)} (first try: "
+                          f"{_cut(c.get('retry').get('first_try', ''), 200)})")]
                       for t, c in r.cells.items() if isinstance(c.get("retry"), dict) and c.get("retry")]
-    attention += [f"- {_md(p.student or '?')}{'/' + _md(p.lab) if p.lab else ''}: **not graded**: "
-                  f"{_md(p.where, 300)}: {_md(p.message, 500)}" for p in class_result.problems]
-    attention += [f"- {_md(student)}/{_md(lab)}: feedback: {_md(problem, 300)}"
+    this_run = set()
+    for p in class_result.problems:
+        this_run.add((p.student, p.lab))
+        attention.append([_t(f"{p.student or '?'}{'/' + p.lab if p.lab else ''}: "), _b("not graded"),
+                          _t(f": {_cut(p.where, 300)}: {_cut(p.message, 500)}")] + whole(p.student, p.lab))
+    for s in standings:  # what an earlier run of the term could not grade: still to look at
+        if s.status == term.NOT_GRADED and (s.student, s.lab) not in this_run and \
+                (s.student, term.UNKNOWN_LAB if s.lab else "") not in this_run:
+            attention.append([_t(f"{s.student}{'/' + s.lab if s.lab else ''}: "), _b("not graded"),
+                              _t(f" (an earlier run): {_cut(s.why, 300)}")] + whole(s.student, s.lab))
+    attention += [[_t(f"{student}/{lab}: feedback: {_cut(problem, 300)}")]
                   for student, lab, problem in getattr(class_result, "feedback_problems", [])]
-    lines += ["## To look at", ""] + (attention or ["Nothing."]) + [""]
-    lines += _throughput(class_result)
-    return "\n".join(lines)
+    return attention
+
+
+def _environment(kind: str):
+    """The templates' Jinja2 environment. Every value a template shows is escaped for its format on the way out
+    (``finalize``), whatever it holds: made one printable line first (``terminal.shown``: no control, escape
+    sequence or bidirectional override), then HTML-escaped (report.html, Jinja2's autoescaping) or given
+    markdown's backslashes (report.md, ``_md``). What the templates build from parts (their macros) is not
+    escaped twice."""
+    import jinja2
+    from markupsafe import Markup
+
+    def one_line(value):
+        if isinstance(value, Markup):
+            return value
+        text = shown(re.sub(r"\s+", " ", printable(value)))  # one line; its spaces at either end stay
+        return Markup(_md_punctuation(text)) if kind == "md" else text
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True, finalize=one_line,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                              undefined=jinja2.StrictUndefined)
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def render(class_result, kind: str) -> str:
+    """The report as markdown (``kind`` "md") or a page of HTML ("html")."""
+    template = _environment(kind).get_template(f"report.{kind}.j2")
+    return template.render(report=view(class_result), line=shown)
+
+
+def markdown(class_result) -> str:
+    return render(class_result, "md")
 
 
 def _relative_link(page, out) -> str:
@@ -298,55 +409,49 @@ def median_steps(results) -> dict:
     return {lab: {label: round(statistics.median(v), 2) for label, v in steps.items()} for lab, steps in by_lab.items()}
 
 
-def _throughput(class_result) -> list:
+def _throughput(class_result) -> dict | None:
     """The report's throughput section: the class's pace, each submission's time, and where it goes."""
     results = _typed(class_result.results)
     seconds = [r.seconds for r in results if r.seconds]
     if not seconds:
-        return []
-    lines = ["## Throughput", ""]
+        return None
+    before = []
     phase = class_result.phase_seconds.get("submissions")
     if class_result.graded_now and phase:
-        lines.append(f"This run graded {class_result.graded_now} submission(s) in {phase:.0f} s, "
-                     f"{phase / class_result.graded_now:.1f} s per submission, "
-                     f"{len(class_result.workers)} at a time ({schedule.describe(class_result.workers)}).")
+        before.append([_t(f"This run graded {class_result.graded_now} submission(s) in {phase:.0f} s, "
+                          f"{phase / class_result.graded_now:.1f} s per submission, "
+                          f"{len(class_result.workers)} at a time ({schedule.describe(class_result.workers)}).")])
     notebook_runs = any(r.nbgrader_seconds is not None for r in results)
-    lines += [f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s)" +
-              (", its nbgrader run beside its clean recheck from the recheck's speed tests on." if notebook_runs
-               else ": its clean recheck (no nbgrader run of the notebook: `--notebook-run`)."), "",
-              "| lab | clean recheck | its slowest steps | nbgrader run | nbgrader + kernel start |",
-              "| --- | --- | --- | --- | --- |"]
+    average = f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s)"
+    before.append([_t(average + ", its nbgrader run beside its clean recheck from the recheck's speed tests on.")]
+                  if notebook_runs else
+                  [_t(average + ": its clean recheck (no nbgrader run of the notebook: "), ("code", "--notebook-run"),
+                   _t(").")])
 
     def seconds_of(value):
         return f"{value:.1f} s" if value is not None else "-"
+    rows = []
     for lab, steps in sorted(median_steps(results).items()):
         cells = {k: v for k, v in steps.items() if not k.startswith(("nbgrader", "speed: ")) and k != "clean total"}
         slowest = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cells.items(), key=lambda kv: -kv[1])[:3])
-        lines.append(f"| {lab} | {steps['clean total']:.1f} s | {slowest} | {seconds_of(steps.get('nbgrader total'))} "
-                     f"| {seconds_of(steps.get('nbgrader start'))} |")
-    more = ("`--cpu-workers`" if None in class_result.workers else
-            "`--jobs-per-gpu`; each graded timing still has the GPU to itself")
-    return lines + ["", f"Medians per lab. More submissions at a time raise the pace while the CPU cores and "
-                    f"memory have room ({more}).", ""]
+        rows.append([lab, f"{steps['clean total']:.1f} s", slowest, seconds_of(steps.get("nbgrader total")),
+                     seconds_of(steps.get("nbgrader start"))])
+    more = [("code", "--cpu-workers")] if None in class_result.workers else \
+        [("code", "--jobs-per-gpu"), _t("; each graded timing still has the GPU to itself")]
+    after = [_t("Medians per lab. More submissions at a time raise the pace while the CPU cores and memory have "
+                "room (")] + more + [_t(").")]
+    return {"before": before, "header": ["lab", "clean recheck", "its slowest steps", "nbgrader run",
+                                         "nbgrader + kernel start"], "rows": rows, "after": after}
 
 
 def write_report(class_result, out: Path) -> Path:
+    """``report.md`` and ``report.html`` (templates/report.*.j2) and each lab's figures, in ``out``."""
     out = Path(out)
     standings = getattr(class_result, "standings", None)
     results = [s.result for s in standings if s.result is not None] if standings else _typed(class_result.results)
     for lab in sorted({r.lab for r in results}):
         _figures(results, lab, out)
     # any text from a submission (a file name's undecodable bytes, a note) is written as escapes, never a crash
-    text = printable(markdown(class_result))
-    (out / "report.md").write_text(text, encoding="utf-8", errors="backslashreplace")
-    try:
-        import mistune
-        body = mistune.create_markdown(plugins=["table"])(text)
-    except Exception:  # noqa: BLE001 - an old mistune: plain text is still a report
-        body = f"<pre>{html.escape(text)}</pre>"
-    page = ("<!doctype html><meta charset='utf-8'><title>fuselab grading report</title>"
-            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
-            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
-            "</style>" + body)
-    (out / "report.html").write_text(page, encoding="utf-8", errors="backslashreplace")
+    (out / "report.md").write_text(render(class_result, "md"), encoding="utf-8", errors="backslashreplace")
+    (out / "report.html").write_text(render(class_result, "html"), encoding="utf-8", errors="backslashreplace")
     return out / "report.md"
