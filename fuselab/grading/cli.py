@@ -75,6 +75,12 @@ def add_parsers(sub) -> None:
     export = sub.add_parser("export", help="write the course's grades as Canvas and Moodle grade-import CSVs")
     export.add_argument("course", nargs="?", default=None, help="the course folder (default: grader/runs/term)")
     export.add_argument("--to", help="folder for the files (default: <course>/export)")
+    export.add_argument("--lms", choices=["canvas", "moodle", "all"], default="all",
+                        help="the LMS to write for (default: every LMS the course has ids for); one named that "
+                             "cannot be written is an error")
+    export.add_argument("--scale", action="store_true",
+                        help="where Canvas's points for a lab differ from the lab's maximum, write the points "
+                             "scaled to Canvas's (else the export stops and says so)")
     samples = sub.add_parser("samples", help="write the sample class (grader/examples) from the labs' recipes")
     samples.add_argument("--out", help="folder (default: grader/examples)")
 

@@ -858,8 +858,10 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     # the whole course's results (this run's and the earlier runs' in the same folder), and everyone's standing
     entries = term.load_entries(settings.out)
     ordered = term.course_results(settings.out, class_result.results, entries)
-    class_result.standings = term.standings(ordered, entries, roster.load(settings.out),
+    people = roster.load(settings.out)
+    class_result.standings = term.standings(ordered, entries, people,
                                             nbgrader_run.due_dates(course_root / "gradebook.db"))
+    roster.to_gradebook(course_root / "gradebook.db", people)  # names and emails for formgrader, nbgrader's export
     if lab_pages is not None and settings.feedback:
         missing_pages = sorted({r.lab for r in ordered} - set(lab_pages))
         lab_pages = {**lab_pages, **(feedback.lab_sources(missing_pages) if missing_pages else {})}

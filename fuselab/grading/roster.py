@@ -3,8 +3,9 @@
 Read as it comes out of the LMS (``fuselab grade --roster FILE``):
 
 - Canvas's gradebook export (Grades > Export): ``Student`` ("Last, First"), ``ID`` (the user id Canvas puts in
-  its submission file names), ``SIS User ID``, ``SIS Login ID``, ``Section``; its "Points Possible" row and the
-  test student are skipped;
+  its submission file names), ``SIS User ID``, ``SIS Login ID``, ``Section``, then the assignments' columns;
+  its "Points Possible" row gives each assignment's points in Canvas (``fuselab export`` never changes them),
+  the test student is skipped;
 - Moodle's grading worksheet (Assignment > Download grading worksheet): ``Identifier`` ("Participant 1234", the
   number Moodle puts in its submission names), ``Full name``, ``Email address``, and for that assignment
   ``Status`` (Moodle says "... late") and ``Last modified (submission)``: when the run covers that one lab,
@@ -55,15 +56,18 @@ def read(path: Path) -> list:
     if "student" in lower and "id" in lower:  # Canvas
         at = {name: lower.index(name) for name in ("student", "id", "sis user id", "sis login id", "section")
               if name in lower}
+        possible = {}  # Canvas's "Points Possible" row: each assignment's points in Canvas
         for row in rows[1:]:
             cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
+            if cell["student"].lower() == "points possible":
+                possible = {h: _points(row[i]) for i, h in enumerate(header) if i >= 5 and i < len(row)}
             if not cell["id"].isdigit() or cell["student"].lower() in ("points possible", "student, test"):
                 continue
             people.append({"student": student_id(f"{_canvas_name(cell['student'])}_{cell['id']}"),
                            "name": cell["student"], "lms_id": cell["id"], "lms": "canvas",
                            "sis_id": cell.get("sis user id", ""), "sis_login": cell.get("sis login id", ""),
                            "section": cell.get("section", ""), "email": ""})
-        columns = {h: h for h in header[5:]}
+        columns = {h: possible.get(h) for h in header[5:]}  # an assignment column: its points in Canvas
     elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
         at = {name: lower.index(name) for name in ("identifier", "full name", "email address", "status",
                                                    "last modified (submission)") if name in lower}
@@ -86,15 +90,23 @@ def read(path: Path) -> list:
             name = f"{cell['first name']} {cell['last name']}".strip()
             if name:
                 people.append({"student": student_id(name), "name": name, "lms_id": None, "lms": "moodle",
-                               "email": cell.get("email address", ""), "id_number": cell.get("id number", "")})
+                               "email": cell.get("email address", ""), "id_number": cell.get("id number", ""),
+                               "first_name": cell["first name"], "last_name": cell["last name"]})
         columns = {}
     else:
         raise RosterError(f"{path}: not a roster this reads (its columns: {', '.join(printable(h) for h in header[:8])}"
                           "). Give Canvas's gradebook export (Student, ID, ...) or Moodle's grading worksheet "
                           "(Identifier, Full name, ...) or grade export (First name, Last name, ...)")
     for person in people:
-        person["columns"] = columns  # Canvas: its assignment columns, for the export to name a lab's
+        person["columns"] = columns  # Canvas: its assignment columns and their points, for the export
     return people
+
+
+def _points(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
 
 
 def _moodle_time(text: str) -> str | None:
@@ -133,6 +145,36 @@ def match(people: list, entries: dict) -> list:
                 person["student"] = named[0]
                 person["lms_id"] = named[0].rsplit("_", 1)[1]
     return people
+
+
+def first_and_last(person: dict) -> tuple:
+    """A roster person's (first name, last name): as the roster gives them, else from the name (Canvas's
+    "Last, First"; Moodle's "First Last", its last word the last name)."""
+    if person.get("first_name") or person.get("last_name"):
+        return person.get("first_name") or "", person.get("last_name") or ""
+    name = " ".join(str(person.get("name") or "").split())
+    if "," in name:
+        last, first = name.split(",", 1)
+        return first.strip(), last.strip()
+    first, _, last = name.rpartition(" ")
+    return first, last
+
+
+def to_gradebook(db: Path, people: list) -> None:
+    """Every roster person as a student of nbgrader's gradebook with their first name, last name and email, so
+    formgrader and nbgrader's own export show who they are; a roster student who submitted nothing is added too
+    (nbgrader counts them 0, as grades.csv counts them missing). Nothing else of the gradebook changes."""
+    if not people or not Path(db).is_file():
+        return
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        for person in people:
+            first, last = first_and_last(person)
+            details = {"first_name": printable(first)[:128] or None, "last_name": printable(last)[:128] or None,
+                       "email": printable(person.get("email") or "")[:128] or None}
+            if person.get("lms_id"):
+                details["lms_user_id"] = printable(str(person["lms_id"]))[:128]
+            gradebook.update_or_create_student(person["student"], **{k: v for k, v in details.items() if v})
 
 
 def save(out: Path, people: list) -> None:

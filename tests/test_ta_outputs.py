@@ -1,0 +1,194 @@
+"""What a TA reads and uploads, on a course folder made by hand (no grading): the report puts what needs the
+TA's eyes first, each lab has one maximum everywhere (grades.csv, the report, the LMS export), a reason a
+submission was not graded is whole in the report, the roster's names reach nbgrader's students, and the export
+says (or refuses) whenever it cannot do what was asked, never changing what the LMS holds."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuselab.grading import cli, export, handgrading, intake, pipeline, report, roster, term
+from fuselab.grading.results import SubmissionResult
+
+LONG_WHY = "submissions/bo/lab0.ipynb: not a notebook <script>alert(1)</script>\n" + "detail " * 300 + "TAIL-OF-IT"
+
+
+@pytest.fixture(autouse=True)
+def _venv_on_path(monkeypatch):  # nbgrader's gradebook runs alembic from the environment's bin
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def _course(tmp_path, lms="canvas", people=None, ids=None):
+    """A course of lab0 (a test of 10 points, a written answer of 2): ann graded, bo not graded (a long reason),
+    cy on the roster only (missing)."""
+    out = tmp_path / "course"
+    ids = ids if ids is not None else {"ann": "1001", "bo": "1002"}
+    entries = {("ann", "lab0"): term.Entry("ann", "lab0", term.GRADED, lms_id=ids.get("ann"), lms=lms if ids else None),
+               ("bo", "lab0"): term.Entry("bo", "lab0", term.NOT_GRADED, why=LONG_WHY, lms_id=ids.get("bo"),
+                                          lms=lms if ids else None)}
+    (out / "work" / "ann" / "lab0").mkdir(parents=True)
+    term.save_entries(out, entries)
+    if people is not None:
+        roster.save(out, people)
+    result = SubmissionResult("ann", "lab0", total=7.0, max_total=10.0, manual_cells=["answer"])
+    result.cells = {"test_fused": {"points": 7.0, "max_points": 10.0, "status": "failed", "message": "wrong",
+                                   "speed": []}}
+    result = SubmissionResult.of(result.to_json())
+    pipeline._write_result(out / "work" / "ann" / "lab0" / "result.json", result)
+    (out / "course").mkdir()
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        gradebook.add_assignment("lab0")
+        gradebook.add_notebook("lab0", "lab0")
+        gradebook.add_grade_cell("test_fused", "lab0", "lab0", max_score=10, cell_type="code")
+        gradebook.add_grade_cell("answer", "lab0", "lab0", max_score=2, cell_type="markdown")
+        gradebook.add_student("ann")
+        gradebook.add_submission("lab0", "ann")
+        gradebook.find_grade("test_fused", "lab0", "lab0", "ann").auto_score = 7
+        gradebook.db.commit()
+    return out
+
+
+def _outputs(out, problems=()):
+    entries = term.load_entries(out)
+    results = handgrading.apply(term.course_results(out, [], entries), out / "course" / "gradebook.db")
+    standings = term.standings(results, entries, roster.load(out))
+    class_result = pipeline.ClassResult(out=out, results=results, problems=list(problems))
+    class_result.standings = standings
+    report.write_grades_csv(results, out / "grades.csv", standings=standings)
+    report.write_report(class_result, out)
+    return {row["student"]: row for row in csv.DictReader((out / "grades.csv").open(encoding="utf-8"))}
+
+
+CANVAS = [{"student": "ann", "name": "Ames, Ann", "lms_id": "1001", "lms": "canvas", "email": "",
+           "columns": {"Lab 0 (77)": 12.0}},
+          {"student": "bo", "name": "Bell, Bo", "lms_id": "1002", "lms": "canvas", "email": "", "columns": {}},
+          {"student": "cy", "name": "Chu, Cy", "lms_id": "1003", "lms": "canvas", "email": "", "columns": {}}]
+
+
+def test_what_to_look_at_comes_first_in_both_reports(tmp_path):
+    out = _course(tmp_path, people=CANVAS)
+    flagged = SubmissionResult.of({"student": "ann", "lab": "lab0", "flags": ["fused_source: patched timer"],
+                                   "cells": {"test_fused": {"points": 0.0, "max_points": 10.0, "status": "crashed",
+                                                            "message": "Segfault", "speed": []}}})
+    pipeline._write_result(out / "work" / "ann" / "lab0" / "result.json", flagged)
+    failed = intake.Problem("ann/lab0.ipynb", "the grader failed on this submission: OSError()", student="ann",
+                            lab="lab0", grader_failed=True)
+    _outputs(out, problems=[failed])
+    for name, table in (("report.md", "| student |"), ("report.html", "<table>")):
+        text = (out / name).read_text()
+        look = text.index("To look at")
+        # before the first lab's table, the reference runs and the summary's figures: right under the summary
+        assert look < text.index(table) and look < text.index("lab0-figures.png"), name
+        section = text[look:text.index(table)]
+        assert "patched timer" in section and "flag" in section                 # a flag
+        assert "crashed in test_fused" in section                               # a crash
+        assert "the grader failed" in section                                   # a grader failure
+        assert "bo/lab0" in section and "not graded" in section                 # an earlier run's not-graded entry
+
+
+def test_a_lab_has_one_maximum_and_a_not_graded_reason_is_whole_in_the_report(tmp_path):
+    out = _course(tmp_path, people=CANVAS)
+    rows = _outputs(out)
+    # graded, not graded and missing: the lab's maximum is nbgrader's 12 (the written answer in) on every row
+    assert {rows[s]["lab0 max"] for s in ("ann", "bo", "cy")} == {"12"}
+    assert {rows[s]["max"] for s in ("ann", "bo", "cy")} == {"12"}
+    assert rows["ann"]["lab0 total"] == "7" and rows["cy"]["lab0 total"] == "0" and rows["bo"]["lab0 total"] == ""
+    md = (out / "report.md").read_text()
+    assert "Maximum: 12 points" in md
+    assert re.search(r"^\| ann \|.*\*\*7\*\* / 12 \|", md, re.M) and re.search(r"^\| cy \|.* 0 / 12 \|", md, re.M)
+    assert re.search(r"^\| bo \|.* - / 12 \|", md, re.M)
+    _, maxima = export.nbgrader_scores(out / "course" / "gradebook.db")
+    assert maxima["lab0"] == 12
+    # the reason is cut in the table and grades.csv (which says where it is whole), whole in the report
+    assert "TAIL-OF-IT" not in rows["bo"]["lab0 status"] and "report.html" in rows["bo"]["lab0 status"]
+    page = (out / "report.html").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("<tr><td>bo</td>"))
+    anchor = re.search(r'href="#(why-\d+)"', row).group(1)
+    whole = page[page.index(f'id="{anchor}"'):]
+    assert "TAIL-OF-IT" in whole and whole.count("detail") >= 300
+    assert "<script>" not in page and "&lt;script&gt;" in whole                 # escaped, as every value
+    assert "TAIL-OF-IT" in md[md.index('<a id="why-'):]
+
+
+def test_names_from_folders_stay_text_in_both_reports(tmp_path):
+    out = _course(tmp_path)
+    name = "eve\n## Grades\r<img src=x onerror=alert(1)>\x1b[2J\u202e|x"
+    pipeline._write_result(out / "work" / "ann" / "lab0" / "result.json", SubmissionResult.of(
+        {"student": "ann", "lab": "lab0", "cells": {}, "notes": [name]}))
+    _outputs(out, problems=[intake.Problem(f"{name}/lab0.ipynb", name, student=name, lab="lab0")])
+    page = (out / "report.html").read_text()
+    md = (out / "report.md").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x" in page
+    for text in (page, md):
+        assert "\x1b" not in text and "\u202e" not in text and "\r" not in text and "\n## Grades" not in text
+    assert "\\<img src=x onerror=alert(1)\\>" in md and "\\|x" in md
+
+
+def test_the_rosters_names_and_emails_reach_nbgraders_students(tmp_path):
+    db = tmp_path / "gradebook.db"
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        gradebook.add_student("smithjohn_1002")
+    canvas = tmp_path / "canvas.csv"
+    canvas.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n\"Smith, John\",1002,s2,jsmith,A\n"
+                      "\"Lee, Ann Marie\",1004,s4,alee,A\n")
+    moodle = tmp_path / "moodle.csv"
+    moodle.write_text("Identifier,Full name,Email address\nParticipant 77,Bo van Park,bo@uni.edu\n")
+    grades = tmp_path / "grades.csv"
+    grades.write_text("First name,Last name,Email address\nMary Ann,de la Cruz,mc@uni.edu\n")
+    roster.to_gradebook(db, roster.read(canvas) + roster.read(moodle) + roster.read(grades))
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        found = {s.id: (s.first_name, s.last_name, s.email) for s in gradebook.students}
+    assert found["smithjohn_1002"] == ("John", "Smith", None)
+    assert found["leeannmarie_1004"] == ("Ann Marie", "Lee", None)        # on the roster, submitted nothing: there too
+    assert found["Bo_van_Park_77"] == ("Bo van", "Park", "bo@uni.edu")
+    assert found["Mary_Ann_de_la_Cruz"] == ("Mary Ann", "de la Cruz", "mc@uni.edu")
+
+
+def test_asking_for_an_lms_the_course_has_no_ids_for_is_an_error(tmp_path, capsys):
+    out = _course(tmp_path, people=CANVAS)
+    _outputs(out)
+    assert cli.main(["export", str(out), "--lms", "moodle"]) == 2
+    err = capsys.readouterr().err
+    assert "Moodle" in err and "--roster" in err and "participant numbers" in err
+    assert not list((out / "export").glob("moodle-*.csv"))
+    # not named: what can be written is, and the output says what was not
+    plain = _course(tmp_path / "plain", ids={})
+    _outputs(plain)
+    assert cli.main(["export", str(plain)]) == 0
+    said = capsys.readouterr().out
+    assert "no LMS file written" in said and "totals.csv" in said
+    assert cli.main(["export", str(plain), "--lms", "canvas"]) == 2
+    assert "no Canvas file" in capsys.readouterr().err
+
+
+def test_a_moodle_lab_without_participant_numbers_is_said(tmp_path, capsys):
+    out = _course(tmp_path, lms="moodle", ids={"bo": "55"})
+    rows = _outputs(out)
+    assert rows["ann"]["lms id"] == ""
+    done = export.write(out)  # lab0 has one Moodle number (bo's): his row, and what Moodle must hold
+    assert (out / "export" / "moodle-lab0.csv").exists() and any("maximum grade must be 12" in n for n in done.notes)
+
+
+def test_canvas_points_possible_are_never_changed_silently(tmp_path, capsys):
+    people = [dict(p, columns={"Lab 0 (77)": 10.0}) for p in CANVAS]  # Canvas's assignment is worth 10
+    out = _course(tmp_path, people=people)
+    _outputs(out)
+    assert cli.main(["export", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "12" in err and "10" in err and "--scale" in err and "Lab 0 (77)" in err
+    assert not (out / "export" / "canvas-grades.csv").exists()
+    assert cli.main(["export", str(out), "--scale"]) == 0
+    assert "scaled from 12 points to Canvas's 10" in capsys.readouterr().out
+    header, possible, *rows = list(csv.reader((out / "export" / "canvas-grades.csv").open(encoding="utf-8")))
+    assert header[5] == "Lab 0 (77)" and possible[5] == "10"                  # Canvas's own points
+    by_id = {row[1]: row[5] for row in rows}
+    assert float(by_id["1001"]) == pytest.approx(7 * 10 / 12, abs=1e-3) and by_id["1003"] == "0"
+    assert by_id["1002"] == ""                                                  # not graded: left as it is
