@@ -256,6 +256,9 @@ def view(class_result) -> dict:
 
     def whole(student, lab) -> list:
         anchor = anchors.get((student, lab))
+        if anchor is None and not lab:  # a problem of no lab: the one entry the course gave it, if one
+            of_theirs = [a for (who, _), a in anchors.items() if who == student]
+            anchor = of_theirs[0] if len(of_theirs) == 1 else None
         return [_t(" ("), ("link", "the whole reason", f"#{anchor}"), _t(")")] if anchor else []
 
     reference = []
@@ -332,12 +335,11 @@ def _attention(class_result, standings, whole) -> list:
                       for t, c in r.cells.items() if isinstance(c.get("retry"), dict) and c.get("retry")]
     this_run = set()
     for p in class_result.problems:
-        this_run.add((p.student, p.lab))
+        this_run.add((p.student, p.lab or ""))
         attention.append([_t(f"{p.student or '?'}{'/' + p.lab if p.lab else ''}: "), _b("not graded"),
-                          _t(f": {_cut(p.where, 300)}: {_cut(p.message, 500)}")] + whole(p.student, p.lab))
+                          _t(f": {_cut(p.where, 300)}: {_cut(p.message, 500)}")] + whole(p.student, p.lab or ""))
     for s in standings:  # what an earlier run of the term could not grade: still to look at
-        if s.status == term.NOT_GRADED and (s.student, s.lab) not in this_run and \
-                (s.student, term.UNKNOWN_LAB if s.lab else "") not in this_run:
+        if s.status == term.NOT_GRADED and (s.student, s.lab) not in this_run and (s.student, "") not in this_run:
             attention.append([_t(f"{s.student}{'/' + s.lab if s.lab else ''}: "), _b("not graded"),
                               _t(f" (an earlier run): {_cut(s.why, 300)}")] + whole(s.student, s.lab))
     attention += [[_t(f"{student}/{lab}: feedback: {_cut(problem, 300)}")]
