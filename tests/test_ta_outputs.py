@@ -192,3 +192,18 @@ def test_canvas_points_possible_are_never_changed_silently(tmp_path, capsys):
     by_id = {row[1]: row[5] for row in rows}
     assert float(by_id["1001"]) == pytest.approx(7 * 10 / 12, abs=1e-3) and by_id["1003"] == "0"
     assert by_id["1002"] == ""                                                  # not graded: left as it is
+
+
+def test_a_build_error_gives_the_compilers_own_line_as_the_reason():
+    message = ("NameError: name 'fused' is not defined: cell build_fused, which defines it, failed with BuildError: "
+               "fused.cu failed to compile (1 error):\n\nfused.cu: In function 'void k(const float*)':\n"
+               "fused.cu:4:56: error: expected ';' before '}' token\n"
+               "    4 |     if (i < n) out[i] = a[i]\n      |                             ^")
+    result = SubmissionResult.of({"student": "jo", "lab": "lab0", "cells": {
+        name: {"points": 0.0, "max_points": 2.0, "status": "failed", "message": message, "speed": []}
+        for name in ("test_fused", "test_speedup")}})
+    assert report.lost_points(result) == \
+        "test_fused, test_speedup: failed (fused.cu:4:56: error: expected ';' before '}' token)"
+    traceback = "Traceback (most recent call last):\n  File \"x\", line 3\nAssertionError: out[7] differs"
+    result.cells["test_fused"].message = traceback
+    assert "test_fused: failed (AssertionError: out[7] differs)" in report.lost_points(result)
