@@ -251,8 +251,8 @@ def view(class_result) -> dict:
     counted = {status: sum(1 for s in standings if s.status == status)
                for status in (term.GRADED, term.NOT_GRADED, term.MISSING)}
     summary = (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {len(results)} submission(s), "
-               f"{len({s.student for s in standings})} student(s): {counted[term.GRADED]} graded, "
-               f"{counted[term.NOT_GRADED]} not graded, {counted[term.MISSING]} missing."
+               f"{len({s.student for s in standings})} student(s); of each student's labs, "
+               f"{counted[term.GRADED]} graded, {counted[term.NOT_GRADED]} not graded, {counted[term.MISSING]} missing."
                + (f" This run graded {class_result.graded_now} of them." if class_result.graded_now else ""))
     # every reason a submission was not graded, whole, below the tables; the table and the list link to it
     reasons, anchors = [], {}
