@@ -104,7 +104,7 @@ def run(out):
     variant_rows = {name: {"median_us": variants[name].median * 1e6, "speedup_vs_plain": variants.speedup(name).value,
                            "fraction_of_copy": fused_bytes / variants[name].median / copy_rate}
                     for name in variants.names}
-    del inputs, out_t
+    inputs = out_t = None  # not del: the lambdas above close over these names
     torch.cuda.empty_cache()
 
     # context at three shapes: reference, plain, in registers, tuned, eager, torch.compile

@@ -294,7 +294,7 @@ def _small_k_context(plain, tuned, reference_op, variants, fp16_only=None):
                 "goals": _goals(floor, times[kernel], libraries),
                 "best_layout": best, "best_median_us": times[best] * 1e6,
                 "best_fraction_of_floor": floor / times[best], "best_goals": _goals(floor, times[best], libraries)}
-        del a, b, bias, out
+        a = b = bias = out = None  # not del: the lambdas above close over these names
         torch.cuda.empty_cache()
     if tc_lines:
         tc_lines.insert(0, f"float16 {list(lab3.SMALL_K)}, tensor-core kernel (same comparison as above):")
@@ -409,7 +409,7 @@ def _cublas_context(plain, tuned, reference_op, strips):
                          "tflops": flops / result[name].median / 1e12,
                          "GBps": lab3.traffic(*shape)["gemm"] / result[name].median / 1e9,
                          "speedup_vs_linear_relu": result.speedup(name).value})
-        del a, b, bias, out, w
+        a = b = bias = out = w = None  # not del: the lambdas above close over these names
         torch.cuda.empty_cache()
     return rows
 
