@@ -8,7 +8,7 @@
 """
 
 from . import timing
-from .build import build, build_extension, resolve_backend
+from .kernelbuild import build, build_extension, resolve_backend
 from .check import CheckFailed, CheckResult, assert_close, check, compare as compare_outputs
 from .errors import (BuildError, BuildTimeout, FuselabError, HostWroteKernelMemory, LaunchError, NotWrittenError,
                      UnsupportedConstruct)

@@ -23,19 +23,19 @@ def main(argv=None) -> int:
                            "under grader/runs)")
     hand.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     hand.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    from .grading.cli import add_parsers as add_grading_parsers
+    from .grading.run.cli import add_parsers as add_grading_parsers
     add_grading_parsers(sub)
     args = parser.parse_args(argv)
     if args.command in ("grade", "export", "calibrate", "samples"):
-        from .grading.cli import run as run_grading
+        from .grading.run.cli import run as run_grading
         return run_grading(args)
 
     if args.command == "formgrader":
-        from .grading.formgrader import main as formgrader
+        from .grading.outputs.formgrader import main as formgrader
         return formgrader(args.run, port=args.port, ip=args.ip)
     if args.command == "doctor":
         from .doctor import main as doctor
-        from .grading.readiness import sandbox_finding
+        from .grading.sandbox.readiness import sandbox_finding
         return doctor(extra_checks=[sandbox_finding])
     if args.command == "demo":
         from .tools.demo import main as demo_main
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         from .course import main_release
         return main_release(check=args.check)
     if args.command == "clean":
-        from .build import clear_cache
+        from .kernelbuild import clear_cache
         clear_cache()
         print("cached builds deleted")
         return 0

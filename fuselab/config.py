@@ -8,7 +8,7 @@ without code changes:
 - ``FUSELAB_BUILD_TIMEOUT``: seconds a build may take before it is stopped. Default 300.
 - ``FUSELAB_SHARED_BUILDS``: a builds folder looked up first and never written (the grader shares the
   instructor's builds with every submission this way, while each submission builds into a cache of its own).
-  A library there is loaded only with the bytes recorded in the manifest beside it (``fuselab.build.shared``).
+  A library there is loaded only with the bytes recorded in the manifest beside it (``fuselab.kernelbuild.shared``).
 """
 
 import os
@@ -37,7 +37,7 @@ def builds_dir() -> Path:
 
 def shared_builds_dir():
     """A read-only builds folder searched before ``builds_dir()``, or None (what is loaded from it is checked
-    against the grader's digests: ``fuselab.build.shared.status``)."""
+    against the grader's digests: ``fuselab.kernelbuild.shared.status``)."""
     path = os.environ.get("FUSELAB_SHARED_BUILDS")
     return Path(path) if path else None
 

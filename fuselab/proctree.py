@@ -1,6 +1,6 @@
 """Process trees from /proc: who descends from whom, and killing everything below a process.
 
-The standard library only, and nothing of the course: ``grading/keeper.py`` (run as ``python -I -S``) loads this
+The standard library only, and nothing of the course: ``grading/sandbox/keeper.py`` (run as ``python -I -S``) loads this
 file by its path, the grader's ``isolate`` and the kernel builds (``build``) import it.
 """
 

@@ -1,7 +1,7 @@
-"""``python -m grader SUBMISSIONS [...]``: the same as ``fuselab grade`` (see fuselab/grading/cli.py)."""
+"""``python -m grader SUBMISSIONS [...]``: the same as ``fuselab grade`` (see fuselab/grading/run/cli.py)."""
 
 import sys
 
-from fuselab.grading.cli import main
+from fuselab.grading.run.cli import main
 
 sys.exit(main())

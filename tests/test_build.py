@@ -207,7 +207,7 @@ def test_a_cuda_launch_on_stream_zero_in_a_launcher_given_a_stream_is_refused(co
 
 
 def test_a_launch_on_the_given_stream_or_a_helper_without_one_builds():
-    from fuselab.build.emulate.streams import off_stream_launches
+    from fuselab.kernelbuild.emulate.streams import off_stream_launches
     assert off_stream_launches(scale_source()) == []
     helper = """
     __global__ void k(float* x) {}

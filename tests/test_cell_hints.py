@@ -67,7 +67,7 @@ def test_a_build_error_shows_the_students_call_and_the_compiler_error_without_in
     assert "fused_mod = fuselab.build(FUSED_SOURCE" in shown and "msg_broken_tb.cu:2:" in shown, shown
     caret = [line for line in shown.splitlines() if line.strip().startswith("|") and line.rstrip().endswith("^")]
     assert caret, shown
-    for internal in ("fuselab/build", "torch/utils/cpp_extension", "fuselab/", "site-packages"):
+    for internal in ("fuselab/kernelbuild", "torch/utils/cpp_extension", "fuselab/", "site-packages"):
         assert internal not in shown, (internal, shown)
     stub = _traceback_text(nb.cells[4])
     assert found[4].startswith("NotWrittenError"), found

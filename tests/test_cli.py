@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from fuselab import doctor
 
@@ -74,7 +73,7 @@ def test_doctor_reports_a_sandbox_that_cannot_start_and_how_to_fix_it(tmp_path):
 
 
 def test_doctor_says_to_install_a_missing_bubblewrap(monkeypatch):
-    from fuselab.grading import isolate, readiness
+    from fuselab.grading.sandbox import isolate, readiness
     monkeypatch.setattr(isolate, "bubblewrap", lambda: None)
     finding = readiness.sandbox_finding()
     assert finding.status == "problem" and "not installed" in finding.detail

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fuselab
-from fuselab.build import emulate as emulation
+from fuselab.kernelbuild import emulate as emulation
 from fuselab.errors import BuildError, LaunchError, UnsupportedConstruct
 
 KERNELS = Path(__file__).parent / "emulation_kernels"

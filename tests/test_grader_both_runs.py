@@ -2,13 +2,13 @@
 at a gate the grader opens once the recheck starts its first speed test (its builds copied, its correctness tests
 done), never earlier; without a speed test, or after a grader error, the gate opens when the recheck ends."""
 
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from fuselab.grading import nbgrader_run, pipeline
+from fuselab.grading.records import nbgrader_run
+from fuselab.grading.run import pipeline
 from fuselab.labs import registry
 
 
@@ -164,7 +164,7 @@ def test_the_cells_a_person_grades_come_from_the_instructors_notebook():
 
 @pytest.mark.parametrize("flag", [True, False])
 def test_the_notebook_run_is_asked_for_on_the_command_line(tmp_path, monkeypatch, flag):
-    from fuselab.grading import cli
+    from fuselab.grading.run import cli
     seen = []
 
     def grade(submissions, settings):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import cli, intake, pipeline
-from fuselab.grading.results import CellResult, SubmissionResult
-from fuselab.grading.terminal import shown
+from fuselab.grading.run import cli, pipeline
+from fuselab.grading.records import intake
+from fuselab.grading.records.results import CellResult, SubmissionResult
+from fuselab.grading.outputs.terminal import shown
 
 FAKE = "ALL SUBMISSIONS PASSED"
 # a newline, a carriage return, an escape sequence that clears the line, a right-to-left override
@@ -70,7 +71,7 @@ def test_a_folder_named_with_newlines_prints_one_line(tmp_path, monkeypatch):
     # a class whose only entry is a student folder named with newlines and no notebook: intake's own problem
     # for it, printed by the command's summary
     from fuselab import course
-    from fuselab.grading import nbgrader_run
+    from fuselab.grading.records import nbgrader_run
     source = tmp_path / "submissions"
     (source / EVIL / "lab0").mkdir(parents=True)
     (source / EVIL / "lab0" / "notes.txt").write_text("no notebook here")

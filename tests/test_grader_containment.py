@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from fuselab import course
-from fuselab.grading import isolate, pipeline
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.run import pipeline
 
 from .conftest import REPO
 
@@ -226,7 +227,7 @@ def test_a_forking_escapee_is_caught_when_its_time_is_up(tmp_path, sandbox):
 
 GRADER = textwrap.dedent('''
     import sys, time
-    from fuselab.grading import isolate
+    from fuselab.grading.sandbox import isolate
     command = [sys.executable, "-c", sys.argv[1]]
     if sys.argv[2] == "sandbox":
         command = isolate.sandboxed(command, own=[sys.argv[3]], hide=[])
@@ -277,7 +278,7 @@ def test_one_run_per_out_and_never_inside_the_course(tmp_path):
 
 
 def test_a_broken_sandbox_refuses_to_grade_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    from fuselab.grading import cli
+    from fuselab.grading.run import cli
     monkeypatch.setattr(isolate, "bubblewrap", lambda: "/bin/false")
     submissions = tmp_path / "class" / "alice" / "lab0.ipynb"
     submissions.parent.mkdir(parents=True)
@@ -304,7 +305,8 @@ def test_resume_keeps_only_results_graded_with_this_runs_containment(tmp_path):
 
 
 def test_a_sandbox_that_breaks_mid_run_saves_nothing(tmp_path, monkeypatch):
-    from fuselab.grading import intake, nbgrader_run, recheck
+    from fuselab.grading.records import intake, nbgrader_run
+    from fuselab.grading.recheck import clean as recheck
     notebook = tmp_path / "lab0.ipynb"
     notebook.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}))
     sub = intake.Submission("alice", "lab0", notebook, "alice/lab0.ipynb")

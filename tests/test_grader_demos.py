@@ -7,8 +7,8 @@ import pytest
 
 from fuselab import course
 from fuselab import notebook as ipynb
-from fuselab.grading import recheck
-from fuselab.grading.demos import demo_problems
+from fuselab.grading.recheck import clean as recheck
+from fuselab.grading.recheck.demos import demo_problems
 
 
 def _cell(source, grade_id=None, *, demo=False, graded=False, solution=False, points=0):

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from fuselab import course
 from fuselab.course import sample_class as samples
-from fuselab.grading import feedback, intake, pipeline, report
+from fuselab.grading.outputs import feedback, report
+from fuselab.grading.records import intake
+from fuselab.grading.run import pipeline
 
 LAB = "lab0"
 SOURCES = feedback.lab_sources([LAB])

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fuselab.grading import intake, nbgrader_run, recheck
+from fuselab.grading.records import intake, nbgrader_run
+from fuselab.grading.recheck import clean as recheck
 
 LABS = {"lab0": "lab0.ipynb", "lab1": "lab1.ipynb"}
 NB = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []})

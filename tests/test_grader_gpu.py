@@ -10,7 +10,9 @@ import torch
 
 import fuselab
 from fuselab import speed
-from fuselab.grading import isolate, lease, recheck
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.gpus import lease
+from fuselab.grading.recheck import clean as recheck
 from fuselab.labs import lab0
 
 from .conftest import requires_gpu

@@ -12,7 +12,9 @@ import re
 
 import pytest
 
-from fuselab.grading import failures, feedback, isolate, recheck
+from fuselab.grading.recheck import failures, clean as recheck
+from fuselab.grading.outputs import feedback
+from fuselab.grading.sandbox import isolate
 
 PROTO = "void scale(const float* x /*[n]*/, float* out /*[n]*/, int64_t n, cudaStream_t stream)"
 

@@ -5,7 +5,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from fuselab.grading import intake
+from fuselab.grading.records import intake
 
 LABS = {"lab0": "lab0.ipynb", "lab1": "lab1.ipynb"}
 NB = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []})
@@ -168,8 +168,8 @@ def test_hostile_names_members_links_and_json_are_listed_and_the_class_is_graded
 
 def test_the_report_survives_names_that_are_not_utf8(tmp_path):
     import os
-    from fuselab.grading import report
-    from fuselab.grading.pipeline import ClassResult
+    from fuselab.grading.outputs import report
+    from fuselab.grading.run.pipeline import ClassResult
     where = os.fsdecode(b"caf\xe9/lab0.ipynb")
     result = ClassResult(out=tmp_path, results=[], problems=[intake.Problem(where, "no notebook found", "caf")])
     text = report.write_report(result, tmp_path).read_text()

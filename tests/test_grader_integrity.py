@@ -13,8 +13,9 @@ from torch import fx, nn
 
 import fuselab
 from fuselab import native_check
-from fuselab.grading import isolate, recheck, wire
-from fuselab.grading.sanitize import sanitize_cell
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.recheck import clean as recheck, wire
+from fuselab.grading.recheck.sanitize import sanitize_cell
 
 
 def _cell(source, grade_id, graded=False, solution=False, points=0):
@@ -407,11 +408,11 @@ def worker(tmp_path):
     import subprocess
     import sys
 
-    from fuselab.grading.remote import SolutionProcess
+    from fuselab.grading.recheck.remote import SolutionProcess
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     env = dict(recheck.runner_env(os.environ, tmp_path, None), FUSELAB_SOLUTION_CELL_S="3")
-    process = subprocess.Popen([sys.executable, "-m", "fuselab.grading.solution_worker", str(to_r), str(from_w)],
+    process = subprocess.Popen([sys.executable, "-m", "fuselab.grading.recheck.solution_worker", str(to_r), str(from_w)],
                                pass_fds=(to_r, from_w), cwd=tmp_path, stdout=subprocess.DEVNULL, env=env)
     os.close(to_r)
     os.close(from_w)
@@ -465,7 +466,7 @@ def fold_network(model):
 
 
 def test_a_module_the_grader_cannot_see_into_earns_nothing_from_what_it_says_about_itself(worker):
-    from fuselab.grading.remote import RemoteModule
+    from fuselab.grading.recheck.remote import RemoteModule
     from fuselab.labs import lab2
     worker.run_cell("setup", SETUP, want_names=False)
     names, error = worker.run_cell("fold", HIDDEN_BN, want_names=["fold_network"])
@@ -750,7 +751,7 @@ def test_device_variables_become_kernel_memory_and_every_declaration_still_compi
     ones would not compile)."""
     import ctypes
 
-    from fuselab.build.emulate.translate import translate
+    from fuselab.kernelbuild.emulate.translate import translate
     declarations = {
         "__device__ float results[64];": True, "__constant__ float weights[4] = {1, 2};": True,
         "static __device__ int counter = 0;": True, "__device__ __align__(16) float aligned[4];": True,

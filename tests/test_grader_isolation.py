@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import isolate, recheck, schedule
-from fuselab.grading.sanitize import sanitize_cell
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.recheck import clean as recheck
+from fuselab.grading.gpus import schedule
+from fuselab.grading.recheck.sanitize import sanitize_cell
 
 from .conftest import REPO
 
@@ -238,7 +240,7 @@ def test_grading_mode_follows_the_environment(monkeypatch):
 
 
 def test_calibrate_writes_this_gpus_entry_from_the_median(tmp_path, monkeypatch):
-    from fuselab.grading import calibrate
+    from fuselab.grading.run import calibrate
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"tests": {"lab0.add_relu_mul": {"mode": "device", "gpus": {}},
                                             "lab3.matmul_bias": {"mode": "device", "gpus": {}}}}))

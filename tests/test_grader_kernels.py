@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from fuselab.grading import isolate, kernels, recheck
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.recheck import kernels, clean as recheck
 
 LAUNCHER = "void scale(const float* x, float* out, int64_t n, cudaStream_t stream)"
 SCALE = ("__global__ void scale_kernel(const float* x, float* out, int64_t n) {{\n"
@@ -164,7 +165,7 @@ def test_a_kernel_stub_fails_the_tests_that_use_it(tmp_path):
 
 
 def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
-    from fuselab.grading.transfer import Transfer
+    from fuselab.grading.recheck.transfer import Transfer
     base = torch.arange(12, dtype=torch.float32)
     a, b = base[2:5], base[6:]
     storages, args, _ = kernels._pack((a, b, 7, [torch.ones(3, dtype=torch.int64)]), {})
@@ -261,7 +262,7 @@ def test_a_record_that_was_not_measured_or_cannot_be_verified_earns_nothing():
 
 def test_the_kernel_worker_sends_numbers_and_the_courses_own_words_only():
     from fuselab import speed
-    from fuselab.grading import kernel_worker, wire
+    from fuselab.grading.recheck import kernel_worker, wire
     worker = kernel_worker.KernelWorker()
     forged = ("import fuselab.speed.graded as g\n"
               "g._finish({'test': 't', 'status': 'launched 1 kernel(s) [hidden shape (77777,)]', 'speedup': 9.0,"

@@ -5,7 +5,7 @@ import sys
 
 SCRIPT = r"""
 import sys
-from fuselab.grading import lazy_plots
+from fuselab.grading.recheck import lazy_plots
 lazy_plots.defer()
 import matplotlib.pyplot as plt          # as every lab's setup cell imports them
 from fuselab import plots

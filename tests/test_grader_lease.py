@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import isolate, lease, pipeline, recheck, schedule
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.gpus import lease, schedule
+from fuselab.grading.run import pipeline
+from fuselab.grading.recheck import clean as recheck
 
 COUNTER = """
 import os, sys, time
@@ -286,7 +289,7 @@ def test_the_builds_copy_never_waits_on_a_pipe_nor_recurses_without_end_and_keep
 
 
 def test_the_gate_lets_the_notebook_run_go_or_stops_it_and_never_follows_a_link(tmp_path):
-    from fuselab.grading import nbgrader_run
+    from fuselab.grading.records import nbgrader_run
     gate = tmp_path / "cache" / nbgrader_run.GATE_NAME
     gate.parent.mkdir()
     (tmp_path / "victim").write_text("the TA's")
@@ -301,7 +304,7 @@ def test_the_gate_lets_the_notebook_run_go_or_stops_it_and_never_follows_a_link(
 def test_a_hold_stops_every_other_tree_from_one_scan_and_resumes_them(tmp_path):
     import subprocess
     import sys
-    from fuselab.grading import lease
+    from fuselab.grading.gpus import lease
     trees = [subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                                "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
                                "print(child.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
@@ -525,7 +528,7 @@ def test_the_pause_log_gives_the_pause_total_when_a_test_started():
 
 KERNEL_WORKER_TIMING = """
 import io, os, pickle, sys
-from fuselab.grading import kernel_worker, wire
+from fuselab.grading.recheck import kernel_worker, wire
 from fuselab.speed import lease
 in_fd, out_fd, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 lease.ask_through(lambda: kernel_worker._lease_from_checker(in_fd, out_fd))
@@ -548,7 +551,7 @@ def test_the_kernel_worker_holds_the_gpu_only_while_it_times_through_its_checker
     # ask in one speed test, or an ask in a request that is no speed test, is refused: that timing runs unheld.
     import contextlib
     import os
-    from fuselab.grading import kernels, remote
+    from fuselab.grading.recheck import kernels, remote
     marker = tmp_path / "held"
     holds = []
 

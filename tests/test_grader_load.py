@@ -14,7 +14,9 @@ import time
 
 import pytest
 
-from fuselab.grading import isolate, pipeline, recheck, samplecheck
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.run import pipeline, samplecheck
+from fuselab.grading.recheck import clean as recheck
 
 from .test_grader_isolation import _cell, _notebook
 

@@ -6,7 +6,10 @@ import os
 import pytest
 
 from fuselab import notebook as ipynb
-from fuselab.grading import isolate, nbgrader_run, pipeline, recheck
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.records import nbgrader_run
+from fuselab.grading.run import pipeline
+from fuselab.grading.recheck import clean as recheck
 
 from .conftest import REPO as ROOT
 

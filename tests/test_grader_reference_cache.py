@@ -8,9 +8,11 @@ import shutil
 import pytest
 
 from fuselab import course
-from fuselab.build import shared as shared_builds
-from fuselab.grading import pipeline, recheck, reference_cache
-from fuselab.grading.recheck import CellVerdict, CleanResult
+from fuselab.kernelbuild import shared as shared_builds
+from fuselab.grading.run import pipeline
+from fuselab.grading.recheck import clean as recheck
+from fuselab.grading.records import reference_cache
+from fuselab.grading.recheck.clean import CellVerdict, CleanResult
 
 LAB = "lab0"
 
@@ -161,7 +163,7 @@ def test_the_self_check_tools_are_not_what_they_depend_on(tmp_path, course_copy,
 def test_slurm_shards_reuse_the_reference_runs_of_their_gpu_model(tmp_path, course_copy, runs, monkeypatch):
     """The first task on a model runs them and keeps them with their builds; the next tasks, and each shard's
     own pipeline (through its ``reference`` link), reuse them."""
-    from fuselab.grading import slurm
+    from fuselab.grading.run import slurm
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU emulation, as a task without GPUs
     out = tmp_path / "out"
     references = slurm.slurm_dir(out) / "references" / "cpu"

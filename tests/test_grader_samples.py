@@ -22,7 +22,8 @@ import torch
 from fuselab import course
 from fuselab.course import sample_class as samples
 from fuselab import notebook as ipynb
-from fuselab.grading import pipeline, samplecheck, schedule
+from fuselab.grading.run import pipeline, samplecheck
+from fuselab.grading.gpus import schedule
 
 from . import test_grader_feedback
 

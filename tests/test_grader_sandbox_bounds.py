@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import cgroup, isolate
+from fuselab.grading.sandbox import cgroup, isolate
 
 from .conftest import REPO
 from .test_grader_sandbox_use import _as_plain_user, _sandbox_or_fail, _user_folder
@@ -100,7 +100,7 @@ def test_nothing_in_the_sandbox_is_writable_but_its_own_folders_and_the_counted_
 PLAIN_WRITABLE = textwrap.dedent('''
     import json, sys
     from pathlib import Path
-    from fuselab.grading import isolate
+    from fuselab.grading.sandbox import isolate
     work = Path(sys.argv[1])
     own = work / "own"
     command = isolate.sandboxed([sys.executable, "-c", (work / "attack.py").read_text(), str(own), "[]"],
@@ -131,7 +131,7 @@ CHECKOUT = textwrap.dedent(r'''
     seen["samples"] = {lab: os.path.getsize(os.path.join(repo, "fuselab", "labs", lab, "samples.py"))
                        for lab in sorted(os.listdir(os.path.join(repo, "fuselab", "labs"))) if lab.startswith("lab")}
     # what the workers and nbgrader's kernel import still imports, and nbgrader's settings are readable
-    import fuselab.grading.cellrunner, fuselab.grading.kernel_worker, fuselab.grading.solution_worker
+    import fuselab.grading.recheck.cellrunner, fuselab.grading.recheck.kernel_worker, fuselab.grading.recheck.solution_worker
     import fuselab.labs.lab3.samples
     seen["imports"] = not hasattr(fuselab.labs.lab3.samples, "SAMPLES")
     seen["config"] = "CourseDirectory" in open(os.path.join(repo, "grader", "nbgrader_config.py")).read()
@@ -166,7 +166,7 @@ PLAIN_CHECKOUT = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
     from fuselab import course
-    from fuselab.grading import isolate
+    from fuselab.grading.sandbox import isolate
     work = Path(sys.argv[1])
     own = work / "own"
     command = isolate.sandboxed([sys.executable, "-c", (work / "attack.py").read_text(), str(course.REPO)],
@@ -292,7 +292,7 @@ def test_the_kernel_counts_where_the_grader_has_a_memory_cgroup(tmp_path):
 PLAIN_HOLD = textwrap.dedent('''
     import json, sys
     from pathlib import Path
-    from fuselab.grading import cgroup, isolate
+    from fuselab.grading.sandbox import cgroup, isolate
     work = Path(sys.argv[1])
     held = {"cgroup": cgroup.available()}
     for kind in json.loads((work / "kinds.json").read_text()):

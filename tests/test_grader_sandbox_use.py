@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import isolate, pipeline, recheck
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.run import pipeline
+from fuselab.grading.recheck import clean as recheck
 
 from .conftest import REPO
 
@@ -113,7 +115,7 @@ def test_a_sandbox_that_fails_to_start_for_a_submission_grades_nothing(tmp_path,
     with pytest.raises(isolate.SandboxFailed):
         worker.wait()
     # the pipeline: the submission is not graded, nothing is saved for it (the next run grades it)
-    from fuselab.grading import intake
+    from fuselab.grading.records import intake
     notebook = tmp_path / "lab0.ipynb"
     notebook.write_text(json.dumps(nb))
     sub = intake.Submission("alice", "lab0", notebook, "alice/lab0.ipynb")
@@ -192,7 +194,9 @@ def _as_plain_user(script: str, work: Path, *, wrap=()) -> subprocess.CompletedP
 PLAIN_GRADING = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
-    from fuselab.grading import isolate, pipeline, recheck
+    from fuselab.grading.sandbox import isolate
+    from fuselab.grading.run import pipeline
+    from fuselab.grading.recheck import clean as recheck
     work = Path(sys.argv[1])
     settings = pipeline.Settings(out=work / "out", memory_bytes=2 * 2**30, submission_timeout=240,
                                  shared_builds=work / "shared")
@@ -571,7 +575,7 @@ def test_native_code_making_raw_system_calls_stays_in_the_kernel_workers_sandbox
 def test_kernel_source_that_maps_or_protects_memory_itself_is_flagged_for_the_ta():
     """Not refused (the emulation's own runtime imports mmap/mprotect, and protection flags are values at run
     time), but the TA sees it: the sandbox is what contains it."""
-    from fuselab.grading.sanitize import sanitize_cell
+    from fuselab.grading.recheck.sanitize import sanitize_cell
     attack = ("FUSED_SOURCE = r\'\'\'\n#include <cstring>\nstatic const unsigned char code[] = {0x0f, 0x05, 0xc3};\n"
               "extern \"C\" void* mmap(void*, unsigned long, int, int, int, long);\n"
               "static int run = [] { void* p = mmap(0, 4096, 7, 0x22, -1, 0); memcpy(p, code, 3); "

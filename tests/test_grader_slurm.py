@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from fuselab.grading import cli, samplecheck, slurm
+from fuselab.grading.run import cli, samplecheck, slurm
 
 from .conftest import REPO
 from .slurm_cluster import LocalCluster, missing

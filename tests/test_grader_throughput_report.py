@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from fuselab.grading import isolate, nbgrader_run, schedule
+from fuselab.grading.sandbox import isolate
+from fuselab.grading.records import nbgrader_run
+from fuselab.grading.gpus import schedule
 from fuselab.tools import load_sampler
 from fuselab.tools.load_sampler import LoadSampler
 
@@ -92,8 +94,8 @@ def test_available_cores_follow_the_affinity(monkeypatch):
 
 
 def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time(tmp_path):
-    from fuselab.grading import report
-    from fuselab.grading.pipeline import ClassResult
+    from fuselab.grading.outputs import report
+    from fuselab.grading.run.pipeline import ClassResult
 
     def result(student, seconds, build):
         return {"student": student, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": seconds,
@@ -116,8 +118,8 @@ def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time
 
 
 def test_without_nbgrader_runs_the_throughput_table_says_so(tmp_path):
-    from fuselab.grading import report
-    from fuselab.grading.pipeline import ClassResult
+    from fuselab.grading.outputs import report
+    from fuselab.grading.run.pipeline import ClassResult
     results = [{"student": s, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": seconds,
                 "cells": {}, "flags": [], "disagreements": [], "clean_seconds": seconds, "nbgrader_seconds": None,
                 "clean_timeline": {"process start": 1.0, "test_fused": 0.5}} for s, seconds in (("ann", 20.0),
@@ -130,8 +132,8 @@ def test_without_nbgrader_runs_the_throughput_table_says_so(tmp_path):
 
 
 def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
-    from fuselab.grading import report
-    from fuselab.grading.pipeline import ClassResult
+    from fuselab.grading.outputs import report
+    from fuselab.grading.run.pipeline import ClassResult
 
     def result(student, notes):
         return {"student": student, "lab": "lab0", "total": 1.0, "max_total": 1.0, "seconds": 10.0,
@@ -170,7 +172,7 @@ def test_the_load_sampler_counts_cpu_by_the_kind_of_process(monkeypatch):
 
 
 def test_a_speed_record_keeps_only_the_phases_the_course_names():
-    from fuselab.grading.kernels import _record
+    from fuselab.grading.recheck.kernels import _record
     from fuselab.speed.graded import PHASES
     record = _record({"status": "measured", "speedup": 1.5,
                       "phases": {PHASES[0]: 0.25, "timing": float("nan"), "made up": 1.0, "refreshed check": -1.0,
@@ -205,8 +207,8 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
 
 
 def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
-    from fuselab.grading.pipeline import ClassResult
-    from fuselab.grading.results import SubmissionResult
+    from fuselab.grading.run.pipeline import ClassResult
+    from fuselab.grading.records.results import SubmissionResult
     from fuselab.tools.gpu_selfcheck import grading_runs
 
     def result(student, start):

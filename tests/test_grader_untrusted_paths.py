@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.build import shared as shared_builds
-from fuselab.grading import isolate, pipeline, recheck, untrusted
+from fuselab.kernelbuild import shared as shared_builds
+from fuselab.grading.sandbox import isolate, untrusted
+from fuselab.grading.run import pipeline
+from fuselab.grading.recheck import clean as recheck
 
 from .conftest import REPO
 

@@ -7,7 +7,8 @@ error, the compiler's message on the student's line, so the feedback and the rep
 import json
 import re
 
-from fuselab.grading import failures, isolate, recheck
+from fuselab.grading.recheck import failures, clean as recheck
+from fuselab.grading.sandbox import isolate
 
 PROTO = "void fill(float* out /*[n]*/, int64_t n, cudaStream_t stream)"
 BROKEN = ("__global__ void fill_kernel(float* out, int64_t n) {\n"

@@ -10,7 +10,7 @@ import torch
 
 import fuselab
 from fuselab import course, speed
-from fuselab.grading.nbgrader_run import autograde
+from fuselab.grading.records.nbgrader_run import autograde
 from fuselab.labs import lab0
 
 

@@ -1,7 +1,7 @@
 """Every phase of a grading run shows its progress on the grader's stderr (course set-up, reference runs,
 submissions, gradebook, feedback and report), a one-student regrade too, and nothing of it reaches stdout."""
 
-from fuselab.grading import pipeline
+from fuselab.grading.run import pipeline
 
 from .test_hand_grading import _fake_grade, graded_run  # noqa: F401 - the fixture: a small run, graded cheaply
 

@@ -7,8 +7,10 @@ one written by an older grader (its cells have no ``requires_failed``).
 import json
 from pathlib import Path
 
-from fuselab.grading import pipeline, recheck, report
-from fuselab.grading.results import CellResult, SubmissionResult
+from fuselab.grading.run import pipeline
+from fuselab.grading.recheck import clean as recheck
+from fuselab.grading.outputs import report
+from fuselab.grading.records.results import CellResult, SubmissionResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CURRENT = FIXTURES / "result-gpu-fault-lab0.json"

@@ -12,16 +12,17 @@ import csv
 import io
 import json
 import os
-import shutil
 import zipfile
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 import torch
 
 from fuselab import course
-from fuselab.grading import cli, export, intake, nbgrader_run, pipeline, roster, schedule, term
+from fuselab.grading.run import cli, pipeline
+from fuselab.grading.outputs import export
+from fuselab.grading.records import intake, nbgrader_run, roster, term
+from fuselab.grading.gpus import schedule
 
 LABS = {"lab0": "lab0.ipynb", "lab1": "lab1.ipynb"}
 NB = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []})
@@ -113,7 +114,7 @@ def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, mon
                    "Participant 1236,Bo Park,bp@uni.edu,No submission,,-\n")
     entries = term.record_course(out, subs, {("John_Smith_1234", "lab0")}, problems, {"lab0"}, roster.read(sheet))
     assert term.load_entries(out) == entries
-    from fuselab.grading.results import SubmissionResult
+    from fuselab.grading.records.results import SubmissionResult
     graded = SubmissionResult("John_Smith_1234", "lab0", total=3.0, max_total=10.0)
     import datetime
     rows = {s.student: s for s in term.standings([graded], entries, roster.load(out),

@@ -22,8 +22,10 @@ import pytest
 
 from fuselab import course
 from fuselab import notebook as ipynb
-from fuselab.grading import formgrader, nbgrader_run, pipeline
-from fuselab.grading.results import CellResult, SubmissionResult
+from fuselab.grading.outputs import formgrader
+from fuselab.grading.records import nbgrader_run
+from fuselab.grading.run import pipeline
+from fuselab.grading.records.results import CellResult, SubmissionResult
 
 LAB = "lab0"
 STUDENTS = ("ann", "bob")

@@ -21,7 +21,7 @@ FLOORS = {
     "fuselab.errors": 0, "fuselab.config": 0, "fuselab.quiet": 0, "fuselab.proctree": 0, "fuselab.notebook": 0,
     "fuselab.notebook_sources": 0, "fuselab.runmode": 0, "fuselab.cell_hints": 0,
     "fuselab": 1,  # the package's __init__: the student's API
-    "fuselab.build": 1, "fuselab.module": 1, "fuselab.prototypes": 1, "fuselab.toolchain": 1,
+    "fuselab.kernelbuild": 1, "fuselab.module": 1, "fuselab.prototypes": 1, "fuselab.toolchain": 1,
     "fuselab.diagnostics": 1, "fuselab.native_check": 1, "fuselab.check": 1, "fuselab.timing": 1, "fuselab.plots": 1,
     "fuselab.labs": 2,
     "fuselab.speed": 3,
@@ -115,8 +115,8 @@ def _is_submodule(package, name) -> bool:
 def test_the_floor_check_sees_lazy_and_relative_imports(tmp_path):
     # the checker itself: an import inside a function, written relative, is found and resolved
     source = tmp_path / "example.py"
-    source.write_text("def f():\n    from ..grading import pipeline\n    from .. import speed\n")
-    assert imports("fuselab.timing.example", source) == {"fuselab.grading.pipeline", "fuselab.speed"}
+    source.write_text("def f():\n    from ..grading.run import pipeline\n    from .. import speed\n")
+    assert imports("fuselab.timing.example", source) == {"fuselab.grading.run.pipeline", "fuselab.speed"}
 
 
 def test_import_fuselab_loads_the_student_runtime_only():
@@ -160,3 +160,25 @@ def import_cycles() -> list:
 def test_no_import_cycle():
     cycles = import_cycles()
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# the grader's rooms, low to high (docs/design.md §2.3): a room imports only from its own room or those below
+ROOMS = {"sandbox": 0, "gpus": 1, "recheck": 2, "records": 3, "outputs": 4, "run": 5}
+
+
+def test_no_import_runs_up_a_room():
+    upward = []
+    for module, path in sorted(modules().items()):
+        room = module.split(".")[2] if module.startswith("fuselab.grading.") else None
+        if room not in ROOMS:
+            continue
+        for target in sorted(imports(module, path)):
+            there = target.split(".")[2] if target.startswith("fuselab.grading.") else None
+            if there in ROOMS and ROOMS[there] > ROOMS[room]:
+                upward.append(f"{module} ({room}) imports {target} ({there})")
+    assert not upward, "imports that run up a room of the grader:\n" + "\n".join(upward)
+
+
+def test_every_grading_module_is_in_a_room():
+    flat = [m for m in modules() if m.startswith("fuselab.grading.") and m.split(".")[2] not in ROOMS]
+    assert not flat, f"grading modules outside a room (docs/design.md §2.3): {flat}"

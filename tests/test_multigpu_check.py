@@ -93,6 +93,6 @@ def test_too_slow_on_several_gpus_misses_the_target_without_other_problems():
 
 def test_the_stage_says_it_needs_two_gpus(tmp_path, monkeypatch):
     from fuselab.tools.gpu_selfcheck.stages import by_name
-    from fuselab.grading import schedule
+    from fuselab.grading.gpus import schedule
     monkeypatch.setattr(schedule, "visible_gpus", lambda: ["0"])
     assert by_name()["multigpu"].run(tmp_path) == {"status": "skipped", "headline": "needs 2 GPUs, 1 visible"}

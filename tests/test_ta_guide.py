@@ -96,7 +96,7 @@ def test_each_command_shown_parses(argv):
 def test_readme_points_to_the_guide_and_its_synopsis_lists_every_option():
     import argparse
 
-    from fuselab.grading.cli import add_parsers
+    from fuselab.grading.run.cli import add_parsers
     readme = REPO / "README.md"
     text = readme.read_text()
     section = text[text.index("## Grading a class"):text.index("\n## ", text.index("## Grading a class") + 1)]

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fuselab.grading import cli, export, handgrading, intake, pipeline, report, roster, term
-from fuselab.grading.results import SubmissionResult
+from fuselab.grading.run import cli, pipeline
+from fuselab.grading.outputs import export, report
+from fuselab.grading.records import handgrading, intake, roster, term
+from fuselab.grading.records.results import SubmissionResult
 
 LONG_WHY = "submissions/bo/lab0.ipynb: not a notebook <script>alert(1)</script>\n" + "detail " * 300 + "TAIL-OF-IT"
 

@@ -1,6 +1,6 @@
 """Compare one output tensor with its (float64) expected value: the verdict, the numbers and a readable report."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 

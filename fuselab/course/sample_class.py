@@ -5,7 +5,7 @@ in ``fuselab/labs/registry.py``): what to change in which solution cell (by nbgr
 each graded cell should then get. A submission starts from the *release* notebook (what a student downloads) with
 every solution cell filled in with the instructor's code (its BEGIN/END SOLUTION marker lines dropped, as a
 student would write it), then the sample's changes applied. ``fuselab samples`` writes them under
-``grader/examples/<sample>/<lab>/``; ``fuselab/grading/samplecheck.py`` grades that class and compares each
+``grader/examples/<sample>/<lab>/``; ``fuselab/grading/run/samplecheck.py`` grades that class and compares each
 verdict with ``expected``.
 """
 

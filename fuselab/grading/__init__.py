@@ -1,18 +1,22 @@
-"""The grader: a folder or zip of submissions → fair grades, feedback and a class report, with one command.
+"""The grader: a folder or zip of submissions -> fair grades, feedback and a class report, with one command.
 
-nbgrader does the notebook mechanics (autograde, gradebook, feedback, export). This package adds what GPU kernel
-labs need on top:
+nbgrader does the notebook mechanics (autograde, gradebook, feedback, export); this package adds what GPU kernel
+labs need on top. Its rooms, low to high (a room imports only from those before it; docs/design.md §2.3):
 
-- ``intake``: folders and LMS zips → one notebook per (student, lab), with clear problems for malformed ones;
-- ``isolate``: run untrusted work in a child process with limits, a timeout that kills the whole process tree
-  (``keeper`` keeps every process it starts inside that tree), a memory watchdog, and the sandbox (the default):
-  bubblewrap entered as a user without rights (``enter_sandbox``) that sees only the submission's own folder;
-- ``recheck``, ``cellrunner``, ``solution_worker``, ``wire``, ``remote``: the clean recheck. The instructor's
-  notebook runs in a checker process that never runs student Python; the student's solution cells run in a
-  solution worker, and what the tests need crosses back as plain data rebuilt by type; a fault or hang costs
-  only the test that met it. ``sanitize`` flags solution cells that look like tampering, for a TA;
-- ``nbgrader_run``: nbgrader's own autograde of each submission in a scratch course of its own (and of a set of
-  notebooks at once, unsandboxed, for the GPU self-check: ``autograde``);
-- ``schedule``: one worker per GPU (``CUDA_VISIBLE_DEVICES``), so timings never share a GPU;
-- ``feedback``, ``report``, ``calibrate``; ``pipeline`` ties them together (``fuselab grade``).
+- ``sandbox/``: Running a submission's work: limits, the process tree's keeper and kill, the sandbox (an
+  allow-listed environment, a user without rights, bubblewrap), and the only way into a folder a submission can
+  write.
+- ``gpus/``: Sharing the GPUs: workers per GPU (``schedule``) and a graded timing's lease of its GPU (``lease``: the
+  grader's side; ``fuselab/speed/lease.py`` is the timing's).
+- ``recheck/``: The clean recheck: ``clean`` starts three processes joined by pipes they inherit, and reads their
+  verdicts.
+- ``records/``: The class's records: the submissions read in (``intake``), the class list (``roster``), the term's
+  course folder (``term``), a graded submission (``results``), hand grading read back (``handgrading``), nbgrader's
+  course, autograde and gradebook (``nbgrader_run``), the reference runs kept for the term (``reference_cache``).
+- ``outputs/``: What a run writes for people: feedback pages (``feedback``), grades.csv and the class report
+  (``report``), the LMS's import files (``export``), formgrader for hand grading (``formgrader``), a submission's
+  text as a terminal shows it (``terminal``).
+- ``run/``: A grading run, intake to report: the commands (``cli``), the run loop (``pipeline``), a class as a Slurm
+  job array (``python -m fuselab.grading.run.slurm shard OUT``, then ``merge OUT``), the sample class
+  (``samplecheck``), ``fuselab calibrate`` (``calibrate``), progress on stderr (``run_progress``).
 """

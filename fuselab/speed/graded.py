@@ -106,7 +106,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
     host = getattr(module, "kernel_host", None)
     if host is not None and torch.cuda.is_available() and not module.emulated:
         # the grader's checker: the student's kernel lives in the kernel worker, which times it; the checker
-        # bounds that by its own clock and computes the points (``grading.kernels.SpeedCheck``)
+        # bounds that by its own clock and computes the points (``grading.recheck.kernels.SpeedCheck``)
         gpu_name = torch.cuda.get_device_name()
         test, entry, note = policy_entry(test_id, gpu_name, policy)
         warm = host.warm_speed_test()  # outside the slot: what does not take GPU memory waits for none

@@ -1,4 +1,4 @@
-"""The timing's side of the grader's GPU lease (``fuselab.grading.lease`` is the grader's side).
+"""The timing's side of the grader's GPU lease (``fuselab.grading.gpus.lease`` is the grader's side).
 
 While the grader shares one GPU among several submissions, a graded timing asks for the GPU to itself through files
 in a folder the grader names (``FUSELAB_GPU_LEASE``): it writes ``lease-request-T-N``, waits for

@@ -1,5 +1,5 @@
 """Turn measured plain-solution speedups into policy entries (docs/design.md §3): what ``fuselab calibrate``
-(``fuselab/grading/calibrate.py``) and the GPU self-check write into the policy file.
+(``fuselab/grading/run/calibrate.py``) and the GPU self-check write into the policy file.
 
 A lab's GPU self-check stage reports, for each graded speedup test, the fixed settings (mode, shape, dtype) and the
 plain fused solution's speedup S over the lab's unfused reference on this GPU, under ``result["graded"]``. This

@@ -54,7 +54,7 @@ def empty_kernel_launcher(device=None):
     """(launch(n), description): an empty CUDA kernel built with ``fuselab.build``, or, where that fails,
     the smallest torch kernel (``zero_`` of one element), with the reason in the description."""
     try:
-        from ..build import build
+        from ..kernelbuild import build
 
         module = build(EMPTY_KERNEL_SOURCE, EMPTY_KERNEL_LAUNCHERS)
         launch = module.launch_empty

@@ -99,7 +99,7 @@ def selfcheck(device=None, repeats=5, elements=1 << 26, refresh_ceilings=False) 
                                  progress=False) for _ in range(3)]
         out["small_once_vs_twice_speedups"] = [d.speedups["once"].value for d in small_doubles]
         out["small_once_vs_twice_spread_pct"] = _spread_pct(out["small_once_vs_twice_speedups"])
-        del x, y
+        x = y = None  # not del: the lambdas above close over these names
         torch.cuda.empty_cache()
 
         overhead = launch_overhead(device)

@@ -117,7 +117,7 @@ def main(argv=None):
     parser.add_argument("--backend", default=None, choices=["cuda", "emulate"])
     parser.add_argument("--labs", action="store_true", help="time every lab solution's kernels instead")
     args = parser.parse_args(argv)
-    from ..build import resolve_backend
+    from ..kernelbuild import resolve_backend
     backend = resolve_backend(args.backend)
     print(json.dumps(run_labs(backend) if args.labs else run(backend), indent=2))
 

@@ -16,8 +16,8 @@ import os
 import threading
 import time
 
-from ..grading.isolate import nvidia_smi
-from ..grading.lease import nvml, nvml_handle
+from ..grading.sandbox.isolate import nvidia_smi
+from ..grading.gpus.lease import nvml, nvml_handle
 
 
 def _cpu_jiffies():

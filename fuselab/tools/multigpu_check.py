@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ..grading.results import SubmissionResult
+from ..grading.records.results import SubmissionResult
 
 WALL_RATIO = 0.6       # the issue's target for two GPUs
 SPEED_TOLERANCE = 1.0  # points: two measurements of the same kernel on two (identical) GPUs
@@ -118,7 +118,7 @@ def device_mix_ups(results) -> list:
 
 
 def verdict(single, several, expected: int | None = None) -> dict:
-    """Judge two ``grading.pipeline.ClassResult`` of the same class (``expected`` submissions): one GPU, then
+    """Judge two ``grading.run.pipeline.ClassResult`` of the same class (``expected`` submissions): one GPU, then
     several."""
     problems = (graded_once(single.results, "one GPU") + graded_once(several.results, "several GPUs")
                 + same_grades(single.results, several.results)

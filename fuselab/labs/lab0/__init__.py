@@ -128,7 +128,7 @@ def sweep(unfused_op, fused_op, sizes=SWEEP_SIZES, budget_s=1.0, device="cuda", 
                      "unfused_s": result["unfused"].median, "fused_s": result["fused"].median,
                      "unfused_GBps": moved["unfused"] / result["unfused"].median / 1e9,
                      "fused_GBps": moved["fused"] / result["fused"].median / 1e9})
-        del a, b, e, out
+        a = b = e = out = None  # not del: the lambdas above close over these names
     return rows
 
 

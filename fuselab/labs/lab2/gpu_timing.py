@@ -33,7 +33,7 @@ def measure_context(candidates, shapes=CONTEXT_SHAPES, budget_s=2.0, progress=No
                      "speedup": {n: result.speedup(n).value for n in result.names},
                      "ci": {n: [result.speedup(n).low, result.speedup(n).high] for n in result.names},
                      "effective_GBps": {n: moved / result[n].median / 1e9 for n in result.names}})
-        del inputs, out
+        inputs = out = None  # not del: the lambdas above close over these names
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows

@@ -299,7 +299,7 @@ def tuned_source(source: str, backend: str | None = None, name: str = "tuned") -
     ``name``: the ``name=`` the text is built under. ``#line`` directives give the path its own file name and start
     the student's text again at line 1 of ``<name>.cu``, so compiler messages count the student's own lines, not
     the hundreds of given lines in front of them."""
-    from ...build import resolve_backend
+    from ...kernelbuild import resolve_backend
     from .tensorcore import tuned_path_source  # that module builds on this one: imported when asked for
     return (f'#line 1 "{TENSOR_CORE_FILE}"\n' + tuned_path_source(resolve_backend(backend))
             + f'\n#line 1 "{name}.cu"\n' + source)
@@ -369,7 +369,7 @@ def sweep(reference_op, fused_op, ms=SWEEP_MS, n=SKINNY_NK, k=SKINNY_NK, dtype=t
                      "unfused_us": result["unfused"].median * 1e6, "fused_us": result["fused"].median * 1e6,
                      "saved_share": (t["epilogue"] - n * a.element_size()) / (t["gemm"] + t["epilogue"]),
                      "flop_per_byte": t["flops"] / (t["gemm"] + n * a.element_size())})
-        del a, b, bias, out
+        a = b = bias = out = None  # not del: the lambdas above close over these names
     return rows
 
 

@@ -18,7 +18,7 @@ from .archive import pack
 def _sandbox():
     """``(sandbox, why)``: grade in the sandbox where it works on this machine (the grader's default); where it
     does not, the self-check grades without it and every stage that graded says so in its headline."""
-    from ...grading import isolate
+    from ...grading.sandbox import isolate
     problem = isolate.sandbox_problem()
     return (False, f"sandbox off: {problem}") if problem else (True, "sandboxed")
 
@@ -32,7 +32,7 @@ def stage_samples(out):
     """The grader's sample class on this GPU (``FUSELAB_SAMPLES``: only these samples, ``FUSELAB_SAMPLE_LABS``:
     only these labs, each comma-separated, so that a class too large for one command runs as parts): every sample
     must get the grade it deserves."""
-    from ...grading.samplecheck import grade_examples
+    from ...grading.run.samplecheck import grade_examples
     work = Path(tempfile.mkdtemp(prefix="fuselab-samples-"))
     chosen = _listed("FUSELAB_SAMPLES")  # default: all
     sandbox, sandboxed = _sandbox()
@@ -50,7 +50,7 @@ def stage_samples(out):
 
 def wall_bound_summary(run: Path) -> dict:
     """How the speedups the solution worker measured compare with the checker's own wall-clock bound, over every
-    graded speed test of a run (``grading.kernels.SpeedCheck``): the numbers that set ``WALL_TOLERANCE``."""
+    graded speed test of a run (``grading.recheck.kernels.SpeedCheck``): the numbers that set ``WALL_TOLERANCE``."""
     rows = []
     for path in sorted(Path(run).glob("work/*/*/result.json")):
         result = json.loads(path.read_text())
@@ -120,7 +120,7 @@ def stage_multigpu(out, copies=None, jobs_per_gpu=None):
     sample, ``FUSELAB_MULTIGPU_COPIES``, default 2), the same number of submissions sharing each GPU
     (``jobs_per_gpu``, ``FUSELAB_MULTIGPU_JOBS``, default 1); see ``multigpu_check``."""
     from .. import multigpu_check
-    from ...grading import schedule
+    from ...grading.gpus import schedule
     gpus = schedule.visible_gpus()
     if len(gpus) < 2:
         return {"status": "skipped", "headline": f"needs 2 GPUs, {len(gpus)} visible"}
@@ -159,9 +159,9 @@ def _class_of_copies(copies, only_labs=None):
 def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
     """Grade ``<work>/class`` (``students``: only these) into ``<work>/<name>``, regrading what is there:
     ``(summary, the grader's ClassResult)``."""
-    from ...grading.pipeline import Settings, grade
-    from ...grading.report import median_steps
-    from ...grading.schedule import describe
+    from ...grading.run.pipeline import Settings, grade
+    from ...grading.outputs.report import median_steps
+    from ...grading.gpus.schedule import describe
     from ..load_sampler import LoadSampler
     sandbox, sandboxed = _sandbox()
     started = time.perf_counter()

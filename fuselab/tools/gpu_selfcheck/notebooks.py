@@ -29,7 +29,7 @@ def _problems(path):
 
 
 def _cell_seconds(cell) -> float:
-    from ...grading.nbgrader_run import execution_span
+    from ...grading.records.nbgrader_run import execution_span
     span = execution_span(cell)
     return span[1] - span[0] if span else 0.0
 
@@ -89,7 +89,7 @@ def stage_grade(out):
     Autograding executes every solution notebook top to bottom, headless, on this GPU, in grading mode: their
     errors and stderr output are reported in the ``graded nb`` row.
     """
-    from ...grading.nbgrader_run import autograde
+    from ...grading.records.nbgrader_run import autograde
     from ...course import LABS, SOLUTIONS, lab_names
     submissions = {"solution": {lab: next((SOLUTIONS / lab).glob("*.ipynb")) for lab in lab_names()},
                    "blank": {lab: next((LABS / lab).glob("*.ipynb")) for lab in lab_names()}}

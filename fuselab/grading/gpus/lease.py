@@ -1,0 +1,422 @@
+"""The GPU to itself for each graded timing, while several submissions share that GPU for everything else.
+
+Building, nbgrader's run and the correctness checks of a few submissions can share one GPU; a speedup
+measurement cannot. So a graded timing asks for a *lease* on its GPU: the grader stops (``SIGSTOP``) every other
+process tree it runs on that GPU, waits until the GPU has no kernel running (NVML's utilisation reads 0), lets
+the timing run, and resumes the others (``SIGCONT``). One timing per GPU at a time; the stopped ones lose a few
+seconds of wall time and nothing else.
+
+The timing runs in the clean recheck's child, which asks through files in its own folder (it may be sandboxed,
+so no signals or sockets): ``lease-request-T-N``, answered by ``lease-granted-T-N``, ended by
+``lease-released-T-N``, where T is a tag the grader gives each child it starts (``FUSELAB_GPU_LEASE_TAG``), so a
+request left behind by a killed child is never served. ``fuselab.speed.lease`` is the child's side
+(``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's (``LeaseServer``). The child is untrusted: the
+grader touches its folder only through ``untrusted`` (no link followed, only regular files seen), holds a lease
+at most ``max_hold_s`` (then the child is killed and its test fails), and gives the GPU back whatever happens in
+between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from ...speed.lease import GRANTED, RELEASED, REQUEST, SLOT_GRANTED, SLOT_RELEASED, SLOT_REQUEST
+from ...proctree import parents
+from ..sandbox.isolate import children_of, gpu_processes, process_trees
+from ..sandbox.untrusted import Folder
+
+PREFIXES = (REQUEST, GRANTED, RELEASED, SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED)
+
+# GPU memory one speed test may take at its peak, its checker and kernel worker together (input sets, outputs and
+# float64 references at the timed shape, as PyTorch's caching allocator keeps them: about 15-18 GiB at Labs 0-2's
+# shapes by their sizes), with room left for the other submissions' contexts and tests: a DeviceLease runs at
+# most memory / SPEED_TEST_GIB speed tests at once (4 on an H200), at least one
+SPEED_TEST_GIB = 32.0
+
+
+def speed_test_slots(memory_gib) -> int:
+    """How many speed tests may run at once on a GPU of ``memory_gib`` (None: unknown, one at a time)."""
+    return max(1, int(memory_gib // SPEED_TEST_GIB)) if memory_gib else 1
+
+
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+def nvml():
+    """NVML (``libnvidia-ml``), initialised; None where it is missing."""
+    try:
+        library = ctypes.CDLL("libnvidia-ml.so.1")
+        return library if library.nvmlInit_v2() == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def nvml_handle(library, device):
+    """NVML's handle of ``device`` (an index or a UUID, as ``CUDA_VISIBLE_DEVICES`` names it), or None."""
+    handle = ctypes.c_void_p()
+    try:
+        if str(device).isdigit():
+            status = library.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
+        else:
+            status = library.nvmlDeviceGetHandleByUUID(str(device).encode(), ctypes.byref(handle))
+    except AttributeError:
+        return None
+    return handle if status == 0 else None
+
+
+def gpu_busy_percent(device) -> int | None:
+    """NVML's utilisation of ``device`` (an index or a UUID): the share of its last sample period in which a kernel
+    ran. None where NVML is missing."""
+    library = nvml()
+    handle = nvml_handle(library, device) if library is not None else None
+    rates = _Utilization()
+    try:
+        if handle is None or library.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
+            return None
+    except AttributeError:
+        return None
+    return int(rates.gpu)
+
+
+def wait_until_idle(device, timeout_s: float = 60.0, poll_s: float = 0.02) -> str:
+    """Wait until no kernel runs on ``device``; returns "" or a note saying the GPU stayed busy."""
+    deadline = time.monotonic() + timeout_s
+    busy = gpu_busy_percent(device)
+    if busy is None:
+        time.sleep(0.2)  # no NVML: let kernels already queued by the stopped processes drain
+        return ""
+    while busy:
+        if time.monotonic() > deadline:
+            return (f"GPU {device} stayed busy ({busy}% utilisation) for {timeout_s:.0f} s with every other "
+                    "submission stopped (another program's kernels?): this timing may be disturbed")
+        time.sleep(poll_s)
+        busy = gpu_busy_percent(device)
+    return ""
+
+
+def _signal_trees(roots, sig) -> dict:
+    """Signal each of ``roots`` and its descendants: root → the pids signalled. One scan of /proc serves every
+    tree (a hold stops every other submission at once: a scan per tree took most of a second with ten sharing).
+    Stopping repeats until no new process appears (one may have been forked before its parent stopped);
+    continuing goes from the leaves up."""
+    roots = list(dict.fromkeys(roots))
+    if not roots:
+        return {}  # a hold with nobody else on the GPU: no scan of /proc
+    if sig != signal.SIGSTOP:
+        parent_of = parents()
+        done = {}
+        for root in roots:
+            tree = [root] + children_of(root, parent_of)
+            for target in reversed(tree):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+            done[root] = tree
+        return done
+    stopped: dict = {root: [] for root in roots}
+    for _ in range(20):
+        parent_of = parents()
+        fresh_any = False
+        for root in roots:
+            fresh = [p for p in [root] + children_of(root, parent_of) if p not in stopped[root]]
+            for target in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+            stopped[root] += fresh
+            fresh_any = fresh_any or bool(fresh)
+        if not fresh_any:
+            break
+    return stopped
+
+
+class DeviceLease:
+    """The processes the grader runs on one GPU, and one exclusive timing at a time among them."""
+
+    def __init__(self, device, idle_timeout_s: float = 60.0, max_hold_s: float = 120.0,
+                 own_busy_timeout_s: float | None = None, settle_s: float = 3.0, speed_slots: int = 1):
+        self.device = device
+        # speed tests at GPU size at once (``fuselab.speed.lease.speed_test_slot``): the GPU's memory, rationed
+        self.speed_slots = threading.BoundedSemaphore(max(1, int(speed_slots)))
+        # How long a timing waits for the GPU to go idle before it runs anyway (flagged): ``idle_timeout_s`` when
+        # another program has a context on the GPU, ``own_busy_timeout_s`` (default the same) when only the
+        # grader's own processes do, so a kernel that never ends is still running: it ends at its own test's
+        # time limit, so the grader sets this past that limit.
+        self.idle_timeout_s = idle_timeout_s
+        self.own_busy_timeout_s = own_busy_timeout_s if own_busy_timeout_s is not None else idle_timeout_s
+        self.settle_s = settle_s      # queued work of the stopped processes drains in well under this
+        self._cooldown_until = 0.0    # after a try the GPU did not settle: nobody is stopped before this
+        self.max_hold_s = max_hold_s  # a graded timing takes seconds; far longer is a hang or an abuse
+        self._timing = threading.Lock()
+        self._lock = threading.Lock()
+        self._children: set = set()
+        self._holder = None
+        self._stopped: dict = {}      # child → (root pid, since) for the current timing
+        self._stopped_s: dict = {}    # child → seconds it spent stopped, finished pauses
+
+    def register(self, child) -> None:
+        """A child process (``isolate.Child``) started on this GPU; stopped at once if a timing is running."""
+        with self._lock:
+            self._children.add(child)
+            if self._holder is not None and child is not self._holder and child not in getattr(self._holder, "companions", ()):
+                self._stop(child)
+
+    def _stop(self, child) -> None:
+        self._stop_all([child])
+
+    def _stop_all(self, children) -> None:
+        now = time.monotonic()
+        for child in children:
+            self._stopped[child] = (child.process.pid, now)  # first: whatever happens, it is resumed
+        _signal_trees([child.process.pid for child in children], signal.SIGSTOP)
+
+    def unregister(self, child) -> None:
+        with self._lock:
+            self._children.discard(child)
+            self._stopped_s.pop(child, None)
+            self._stopped.pop(child, None)  # its pid may be reused: never signalled again
+
+    def stopped_seconds(self, child) -> float:
+        """Seconds ``child`` has spent stopped for others' timings, the current pause included."""
+        with self._lock:
+            current = self._stopped.get(child)
+            return self._stopped_s.get(child, 0.0) + (time.monotonic() - current[1] if current else 0.0)
+
+    def pids(self) -> set:
+        """Every process of every registered child's tree."""
+        with self._lock:
+            roots = [c.process.pid for c in self._children]
+        return set().union(*process_trees(roots).values())
+
+    def acquire(self, holder) -> tuple | None:
+        """Stop everyone else and wait for an idle GPU: ``(seconds waited, note)``, or None (and the lease not
+        held) if ``holder`` died while waiting.
+
+        SIGSTOP stops a process, not the kernel it launched: a kernel that never ends keeps running while its
+        process is stopped, and the stopped process's own time limit (which leaves out pauses) would never
+        come. So when the GPU does not settle within ``settle_s``, everyone is resumed for twice that long (a
+        cool-down every timing on this GPU respects: the culprit runs on towards its limit and is killed) and
+        the lease is tried again. It waits up to ``own_busy_timeout_s`` while another submission sharing this
+        GPU has a context on it (the likely culprit), ``idle_timeout_s`` otherwise; then the timing runs
+        anyway and the note flags it.
+
+        The seconds waited leave out the time ``holder`` itself was stopped for others' timings
+        (``stopped_seconds`` counts that): together they are not held against its test's time limit.
+        """
+        entered, stopped_before = time.monotonic(), self.stopped_seconds(holder)
+        give_up_why = None
+
+        def waited():
+            return time.monotonic() - entered - (self.stopped_seconds(holder) - stopped_before)
+        while True:
+            self._timing.acquire()
+            try:
+                time.sleep(max(0.0, self._cooldown_until - time.monotonic()))  # nobody is stopped meanwhile
+                with self._lock:
+                    self._holder = holder
+                    self._stop_all([child for child in self._children
+                                    if child is not holder and child not in getattr(holder, "companions", ())])
+                busy = wait_until_idle(self.device, self.settle_s)
+                if not busy:
+                    return waited(), ""
+                if give_up_why:
+                    return waited(), (f"GPU {self.device} stayed busy for {waited():.0f} s before this timing, "
+                                      f"every other submission stopped at each try ({give_up_why}): this timing "
+                                      "may be disturbed")
+            except BaseException:
+                self.release()
+                raise
+            self.release()  # everyone runs again during the cool-down, the culprit towards its own time limit
+            self._cooldown_until = time.monotonic() + 2 * self.settle_s
+            if not holder.alive():
+                return None
+            # asked while nobody is stopped (nvidia-smi may take seconds)
+            sharing, foreign = self._on_the_gpu(holder)
+            limit = self.own_busy_timeout_s if sharing and not foreign else self.idle_timeout_s
+            if waited() + 2 * self.settle_s > limit:
+                give_up_why = (f"process(es) {foreign} of another program use it" if foreign else
+                               "a kernel of another submission that does not end?" if sharing else
+                               "no process of another submission is on it")
+
+    def _on_the_gpu(self, holder) -> tuple:
+        """``(pids of other submissions sharing this GPU, pids of other programs)`` with a context on it
+        (nvidia-smi; both empty where it cannot tell, e.g. PIDs of another PID namespace)."""
+        with self._lock:
+            roots = {child: child.process.pid for child in self._children}
+        trees = process_trees(roots.values())  # one scan of /proc for every tree
+        own = {holder, *getattr(holder, "companions", ())}
+        sharing_pids = set().union(*(trees[pid] for child, pid in roots.items() if child not in own))
+        ours = set().union(*trees.values()) | {os.getpid()}
+        on_gpu = gpu_processes(self.device)
+        sharing = [p for p in on_gpu if p in sharing_pids]
+        foreign = [p for p in on_gpu if p not in ours and os.path.exists(f"/proc/{p}")]
+        return sharing, foreign
+
+    def release(self) -> None:
+        try:
+            with self._lock:
+                now = time.monotonic()
+                stopped, self._stopped, self._holder = self._stopped, {}, None
+                for child, (pid, since) in stopped.items():
+                    self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
+                with contextlib.suppress(OSError):
+                    _signal_trees([pid for pid, _ in stopped.values()], signal.SIGCONT)
+        finally:
+            self._timing.release()
+
+
+def grading_lease(device, cell_timeout: float) -> DeviceLease:
+    """The lease of a GPU the grader shares among submissions. A timing waits out another submission's endless
+    kernel: it ends at that test's time limit, which runs at two thirds of wall-clock speed while timings keep
+    trying (see ``DeviceLease.acquire``). Speed tests run as many at once as the GPU's memory holds."""
+    from .schedule import smallest_gpu_memory_gib
+    return DeviceLease(device, own_busy_timeout_s=2 * cell_timeout + 60,
+                       speed_slots=speed_test_slots(smallest_gpu_memory_gib([device])))
+
+
+def _held(folder) -> tuple:
+    """``(Folder, whether this call opened it)`` for a ``Folder`` or a path."""
+    return (folder, False) if isinstance(folder, Folder) else (Folder(folder), True)
+
+
+def clear_files(folder) -> None:
+    """Remove lease files from ``folder`` (a ``untrusted.Folder`` or a path; before a child starts: nothing left
+    by an earlier one is served)."""
+    box, opened = _held(folder)
+    try:
+        for name in box.names():
+            if name.startswith(PREFIXES):
+                with contextlib.suppress(OSError):
+                    box.remove(name)  # a link is removed, never followed
+    finally:
+        if opened:
+            box.close()
+
+
+class LeaseServer:
+    """The parent's side of one child's lease files (polled by ``recheck.run_clean``)."""
+
+    def __init__(self, lease: DeviceLease | None, folder: Path, child, tag: str):
+        self.lease, self.child, self.tag = lease, child, tag
+        self.folder, self._opened = _held(folder)  # the child's folder: read through ``untrusted`` only
+        self.slot = None             # the speed test slot held (its request's number)
+        self._slot_asked = None      # (when, the child's paused seconds then) while it waits for a slot
+        self.holding = None          # the request being served
+        self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings, or for a slot
+        self.slot_waited_s = 0.0     # the part of it spent waiting for a speed test slot
+        self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
+        self.notes: list = []
+        self.stop_reason = None      # set when the child must be stopped (held too long, broke the protocol)
+        self._granted_at = self._granted_epoch = 0.0
+
+    @property
+    def held_s(self) -> float:
+        """Seconds it had the GPU to itself (everyone else on it stopped)."""
+        return sum(end - start for start, end in self.holds)
+
+    def paused_s(self) -> float:
+        """Seconds the child spent waiting for the GPU or a speed test slot, or stopped for others' timings: not
+        its own time."""
+        return self.waited_s + self._slot_wait() + self.child.paused()
+
+    def poll(self) -> None:
+        if self.lease is None:
+            return
+        self._poll_slot()
+        if self.holding is None:
+            requests = self.folder.names(prefix=f"{REQUEST}{self.tag}-")
+            if requests and self.child.alive():
+                self._grant(requests[0][len(REQUEST):])
+        elif self.folder.is_file(RELEASED + self.holding) or not self.child.alive():
+            self.finish()
+        elif time.monotonic() - self._granted_at > self.lease.max_hold_s:
+            self.stop_reason = "held the GPU to itself far longer than a timing takes"
+            self.notes.append(f"held the GPU to itself for more than {self.lease.max_hold_s:.0f} s in one timing: "
+                              "stopped")
+            self.finish()
+
+    def _poll_slot(self) -> None:
+        """A speed test's slot: taken when one is free (asked again at every poll, so the loop that polls goes on
+        watching the child's time limits meanwhile), given back when released or when the child dies. Not served
+        while the child holds the GPU to itself: its checker never asks then, and with everyone else stopped no
+        slot could come back."""
+        if self.slot is None:
+            requests = self.folder.names(prefix=f"{SLOT_REQUEST}{self.tag}-")
+            if not requests or not self.child.alive() or self.holding is not None:
+                return
+            if self._slot_asked is None:
+                self._slot_asked = (time.monotonic(), self.child.paused())
+            if not self.lease.speed_slots.acquire(blocking=False):
+                return
+            waited = self._slot_wait()
+            self.waited_s += waited
+            self.slot_waited_s += waited
+            self._slot_asked = None
+            self.slot = requests[0][len(SLOT_REQUEST):]
+            if not self._answer(SLOT_GRANTED + self.slot, "a speed test slot"):
+                self._give_back_slot()
+        elif self.folder.is_file(SLOT_RELEASED + self.slot) or not self.child.alive():
+            self._give_back_slot()
+
+    def _slot_wait(self) -> float:
+        """Seconds of the current wait for a slot, less the time the child was stopped meanwhile (counted as a
+        pause already)."""
+        if self._slot_asked is None:
+            return 0.0
+        asked, paused = self._slot_asked
+        return max(0.0, time.monotonic() - asked - (self.child.paused() - paused))
+
+    def _remove(self, prefixes, number: str) -> None:
+        """One request's files (a link is removed, never followed)."""
+        for prefix in prefixes:
+            with contextlib.suppress(OSError, ValueError):
+                self.folder.remove(prefix + number)
+
+    def _give_back_slot(self) -> None:
+        if self.slot is not None:
+            self._remove((SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED), self.slot)
+            self.slot = None
+            self.lease.speed_slots.release()
+
+    def _answer(self, name: str, what: str) -> bool:
+        """Write the grant ``name``; never through a link the child planted: O_EXCL refuses any existing name."""
+        if self.folder.create(name):
+            return True
+        self.stop_reason = f"its request for {what} could not be answered (a file in the way of the grant)"
+        self.notes.append(f"a grant of {what} could not be written (a name in the way): given back")
+        return False
+
+    def _grant(self, number: str) -> None:
+        acquired = self.lease.acquire(self.child)
+        if acquired is None:
+            return  # the child died waiting: nothing to grant, and the GPU was not taken
+        waited, note = acquired
+        self.waited_s += waited
+        if note:
+            self.notes.append(note)
+        self.holding, self._granted_at, self._granted_epoch = number, time.monotonic(), time.time()
+        if not self._answer(GRANTED + number, "the GPU"):
+            self.finish()
+
+    def close(self) -> None:
+        """Give back everything the child held: the GPU and its speed test slot (idempotent)."""
+        try:
+            self.finish()
+            self._give_back_slot()
+        finally:
+            if self._opened:
+                self.folder.close()
+                self._opened = False
+
+    def finish(self) -> None:
+        """Give the GPU back (idempotent)."""
+        if self.holding is not None:
+            self._remove((REQUEST, GRANTED, RELEASED), self.holding)
+            self.holding = None
+            self.holds.append([self._granted_epoch, time.time()])
+            self.lease.release()

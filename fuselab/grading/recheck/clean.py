@@ -1,0 +1,747 @@
+"""The clean recheck: the instructor's notebook, hidden tests included, checking the student's solution cells.
+
+Test cells run in the student's own Python during nbgrader's autograde, so nothing computed there can be trusted.
+The clean recheck runs three processes, all started here and connected by pipes they inherit:
+
+- the *checker* (``cellrunner``): the instructor's notebook from ``solutions/`` (setup cells, builds, test
+  cells, hidden tests, references) and every verdict. It never runs the student's Python;
+- the *solution worker* (``solution_worker``): the setup cell and the student's solution cells, as written.
+  Names those cells define reach the checker as plain values (the ``*_SOURCE`` texts) or as proxies whose
+  calls send inputs by value and rebuild results from exact types only (``wire``, ``remote``);
+- the *kernel worker* (``kernel_worker``): the only process that loads a student's kernels; it runs no student
+  Python, only the notebook's cells that are not tests, and the launches and speed tests the checker asks for
+  (``kernels``). The instructor's reference run keeps its kernels in the checker (``kernels_in_worker``).
+
+Cells the student added are dropped. ``sanitize`` only *flags* solution cells that look like tampering, for a
+teaching assistant: it decides nothing about what runs.
+
+The checker runs with limits. A graded cell that crashes it (or its kernel worker), hangs past the per-test timeout or poisons the
+CUDA context scores 0, and the run resumes from the next cell in fresh processes (the setup cells
+rerun; builds come from the cache), so a fault costs only the test that touched it. A crash, hang or poisoned
+context in a cell that is *not* graded (a demo) stops the run: every later test scores 0 and says why, never
+full marks.
+
+Time limits do not depend on how busy the machine is. A cell's limit counts its *own* time (``TreeMeter``): the
+CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
+per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
+that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count,
+nor does time stopped or waiting for the GPU. A cell past its own time (an endless loop, a hang) scores 0
+"timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
+stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
+grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
+before it can score 0.
+
+After the run, a graded speed test scores only if the correctness tests it requires (``speed_requires`` in
+``fuselab/speed/policy.json``) passed in this same clean run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ... import course, proctree
+from ... import notebook as ipynb
+from ...kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
+from ...kernelbuild import shared as shared_builds
+from ..sandbox import isolate
+from . import transfer
+from ..gpus.lease import LeaseServer, clear_files
+from ..sandbox.untrusted import Folder
+from .demos import demo_problems
+from .sanitize import sanitize_cell
+
+
+@dataclass
+class CellVerdict:
+    grade_id: str
+    points: float
+    max_points: float
+    status: str            # passed | failed | partial | crashed | timed out | not run | not measured (no GPU)
+    message: str = ""
+    output: str = ""
+    seconds: float = 0.0
+    speed: list = field(default_factory=list)  # records of fuselab.speed.speedup_test
+    requires_failed: list = field(default_factory=list)  # correctness tests a speed test needed and that failed
+    # a wall-clock overrun that load may have caused: {"first_try": why} while a retry is due; after the retry
+    # also "retry": what it gave (``retry_overruns``)
+    retry: dict = field(default_factory=dict)
+
+
+@dataclass
+class CleanResult:
+    cells: dict                         # grade_id → CellVerdict
+    flags: list = field(default_factory=list)
+    restarts: int = 0
+    seconds: float = 0.0
+    gpu_wait_s: float = 0.0             # waiting for the shared GPU (lease) before timings
+    gpu_held_s: float = 0.0             # timing with the GPU to itself (every other submission on it stopped)
+    gpu_holds: list = field(default_factory=list)  # each time it had the GPU: [start, end] in epoch seconds
+    # where the time went, every cell (setup, builds and demos too) and each process's start before its first
+    # cell: label → seconds, summed over restarts, for the grader's throughput report
+    timeline: dict = field(default_factory=dict)
+
+    def to_json(self):
+        return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
+                "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s,
+                "gpu_held_s": self.gpu_held_s, "gpu_holds": self.gpu_holds, "timeline": self.timeline}
+
+    @property
+    def retries_due(self) -> list:
+        """The tests stopped by a wall-clock limit (``CellVerdict.retry``) that no retry has run yet."""
+        return [k for k, v in self.cells.items() if v.retry and "retry" not in v.retry]
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
+                   restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0),
+                   gpu_held_s=data.get("gpu_held_s", 0.0), gpu_holds=data.get("gpu_holds", []),
+                   timeline=data.get("timeline", {}))
+
+
+KERNELS_HERE_ENV = "FUSELAB_KERNELS_IN_CHECKER"  # the reference run: the instructor's kernels load in the checker
+
+
+def _one_cell(found: list) -> dict:
+    """A student's cells that share a grade id (a solution cell copied in JupyterLab keeps its id) as one cell: their
+    sources in notebook order, as the notebook runs them one after the other (nbgrader's own autograde keeps the
+    last one as the graded cell). A copy that does not parse is left out: in the notebook it runs nothing."""
+    if len(found) == 1:
+        return found[0]
+    from .cellrunner import _without_magics
+    sources = []
+    for cell in found:
+        text = ipynb.source(cell)
+        try:
+            ast.parse(_without_magics(text))
+        except (SyntaxError, ValueError):
+            continue
+        sources.append(text)
+    return {**found[-1], "source": "\n\n".join(sources) if sources else ipynb.source(found[-1])}
+
+
+# CPython 3.11's ast.parse is not safe in several threads at once ("AST constructor recursion depth mismatch"):
+# the grader plans submissions in parallel threads, and a plan parses every cell
+_PLANNING = threading.Lock()
+
+
+def clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool = True):
+    """``(cells, flags)``: the clean notebook's code cells as the runner's plan, and what sanitizing flagged.
+
+    ``skip_demos``: the instructor's ``demo`` cells are left out (``demos``); an instructor's notebook whose demos
+    a kept cell depends on is refused (ValueError) before anything runs."""
+    with _PLANNING:
+        return _clean_plan(instructor_nb, student_nb, skip_demos)
+
+
+def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
+    code_cells = [cell for cell in instructor_nb["cells"] if cell["cell_type"] == "code"]
+    last_test = max((k for k, cell in enumerate(code_cells) if ipynb.is_graded(cell)), default=-1)
+    problems = demo_problems(code_cells[: last_test + 1])  # the cells after the last test never run here
+    if problems:
+        raise ValueError("the instructor's notebook tags as demo what the recheck cannot leave out: "
+                         + "; ".join(problems))
+    copies = {}
+    for cell in student_nb.get("cells", []):
+        grade_id = ipynb.nbgrader(cell).get("grade_id")
+        if grade_id and cell.get("cell_type") == "code":
+            copies.setdefault(grade_id, []).append(cell)
+    cells, flags = [], []
+    student = {}
+    for grade_id, found in copies.items():
+        student[grade_id] = _one_cell(found)
+        if len(found) > 1:
+            flags.append(f"{grade_id}: the submission holds {len(found)} cells with this id (a copied cell); they "
+                         "run one after the other, as in the notebook")
+    for cell in code_cells:
+        if skip_demos and ipynb.is_demo(cell):
+            continue
+        meta = ipynb.nbgrader(cell)
+        grade_id = meta.get("grade_id")
+        source = ipynb.source(cell)
+        solution = bool(meta.get("solution"))
+        exports = _defined_names(source) if solution else []
+        if solution:
+            mine = student.get(grade_id)
+            if mine is None:
+                flags.append(f"{grade_id}: the solution cell is missing from the submission")
+                source = ""
+            else:
+                source = ipynb.source(mine)  # as written: it runs in the solution worker, never in the checker
+                clean = sanitize_cell(source)
+                flags += [f"{grade_id}: {flag}" for flag in clean.flags]
+                if clean.error:
+                    flags.append(f"{grade_id}: {clean.error}")
+        # the first cell (imports, DEVICE...) runs in the solution worker too: solution cells use its names; every
+        # cell that is not a test or a solution (setup, builds, helpers) runs in the kernel worker too, where a
+        # speed test runs with its names
+        graded = bool(meta.get("grade"))
+        if not graded and not solution and ipynb.has_hidden_tests(source):
+            # such a cell would run in the kernel worker, next to a student's native code
+            raise ValueError(f"cell {grade_id or len(cells)} of the instructor's notebook holds hidden tests but is "
+                             "not a graded test cell: make it a test cell (nbgrader's 'Autograder tests')")
+        cells.append({"index": len(cells), "grade_id": grade_id, "source": source, "solution": solution,
+                      "exports": exports,
+                      "shared": not cells and not solution,
+                      "instructor": not solution and not graded,
+                      "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
+    last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
+    return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
+
+
+def _defined_names(source: str) -> list:
+    """The names the instructor's solution cell defines at top level: the only names of a student's solution cell
+    the checker takes. A student's other names (helpers, or a class named like a module the tests use) stay in
+    the solution worker, where the student's own functions use them."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names += [t.id for t in ast.walk(target) if isinstance(t, ast.Name)]
+    return sorted(set(names))
+
+
+def _score(cell, end) -> CellVerdict:
+    """nbgrader's rule on one finished cell: error or stderr → 0; a displayed number → those points; else full."""
+    maximum = cell["points"]
+    speed = end.get("speed") or []
+    common = dict(grade_id=cell["grade_id"], max_points=maximum, output=end.get("stdout", "")[-1500:],
+                  seconds=end.get("seconds", 0.0), speed=speed)
+    if end.get("error"):
+        return CellVerdict(points=0.0, status="failed", message=end["error"], **common)
+    if end.get("stderr", "").strip():
+        return CellVerdict(points=0.0, status="failed",
+                           message="wrote to stderr (nbgrader gives such a cell 0): " + end["stderr"].strip()[:500],
+                           **common)
+    value = end.get("value")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        value = None
+    if value is not None:
+        if not 0 <= value <= maximum:
+            return CellVerdict(points=0.0, status="failed",
+                               message=f"the cell ended in {value}, outside 0..{maximum}", **common)
+        status = "passed" if value == maximum else ("partial" if value > 0 else "failed")
+        if any(r.get("status") == "not measured (no GPU)" for r in speed):
+            status = "not measured (no GPU)"
+        return CellVerdict(points=float(value), status=status, **common)
+    return CellVerdict(points=maximum, status="passed", **common)
+
+
+EVENTS_LIMIT = 64 * 2**20  # a checker writes a few KiB of events per cell
+
+
+def _read_events(events) -> list:
+    """The checker's events, from the file the grader opened for it before it started (``events``: an open
+    file); anything but well-formed events is dropped, and so is all of it past ``EVENTS_LIMIT``."""
+    try:
+        data = os.pread(events.fileno(), EVENTS_LIMIT + 1, 0)
+    except OSError:
+        return []
+    events = []
+    for line in data[:EVENTS_LIMIT].decode("utf-8", errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut short by a kill
+        if isinstance(event, dict) and isinstance(event.get("event"), str) and \
+                (event["event"] == "done" or isinstance(event.get("index"), int)):
+            events.append(event)
+    return events
+
+
+def _event_time(event) -> float:
+    value = event.get("time")
+    return float(value) if isinstance(value, (int, float)) else time.time()
+
+
+class PauseLog:
+    """How much of a run was paused (waiting for the GPU, stopped for others' timings), sampled over time, so a
+    test's own time counts only the pauses after it started.
+
+    A grant of the GPU can block the polling loop for minutes, and the loop may see a test's start only after
+    that wait: taking the pause total *when the start is seen* would count the wait as the test's own time (a
+    correct speed test timed out that way on the H200 with 10 submissions sharing it). So the pause total is
+    sampled before each poll, and a start is matched with the last sample taken before it happened.
+    """
+
+    def __init__(self):
+        self._samples: list = []   # (epoch seconds, pause total then), in time order
+
+    def sample(self, paused: float) -> None:
+        self._samples.append((time.time(), paused))
+
+    def at(self, when: float) -> float:
+        """The pause total at epoch ``when`` (the last sample at or before it; 0 before the first)."""
+        before = [paused for sampled, paused in self._samples if sampled <= when]
+        if len(self._samples) > 1000:  # only starts still to come are asked about: older samples can go
+            self._samples = self._samples[len(before) - 1:] if before else self._samples
+        return before[-1] if before else 0.0
+
+
+WALL_BACKSTOP = 5.0   # a cell's (and a submission's) wall-clock limit, in multiples of its limit of own time
+RETRY_BACKSTOP = 2.0  # a retry's wall-clock limit, in multiples of the first try's (its default at least)
+RETRIED = "retried alone"  # the timeline's entry for the retries' time
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``: its threads', and its children's that it has waited for (0 where it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / _TICKS   # utime, stime, cutime, cstime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _running(pid: int) -> bool:
+    """Whether a thread of ``pid`` is running or waiting for a CPU (state R)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+class TreeMeter:
+    """What the process trees below ``roots`` (the checker's and its workers' keepers) did so far, read from /proc
+    at most every ``every_s``: ``(cpu, blocked)``, the CPU seconds they used and the seconds during which none of
+    their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped), sampled.
+
+    A process that ends is counted in the one that waits for it (its keeper at worst), so the CPU sum only grows;
+    a reading never goes back (a process seen between its end and its parent's wait)."""
+
+    def __init__(self, roots, every_s: float = 0.5):
+        self.roots = [root for root in roots if root]
+        self.every_s = every_s
+        self._read_at, self._cpu, self._blocked = None, 0.0, 0.0
+
+    def read(self) -> tuple:
+        now = time.monotonic()
+        if self._read_at is None or now - self._read_at >= self.every_s:
+            parent_of = proctree.parents()
+            pids = set()
+            for root in self.roots:
+                pids |= {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
+            self._cpu = max(self._cpu, sum(map(_process_cpu, pids)))
+            if self._read_at is not None and pids and not any(map(_running, pids)):
+                self._blocked += now - self._read_at
+            self._read_at = now
+        return self._cpu, self._blocked
+
+
+def cpu_threads(env: dict) -> int:
+    """How many CPU threads a child may keep busy (``OMP_NUM_THREADS``, else every core it may use): CPU time is
+    divided by it, so a test that runs on several threads is not charged more than its wall-clock time."""
+    try:
+        return max(1, int(env.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, len(os.sched_getaffinity(0)))
+
+
+# the timeline's entries for the GPU's sharing (part of the speed tests' own time)
+SLOT_WAIT, LEASE_WAIT, HELD = "waiting for a speed test slot", "waiting for the GPU alone", "the GPU held alone"
+STOPPED = "stopped for others' timings"  # anywhere in the run: the other submissions' holds of the GPU
+
+
+def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
+    """The checker's and its workers' environment: ``base_env`` cut to what they read (``isolate.WORKER_ENV``: none
+    of the TA's variables, sandbox or not), with the grader's settings for them."""
+    env = isolate.worker_env(base_env)
+    env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+                "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
+    repo = str(course.REPO)
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    return env
+
+
+def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0, total_timeout=1800.0,
+              limits: isolate.Limits | None = None, env=None, device=None, sandbox=False, hide=(),
+              lease=None, kernels_in_worker=True, on_cell=None, skip_demos=True, wall_timeout=None,
+              total_wall_timeout=None, only=None, check_requirements=True) -> CleanResult:
+    """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
+
+    ``cell_timeout``, ``total_timeout``: a cell's and the whole run's limits of *own* time (the module's doc);
+    ``wall_timeout``, ``total_wall_timeout``: their wall-clock backstops (default ``WALL_BACKSTOP`` times them).
+    A cell or a run stopped by a backstop is marked for a retry (``CellVerdict.retry``, ``retry_overruns``).
+
+    ``only``: run only these graded tests (and the cells before them that are not tests: their setup).
+    ``check_requirements``: zero speed tests whose required correctness tests failed (off for a retry, which
+    checks after merging).
+
+    ``kernels_in_worker``: a student's kernels are built, loaded and launched in the solution worker (into its
+    own build cache). Off only for the instructor's reference run, whose kernels fill the shared builds.
+
+    ``lease``: the ``lease.DeviceLease`` of a GPU shared with other submissions; graded timings then ask it for
+    the GPU to themselves (time spent waiting for it is not held against a test's time limit).
+
+    ``on_cell``: called with the grade_id (None for an ungraded cell) of each cell the checker starts, in order, as
+    the polling sees it start (a cell shorter than a poll: when the poll after it sees it).
+    ``skip_demos``: leave out the instructor's ``demo`` cells (the reference run leaves them out too: it runs the
+    plan every submission's recheck runs, so a kept cell that needed a demo fails there first, for the
+    instructor). A demo builds no kernel that nbgrader's runs would then compile for every submission.
+    """
+    workdir = Path(workdir).absolute()
+    # the checker's folder, whose parent is the grader's: held by descriptor, everything in it reached through
+    # ``untrusted`` (the checker, and a library it loaded, can write it)
+    workdir.parent.mkdir(parents=True, exist_ok=True)  # the caller's folder: no sandbox writes it
+    with Folder(workdir.parent) as parent:
+        parent.make_folder(workdir.name)
+    box = Folder(workdir)
+    try:
+        return _run_clean(box, instructor_nb, student_nb, workdir, cell_timeout=cell_timeout,
+                          total_timeout=total_timeout, limits=limits, env=env, device=device, sandbox=sandbox,
+                          hide=hide, lease=lease, kernels_in_worker=kernels_in_worker, on_cell=on_cell,
+                          skip_demos=skip_demos, wall_timeout=wall_timeout or WALL_BACKSTOP * cell_timeout,
+                          total_wall_timeout=total_wall_timeout or WALL_BACKSTOP * total_timeout, only=only,
+                          check_requirements=check_requirements)
+    finally:
+        box.close()
+
+
+def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_timeout, limits, env, device,
+               sandbox, hide, lease, kernels_in_worker, on_cell, skip_demos, wall_timeout, total_wall_timeout, only,
+               check_requirements) -> CleanResult:
+    cells, flags = clean_plan(instructor_nb, student_nb, skip_demos=skip_demos)
+    if only is not None:
+        cells = _only(cells, only)
+    plan_path = workdir / "clean-plan.json"
+    graded = [c for c in cells if c["graded"]]
+    verdicts: dict = {}
+    env = runner_env(env if env is not None else os.environ, workdir, device)
+    threads = cpu_threads(env)
+    # a build is one step of a cell: on a busy machine it must not be stopped before the cell's own limits would
+    try:
+        build_timeout = float(env.get("FUSELAB_BUILD_TIMEOUT") or 300)
+    except ValueError:
+        build_timeout = 300.0
+    env["FUSELAB_BUILD_TIMEOUT"] = str(max(build_timeout, wall_timeout + 60))
+    if lease is not None:
+        env["FUSELAB_GPU_LEASE"] = str(workdir)
+    if not kernels_in_worker:
+        env[KERNELS_HERE_ENV] = "1"
+    limits = limits or isolate.Limits()
+    started = time.monotonic()
+    start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
+    cpu_before, blocked_before = 0.0, 0.0  # what the processes of the run's earlier starts used
+    gpu_holds: list = []
+    timeline: dict = {}
+    by_index = {c["index"]: c for c in cells}
+    while True:
+        box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start}))  # a planted link is removed
+        # the checker's events go to a file no sandbox can name, opened here before it starts (its descriptor)
+        events_file = tempfile.TemporaryFile(prefix="fuselab-events-")
+        command = [sys.executable, "-m", "fuselab.grading.recheck.cellrunner", str(plan_path), f"fd:{events_file.fileno()}"]
+        if sandbox:
+            command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
+                                        readonly=shared_builds.readonly(env))
+        clear_files(box)  # a request left by a killed child is never served
+        tag = f"{restarts}-{secrets.token_hex(4)}"
+        spawned = time.time()
+        worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease)
+        kernel_worker, kernel_fds = None, ()
+        try:
+            if not env.get(KERNELS_HERE_ENV):
+                kernel_worker, kernel_fds = _start_worker("kernel", box, env, limits, sandbox, hide, lease)
+            child_env = dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
+            if kernel_fds:
+                child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
+                child_env[transfer.ENV] = str(_transfer_file(workdir))
+            child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], events_file.fileno()))
+            # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
+            child.companions = (kernel_worker,) if kernel_worker is not None else ()
+        finally:
+            for fd in (*fds, *kernel_fds):
+                os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
+        server = LeaseServer(lease, box, child, tag)
+        # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
+        stop_reason, cell_started, ran_over = None, None, False
+        announced = 0  # this process's cell starts already passed to ``on_cell``
+        pauses = PauseLog()
+        meter = TreeMeter([child.process.pid, worker.process.pid, kernel_worker and kernel_worker.process.pid])
+        try:
+            while child.alive():
+                time.sleep(0.05)
+                pauses.sample(server.paused_s())
+                server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
+                events = _read_events(events_file)
+                running = events[-1] if events and events[-1].get("event") == "start" else None
+                paused = server.paused_s()
+                cpu, blocked = meter.read()
+                announced = _announce(events, announced, by_index, on_cell)
+                if running and (cell_started is None or cell_started[0] != running.get("index")):
+                    cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))), cpu,
+                                    blocked)
+                if stop_reason is not None:
+                    continue  # stopped: waiting for it to end
+                if server.stop_reason:
+                    stop_reason = server.stop_reason
+                elif running:
+                    # waiting for the GPU or stopped for others' timings is a pause: neither its clock nor its own
+                    in_pause = paused - cell_started[1]
+                    own = (cpu - cell_started[2]) / threads + max(0.0, blocked - cell_started[3] - in_pause)
+                    stop_reason, ran_over = _over_time(time.time() - _event_time(running) - in_pause, own,
+                                                       cell_timeout, wall_timeout, "the test's")
+                if stop_reason is None:
+                    own = (cpu_before + cpu) / threads + max(0.0, blocked_before + blocked - paused_before - paused)
+                    stop_reason, ran_over = _over_time(time.monotonic() - started - paused_before - paused, own,
+                                                       total_timeout, total_wall_timeout, "the submission's")
+                if stop_reason is not None:
+                    child.stop()
+        except BaseException:
+            child.stop()  # never left running (or registered) behind a grader error
+            child.wait(timeout=10)
+            raise
+        finally:
+            server.close()  # the GPU and its slot go back to the others whatever happened here
+            for helper in (worker, kernel_worker):
+                if helper is not None:
+                    helper.stop(timed_out=False)
+                    helper.wait(timeout=10)
+        paused_before += server.paused_s()
+        cpu, blocked = meter.read()
+        cpu_before, blocked_before = cpu_before + cpu, blocked_before + blocked
+        stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
+        flags += server.notes
+        gpu_wait += server.waited_s
+        gpu_held += server.held_s
+        gpu_holds += server.holds
+        outcome = child.wait(timeout=30)
+        events = _read_events(events_file)
+        events_file.close()
+        _announce(events, announced, by_index, on_cell)  # cells too short for any poll to have seen
+        events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
+        _add_timeline(timeline, events, by_index, spawned)
+        # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
+        for label, seconds in ((SLOT_WAIT, server.slot_waited_s), (LEASE_WAIT, server.waited_s - server.slot_waited_s),
+                               (HELD, server.held_s), (STOPPED, stopped)):
+            if seconds > 0:
+                timeline[label] = timeline.get(label, 0.0) + seconds
+        for event in events:
+            cell = by_index.get(event.get("index"))
+            if event["event"] == "end" and cell["graded"]:
+                verdicts[cell["grade_id"]] = _score(cell, event)
+            flag = f"{cell['grade_id'] or 'cell ' + str(cell['index'])}: {HOST_WROTE_KERNEL_MEMORY}" if cell else ""
+            if event["event"] == "end" and event.get("flag") == HOST_WROTE_KERNEL_MEMORY and flag not in flags:
+                flags.append(flag)  # the checker's own event (a setup cell rerun after a restart says it once)
+        last = events[-1] if events else None
+        if last and last["event"] == "done":
+            break
+        # the process ended early: which cell did it die in, and why?
+        due = {"first_try": stop_reason} if ran_over else None  # a wall-clock overrun: retried before it counts
+        if last is None:
+            why = stop_reason or f"the checking process {outcome.describe()} before running any cell: " \
+                                 f"{outcome.stderr.strip()[-500:]}"
+            _fail_rest(verdicts, graded, why, status="not run", retry=due)
+            break
+        culprit = by_index[last["index"]]
+        if last["event"] == "poisoned":
+            why = last.get("why") or "the CUDA context was poisoned (a fault such as an illegal memory access)"
+        else:
+            why = stop_reason or f"the process {outcome.describe()}"
+        if culprit["graded"]:
+            if last["event"] == "poisoned" and culprit["grade_id"] in verdicts:
+                # its kernel crashed the process it ran in (the worker's, or this one's CUDA context): a crash, said
+                # as one, and no points even if the cell caught the error the crash raised here
+                failed = verdicts[culprit["grade_id"]]
+                failed.status, failed.message = "crashed", f"{why}: {failed.message}".rstrip(": ")[:4000]
+                failed.points = 0.0
+            if last["event"] == "start":
+                verdicts[culprit["grade_id"]] = CellVerdict(
+                    culprit["grade_id"], 0.0, culprit["points"],
+                    "timed out" if "timed out" in why else "crashed", why,
+                    seconds=time.time() - _event_time(last), retry=dict(due or {}))
+            if "submission's time limit" in why:
+                _fail_rest(verdicts, graded, why, status="not run", retry=due)
+                break
+            start = culprit["index"] + 1
+            restarts += 1
+            if not any(c["index"] >= start for c in graded):
+                break
+            continue
+        label = culprit["grade_id"] or f"cell {culprit['index']}"
+        _fail_rest(verdicts, graded, f"the notebook stopped in {label} (not a graded cell) before this test: {why}",
+                   status="not run", retry=due)
+        break
+    box.remove(TRANSFER)  # as large as the largest launch's buffers: not kept
+    _fail_rest(verdicts, graded, "", status="not run")
+    if check_requirements:
+        speed_needs_correctness(verdicts)
+    from ...native_check import REFUSED_MARK
+    refused = sorted({g for g, v in verdicts.items() if REFUSED_MARK in v.message})
+    if refused:
+        flags.append(f"a kernel library was {REFUSED_MARK} (see the message of {', '.join(refused)})")
+    flags += [f"{grade_id}: {record['flag']}" for grade_id, verdict in verdicts.items()
+              for record in verdict.speed if isinstance(record, dict) and record.get("flag")]
+    return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
+                       restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
+                       gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
+
+
+def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0,
+                   total_timeout=1800.0, wall_timeout=None, total_wall_timeout=None, **run_args) -> CleanResult:
+    """Run again, in ``workdir``, the tests of ``first`` that a wall-clock backstop stopped (``retries_due``), with
+    backstops ``RETRY_BACKSTOP`` times as long and the same limits of own time; ``first`` takes their verdicts,
+    each saying what its first try was (``CellVerdict.retry``). The caller makes sure no other submission of its
+    own runs meanwhile. A speed test zeroed because a retried test failed is run again too (speed counts only for
+    a kernel that passed in the same run: the requirements are checked again on the merged verdicts)."""
+    due = first.retries_due
+    if not due:
+        return first
+    speed_after = [k for k, v in first.cells.items() if set(v.requires_failed) & set(due) and k not in due]
+    wall_timeout = RETRY_BACKSTOP * max(wall_timeout or 0.0, WALL_BACKSTOP * cell_timeout)
+    total_wall_timeout = RETRY_BACKSTOP * max(total_wall_timeout or 0.0, WALL_BACKSTOP * total_timeout)
+    again = run_clean(instructor_nb, student_nb, workdir, cell_timeout=cell_timeout, total_timeout=total_timeout,
+                      wall_timeout=wall_timeout, total_wall_timeout=total_wall_timeout, only=[*due, *speed_after],
+                      check_requirements=False, **run_args)
+    for grade_id in [*due, *speed_after]:
+        before, after = first.cells[grade_id], again.cells[grade_id]
+        if grade_id in due:
+            after.retry = {"first_try": before.retry["first_try"],
+                           "retry": f"{after.status}, {after.points:g} of {after.max_points:g} points in "
+                                    f"{after.seconds:.0f} s" + (f" ({after.retry['first_try']})" if after.retry else "")}
+        first.cells[grade_id] = after
+    speed_needs_correctness(first.cells, among=[*due, *speed_after])
+    first.flags += [flag for flag in again.flags if flag not in first.flags]
+    first.restarts += again.restarts
+    first.seconds += again.seconds
+    first.gpu_wait_s += again.gpu_wait_s
+    first.gpu_held_s += again.gpu_held_s
+    first.gpu_holds += again.gpu_holds
+    first.timeline[RETRIED] = round(first.timeline.get(RETRIED, 0.0) + again.seconds, 3)
+    return first
+
+
+TRANSFER = "kernel-process/transfer.bin"  # in the checker's folder
+
+
+def _transfer_file(workdir: Path) -> Path:
+    return workdir / TRANSFER
+
+
+def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease):
+    """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
+    out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
+    tests or events, nor the other worker's folder; its builds go to its own cache there. What it prints goes
+    to anonymous files of its keeper's (never read back, never a name in a folder it can write)."""
+    workdir = box.path
+    folder = box.make_folder(f"{kind}-process")  # a link the checker left in its place is removed, not followed
+    to_worker_r, to_worker_w = os.pipe()
+    from_worker_r, from_worker_w = os.pipe()
+    command = [sys.executable, "-m", f"fuselab.grading.recheck.{kind}_worker", str(to_worker_r), str(from_worker_w)]
+    if sandbox:
+        command = isolate.sandboxed(command, own=[folder], hide=[*hide, workdir],
+                                    readonly=shared_builds.readonly(env))
+    worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
+    worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
+    if kind == "kernel":
+        worker_env[transfer.ENV] = str(_transfer_file(workdir))
+        box.remove(TRANSFER)  # whatever the last worker left there is never mapped
+    worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
+                           pass_fds=(to_worker_r, from_worker_w))
+    return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
+
+
+def speed_needs_correctness(verdicts: dict, policy=None, among=None) -> None:
+    """Zero every speed test whose timed kernel failed a correctness test it requires (``speed_requires`` in the
+    policy), in this same clean run: a fast kernel that is wrong earns no speed points. ``among``: check only
+    these tests (the others were checked already)."""
+    from ... import speed
+    policy = policy or speed.load_policy()
+    for grade_id, verdict in verdicts.items():
+        if among is not None and grade_id not in among:
+            continue
+        tests = {r.get("test") for r in verdict.speed if isinstance(r, dict)}
+        required = [name for test in sorted(t for t in tests if isinstance(t, str))
+                    for name in policy["tests"].get(test, {}).get("speed_requires", [])]
+        failed = [name for name in dict.fromkeys(required)
+                  if name not in verdicts or verdicts[name].points < verdicts[name].max_points]
+        if not failed:
+            continue
+        why = ", ".join(f"{name} {'did not run' if name not in verdicts else verdicts[name].status}"
+                        for name in failed)
+        measured = f" (it measured {verdict.points:g} of {verdict.max_points:g} points)" if verdict.points else ""
+        verdict.message = f"speed counts only for a kernel that passes its correctness tests: {why}{measured}"
+        verdict.points = 0.0
+        if verdict.status != "not measured (no GPU)":
+            verdict.status = "failed"
+        verdict.requires_failed = failed
+
+
+def _announce(events: list, announced: int, by_index: dict, on_cell) -> int:
+    """Pass the grade_id of each cell start in ``events`` after the first ``announced`` to ``on_cell``, in order;
+    returns how many starts there are now."""
+    starts = [e for e in events if e["event"] == "start" and e.get("index") in by_index]
+    if on_cell is not None:
+        for event in starts[announced:]:
+            on_cell(by_index[event["index"]]["grade_id"])
+    return max(announced, len(starts))
+
+
+def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:
+    """Add one process's cells to ``timeline``; a cell's label is its grade_id or ``cell N``."""
+    starts = [e for e in events if e["event"] == "start"]
+    if starts:
+        timeline["process start"] = timeline.get("process start", 0.0) + max(0.0, _event_time(starts[0]) - spawned)
+    def add(index, seconds):
+        cell = by_index[index]
+        label = cell["grade_id"] or f"cell {cell['index']}"
+        timeline[label] = timeline.get(label, 0.0) + seconds
+    for event in events:
+        if event["event"] == "end" and isinstance(event.get("seconds"), (int, float)):
+            add(event["index"], float(event["seconds"]))
+    if events and events[-1]["event"] == "start":  # the cell the process died or was stopped in
+        add(events[-1]["index"], max(0.0, time.time() - _event_time(events[-1])))
+
+
+def _fail_rest(verdicts, graded, why, status, retry=None):
+    for cell in graded:
+        if cell["grade_id"] not in verdicts:
+            verdicts[cell["grade_id"]] = CellVerdict(cell["grade_id"], 0.0, cell["points"], status, why,
+                                                     retry=dict(retry or {}))
+
+
+def _over_time(wall: float, own: float, limit: float, wall_limit: float, whose: str):
+    """``(why, ran_over)`` for a cell (or a run) past its limit of own time or its wall-clock backstop, else
+    ``(None, False)``. ``own``: the module doc's, never more than ``wall`` (a test on more threads than it has
+    cores). ``ran_over``: only the backstop stopped it."""
+    own = min(wall, own)
+    if own > limit:
+        return f"timed out after {limit:.0f} s of its own time ({whose} time limit)", False
+    if wall > wall_limit:
+        return (f"timed out: still running after {wall_limit:.0f} s of wall-clock time, {own:.0f} s of them its own "
+                f"({whose} time limit is {limit:.0f} s of its own time)"), True
+    return None, False
+
+
+def _only(cells: list, grade_ids) -> list:
+    """The plan for ``grade_ids`` alone: the cells that are not tests, and those tests, up to the last of them."""
+    grade_ids = set(grade_ids)
+    kept = [c for c in cells if not c["graded"] or c["grade_id"] in grade_ids]
+    last = max((k for k, c in enumerate(kept) if c["graded"]), default=-1)
+    return kept[: last + 1]

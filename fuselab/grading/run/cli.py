@@ -1,0 +1,279 @@
+"""Command-line entry points: ``fuselab grade``, ``fuselab export``, ``fuselab calibrate``, ``fuselab samples``.
+
+``python -m grader`` (from the repository root) is ``fuselab grade``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..outputs.terminal import shown
+
+
+def add_parsers(sub) -> None:
+    grade = sub.add_parser("grade", help="grade a folder or zip of submissions: gradebook, grades.csv, feedback, "
+                                         "class report")
+    grade.add_argument("submissions", nargs="?",
+                       help="a folder of <student>/<lab>/*.ipynb, <student>.zip files, or an LMS zip")
+    grade.add_argument("--labs", nargs="+", help="only these labs")
+    grade.add_argument("--students", nargs="+", help="only these students")
+    grade.add_argument("--force", action="store_true", help="regrade submissions already graded in --out (the "
+                                                            "instructor's reference runs kept there are reused)")
+    grade.add_argument("--remeasure-references", action="store_true",
+                       help="run the instructor's reference runs again even where --out keeps them for this "
+                            "machine, torch and course code (they are rerun by themselves when any of those change)")
+    grade.add_argument("--out", help="the term's course folder (default: grader/runs/term): every run adds to it "
+                                     "(labs, students, regrades); the same one resumes a stopped run")
+    grade.add_argument("--roster", help="the LMS's class list (Canvas gradebook export or Moodle grading "
+                                        "worksheet, CSV): who submitted nothing is listed as missing with 0; "
+                                        "kept in the course folder")
+    grade.add_argument("--due", action="append", default=[], metavar="LAB=WHEN",
+                       help="a lab's due date, e.g. lab0=2026-09-14T23:59 (UTC, or with -05:00), once per lab: "
+                            "kept in the course's gradebook for nbgrader's late penalty")
+    grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
+    grade.add_argument("--jobs-per-gpu", type=int, default=None,
+                       help="submissions graded side by side on each GPU; their timings still take the GPU one at "
+                            "a time (default: two per three CPU cores, at most one per 6 GiB of GPU memory, at "
+                            "most 16)")
+    grade.add_argument("--cpu-workers", type=int, default=1, help="parallel submissions without a GPU")
+    grade.add_argument("--cell-timeout", type=float, default=300,
+                       help="seconds of its own time per test: the CPU time of the processes that run it and the "
+                            "time they wait (for anything but a CPU), at most the wall-clock time (default 300). A "
+                            "test still running after five times as long by the clock is stopped and, before it "
+                            "scores 0, run again alone")
+    grade.add_argument("--submission-timeout", type=float, default=1200,
+                       help="seconds of its own time per submission, all of it (default 1200)")
+    grade.add_argument("--memory-gb", type=float, default=16, help="resident memory per submission (default 16)")
+    grade.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=True,
+                       help="run each submission under bubblewrap as a user without rights: no network, sees only "
+                            "its own folder (the default; grading is refused where it does not work). "
+                            "--no-sandbox runs submissions with your rights")
+    grade.add_argument("--notebook-run", action="store_true",
+                       help="also autograde each notebook with nbgrader as submitted (the student's code and the "
+                            "hidden tests in one kernel, beside the clean recheck): its scores never count, where "
+                            "they differ the report says so, its executed notebook stays in the submission's "
+                            "work/ folder for you (formgrader gets the notebook as submitted). About half again "
+                            "the CPU time")
+    grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
+    grade.add_argument("--expect-samples", action="store_true",
+                       help="the submissions are the sample class: check every verdict against its sample")
+    add_slurm_arguments(grade)
+    cal = sub.add_parser("calibrate", help="measure the plain solutions on this GPU and write its policy entry")
+    cal.add_argument("--labs", nargs="+")
+    cal.add_argument("--repeats", type=int, default=3)
+    cal.add_argument("--policy", help="policy file (default: fuselab/speed/policy.json or $FUSELAB_POLICY)")
+    cal.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
+    cal.add_argument("--set-threshold", nargs="+", metavar="TEST=SPEEDUP",
+                     help="set a test's full-points threshold by hand instead of measuring (no GPU needed), e.g. "
+                          "lab0.add_relu_mul=1.6")
+    cal.add_argument("--gpu", help="with --set-threshold: the GPU model's entry (default: NVIDIA H200, which GPUs "
+                                   "without an entry are graded with)")
+    export = sub.add_parser("export", help="write the course's grades as Canvas and Moodle grade-import CSVs")
+    export.add_argument("course", nargs="?", default=None, help="the course folder (default: grader/runs/term)")
+    export.add_argument("--to", help="folder for the files (default: <course>/export)")
+    export.add_argument("--lms", choices=["canvas", "moodle", "all"], default="all",
+                        help="the LMS to write for (default: every LMS the course has ids for); one named that "
+                             "cannot be written is an error")
+    export.add_argument("--scale", action="store_true",
+                        help="where Canvas's points for a lab differ from the lab's maximum, write the points "
+                             "scaled to Canvas's (else the export stops and says so)")
+    samples = sub.add_parser("samples", help="write the sample class (grader/examples) from the labs' recipes")
+    samples.add_argument("--out", help="folder (default: grader/examples)")
+
+
+def add_slurm_arguments(grade) -> None:
+    """``fuselab grade --slurm``: the class as a Slurm job array (``slurm.py``; docs/grading.md)."""
+    group = grade.add_argument_group("on a Slurm cluster (--out must be on a file system every node sees)")
+    group.add_argument("--slurm", action="store_true",
+                       help="submit the grading as a Slurm job array (a shard of submissions per task) and a "
+                            "merge job after it, then return; the same command again finishes what is missing")
+    group.add_argument("--status", metavar="OUT", help="what a --slurm run in OUT has done, is running, has failed")
+    group.add_argument("--shards", type=int, help="array tasks (default: one per 40 submissions)")
+    group.add_argument("--partition", help="sbatch --partition")
+    group.add_argument("--account", help="sbatch --account")
+    group.add_argument("--gpus-per-task", type=int, default=1,
+                       help="GPUs per array task (sbatch --gres=gpu:N; default 1); 0 grades on the CPU emulation")
+    group.add_argument("--cpus-per-task", type=int, help="sbatch --cpus-per-task (the cluster's default if unset)")
+    group.add_argument("--time", help="sbatch --time per task, e.g. 1:00:00")
+    group.add_argument("--sbatch-args", default="", help="more sbatch options for every job, e.g. --sbatch-args='--qos=short --mem=64G'")
+
+
+def run(args) -> int:
+    if args.command == "grade":
+        if args.slurm or args.status:
+            problem = out_problem(Path(args.out)) if args.slurm and args.out else None
+            if problem:
+                print(f"fuselab grade: {problem}", file=sys.stderr)
+                return 3
+            from .slurm import main_cli
+            return main_cli(args)
+        if args.submissions is None:
+            raise SystemExit("fuselab grade: give the submissions (a folder or zip)")
+        return main_grade(args)
+    if args.command == "export":
+        from ..outputs.export import main as export_main
+        from .pipeline import default_out
+        args.course = args.course or default_out()
+        return export_main(args)
+    if args.command == "calibrate":
+        from .calibrate import calibrate, set_thresholds
+        if args.set_threshold:
+            try:
+                lines = set_thresholds(args.set_threshold, args.gpu, args.policy, write=not args.dry_run)
+            except ValueError as problem:
+                print(f"fuselab calibrate: {problem}", file=sys.stderr)
+                return 2
+            print("\n".join(lines))
+            return 0
+        for line in calibrate(args.labs, args.repeats, args.policy, write=not args.dry_run):
+            print(line)
+        return 0
+    if args.command == "samples":
+        from ...course import sample_class
+        root = Path(args.out) if args.out else sample_class.EXAMPLES
+        written = sample_class.write_examples(root)
+        print(f"wrote {len(written)} sample submission(s) under {root}")
+        return 0
+    return 2
+
+
+def out_problem(out: Path) -> str | None:
+    """Why grading cannot write into ``out``, said so a teaching assistant can fix it; None if it can. ``out`` (and
+    any missing parent) is made, a file is written into it and removed, and the folders made for the probe are
+    removed again: a run refused later (a sandbox that does not work) leaves nothing behind."""
+    shown_out = shown(out)
+    made = [p for p in [out, *out.parents] if not p.exists()]
+    try:
+        if out.exists() and not out.is_dir():
+            return f"--out {shown_out} is a file, not a folder: give a folder (a new one is made)"
+        out.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".fuselab-write-test-", dir=out)
+        os.close(handle)
+        os.unlink(probe)
+        for folder in made:  # deepest first
+            folder.rmdir()
+    except (NotADirectoryError, FileExistsError):
+        file = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        return f"--out {shown_out} cannot be made: {shown(file) if file else 'a part of its path'} is a file"
+    except PermissionError:
+        return f"--out {shown_out}: you ({_user()}) may not write there: choose a folder you can write to, or ask " \
+               "its owner for write permission"
+    except OSError as exc:
+        return f"--out {shown_out} cannot be written: {shown(exc.strerror or exc)}: choose another folder"
+    return None
+
+
+def _user() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return f"uid {os.geteuid()}"
+
+
+def main_grade(args) -> int:
+    from .pipeline import GradingRefused, Settings, check_out, default_out, grade
+    out = Path(args.out) if args.out else default_out()
+    try:
+        check_out(out, Path(args.submissions))
+    except GradingRefused as refused:
+        print(f"fuselab grade: {shown(refused)}", file=sys.stderr)
+        return 3
+    problem = out_problem(out)
+    if problem:
+        print(f"fuselab grade: {problem}{'' if args.out else ' (the default --out; give another with --out)'}",
+              file=sys.stderr)
+        return 3
+
+    import torch
+
+    from . import samplecheck
+    settings = Settings(out=out, labs=args.labs, students=args.students,
+                        force=args.force, remeasure_references=args.remeasure_references, gpus=args.gpus,
+                        jobs_per_gpu=args.jobs_per_gpu, cpu_workers=args.cpu_workers,
+                        cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
+                        memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
+                        notebook_run=args.notebook_run, feedback=not args.no_feedback,
+                        roster=Path(args.roster) if args.roster else None, due=_due_arguments(args.due))
+    try:
+        result = grade(args.submissions, settings)
+    except GradingRefused as refused:
+        print(f"fuselab grade: {shown(refused)}", file=sys.stderr)
+        return 3
+    except OSError as exc:  # a disk that filled, an --out made read-only meanwhile: what was saved is kept there
+        where = f" ({shown(exc.filename)})" if exc.filename else ""
+        print(f"fuselab grade: grading stopped: {shown(exc.strerror or exc)}{where}. What was graded is saved in "
+              f"{shown(out)}: fix the cause and run the same command to resume", file=sys.stderr)
+        return 4
+    print()
+    if args.expect_samples:
+        rows = samplecheck.compare(result.results, on_gpu=torch.cuda.is_available())
+        print(samplecheck.table(rows))
+        failed = [r for r in rows if not r["ok"]]
+    else:
+        # the autograded tests alone: a lab's maximum in grades.csv, the report and the export adds its written answers
+        print("autograded tests (grades.csv, the report and fuselab export add the written answers graded by hand):")
+        print(grade_table(result.results))
+        failed = []
+    retried = retry_lines(result.results)
+    if retried:
+        print("\nran past a wall-clock limit (a busy machine?) and were run again alone:\n" + "\n".join(retried))
+    for problem in result.problems:
+        print(f"not graded: {shown(problem.where)}: {shown(problem.message)}")
+    print(f"\ngrades:   {shown(result.grades_csv)}\nreport:   {shown(result.out / 'report.html')}\n"
+          f"feedback: {shown(result.out / 'feedback')}\ngradebook: {shown(result.out / 'course' / 'gradebook.db')}")
+    broken = [p for p in result.problems if p.grader_failed]
+    if broken:  # never a quiet success: these submissions have no grade yet
+        print(f"fuselab grade: the grader failed on {len(broken)} submission(s) (listed above as not graded): fix "
+              "the cause and run the same command again to grade them", file=sys.stderr)
+        return 5
+    return 1 if failed else 0
+
+
+def _due_arguments(pairs) -> dict:
+    due = {}
+    for pair in pairs:
+        lab, equals, when = pair.partition("=")
+        if not equals or not lab or not when:
+            raise SystemExit(f"fuselab grade: --due {pair}: write it as LAB=WHEN, e.g. lab0=2026-09-14T23:59")
+        due[lab.strip()] = when.strip()
+    return due
+
+
+def grade_table(results) -> str:
+    from ..records.results import SubmissionResult
+    lines = []
+    for r in map(SubmissionResult.of, results):
+        tests = " ".join(f"{shown(k.replace('test_', ''))}={c.points:g}/{c.max_points:g}" for k, c in r.cells.items())
+        flags = r.attention
+        lines.append(f"{shown(r.student + '/' + r.lab):<32} {r.total:>5g}/{r.max_total:<4g} {tests}"
+                     f"{'  [' + str(flags) + ' flag(s)]' if flags else ''}")
+    return "\n".join(lines)
+
+
+def retry_lines(results) -> list:
+    """One line per test that ran past a wall-clock limit: its first try, and what the retry alone gave."""
+    from ..records.results import SubmissionResult
+    lines = []
+    for r in map(SubmissionResult.of, results):
+        for grade_id, cell in r.cells.items():
+            retry = cell.get("retry")
+            if isinstance(retry, dict) and retry:
+                lines.append(f"  {shown(r.student + '/' + r.lab)} {shown(grade_id)}: "
+                             f"retry: {shown(retry.get('retry', 'not run'))}; first try: "
+                             f"{shown(retry.get('first_try', ''))}")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader")
+    sub = parser.add_subparsers(dest="command")
+    add_parsers(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("grade", "export", "calibrate", "samples", "-h", "--help"):
+        argv = ["grade", *argv]
+    return run(parser.parse_args(argv))

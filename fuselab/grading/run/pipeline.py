@@ -1,0 +1,903 @@
+"""``fuselab grade``: intake → per submission (nbgrader autograde, clean recheck) → gradebook, feedback, report.
+
+Every submission's outcome is written to ``<out>/work/<student>/<lab>/result.json`` as soon as it is graded, so
+a run that stops resumes where it stopped (``force=True`` regrades this run's submissions). ``out`` is the term's
+course folder (``term``): every run adds to it, and its outputs show the whole course, so a run over some students
+or labs changes exactly their rows. A submission whose notebook changed since
+its result was written is graded again, and so is one graded with less containment than this run's (a result
+graded without the sandbox is not kept by a sandboxed run).
+
+Grading is sandboxed by default (``isolate.sandboxed``): a run whose sandbox does not work is refused before
+anything is written (``GradingRefused``), and a sandbox that stops working during the run stops it before the
+submission's result is saved. One run at a time per ``--out`` (a lock file naming the other run's pid); an
+``--out`` inside the course's folders or the submissions is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import course
+from ... import notebook as ipynb
+from ...kernelbuild import shared as shared_builds
+from ...speed.graded import SPEED_IN_RECHECK_ENV
+from ...labs import registry
+from ..outputs import feedback, report
+from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term
+from ..sandbox import isolate
+from ..recheck import clean as recheck
+from . import run_progress
+from ..gpus import schedule
+from ..gpus.lease import grading_lease
+from ..records.results import CellResult, SubmissionResult
+from ..outputs.terminal import shown
+from ..sandbox.untrusted import Folder
+
+RUNS = course.GRADER / "runs"
+
+
+@dataclass
+class Settings:
+    out: Path
+    labs: list | None = None
+    students: list | None = None
+    force: bool = False
+    gpus: object = "auto"
+    jobs_per_gpu: int | None = None     # submissions sharing a GPU (timings still get it alone); None: by CPU count
+    cpu_workers: int = 1
+    cell_timeout: float = 300.0        # a test's own time (recheck: CPU time per thread, or wall if less)
+    submission_timeout: float = 1200.0
+    cell_wall_timeout: float | None = None        # the wall-clock backstops (default: recheck.WALL_BACKSTOP times
+    submission_wall_timeout: float | None = None  # the limits); a test stopped by one is retried alone
+    memory_bytes: int = 16 * 2**30
+    sandbox: bool = True               # False only on an explicit --no-sandbox
+    notebook_run: bool = False         # also nbgrader's own autograde of each notebook (--notebook-run)
+    progress: bool = True
+    feedback: bool = True
+    shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
+    cpu_threads: int | None = None      # CPU threads per child (set from the number of workers by ``grade``)
+    roster: Path | None = None          # the LMS's class list (CSV), kept in the course folder for later runs
+    due: dict = field(default_factory=dict)  # lab → due date (ISO 8601), kept in the course's gradebook
+    shared_digests: dict | None = None  # the shared builds' sha256, recorded after the reference runs
+    remeasure_references: bool = False  # run the reference runs again even where the course folder keeps them
+
+
+@dataclass
+class ClassResult:
+    out: Path
+    results: list                 # SubmissionResults (see grade_submission)
+    problems: list                # intake problems
+    reference: dict = field(default_factory=dict)   # lab → the instructor's own solution through the clean recheck
+    report: Path | None = None
+    grades_csv: Path | None = None
+    feedback: dict = field(default_factory=dict)          # lab → student → the feedback page
+    feedback_problems: list = field(default_factory=list)  # (student, lab, what its page could not show)
+    phase_seconds: dict = field(default_factory=dict)  # reference runs, submissions, feedback and report
+    phase_spans: dict = field(default_factory=dict)    # the same phases as (start, end) in time.monotonic()
+    phase_cpu: dict = field(default_factory=dict)      # the same phases' CPU seconds: the grader and its children
+    graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
+    workers: list = field(default_factory=list)  # the worker slots (``schedule.workers_for``): a device each
+    standings: list = field(default_factory=list)  # the whole course's (student, lab)s (``term.standings``)
+
+
+class GradingRefused(RuntimeError):
+    """The run cannot start (or go on) safely: nothing was graded or saved for what it refused."""
+
+
+class UnknownNames(GradingRefused):
+    """A ``--students`` or ``--labs`` name the submissions or the course do not have (listed in the message)."""
+
+
+LOCK_NAME = ".fuselab-grading.lock"
+
+
+def lock_out(out: Path):
+    """Hold ``<out>/.fuselab-grading.lock`` for this run (released when the process ends, however it ends)."""
+    handle = open(out / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        other = handle.read().strip() or "unknown"
+        handle.close()
+        raise GradingRefused(f"another grading run (pid {other}) is using {out}: wait for it to finish, or give "
+                             "this one another --out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def check_out(out: Path, source: Path) -> None:
+    """Refuse an ``--out`` inside the course's folders or the submissions (grading would write into what it
+    reads, and recurse)."""
+    out = Path(out).resolve()
+    source = Path(source).resolve()
+    course_folders = {"solutions/": course.SOLUTIONS, "labs/": course.LABS,
+                      "the submissions": source if source.is_dir() else None}
+    for name, folder in course_folders.items():
+        if folder is not None and (out == folder.resolve() or folder.resolve() in out.parents):
+            raise GradingRefused(f"--out {out} is inside {name} ({folder}): choose a folder outside the course's "
+                                 "folders and the submissions (the default is grader/runs/term)")
+
+
+def check_sandbox(settings: Settings) -> None:
+    """Refuse to grade where the sandbox does not work: checked as it is used, a command of the same builder
+    (``isolate.sandboxed``) run by ``isolate.Child`` with this run's limits and environment."""
+    if not settings.sandbox:
+        return
+    problem = isolate.sandbox_problem(_limits(settings), env=isolate.worker_env(os.environ))
+    if problem:
+        who = "root" if os.geteuid() == 0 else "a user other than root, which needs a kernel that allows " \
+            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or AppArmor's " \
+            "kernel.apparmor_restrict_unprivileged_userns=0)"
+        raise GradingRefused(f"the sandbox does not work here, so nothing was graded: {problem}. Grading as "
+                             f"{who}: fix that (a bubblewrap that can create user namespaces, and a Python "
+                             "this user can run), or grade with --no-sandbox, where submissions run with your "
+                             "rights (README: trust model)")
+
+
+def _write_result(path: Path, result: SubmissionResult) -> None:
+    """Written whole or not at all, replacing (never following) whatever is at ``path``."""
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)
+    temporary.write_text(json.dumps(result.to_json(), indent=1))
+    os.replace(temporary, path)
+
+
+def _kept(previous: dict, sub, settings: Settings) -> bool:
+    """Whether resume keeps a saved result: same notebook, graded with at least this run's containment."""
+    if previous.get("notebook_sha") != _sha(sub.notebook):
+        return False
+    return previous.get("sandbox") is True or not settings.sandbox
+
+
+def default_out() -> Path:
+    """The term's course folder when no ``--out`` is given: one, so every run adds to the same gradebook."""
+    return RUNS / "term"
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _limits(settings: Settings) -> isolate.Limits:
+    """Every graded child's limits (and the sandbox check's): no network (bubblewrap's own namespace in the
+    sandbox, the keeper's outside it), its memory counting its private tmpfs, its processes and disk watched."""
+    return isolate.Limits(wall_s=settings.submission_timeout, cpu_s=int(settings.submission_timeout * 4) + 60,
+                          memory_bytes=settings.memory_bytes, no_network=True)
+
+
+def _base_env(settings: Settings, workdir: Path, device) -> dict:
+    """A graded child's environment: only what a worker needs, by name (``isolate.WORKER_ENV``), never the TA's
+    other variables, sandbox or not."""
+    env = isolate.worker_env(os.environ)
+    env.update(FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"),
+               FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
+    env.pop("FUSELAB_GRADE_LOG", None)
+    env.pop("FUSELAB_GPU_LEASE", None)
+    _share_cpus(env, settings.cpu_threads)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(device)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers = nvidia-smi's and NVML's
+    return env
+
+
+def _hidden_folders(settings: Settings, source: Path) -> list:
+    """What a sandboxed submission must not see: the whole run folder and the class's submissions (a folder, or the
+    zip itself: the folder a zip lies in may be the course's own checkout, which the sandbox must show)."""
+    return [settings.out, Path(source).resolve()]
+
+
+def check_source(source: Path, settings: Settings) -> None:
+    """Refuse a submissions folder that holds the course's own files (the checkout, the Python environment): a
+    sandbox hides the submissions, and could then not show what it runs."""
+    if not settings.sandbox or not Path(source).is_dir():
+        return
+    folder = Path(source).resolve()
+    inside = [r for r in isolate.runtime_folders() if r == folder or folder in r.parents]
+    if inside:
+        raise GradingRefused(f"the submissions folder {shown(folder)} holds the course's own files ({shown(inside[0])}):"
+                             " put the class's submissions (or the LMS zip) in a folder of their own, outside it")
+
+
+@dataclass
+class SubmissionRun:
+    """One submission being graded: each step of ``SUBMISSION_STEPS`` reads what the steps before it found and
+    adds its own part."""
+
+    sub: intake.Submission
+    device: object
+    settings: Settings
+    source: Path
+    lease: object = None
+    workdir: Path | None = None
+    started: float = 0.0
+    graded_sha: str = ""
+    limits: isolate.Limits | None = None
+    hide: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    instructor: dict | None = None
+    clean: recheck.CleanResult | None = None
+    notebook_run: dict | None = None
+    result: SubmissionResult | None = None
+
+
+def prepare(run: SubmissionRun) -> None:
+    """A fresh folder, the notebook's hash before any of its code runs (feedback shows the notebook only if it is
+    unchanged), the limits and hidden folders, the grader's notes so far, the instructor's notebook."""
+    run.workdir = run.settings.out / "work" / run.sub.student / run.sub.lab
+    run.graded_sha = _sha(run.sub.notebook)
+    shutil.rmtree(run.workdir, ignore_errors=True)
+    run.workdir.mkdir(parents=True)
+    run.started = time.monotonic()
+    run.limits = _limits(run.settings)
+    run.hide = _hidden_folders(run.settings, run.source) if run.settings.sandbox else []
+    run.notes = list(run.sub.warnings)
+    gpu_note = _idle(run.device, run.lease)
+    if gpu_note:
+        run.notes.append(gpu_note)
+    digests = run.settings.shared_digests
+    changed = shared_builds.changed(run.settings.shared_builds, digests) if digests else []
+    if changed:  # its processes refuse them too (``fuselab.kernelbuild.shared``): this tells the TA
+        run.notes.append(shared_builds.note(changed))
+    lab = run.sub.lab
+    run.instructor = json.loads((course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)).read_text())
+
+
+def _time_limits(settings: Settings) -> dict:
+    return dict(cell_timeout=settings.cell_timeout, total_timeout=settings.submission_timeout,
+                wall_timeout=settings.cell_wall_timeout, total_wall_timeout=settings.submission_wall_timeout)
+
+
+def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
+    """The verdicts: the instructor's notebook in the checker, the student's code in its workers (``recheck``)."""
+    settings = run.settings
+    run.clean = recheck.run_clean(run.instructor, json.loads(Path(run.sub.notebook).read_text()),
+                                  run.workdir / "clean", **_time_limits(settings), limits=run.limits,
+                                  env=_base_env(settings, run.workdir / "clean", run.device), device=run.device,
+                                  sandbox=settings.sandbox, hide=run.hide, lease=run.lease, on_cell=on_cell)
+
+
+class _Alone:
+    """The submissions' graded runs share the machine (``sharing``); a retry of tests that ran past a wall-clock
+    limit runs with none of them (``alone``): it waits for those running to end, and none starts meanwhile."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._running = 0
+        self._waiting = 0      # retries waiting for the machine
+        self._alone = False
+
+    @contextlib.contextmanager
+    def sharing(self):
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self):
+        with self._changed:
+            self._waiting += 1
+            self._changed.wait_for(lambda: not self._alone and not self._running)
+            self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
+ALONE = _Alone()  # one per grader process: "alone" means no other submission of this grader is running
+
+
+def retry_overruns(run: SubmissionRun) -> None:
+    """Tests a wall-clock limit stopped (a busy machine may have starved them, ``recheck``) run again, alone, with
+    a longer backstop, before they can score 0; their verdicts say so (``CellVerdict.retry``)."""
+    if not run.clean.retries_due:
+        return
+    settings = run.settings
+    with ALONE.alone():
+        recheck.retry_overruns(run.clean, run.instructor, json.loads(Path(run.sub.notebook).read_text()),
+                               run.workdir / "retry", **_time_limits(settings), limits=run.limits,
+                               env=_base_env(settings, run.workdir / "retry", run.device), device=run.device,
+                               sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
+
+
+def no_notebook_run() -> dict:
+    """What a submission's result holds of nbgrader's run where there was none (the default)."""
+    return {"cells": {}, "autograded": None, "error": None, "seconds": None, "phases": {}}
+
+
+def graded_runs(run: SubmissionRun) -> None:
+    """The clean recheck, whose verdicts are the grade; with ``--notebook-run`` nbgrader's own run of the notebook
+    beside it (``both_runs``)."""
+    with ALONE.sharing():
+        if run.settings.notebook_run:
+            both_runs(run)
+        else:
+            clean_recheck(run)
+            run.notebook_run = no_notebook_run()
+
+
+def both_runs(run: SubmissionRun) -> None:
+    """The clean recheck, and nbgrader's run of the notebook beside it. nbgrader and the notebook's kernel start
+    with the recheck, but the notebook's first cell waits at a gate (``nbgrader_run.GATE_STARTUP``) that opens
+    when the recheck starts its first speed test: by then the recheck's builds (copied for the notebook run, by a
+    thread of its own, never the recheck's polling loop) and its correctness tests are done, and a speed test
+    mostly waits for its turn on the GPU. Without a speed test the gate opens when the recheck ends; if the
+    recheck fails (a grader error), the gate tells the notebook run to stop instead."""
+    speed_tests = registry.speed_grade_ids(run.sub.lab)
+    gate = run.workdir / "cache" / nbgrader_run.GATE_NAME  # in a folder the notebook run sees (its build cache)
+    begin, failed, times = threading.Event(), [], {}
+    verdict = {"open": True}
+
+    def opener():
+        begin.wait()
+        times["opened"] = time.time()
+        try:
+            if verdict["open"]:
+                copy_recheck_builds(run)
+        except Exception as exc:  # noqa: BLE001 - it builds them again itself
+            run.notes.append(f"the recheck's builds could not be copied for nbgrader's run ({exc!r})")
+        finally:
+            try:
+                nbgrader_run.open_gate(gate, go=verdict["open"])
+            except OSError as exc:
+                run.notes.append(f"nbgrader's run could not be let go ({exc}): it waited until its time limit")
+
+    def notebook_side():
+        times["started"] = time.time()
+        try:
+            notebook_run(run, gate)
+        except BaseException as exc:  # noqa: BLE001 - raised in the submission's own thread below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=target, name=f"{what} {run.sub.student}/{run.sub.lab}", daemon=True)
+               for target, what in ((notebook_side, "nbgrader"), (opener, "gate"))]
+    for thread in threads:
+        thread.start()
+    try:
+        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and begin.set())
+    except BaseException:
+        verdict["open"] = False  # the submission is not graded: its notebook run stops at the gate
+        raise
+    finally:
+        begin.set()
+        for thread in threads:
+            thread.join()
+    if failed:
+        raise failed[0]
+    _split_waiting(run.notebook_run, times)
+
+
+def _split_waiting(notebook_result: dict | None, times: dict) -> None:
+    """nbgrader's start phase, less the wait at the gate (reported as its own phase)."""
+    phases = (notebook_result or {}).get("phases") or {}
+    if "start" in phases and "opened" in times and "started" in times:
+        waited = min(phases["start"], max(0.0, times["opened"] - times["started"]))
+        phases["waiting for the recheck"] = round(waited, 3)
+        phases["start"] = round(phases["start"] - waited, 3)
+
+
+def notebook_run(run: SubmissionRun, gate: Path) -> None:
+    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck;
+    its first cell waits for ``gate`` (``both_runs`` makes it, once the recheck's builds are copied)."""
+    settings = run.settings
+    # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
+    env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
+    # it starts with the recheck (at most a submission's time) and then has a submission's time of its own
+    run.notebook_run = nbgrader_run.autograde_one(
+        settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
+        cell_timeout=settings.cell_timeout, wall_timeout=2 * settings.submission_timeout, limits=run.limits,
+        env=env, sandbox=settings.sandbox, hide=run.hide, lease=run.lease, gate=gate)
+
+
+def copy_recheck_builds(run: SubmissionRun) -> None:
+    """The notebook run builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so
+    nothing the notebook run does reaches what the clean recheck used)."""
+    cache = run.workdir / "cache"
+    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", cache, trusted=run.workdir)
+    if run.settings.sandbox:
+        isolate.give_to_sandbox(cache)  # copied after its sandbox started: the kernel writes its build locks there
+
+
+def combine_runs(run: SubmissionRun) -> None:
+    run.result = combine(run.sub, run.clean, run.notebook_run, run.notes, hand_graded=hand_graded(run.instructor))
+
+
+def hand_graded(instructor: dict) -> list:
+    """The grade ids a person scores in formgrader, by nbgrader's own rule: tasks, and graded cells that are not
+    autograder tests (a graded solution cell, or a graded markdown cell)."""
+    return [ipynb.grade_id(cell) for cell in instructor.get("cells", [])
+            if ipynb.grade_id(cell) and ipynb.is_hand_graded(cell)]
+
+
+def scrub_messages(run: SubmissionRun) -> None:
+    """A failed test's message is text the student's code can shape: what it quotes of the hidden tests or of this
+    environment (which the runs had) is cut before anything keeps it (the feedback page checks again)."""
+    scrub = feedback.MessageScrub(feedback.hidden_test_lines(run.instructor), environ=os.environ)
+    for cell in run.result.cells.values():
+        cell.message = scrub(cell.message or "")
+
+
+def stamp(run: SubmissionRun) -> None:
+    result, sub = run.result, run.sub
+    result.device, result.seconds, result.notebook_sha = run.device, time.monotonic() - run.started, run.graded_sha
+    result.notebook, result.origin, result.sandbox = str(sub.notebook), sub.origin, run.settings.sandbox
+
+
+def sandbox_held(run: SubmissionRun) -> None:
+    """What ran may have failed for the sandbox, not the student: if it stopped working, nothing is saved."""
+    if run.settings.sandbox:
+        problem = isolate.sandbox_problem(run.limits, env=isolate.worker_env(os.environ))
+        if problem:
+            raise GradingRefused(f"the sandbox stopped working while {run.sub.student}/{run.sub.lab} was graded: "
+                                 f"{problem}")
+
+
+def save(run: SubmissionRun) -> None:
+    _write_result(run.workdir / "result.json", run.result)
+
+
+# what the sandboxes of a submission wrote (its checker's and workers' folders, build caches, nbgrader's scratch
+# course): removed once it is graded, never following a link. Kept: result.json and nbgrader's autograded
+# notebook, which the grader copied out of the scratch course (``nbgrader_run``)
+LEFTOVERS = ("clean", "retry", "cache", "nbgrader", "nbgrader-gradebook.db")
+
+
+def tidy(run: SubmissionRun) -> None:
+    if run.workdir is None:
+        return
+    with Folder(run.workdir) as box:
+        for name in LEFTOVERS:
+            try:
+                box.remove(name)
+            except OSError as exc:  # what is left costs disk, not a grade
+                run.notes.append(f"could not remove {name} from the submission's folder after grading: {exc}")
+
+
+SUBMISSION_STEPS = (prepare, graded_runs, retry_overruns, combine_runs, scrub_messages, stamp, sandbox_held, save)
+
+
+def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
+                     lease=None) -> SubmissionResult:
+    """Grade one submission through ``SUBMISSION_STEPS``: its result, also saved as its ``result.json``.
+
+    ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU.
+    """
+    run = SubmissionRun(sub, device, settings, Path(source), lease)
+    try:
+        for step in SUBMISSION_STEPS:
+            step(run)
+    finally:
+        tidy(run)  # also after a grader error: nothing a sandbox left is kept
+    return run.result
+
+
+def _share_cpus(env: dict, threads: int | None) -> None:
+    """Each child's share of the CPU cores: torch (OpenMP) and the emulation's OpenMP would otherwise each start a
+    thread per core in every process running at once, and spin against each other."""
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+
+
+def _threads_per_child(concurrent: int) -> int:
+    return max(1, schedule.available_cores() // max(1, concurrent))
+
+
+def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_depth: int = 32,
+                 max_entries: int = 10_000, trusted: Path | None = None) -> None:
+    """Copy the kernel worker's build cache ``source`` to ``target``: regular files only, read through descriptors
+    opened without following any link, folder by folder (the worker may still be running and changing the tree: a
+    folder swapped for a link, a file swapped for a pipe, is skipped, never followed or waited on), not past
+    ``limit_bytes``, ``max_depth`` folders deep or ``max_entries`` files and folders (a build has tens: a tree of
+    millions would hold the submission up; the notebook run builds the rest itself). Modification times are
+    kept (the build tool compares them). The gate's name is never copied.
+
+    ``trusted``: a folder above both that no sandbox can write (default: ``source``'s parent); the way from it
+    to ``source`` and to ``target`` is walked without following links (``untrusted``): the target is another
+    sandbox's folder."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    trusted = Path(trusted or os.path.commonpath([Path(source).parent, Path(target).parent]))
+    with Folder(trusted) as top:
+        try:
+            root = top.open_folder(Path(source).relative_to(trusted))
+        except OSError:
+            return  # none, or a link a sandbox put on the way
+        try:
+            _copy_tree(root, top, Path(target).relative_to(trusted), flags, limit_bytes, max_depth, max_entries)
+        finally:
+            os.close(root)
+
+
+def _copy_tree(root: int, top: Folder, target: Path, flags, limit_bytes, max_depth, max_entries) -> None:
+    budget, entries = [limit_bytes], [max_entries]
+
+    def walk(folder: int, relative: Path, depth: int) -> bool:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return True
+        for name in names:
+            if name.endswith(".lock") or name == nbgrader_run.GATE_NAME:
+                continue
+            entries[0] -= 1
+            if entries[0] < 0:
+                return False
+            try:
+                handle = os.open(name, flags, dir_fd=folder)
+            except OSError:
+                continue  # a link (ELOOP), gone meanwhile, or unreadable
+            try:
+                info = os.fstat(handle)
+                if stat.S_ISDIR(info.st_mode):
+                    if depth < max_depth and not walk(handle, relative / name, depth + 1):
+                        return False
+                elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # never a file with a name elsewhere
+                    if info.st_size > budget[0]:
+                        return False
+                    budget[0] -= info.st_size
+                    _copy_open_file(handle, top, target / relative / name, info)
+            finally:
+                os.close(handle)
+        return True
+
+    walk(root, Path(), 0)
+
+
+def _copy_open_file(handle: int, top: Folder, destination: Path, info) -> None:
+    """The bytes of the open regular file ``handle`` (at most its size when opened) into a new ``destination``
+    under ``top`` (never through a link)."""
+    out = top.new_file(destination, info.st_mode & 0o755)
+    try:
+        left = info.st_size
+        while left > 0:
+            chunk = os.read(handle, min(left, 1 << 20))
+            if not chunk:
+                break
+            os.write(out, chunk)
+            left -= len(chunk)
+        os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(out)
+
+
+def _idle(device, lease=None) -> str:
+    """Kill leftovers of earlier submissions on this GPU; note a GPU that other programs keep busy."""
+    if device is None:
+        return ""
+    idle, note = isolate.wait_for_idle_gpu(device, timeout_s=15, own_pids=(os.getpid(),),
+                                           sharing=lease.pids if lease else None)
+    return "" if idle else note
+
+
+def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list, hand_graded=()) -> SubmissionResult:
+    """The final result: the clean recheck's points, with the notebook's where they differ flagged.
+    ``hand_graded``: the grade ids a person scores (``manual_cells``, with any the notebook run scored that the
+    recheck does not)."""
+    cells, disagreements = {}, []
+    for grade_id, verdict in clean.cells.items():
+        in_notebook = notebook_run["cells"].get(grade_id)
+        entry = CellResult.from_verdict(verdict, notebook_points=in_notebook[0] if in_notebook else None)
+        if verdict.retry:  # ran past a wall-clock limit: what the first try was, and what the retry alone gave
+            entry.extra["retry"] = dict(verdict.retry)
+        if in_notebook is not None and in_notebook[0] is not None:
+            if verdict.speed and in_notebook[0] > 1e-6:
+                # the notebook run measures no speed (it leaves that to the clean recheck) and scores such a cell 0
+                disagreements.append(f"{grade_id}: the notebook run scored {in_notebook[0]:g} in a speed test it "
+                                     "does not measure: was the test cell changed? (the clean result counts)")
+            elif not verdict.speed and abs(in_notebook[0] - verdict.points) > 1e-6:
+                disagreements.append(f"{grade_id}: notebook run gave {in_notebook[0]:g}, clean recheck "
+                                     f"{verdict.points:g} of {verdict.max_points:g} (the clean result counts)")
+        cells[grade_id] = entry
+    manual = sorted({*hand_graded, *notebook_run["cells"]} - set(cells))
+    if notebook_run.get("error"):
+        notes.append(notebook_run["error"])
+    return SubmissionResult(
+        student=sub.student, lab=sub.lab, cells=cells, total=sum(c.points for c in cells.values()),
+        max_total=sum(c.max_points for c in cells.values()), manual_cells=manual, flags=clean.flags,
+        disagreements=disagreements, notes=notes, restarts=clean.restarts,
+        notebook_autograded=notebook_run.get("autograded"), nbgrader_seconds=notebook_run.get("seconds"),
+        clean_seconds=clean.seconds, gpu_wait_seconds=clean.gpu_wait_s, gpu_held_seconds=clean.gpu_held_s,
+        gpu_holds=clean.gpu_holds, clean_timeline=clean.timeline, nbgrader_phases=notebook_run.get("phases", {}))
+
+
+def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict:
+    """The instructor's own solution through the clean recheck, by the trusted grader, before any student.
+
+    It fills the shared build cache (the lab's reference kernels, the starter and solution kernels) and proves
+    the grading machine works: every correctness test must pass. A run kept in the course folder is reused while
+    nothing it depends on changed (``reference_cache``), unless ``settings.remeasure_references``; ``--force``
+    regrades submissions, not the references.
+    """
+    path = course.SOLUTIONS / lab / nbgrader_run.notebook_name(lab)
+    nb = json.loads(path.read_text())
+    workdir = settings.out / "reference" / lab
+    key = reference_cache.key(lab, device)  # what runs now: kept under this key, whatever changes meanwhile
+    if not settings.remeasure_references:
+        kept = reference_cache.load(workdir, key, settings.shared_builds, settings.sandbox)
+        if kept is not None:
+            return kept
+    shutil.rmtree(workdir, ignore_errors=True)
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(settings.shared_builds), MPLBACKEND="Agg",
+               CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    _share_cpus(env, settings.cpu_threads)
+    env.pop("FUSELAB_SHARED_BUILDS", None)
+    clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
+                              total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
+                              lease=lease, kernels_in_worker=False)  # the instructor's: they fill the shared builds
+    cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
+                 "speed": v.speed} for k, v in clean.cells.items()}
+    broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")
+              and k not in registry.speed_grade_ids(lab)]
+    result = {"cells": cells, "broken": broken, "seconds": clean.seconds, "notebook_sha": _sha(path),
+              "device": device, "gpu_holds": clean.gpu_holds}
+    (workdir / reference_cache.ENTRY).write_text(json.dumps(result, indent=1))
+    return {**result, "key": key}  # ``keep_references`` keeps it for reuse once its builds are recorded
+
+
+def keep_references(reference: dict, settings: Settings) -> None:
+    """The reference runs made now, kept for later runs with the shared builds just recorded (``reference_cache``)."""
+    for lab, result in reference.items():
+        if not result.get("reused") and result.get("key"):
+            body = {k: v for k, v in result.items() if k != "key"}
+            reference_cache.store(settings.out / "reference" / lab, body, result["key"], settings.shared_digests,
+                                  settings.sandbox)
+
+
+def grade(source, settings: Settings) -> ClassResult:
+    """Grade every submission under ``source`` (a folder or a zip); see the module doc. Raises ``GradingRefused``
+    (before anything is graded) for a sandbox that does not work, an ``--out`` in use or in the wrong place."""
+    check_out(settings.out, Path(source))
+    check_source(Path(source), settings)
+    check_sandbox(settings)
+    settings.out = Path(settings.out).resolve()
+    settings.out.mkdir(parents=True, exist_ok=True)
+    lock = lock_out(settings.out)
+    try:
+        return _grade(source, settings)
+    finally:
+        lock.close()
+
+
+def _precompile() -> None:
+    """The course's own modules compiled once, by the grader: its children run with PYTHONDONTWRITEBYTECODE
+    (nothing they run writes into the course), so each of them would otherwise compile every module it imports.
+    A course folder the grader may not write into is left as it is."""
+    import compileall
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        compileall.compile_dir(str(course.REPO / "fuselab"), quiet=2)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of every child it waited for (a phase's children end within it)."""
+    import resource
+    return sum(getattr(resource.getrusage(who), part) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for part in ("ru_utime", "ru_stime"))
+
+
+def _grade(source, settings: Settings) -> ClassResult:
+    clock = time.monotonic()
+    phases, spans, cpu = {}, {}, {}
+    cpu_at = [cpu_seconds()]
+
+    def phase_done(name, since):
+        now = time.monotonic()
+        phases[name], spans[name] = now - since, (since, now)
+        cpu[name], cpu_at[0] = cpu_seconds() - cpu_at[0], cpu_seconds()
+        return now
+
+    _precompile()
+
+    settings.shared_builds = Path(settings.shared_builds or settings.out / "shared-builds").resolve()
+    labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
+    unknown = sorted(set(settings.labs or []) - set(labs))
+    if unknown:
+        raise UnknownNames(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(course.lab_names())})")
+    due = _due_dates(settings.due)
+    try:  # a roster that cannot be read stops the run before anything is graded
+        people = roster.read(settings.roster) if settings.roster else None
+    except (OSError, roster.RosterError) as exc:
+        raise GradingRefused(f"--roster: {exc}") from None
+    notebook_names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}  # to recognise all
+    seen: set = set()
+    course_root = settings.out / "course"
+    with run_progress.phase("course set-up", len(labs) + 1, "step", settings.progress) as bar:
+        submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
+                                               students=settings.students, only_labs=labs, seen=seen)
+        bar.update()
+        _check_students(settings.students, seen, source)
+        if settings.students:  # a run over some students changes nobody else's rows
+            problems = [p for p in problems if p.student in settings.students]
+        for lab in labs:  # nbgrader's release of each lab: seconds each
+            bar.set_postfix_str(lab)
+            nbgrader_run.prepare_course(course_root, [lab])
+            bar.update()
+        nbgrader_run.set_due_dates(course_root / "gradebook.db", due)
+        nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
+        lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
+    clock = phase_done("intake and course", clock)
+
+    devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
+    leases = {d: grading_lease(d, settings.cell_timeout) for d in devices if d is not None}
+    # the labs' reference runs side by side (their timings take turns), before any student of theirs
+    labs_graded = sorted({s.lab for s in submissions})
+    settings.cpu_threads = _threads_per_child(len(labs_graded))
+    with run_progress.phase("reference runs", len(labs_graded), "lab", settings.progress) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
+        def reference_of(lab):
+            ran = reference_run(lab, settings, devices[0], leases.get(devices[0]))
+            bar.update()
+            return ran
+        reference = dict(zip(labs_graded, pool.map(reference_of, labs_graded)))
+    # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
+    settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
+    if changed:
+        problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed)))
+    else:
+        keep_references(reference, settings)
+    clock = phase_done("reference runs", clock)
+
+    todo, results = [], {}
+    for sub in submissions:
+        saved = settings.out / "work" / sub.student / sub.lab / "result.json"
+        if saved.exists() and not settings.force:
+            try:
+                previous = json.loads(saved.read_text())
+            except (OSError, ValueError):
+                previous = {}
+            if isinstance(previous, dict) and _kept(previous, sub, settings):
+                results[(sub.student, sub.lab)] = SubmissionResult.from_json(previous)
+                continue
+        todo.append(sub)
+
+    workers = schedule.workers_for(devices, settings.jobs_per_gpu)
+    settings.cpu_threads = _threads_per_child(len(workers))
+    bar = None
+    if settings.progress and todo:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc="grading", unit="submission")
+
+    def done(sub, result):
+        if bar is not None:
+            bar.set_postfix_str(shown(f"{sub.student}/{sub.lab}"))
+            bar.update(1)
+
+    stop = threading.Event()
+
+    def work(sub, device):
+        try:
+            return grade_submission(sub, device, settings, source, leases.get(device))
+        except GradingRefused:
+            stop.set()  # no other submission is graded by a broken sandbox either
+            raise
+
+    outcomes = schedule.run_jobs(todo, workers, work, on_done=done, stop=stop)
+    if bar is not None:
+        bar.close()
+    refused = next((o for o in outcomes if isinstance(o, GradingRefused)), None)
+    if refused is not None:
+        raise refused
+    clock = phase_done("submissions", clock)
+    for sub, outcome in zip(todo, outcomes):
+        if isinstance(outcome, Exception):
+            problems.append(intake.Problem(sub.origin, f"the grader failed on this submission: {outcome!r}",
+                                           student=sub.student, lab=sub.lab, grader_failed=True))
+            continue
+        results[(sub.student, sub.lab)] = outcome
+
+    run_labs = settings.labs or {s.lab for s in submissions} | {p.lab for p in problems if p.lab}
+    term.record_course(settings.out, submissions, set(results), problems, run_labs, people)
+    class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
+                               reference=reference, phase_seconds=phases, phase_spans=spans, phase_cpu=cpu,
+                               graded_now=len(todo), workers=workers)
+    return write_outputs(class_result, settings, clock, lab_pages=lab_pages)
+
+
+def _check_students(students, seen: set, source) -> None:
+    missing = sorted(set(students or []) - seen)
+    if missing:
+        raise UnknownNames(f"no such student(s) in {source}: {', '.join(missing)}. The students in it: "
+                           f"{', '.join(sorted(seen)) or '(none)'}")
+
+
+def _due_dates(due: dict) -> dict:
+    """``{lab: datetime in UTC}`` from ``--due LAB=WHEN`` (ISO 8601; no zone: UTC); a wrong one stops the run."""
+    from nbgrader.utils import parse_utc
+    parsed = {}
+    for lab, when in (due or {}).items():
+        if lab not in course.lab_names():
+            raise UnknownNames(f"--due {lab}: no such lab (labs: {', '.join(course.lab_names())})")
+        try:
+            parsed[lab] = parse_utc(when)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise GradingRefused(f"--due {lab}={when}: not a date and time ({exc}); write it as 2026-09-14T23:59 "
+                                 "(UTC) or 2026-09-14T23:59-05:00") from None
+    return parsed
+
+
+def write_outputs(class_result: ClassResult, settings: Settings, clock: float | None = None,
+                  lab_pages: dict | None = None) -> ClassResult:
+    """The class's outputs from its graded results: the gradebook of ``<out>/course``, feedback, the nbgrader
+    export, grades.csv and the report. ``grade``'s last step, and the Slurm merge's (``slurm.merge``), so a class
+    graded in shards ends exactly as one graded on one host. ``class_result.results`` in (student, lab) order.
+    ``lab_pages``: the labs' release cells for feedback, as ``grade`` read them before any student code ran
+    (read now where not given: the Slurm merge runs no student code)."""
+    clock = time.monotonic() if clock is None else clock
+    if lab_pages is None and settings.feedback:
+        lab_pages = feedback.lab_sources(sorted({r.lab for r in class_result.results}))
+
+    cpu_at = [cpu_seconds()]
+
+    def phase_done(name, since):
+        now = time.monotonic()
+        class_result.phase_seconds[name], class_result.phase_spans[name] = now - since, (since, now)
+        class_result.phase_cpu[name], cpu_at[0] = cpu_seconds() - cpu_at[0], cpu_seconds()
+        return now
+
+    course_root = settings.out / "course"
+    class_result.results = [SubmissionResult.of(r) for r in class_result.results]
+    # the whole course's results (this run's and the earlier runs' in the same folder), and everyone's standing
+    entries = term.load_entries(settings.out)
+    ordered = term.course_results(settings.out, class_result.results, entries)
+    people = roster.load(settings.out)
+    class_result.standings = term.standings(ordered, entries, people,
+                                            nbgrader_run.due_dates(course_root / "gradebook.db"))
+    roster.to_gradebook(course_root / "gradebook.db", people)  # names and emails for formgrader, nbgrader's export
+    if lab_pages is not None and settings.feedback:
+        missing_pages = sorted({r.lab for r in ordered} - set(lab_pages))
+        lab_pages = {**lab_pages, **(feedback.lab_sources(missing_pages) if missing_pages else {})}
+    late = {(s.student, s.lab): s for s in class_result.standings}
+    bar = run_progress.phase("gradebook", len(ordered), "submission", getattr(settings, "progress", False))
+    for result in ordered:
+        # formgrader's copy is the notebook as submitted, never nbgrader's executed one (which holds the hidden
+        # tests, and what the student's code printed while they ran): nbgrader's feedback buttons render it
+        notebook_copy = result.notebook or result.notebook_autograded
+        standing = late.get((result.student, result.lab))
+        nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy),
+                            timestamp=standing.submitted if standing else None)
+        bar.update()
+    bar.close()
+    # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
+    ordered = handgrading.apply(ordered, course_root / "gradebook.db")
+    bar = run_progress.phase("feedback and report", 4, "step", getattr(settings, "progress", False))
+    if settings.feedback:
+        # built from each student's submitted notebook, the lab's release notebook (read before any student code
+        # ran) and the verdicts; never from what nbgrader's run printed
+        class_result.feedback, class_result.feedback_problems = feedback.write_all(
+            ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db",
+            show_flags=feedback.shown_flags(settings.out))
+    bar.update()
+    clock = phase_done("feedback", clock)
+    nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
+    bar.update()
+    class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
+                                                      standings=class_result.standings)
+    bar.update()
+    class_result.report = report.write_report(class_result, settings.out)
+    bar.update()
+    bar.close()
+    phase_done("gradebook and report", clock)
+    return class_result

@@ -1,0 +1,688 @@
+"""``fuselab grade --slurm``: a class graded as a Slurm job array, one shard of submissions per task, then merged.
+
+The submitting command does the intake once and writes the plan; each array task grades its shard with the
+one-host pipeline (``pipeline.grade``) on the GPUs Slurm gave it; one dependent job (``afterany``) merges the
+shards into the class's gradebook, grades.csv, feedback and report (``pipeline.write_outputs``, as a one-host run
+ends). Everything lives under ``--out``, which every node must see (a shared file system):
+
+    OUT/shard-007.zip                the shard's submissions (the intake's copies): the task's input
+    OUT/slurm/plan.json              the shards, the grading and sbatch options, the intake's problems
+    OUT/slurm/jobs.json              every job submitted for this folder
+    OUT/slurm/shard-007/             the shard's one-host run, its --out (work/<student>/<lab>/result.json, ...)
+    OUT/slurm/shard-007.done.json    written last, atomically: the shard is complete
+    OUT/slurm/shard-007.attempts.jsonl   one line per task that started on the shard
+    OUT/slurm/references/<GPU model>/    the instructor's reference runs and shared builds, once per GPU model
+    OUT/slurm/logs/                  the jobs' output
+    OUT/slurm/merged.json            which shard completions the class's outputs were made from
+    OUT/grades.csv, report.*, feedback/, course/, nbgrader-grades.csv   the merged class
+
+The shard zips sit at the top of ``OUT`` so that ``--sandbox`` (which hides the folder around the submissions it
+is given) hides all of ``OUT`` from a submission, as on one host. Faults: a task that fails or is preempted
+(``--requeue``) leaves its shard without ``done.json``; the merge job then resubmits those shards only (up to
+``MAX_ATTEMPTS`` tasks per shard) with a new merge job after them, and rerunning the same command submits whatever
+is still missing. A shard's submissions already graded are kept (the pipeline's own resume); the merge reads
+only complete shards, one result per (student, lab), and rebuilds the outputs from them, so nothing is counted
+twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ... import course
+from ...kernelbuild import shared as shared_builds
+from ..records import intake, nbgrader_run, term
+from . import pipeline
+from ..gpus import schedule
+from ..sandbox.isolate import nvidia_smi
+from ..gpus.lease import grading_lease
+from ..records.results import SubmissionResult
+
+SUBMISSIONS_PER_SHARD = 40   # default shard size: ~4 min on an H200 at 10 sharing it (5 s each, docs/RESULTS.md)
+MAX_ATTEMPTS = 3             # tasks per shard (the first and two resubmissions) before the merge gives up on it
+JOB_NAME = "fuselab-grade"
+ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                 "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
+
+
+class SlurmError(RuntimeError):
+    """Slurm refused or could not be reached; the message says what to do."""
+
+
+@dataclass
+class Options:
+    """What ``fuselab grade --slurm`` was given: the grading options every shard uses, and sbatch's."""
+    labs: list | None = None
+    students: list | None = None
+    cell_timeout: float = 300.0
+    submission_timeout: float = 1200.0
+    memory_bytes: int = 16 * 2**30
+    sandbox: bool = False
+    notebook_run: bool = False           # nbgrader's own run of each notebook too (--notebook-run)
+    feedback: bool = True
+    jobs_per_gpu: int | None = None
+    cpu_workers: int = 1
+    shards: int | None = None            # default: one per SUBMISSIONS_PER_SHARD submissions
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_task: int = 1               # 0: the CPU emulation (no GPU asked for, none used)
+    cpus_per_task: int | None = None
+    time: str | None = None
+    sbatch_args: list = field(default_factory=list)
+
+    def grading(self) -> dict:
+        """The options that decide grades: a rerun must give the same ones to resume (a GPU measures speed
+        tests, the emulation does not, so a class is graded on one or the other)."""
+        return {**{k: getattr(self, k) for k in ("labs", "students", "cell_timeout", "submission_timeout",
+                                                 "memory_bytes", "sandbox", "feedback")},
+                "on_gpu": bool(self.gpus_per_task)}
+
+
+# --- files ------------------------------------------------------------------------------------------------------
+
+def slurm_dir(out: Path) -> Path:
+    return Path(out) / "slurm"
+
+
+def shard_zip(out: Path, index: int) -> Path:
+    return Path(out) / f"shard-{index:03d}.zip"
+
+
+def shard_dir(out: Path, index: int) -> Path:
+    """The shard's one-host run: the pipeline's own --out, holding only what the pipeline writes there."""
+    return slurm_dir(out) / f"shard-{index:03d}"
+
+
+def done_file(out: Path, index: int) -> Path:
+    return slurm_dir(out) / f"shard-{index:03d}.done.json"
+
+
+def attempts_file(out: Path, index: int) -> Path:
+    return slurm_dir(out) / f"shard-{index:03d}.attempts.jsonl"
+
+
+def read_json(path: Path, default=None):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path: Path, data) -> None:
+    """Write whole or not at all: a reader on another node never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive ``fcntl`` lock on ``path`` (NFS and the parallel file systems clusters use honour it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.lockf(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(handle, fcntl.LOCK_UN)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- planning: intake once, shards as zips ----------------------------------------------------------------------
+
+def intake_class(source: Path, options: Options) -> tuple:
+    """The class's submissions as ``[{student, lab, sha, origin, path}]`` (sorted) and the intake's problems; the
+    notebooks are copied into a temporary folder the caller removes."""
+    labs = [lab for lab in course.lab_names() if not options.labs or lab in options.labs]
+    unknown = sorted(set(options.labs or []) - set(labs))
+    if unknown:
+        raise ValueError(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(course.lab_names())})")
+    staging = Path(tempfile.mkdtemp(prefix="fuselab-intake-"))
+    names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}
+    submissions, problems = intake.collect(Path(source), staging / "submissions", names,
+                                           students=options.students, only_labs=labs)
+    entries = sorted(({"student": s.student, "lab": s.lab, "sha": _sha(s.notebook), "origin": s.origin,
+                       "path": str(s.notebook), "late": s.late, "lms_id": s.lms_id, "lms": s.lms,
+                       "submitted": s.submitted} for s in submissions), key=lambda e: (e["student"], e["lab"]))
+    return entries, [asdict(p) for p in problems], staging
+
+
+def split(entries: list, shards: int | None) -> list:
+    """Shard numbers for ``entries``: equal runs in (lab, student) order, so a shard mostly holds one lab and
+    its task prepares (and, first on its GPU model, reference-runs) only that lab."""
+    count = shards or math.ceil(len(entries) / SUBMISSIONS_PER_SHARD)
+    count = max(1, min(count, len(entries)))
+    order = sorted(range(len(entries)), key=lambda i: (entries[i]["lab"], entries[i]["student"]))
+    shard_of = [0] * len(entries)
+    for position, i in enumerate(order):
+        shard_of[i] = position * count // len(entries)
+    return shard_of
+
+
+def write_plan(out: Path, source: Path, options: Options) -> dict:
+    """Intake once, write one zip per shard and ``plan.json``; the plan."""
+    entries, problems, staging = intake_class(source, options)
+    try:
+        if not entries:
+            raise ValueError(f"no gradable submission under {source}" +
+                             "".join(f"\n  {p['where']}: {p['message']}" for p in problems))
+        shards = split(entries, options.shards)
+        for index in sorted(set(shards)):
+            target = shard_zip(out, index)
+            temporary = target.with_name(f".{target.name}.tmp")
+            with zipfile.ZipFile(temporary, "w", zipfile.ZIP_DEFLATED) as archive:
+                for entry, shard in zip(entries, shards):
+                    if shard == index:  # one folder above the students: a shard of one student stays unambiguous
+                        archive.write(entry["path"], f"submissions/{entry['student']}/{entry['lab']}/"
+                                                     f"{Path(entry['path']).name}")
+            os.replace(temporary, target)
+        for entry, shard in zip(entries, shards):
+            entry["shard"] = shard
+            del entry["path"]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    plan = {"source": str(Path(source).resolve()), "created": _now(), "options": asdict(options),
+            "shards": max(shards) + 1, "submissions": entries, "problems": problems,
+            "zips": {str(i): _sha(shard_zip(out, i)) for i in range(max(shards) + 1)}}
+    write_json(slurm_dir(out) / "plan.json", plan)
+    return plan
+
+
+def same_class(plan: dict, source: Path, options: Options) -> str | None:
+    """Why the submissions or grading options differ from the plan's (a rerun must not mix two classes), or None."""
+    then = Options(**plan["options"]).grading()
+    if then != options.grading():
+        differ = ", ".join(f"{k} {then[k]!r} then, {v!r} now" for k, v in options.grading().items() if then[k] != v)
+        return f"the grading options differ from the first run's ({differ})"
+    entries, _, staging = intake_class(source, options)
+    shutil.rmtree(staging, ignore_errors=True)
+    now = {(e["student"], e["lab"]): e["sha"] for e in entries}
+    then = {(e["student"], e["lab"]): e["sha"] for e in plan["submissions"]}
+    if now == then:
+        return None
+    added = sorted(set(now) - set(then))
+    gone = sorted(set(then) - set(now))
+    changed = sorted(k for k in set(now) & set(then) if now[k] != then[k])
+    parts = [f"{len(items)} {what} ({', '.join('/'.join(k) for k in items[:3])}{', ...' if len(items) > 3 else ''})"
+             for what, items in (("new", added), ("missing", gone), ("changed", changed)) if items]
+    return "the submissions changed since this folder was planned: " + "; ".join(parts)
+
+
+# --- Slurm's commands -------------------------------------------------------------------------------------------
+
+def _slurm(command: list, what: str) -> str:
+    if shutil.which(command[0]) is None:
+        raise SlurmError(f"{command[0]} not found: run `fuselab grade --slurm` on a Slurm login node (or install "
+                         "Slurm's client commands, slurm-client)")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SlurmError(f"{what} failed ({' '.join(shlex.quote(c) for c in command)}): "
+                         f"{(done.stderr or done.stdout).strip()[-1500:]}")
+    return done.stdout
+
+
+def sbatch_options(out: Path, options: dict) -> list:
+    """The options every job of this folder gets: account, partition, time, the chosen extras."""
+    args = [f"--job-name={JOB_NAME}", f"--chdir={course.REPO}"]
+    args += [f"--partition={options['partition']}"] * bool(options.get("partition"))
+    args += [f"--account={options['account']}"] * bool(options.get("account"))
+    args += [f"--time={options['time']}"] * bool(options.get("time"))
+    args += [f"--cpus-per-task={options['cpus_per_task']}"] * bool(options.get("cpus_per_task"))
+    return args + list(options.get("sbatch_args") or [])
+
+
+def _python(*args) -> str:
+    """The job's command: this Python, this checkout (``--chdir`` is the repository root, first on the path)."""
+    return " ".join(shlex.quote(a) for a in [sys.executable, "-m", "fuselab.grading.run.slurm", *map(str, args)])
+
+
+def submit_shards(out: Path, plan: dict, indices: list, reason: str) -> dict:
+    """A job array for ``indices`` and a merge job after it (``afterany``: it runs when every task has ended, well
+    or not, and resubmits what failed). Recorded in ``jobs.json``."""
+    options = plan["options"]
+    logs = slurm_dir(out) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    gpus = int(options.get("gpus_per_task") or 0)
+    array = _slurm(["sbatch", "--parsable", *sbatch_options(out, options),
+                    f"--array={_ranges(indices)}",
+                    *([f"--gres=gpu:{gpus}"] if gpus else []),
+                    "--requeue",  # a preempted task starts again on its shard (the pipeline resumes it)
+                    f"--output={logs}/shard-%a-job-%A.log", "--open-mode=append",
+                    "--wrap", _python("shard", out)], "sbatch (the shards' job array)").strip().split(";")[0]
+    merge = _slurm(["sbatch", "--parsable", *sbatch_options(out, options), f"--dependency=afterany:{array}",
+                    f"--output={logs}/merge-job-%j.log", "--wrap", _python("merge", out)],
+                   "sbatch (the merge job)").strip().split(";")[0]
+    record = {"array": array, "merge": merge, "shards": sorted(indices), "submitted": _now(), "reason": reason}
+    with locked(slurm_dir(out) / "jobs.lock"):
+        jobs = read_json(slurm_dir(out) / "jobs.json", [])
+        write_json(slurm_dir(out) / "jobs.json", jobs + [record])
+    return record
+
+
+def _indices(text: str) -> set:
+    """Array task ids as squeue prints them: ``3``, ``0-7``, ``1,4-5``, ``0-9%2`` (a throttle), ``N/A``."""
+    found = set()
+    for part in text.split("%")[0].strip("[]").split(","):
+        if re.fullmatch(r"\d+", part):
+            found.add(int(part))
+        elif re.fullmatch(r"\d+-\d+", part):
+            low, high = map(int, part.split("-"))
+            found.update(range(low, high + 1))
+    return found
+
+
+def queued(out: Path) -> dict:
+    """This folder's jobs Slurm still holds: ``{"shards": {index: state}, "merge": {job id: state}}``."""
+    jobs = read_json(slurm_dir(out) / "jobs.json", [])
+    if not jobs:
+        return {"shards": {}, "merge": {}}
+    arrays = {j["array"] for j in jobs}
+    merges = {j["merge"] for j in jobs}
+    text = _slurm(["squeue", "--noheader", f"--name={JOB_NAME}", "--format=%F|%K|%i|%T"], "squeue")
+    shards, merge = {}, {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4:
+            continue
+        array_id, tasks, job_id, state = fields
+        if state not in ACTIVE_STATES:
+            continue
+        if array_id in arrays:
+            for index in _indices(tasks):
+                shards[index] = state
+        elif job_id in merges:
+            merge[job_id] = state
+    return {"shards": shards, "merge": merge}
+
+
+# --- the shard task ---------------------------------------------------------------------------------------------
+
+def gpu_model() -> str:
+    """The model of the first GPU this task may use (nvidia-smi's name), or "cpu"; a folder name."""
+    visible = schedule.visible_gpus()
+    if not visible:
+        return "cpu"
+    text = nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader") or ""
+    names = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",", 2)]
+        if len(fields) == 3:
+            names[fields[0]] = names[fields[1]] = fields[2]
+    name = names.get(visible[0]) or next(iter(names.values()), "unknown GPU")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "gpu"
+
+
+def shard_settings(out: Path, index: int, plan: dict, model: str) -> pipeline.Settings:
+    options = plan["options"]
+    references = slurm_dir(out) / "references" / model
+    labs = sorted({e["lab"] for e in plan["submissions"] if e["shard"] == index})  # its course needs no others
+    return pipeline.Settings(out=shard_dir(out, index), labs=labs, students=options["students"],
+                             gpus="auto" if options.get("gpus_per_task") else 0,
+                             jobs_per_gpu=options.get("jobs_per_gpu"), cpu_workers=options.get("cpu_workers") or 1,
+                             cell_timeout=options["cell_timeout"], submission_timeout=options["submission_timeout"],
+                             memory_bytes=options["memory_bytes"], sandbox=options["sandbox"],
+                             notebook_run=bool(options.get("notebook_run")), progress=False,
+                             feedback=False, shared_builds=references / "shared-builds")
+
+
+def reference_runs(out: Path, labs: list, settings: pipeline.Settings, model: str) -> None:
+    """The instructor's solutions through the clean recheck, once per GPU model: the first task on a model runs
+    them (holding the model's lock, so the others wait for its builds), later ones find them saved. Each shard's
+    ``reference`` folder links to its model's, where the pipeline finds them."""
+    references = slurm_dir(out) / "references" / model
+    with locked(references / "lock"):
+        device = schedule.devices_for(settings.gpus, 1)[0]
+        # the pipeline's own reference run, pointed at the model's folder (it skips a lab saved there already);
+        # the labs side by side, their timings taking the GPU in turn, as on one host
+        shared = pipeline.Settings(**{**settings.__dict__, "out": references})
+        shared.cpu_threads = max(1, schedule.available_cores() // max(1, len(labs)))
+        lease = grading_lease(device, settings.cell_timeout) if device is not None else None
+        with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
+            ran = dict(zip(labs, pool.map(lambda lab: pipeline.reference_run(lab, shared, device, lease), labs)))
+        # kept with the builds they made, as one host keeps them, so that every shard reuses them
+        shared.shared_digests, changed = shared_builds.record(shared.shared_builds)
+        if not changed:
+            pipeline.keep_references(ran, shared)
+    link = settings.out / "reference"
+    if not link.is_symlink():
+        shutil.rmtree(link, ignore_errors=True)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(references / "reference", target_is_directory=True)
+
+
+def run_shard(out: Path, index: int) -> int:
+    """Grade shard ``index`` (an array task): its reference runs if its GPU model has none yet, the pipeline on its
+    zip (resuming what an earlier task of the shard graded), then ``done.json``."""
+    out = Path(out).resolve()
+    plan = read_json(slurm_dir(out) / "plan.json")
+    if plan is None:
+        raise SlurmError(f"no plan in {slurm_dir(out)}: submit with `fuselab grade SUBMISSIONS --slurm --out {out}`")
+    folder = shard_dir(out, index)
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = shard_zip(out, index)
+    done = read_json(done_file(out, index))
+    if done and done.get("zip_sha") == plan["zips"][str(index)]:
+        print(f"shard {index} is already graded")
+        return 0
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "local"
+    with open(attempts_file(out, index), "a") as log:
+        log.write(json.dumps({"job": job, "task": os.environ.get("SLURM_ARRAY_TASK_ID"), "host": socket.gethostname(),
+                              "started": _now(), "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0))}) + "\n")
+    done_file(out, index).unlink(missing_ok=True)
+    if not plan["options"].get("gpus_per_task"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU emulation: no GPU of the node's is this task's
+    model = gpu_model()
+    settings = shard_settings(out, index, plan, model)
+    reference_runs(out, settings.labs, settings, model)
+    result = pipeline.grade(archive, settings)
+    write_json(done_file(out, index), {
+        "shard": index, "zip_sha": plan["zips"][str(index)], "completion": uuid.uuid4().hex, "finished": _now(),
+        "job": job,
+        "host": socket.gethostname(), "gpu_model": model, "graded_now": result.graded_now,
+        "seconds": result.phase_seconds, "workers": result.workers,
+        "results": [[r.student, r.lab] for r in result.results],
+        "problems": [asdict(p) for p in result.problems]})
+    print(f"shard {index}: {len(result.results)} submission(s) graded ({result.graded_now} now) on {model}")
+    return 0
+
+
+# --- the merge job ----------------------------------------------------------------------------------------------
+
+def attempts(out: Path, index: int) -> int:
+    path = attempts_file(out, index)
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def shard_states(out: Path, plan: dict, in_queue: dict | None) -> dict:
+    """Each shard's state: done, running, pending, failed (its last task ended without finishing) or not
+    started; ``in_queue`` from ``queued`` (None: Slurm not asked)."""
+    states = {}
+    for index in range(plan["shards"]):
+        done = read_json(done_file(out, index))
+        queue_state = (in_queue or {}).get("shards", {}).get(index)
+        if done and done.get("zip_sha") == plan["zips"][str(index)]:
+            states[index] = "done"
+        elif queue_state:
+            states[index] = "running" if queue_state in ("RUNNING", "COMPLETING", "CONFIGURING") else "pending"
+        elif attempts(out, index):
+            states[index] = "failed"
+        else:
+            states[index] = "not started"
+    return states
+
+
+def merge(out: Path) -> int:
+    """The dependent job: merge complete shards into the class's outputs, or resubmit the shards that failed
+    (each up to ``MAX_ATTEMPTS`` tasks) with a new merge job after them. 0: merged or resubmitted."""
+    out = Path(out).resolve()
+    with locked(slurm_dir(out) / "merge.lock"):
+        plan = read_json(slurm_dir(out) / "plan.json")
+        in_queue = queued(out)
+        states = shard_states(out, plan, in_queue)
+        missing = [i for i, s in states.items() if s != "done"]
+        if missing:
+            waiting = [i for i in missing if states[i] in ("running", "pending")]
+            if waiting:
+                print(f"shards {waiting} are still queued or running: their own merge job merges them")
+                return 0
+            spent = [i for i in missing if attempts(out, i) >= MAX_ATTEMPTS]
+            if spent:
+                print(f"shard(s) {spent} failed {MAX_ATTEMPTS} times: see {slurm_dir(out) / 'logs'}; after fixing "
+                      "the cause, rerun the same `fuselab grade --slurm` command", file=sys.stderr)
+                return 1
+            record = submit_shards(out, plan, missing, reason=f"shard(s) {missing} ended unfinished")
+            print(f"resubmitted shard(s) {missing}: array job {record['array']}, merge job {record['merge']}")
+            return 0
+        return merge_outputs(out, plan)
+
+
+def merged_from(out: Path, plan: dict) -> dict:
+    """The completions (each shard's ``done.json`` token) the outputs would be made from now."""
+    return {str(i): (read_json(done_file(out, i)) or {}).get("completion")
+            for i in range(plan["shards"])}
+
+
+def merge_outputs(out: Path, plan: dict) -> int:
+    """Every shard is complete: the class's gradebook, grades.csv, feedback and report, once per set of
+    completions (``merged.json``)."""
+    completions = merged_from(out, plan)
+    if (read_json(slurm_dir(out) / "merged.json") or {}).get("from") == completions:
+        print("already merged")
+        return 0
+    options = plan["options"]
+    results, models, graded_now, seen = {}, set(), 0, set()
+    problems = [intake.Problem(**p) for p in plan["problems"]]
+    for index in range(plan["shards"]):
+        done = read_json(done_file(out, index))
+        models.add(done["gpu_model"])
+        graded_now += done["graded_now"]
+        problems += [intake.Problem(**p) for p in done["problems"]]
+        for student, lab in done["results"]:
+            if (student, lab) in seen:
+                raise RuntimeError(f"{student}/{lab} was graded in two shards: the plan is damaged; regrade with "
+                                   "--force")
+            seen.add((student, lab))
+            saved = shard_dir(out, index) / "work" / student / lab / "result.json"
+            saved_result = read_json(saved)
+            if saved_result is None:
+                raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
+                                   f"{done_file(out, index)} and rerun the command to regrade it")
+            results[(student, lab)] = SubmissionResult.from_json(saved_result)
+    reference = {}
+    for model in sorted(models):
+        for lab in sorted({lab for _, lab in results}):
+            saved = read_json(slurm_dir(out) / "references" / model / "reference" / lab / "reference.json")
+            if saved is not None:
+                reference[lab if len(models) == 1 else f"{lab} on {model}"] = saved
+    settings = pipeline.Settings(out=out, labs=options["labs"], feedback=options["feedback"])
+    labs = [lab for lab in course.lab_names() if not options["labs"] or lab in options["labs"]]  # as on one host
+    nbgrader_run.prepare_course(out / "course", labs)
+    nbgrader_run.add_students(out / "course" / "gradebook.db", sorted({e["student"] for e in plan["submissions"]}))
+    first = read_json(done_file(out, 0))
+    class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,
+                                        reference=reference, graded_now=graded_now, workers=first["workers"])
+    # the course's record of every entry, as a one-host run keeps it (term.py)
+    merged = [intake.Submission(e["student"], e["lab"], Path("."), e.get("origin", ""), late=e.get("late", False),
+                                lms_id=e.get("lms_id"), lms=e.get("lms"), submitted=e.get("submitted"))
+              for e in plan["submissions"]]  # the staged notebooks are the shards' (the plan keeps no path)
+    run_labs = options["labs"] or {e["lab"] for e in plan["submissions"]} | {p.lab for p in problems if p.lab}
+    term.record_run(out, merged, set(results), problems, run_labs)
+    pipeline.write_outputs(class_result, settings)
+    write_json(slurm_dir(out) / "merged.json", {"from": completions, "merged": _now(), "results": len(results),
+                                                "gpu_models": sorted(models)})
+    print(f"merged {plan['shards']} shard(s), {len(results)} submission(s): {out / 'grades.csv'}")
+    return 0
+
+
+# --- the commands -----------------------------------------------------------------------------------------------
+
+def _merged(out: Path, plan: dict) -> bool:
+    """The class's outputs were merged from the shards' current completions."""
+    return (read_json(slurm_dir(out) / "merged.json") or {}).get("from") == merged_from(out, plan)
+
+
+def submit(source, out: Path, options: Options, force: bool = False) -> str:
+    """``fuselab grade SUBMISSIONS --slurm``: plan (once) and submit what is missing; what was done, in words."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(slurm_dir(out) / "submit.lock"):
+        plan = read_json(slurm_dir(out) / "plan.json")
+        in_queue = queued(out) if plan else {"shards": {}, "merge": {}}
+        busy = in_queue["shards"] or in_queue["merge"]
+        if plan and not force:  # a rerun must not mix two classes, whatever the queue holds
+            why = same_class(plan, source, options)
+            if why:
+                raise ValueError(f"{why}: grade them into a new --out, or add --force to regrade the class in {out}")
+        if plan and busy:
+            if not force and not in_queue["shards"] and _merged(out, plan):
+                # the merge is written (merged.json comes last); its job is only still leaving the queue
+                return f"every shard is graded and merged: {out / 'grades.csv'}"
+            return "this folder's jobs are still queued or running; nothing submitted\n" + status_text(out)
+        if plan and force:
+            for index in range(plan["shards"]):
+                shutil.rmtree(shard_dir(out, index), ignore_errors=True)
+                for path in (shard_zip(out, index), done_file(out, index), attempts_file(out, index)):
+                    path.unlink(missing_ok=True)
+            shutil.rmtree(slurm_dir(out) / "references", ignore_errors=True)  # as on one host: run again
+            (slurm_dir(out) / "merged.json").unlink(missing_ok=True)
+            (slurm_dir(out) / "plan.json").unlink()
+            plan = None
+        if plan:
+            plan["options"].update({k: v for k, v in asdict(options).items() if k not in options.grading()})
+            write_json(slurm_dir(out) / "plan.json", plan)  # sbatch options may change between runs
+        else:
+            plan = write_plan(out, source, options)
+        states = shard_states(out, plan, None)
+        missing = [i for i, s in states.items() if s != "done"]
+        if missing:
+            record = submit_shards(out, plan, missing, reason="submitted" if len(jobs_of(out)) == 0 else "rerun")
+            return (f"{len(plan['submissions'])} submission(s) in {plan['shards']} shard(s); submitted shard(s) "
+                    f"{_ranges(missing)} as array job {record['array']}, merge job {record['merge']} after it.\n"
+                    f"Follow it with `fuselab grade --status {out}`.")
+        if _merged(out, plan):
+            return f"every shard is graded and merged: {out / 'grades.csv'}"
+        record = submit_merge(out, plan)
+        return f"every shard is graded; submitted the merge job {record['merge']}"
+
+
+def submit_merge(out: Path, plan: dict) -> dict:
+    logs = slurm_dir(out) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    merge_job = _slurm(["sbatch", "--parsable", *sbatch_options(out, plan["options"]),
+                        f"--output={logs}/merge-job-%j.log", "--wrap", _python("merge", out)],
+                       "sbatch (the merge job)").strip().split(";")[0]
+    record = {"array": None, "merge": merge_job, "shards": [], "submitted": _now(), "reason": "merge only"}
+    with locked(slurm_dir(out) / "jobs.lock"):
+        write_json(slurm_dir(out) / "jobs.json", jobs_of(out) + [record])
+    return record
+
+
+def jobs_of(out: Path) -> list:
+    return read_json(slurm_dir(out) / "jobs.json", [])
+
+
+def _ranges(indices) -> str:
+    indices = sorted(indices)
+    parts, start = [], None
+    for i, value in enumerate(indices):
+        start = value if start is None else start
+        if i + 1 == len(indices) or indices[i + 1] != value + 1:
+            parts.append(str(start) if start == value else f"{start}-{value}")
+            start = None
+    return ",".join(parts)
+
+
+def status(out: Path) -> dict:
+    """What is done, running, pending and failed in ``out``, as data (``status_text`` says it in words)."""
+    out = Path(out).resolve()
+    plan = read_json(slurm_dir(out) / "plan.json")
+    if plan is None:
+        raise ValueError(f"{out} holds no Slurm grading run (no {slurm_dir(out) / 'plan.json'})")
+    try:
+        in_queue, note = queued(out), None
+    except SlurmError as exc:
+        in_queue, note = None, f"Slurm not asked: {exc}"
+    states = shard_states(out, plan, in_queue)
+    per_state = {}
+    for index, state in states.items():
+        per_state.setdefault(state, []).append(index)
+    graded = sum(1 for i in range(plan["shards"])
+                 for _ in (read_json(done_file(out, i)) or {}).get("results", [])) + \
+        sum(len(list(shard_dir(out, i).glob("work/*/*/result.json"))) for i, s in states.items() if s != "done")
+    merged = read_json(slurm_dir(out) / "merged.json")
+    return {"out": str(out), "shards": plan["shards"], "submissions": len(plan["submissions"]), "states": states,
+            "by_state": per_state, "graded": graded, "attempts": {i: attempts(out, i) for i in states},
+            "merged": bool(merged and merged.get("from") == merged_from(out, plan)),
+            "merge_jobs": (in_queue or {}).get("merge", {}), "note": note}
+
+
+def status_text(out: Path) -> str:
+    s = status(out)
+    lines = [f"{s['out']}: {s['submissions']} submission(s) in {s['shards']} shard(s), {s['graded']} graded"]
+    for state in ("done", "running", "pending", "failed", "not started"):
+        if s["by_state"].get(state):
+            lines.append(f"  {state:<11} shard(s) {_ranges(s['by_state'][state])}")
+    for index in s["by_state"].get("failed", []):
+        logs = sorted((slurm_dir(out) / "logs").glob(f"shard-{index}-job-*.log"))
+        lines.append(f"    shard {index}: {s['attempts'][index]} task(s) started, none finished"
+                     f"{'; last log ' + str(logs[-1]) if logs else ''}")
+    if s["merge_jobs"]:
+        lines.append("  merge job " + ", ".join(f"{j} {state.lower()}" for j, state in s["merge_jobs"].items()))
+    lines.append(f"  merged: {Path(s['out']) / 'grades.csv'}" if s["merged"] else "  not merged yet")
+    if s["note"]:
+        lines.append(f"  ({s['note']})")
+    return "\n".join(lines)
+
+
+def main_cli(args) -> int:
+    """``fuselab grade --slurm ...`` and ``fuselab grade --status OUT`` (the arguments are cli.py's)."""
+    try:
+        if args.status:
+            print(status_text(Path(args.status)))
+            return 0
+        return _submit_from_cli(args)
+    except (SlurmError, ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"fuselab grade: {exc}") from None
+
+
+def _submit_from_cli(args) -> int:
+    if not args.submissions or not args.out:
+        raise SystemExit("fuselab grade --slurm needs the submissions and --out, a folder on a file system every "
+                         "node of the cluster sees")
+    options = Options(labs=args.labs, students=args.students, cell_timeout=args.cell_timeout,
+                      submission_timeout=args.submission_timeout, memory_bytes=int(args.memory_gb * 2**30),
+                      sandbox=args.sandbox, notebook_run=args.notebook_run, feedback=not args.no_feedback,
+                      jobs_per_gpu=args.jobs_per_gpu,
+                      cpu_workers=args.cpu_workers, shards=args.shards, partition=args.partition,
+                      account=args.account, gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
+                      time=args.time, sbatch_args=shlex.split(args.sbatch_args or ""))
+    print(submit(args.submissions, Path(args.out), options, force=args.force))
+    return 0
+
+
+def main(argv=None) -> int:
+    """The jobs' entry point: ``python -m fuselab.grading.run.slurm shard OUT`` (an array task; its index from
+    ``SLURM_ARRAY_TASK_ID``, or given) and ``... merge OUT``."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m fuselab.grading.run.slurm")
+    parser.add_argument("step", choices=["shard", "merge"])
+    parser.add_argument("out")
+    parser.add_argument("index", nargs="?", type=int)
+    args = parser.parse_args(argv)
+    if args.step == "merge":
+        return merge(Path(args.out))
+    index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
+    if index is None:
+        parser.error("shard: give the shard's index, or run as an array task (SLURM_ARRAY_TASK_ID)")
+    return run_shard(Path(args.out), int(index))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
