@@ -17,9 +17,9 @@ rewritten after every stage; a short table is printed last.
 - ``command``: the command line (``python -m fuselab.tools.gpu_selfcheck``).
 
 Environment: ``FUSELAB_NOTEBOOKS=lab3`` and ``FUSELAB_SAMPLES=correct,cheat_cache`` narrow those stages;
-``FUSELAB_THROUGHPUT_COPIES`` (default 30: a class of 120) and ``FUSELAB_THROUGHPUT_JOBS=10,16`` (submissions sharing the GPU,
-one run each; default: the grader's own choice) shape the throughput stage, ``FUSELAB_MULTIGPU_COPIES``
-(default 2) and ``FUSELAB_MULTIGPU_JOBS`` (submissions sharing each GPU, default 1: one worker per GPU) the
-multigpu stage; ``FUSELAB_COMMIT`` names the commit in the results where the GPU machine's copy has no
-up-to-date ``.git``.
+``FUSELAB_THROUGHPUT_COPIES`` (default 30: a class of 120) and ``FUSELAB_THROUGHPUT_JOBS=10,16`` (submissions
+sharing the GPU, one run each; default: the grader's own choice) shape the throughput stage,
+``FUSELAB_MULTIGPU_COPIES`` (default 2) and ``FUSELAB_MULTIGPU_JOBS`` (submissions sharing each GPU, default 1:
+one worker per GPU) the multigpu stage; ``FUSELAB_COMMIT`` names the commit in the results where the GPU machine's
+copy has no up-to-date ``.git``.
 """
