@@ -233,3 +233,32 @@ def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
     table = grading_runs.phase_table(phases)
     assert "fixed: 2.1 s wall, 1.6 s CPU" in table and "references 0.1 s / 0.1 s CPU, reused" in table
     assert "2 in 20.0 s = 10.00 s each, 15.00 s CPU each" in table
+
+
+def _run(jobs, count, seconds_each, cpu_each, fixed, wall):
+    phases = {"wall_seconds": wall, "fixed": {"seconds": fixed},
+              "submissions": {"count": count, "seconds_each": seconds_each, "cpu_seconds_each": cpu_each}}
+    return {"jobs": jobs, "submission_phase_per_submission": seconds_each, "phases": phases, "wall_seconds": wall}
+
+
+def test_the_stage_never_reads_a_smaller_run_as_the_targets_met():
+    """A class of 60 at one number of jobs measures only the rates: the 120-class and the 10-against-16 targets
+    are 'not measured', never met, and a rate over its limit is missed."""
+    from fuselab.tools.gpu_selfcheck import grading_runs
+    rows = {r["target"]: r for r in grading_runs.targets([_run(10, 60, 3.13, 14.4, 45.5, 253.0)],
+                                                          _run(10, 4, 5.6, 10.7, 0.2, 40.6))}
+    met = {name: row["met"] for name, row in rows.items()}
+    assert met == {"class of 120 all-in, s": None, "submissions phase per submission-lab, s": False,
+                   "CPU per submission-lab, core-s": True, "fixed cost of the class's run, s": False,
+                   "one student's regrade all-in, s": False,
+                   "16 sharing the GPU over 10 sharing it, time ratio": None}
+    assert "not measured" in grading_runs.targets_table(list(rows.values()))
+
+
+def test_a_class_of_120_at_10_and_16_jobs_is_held_to_every_target():
+    from fuselab.tools.gpu_selfcheck import grading_runs
+    runs = [_run(10, 120, 1.4, 12.0, 12.0, 290.0), _run(16, 120, 1.5, 12.5, 0.3, 299.0)]
+    rows = grading_runs.targets(runs, _run(16, 4, 3.0, 9.0, 0.2, 25.0))
+    assert all(row["met"] is True for row in rows[:-1]), rows
+    ratio = rows[-1]
+    assert ratio["measured"] == 1.5 / 1.4 and ratio["met"] is False  # 16 jobs slower than 10: missed
