@@ -5,6 +5,7 @@ student with the sample class (sharing its reference run) and checks its page wi
 """
 
 import hashlib
+import os
 import html
 import json
 import re
@@ -523,3 +524,59 @@ def test_the_page_is_rendered_by_the_autoescaping_template():
     assert "html.escape" not in source and "<div" not in source
     assert feedback._environment().autoescape is True
     assert (feedback.TEMPLATES / "feedback.html").is_file()
+
+
+def test_a_page_is_drawn_again_only_when_what_it_shows_changed(tmp_path, monkeypatch):
+    """A term's later runs write every page of the course: a page whose inputs are the same is kept as drawn (its
+    picture is the slow part), and any change of what it shows (the verdicts, a TA's hand grade, flags shown,
+    the run's reference, the notebook file, the drawing code) draws it again."""
+    drawn = []
+    real = feedback.build_page
+    monkeypatch.setattr(feedback, "build_page", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    result, reference = _measured_result(tmp_path, _speed_record(1.9)), {LAB: _reference_run()}
+    first, _ = feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    page = first.read_bytes()
+    again, problem = feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    assert (again, problem, again.read_bytes(), len(drawn)) == (first, "", page, 1)
+    # what it was drawn from is kept outside the folder students receive (a digest of hidden verdicts is not theirs)
+    assert [p.name for p in (tmp_path / "fb").rglob("*") if p.is_file()] == [first.name]
+    changes = [
+        dict(result={**result, "points": 1.0}),
+        dict(manual={(result["student"], LAB): {"test_fused": {"max": 2.0, "score": 1.0, "comment": "see me"}}}),
+        dict(show_flags=True),
+        dict(references={LAB: _reference_run(copy=2.2e12)}),
+    ]
+    for n, change in enumerate(changes, start=2):
+        args = {"result": result, "manual": None, "show_flags": False, "references": reference, **change}
+        feedback.write_one(args.pop("result"), tmp_path / "fb", SOURCES, **args)
+        feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)  # and back
+        assert len(drawn) == 2 * n - 1, change
+    os.utime(result["notebook"], ns=(1, 1))  # the notebook file touched
+    feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    assert len(drawn) == 2 * len(changes) + 2
+    monkeypatch.setattr(feedback, "_drawer_digest", lambda: b"other drawing code")
+    feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    assert len(drawn) == 2 * len(changes) + 3
+
+
+def test_a_kept_page_must_be_the_plain_file_the_grader_drew(tmp_path, monkeypatch):
+    """A page that is not the grader's drawing from these inputs (cut short, a link to another page, a page with
+    a problem to report) is drawn again, and its problem said again."""
+    result, reference = _measured_result(tmp_path, _speed_record(1.9)), {LAB: _reference_run()}
+    first, _ = feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    drawn = []
+    real = feedback.build_page
+    monkeypatch.setattr(feedback, "build_page", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    first.write_bytes(first.read_bytes()[:-10])
+    feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    other = tmp_path / "other.html"
+    other.write_bytes(first.read_bytes())
+    first.unlink()
+    first.symlink_to(other)
+    feedback.write_one(result, tmp_path / "fb", SOURCES, references=reference)
+    assert len(drawn) == 2
+    changed = {**result, "notebook_sha": "0" * 64}  # the notebook is not the one graded: a problem each time
+    for _ in range(2):
+        _, problem = feedback.write_one(changed, tmp_path / "fb", SOURCES, references=reference)
+        assert "changed after it was graded" in problem
+    assert len(drawn) == 4

@@ -45,11 +45,13 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +60,7 @@ from ... import notebook as ipynb
 from ..records.results import SubmissionResult
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20     # a lab notebook with its outputs is a few MB
+MAX_PAGE_BYTES = 4 * MAX_NOTEBOOK_BYTES  # a page holds the notebook's outputs and the grader's pictures
 MAX_SOURCE_CHARS = 20_000           # per cell
 MAX_OUTPUT_CHARS = 10_000           # per cell, all its text outputs together
 MAX_IMAGE_BYTES = 2 * 2**20         # per image (base64)
@@ -741,9 +744,15 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
     run (``reference_runs``)."""
     result = _dict(result)
     student, lab = str(result.get("student", "")), str(result.get("lab", ""))
-    problem = ""
+    problem, inputs = "", ""
+    record = _drawn_record(out_dir, student, lab)
     try:
         lab_source = sources.get(lab) or LabSources(problem="the lab's release notebook is unknown")
+        inputs = _inputs_digest(result, lab_source, _dict(manual).get((student, lab), {}), show_flags,
+                                _dict(references).get(lab))
+        kept = _kept_page(Path(out_dir) / _safe_part(student) / f"{_safe_part(lab)}.html", record, inputs)
+        if kept is not None:
+            return kept, ""
         notebook, notebook_problem = load_notebook(result.get("notebook", ""), result.get("notebook_sha"))
         page = build_page(result, lab_source, notebook, notebook_problem,
                           _dict(manual).get((student, lab), {}), show_flags=show_flags,
@@ -757,10 +766,81 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
         folder = Path(out_dir) / _safe_part(student)
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"{_safe_part(lab)}.html"
-        target.write_bytes(page.encode("utf-8", "replace"))
+        drawn = page.encode("utf-8", "replace")
+        record.unlink(missing_ok=True)  # no record while the page is being replaced
+        target.write_bytes(drawn)
+        if inputs and not problem:  # a page with a problem to report is drawn (and its problem said) every run
+            _keep_record(record, inputs, drawn)
         return target, problem
     except (OSError, ValueError) as exc:
         return None, f"its feedback page could not be written ({type(exc).__name__}: {_flat(exc, 200)})"
+
+
+# What each page was drawn from is kept beside the feedback folder (``<out>/feedback-drawn/``, never handed to
+# students: a digest of the hidden tests' verdicts is not theirs to see), so that a later run of the term (next
+# week's lab, one student's regrade) draws again only the pages whose inputs changed: a speed picture costs a
+# tenth of a second or more, and every run writes every page of the course.
+@functools.lru_cache(maxsize=None)
+def _drawer_digest() -> bytes:
+    """The code and templates that draw a page: a page drawn by other code is drawn again."""
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in [Path(__file__), here.parent.parent / "plots.py", *sorted((here / "templates").glob("feedback*"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.digest()
+
+
+def _inputs_digest(result: dict, lab_source: LabSources, manual, show_flags: bool, reference) -> str:
+    """The digest of what a page is drawn from; "" where it cannot be read as plain data."""
+    try:
+        notebook = Path(str(result.get("notebook", "")))
+        try:  # the notebook is read at drawing time: a changed file (size, time, inode) draws the page again
+            info = notebook.stat()
+            seen = [info.st_size, info.st_mtime_ns, info.st_ino]
+        except OSError as exc:
+            seen = [type(exc).__name__]
+        inputs = [result, lab_source.release, lab_source.uses, sorted(lab_source.hidden_lines), lab_source.problem,
+                  manual, bool(show_flags), reference, seen]
+        text = json.dumps(inputs, sort_keys=True, default=lambda v: sorted(v) if isinstance(v, (set, frozenset))
+                          else repr(v))
+    except (TypeError, ValueError, RecursionError):
+        return ""
+    return hashlib.sha256(_drawer_digest() + text.encode("utf-8", "replace")).hexdigest()
+
+
+def _drawn_record(out_dir: Path, student: str, lab: str) -> Path:
+    return Path(out_dir).with_name(Path(out_dir).name + "-drawn") / _safe_part(student) / f"{_safe_part(lab)}.json"
+
+
+def _read_plain(path: Path, limit: int) -> bytes | None:
+    """A plain file's bytes (no link followed, at most ``limit``), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        return handle.read(limit + 1) if stat.S_ISREG(info.st_mode) and info.st_size <= limit else None
+
+
+def _kept_page(target: Path, record: Path, inputs: str) -> Path | None:
+    """``target`` where it is the plain file the grader drew from the same inputs, unchanged since."""
+    if not inputs:
+        return None
+    try:
+        kept = json.loads(_read_plain(record, 4096) or b"null")
+    except ValueError:
+        return None
+    page = _read_plain(target, MAX_PAGE_BYTES) if isinstance(kept, dict) and kept.get("inputs") == inputs else None
+    return target if page is not None and hashlib.sha256(page).hexdigest() == kept.get("page") else None
+
+
+def _keep_record(record: Path, inputs: str, page: bytes) -> None:
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"inputs": inputs, "page": hashlib.sha256(page).hexdigest()}))
+    except OSError:
+        pass  # without its record a page is only drawn again next time
 
 
 def _safe_part(name: str) -> str:
