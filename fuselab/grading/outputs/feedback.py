@@ -51,13 +51,13 @@ import json
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import course
 from ... import notebook as ipynb
 from ..records.results import SubmissionResult
+from ..sandbox import untrusted
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20     # a lab notebook with its outputs is a few MB
 MAX_PAGE_BYTES = 4 * MAX_NOTEBOOK_BYTES  # a page holds the notebook's outputs and the grader's pictures
@@ -815,12 +815,10 @@ def _drawn_record(out_dir: Path, student: str, lab: str) -> Path:
 def _read_plain(path: Path, limit: int) -> bytes | None:
     """A plain file's bytes (no link followed, at most ``limit``), or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        with untrusted.Folder(path.parent) as folder:
+            return folder.read_bytes(path.name, limit)
+    except OSError:  # untrusted.Refused is one
         return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        return handle.read(limit + 1) if stat.S_ISREG(info.st_mode) and info.st_size <= limit else None
 
 
 def _kept_page(target: Path, record: Path, inputs: str) -> Path | None:
