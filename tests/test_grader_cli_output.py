@@ -115,7 +115,7 @@ def test_an_out_under_a_read_only_folder(tmp_path):
     parent = tmp_path / "read-only"
     parent.mkdir()
     (tmp_path / "submissions").mkdir()
-    code = ("import sys; from fuselab.grading import cli; "
+    code = ("import sys; from fuselab.grading.run import cli; "
             f"sys.exit(cli.main(['grade', {str(tmp_path / 'submissions')!r}, '--out', {str(parent / 'run')!r}]))")
     result = subprocess.run(["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(parent), str(parent),
                              "--unshare-user", "--uid", str(os.geteuid()), "--gid", str(os.getegid()), "--",

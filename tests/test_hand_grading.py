@@ -217,7 +217,7 @@ def test_stopping_the_formgrader_command_stops_its_server(tmp_path):
     import sys
     import time
     marker = f"fuselab-formgrader-child-{os.getpid()}"
-    script = ("import sys\nfrom pathlib import Path\nfrom fuselab.grading import formgrader\n"
+    script = ("import sys\nfrom pathlib import Path\nfrom fuselab.grading.outputs import formgrader\n"
               f"formgrader.course_folder = lambda target: Path({str(tmp_path)!r})\n"
               "formgrader.write_config = lambda course: None\n"
               "formgrader.server_command = lambda *a: ([sys.executable, '-c', 'import time; time.sleep(300)', "
