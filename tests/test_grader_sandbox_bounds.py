@@ -363,3 +363,94 @@ def test_a_file_deleted_but_held_open_counts_against_the_disk_budget(tmp_path):
     assert outcome.limit and "disk budget" in outcome.limit and not outcome.timed_out, outcome
     small = _run(tmp_path, DELETED_BUT_HELD.replace("time.sleep(40)", "time.sleep(3)"), "20", limits=limits)
     assert small.ok, small
+
+
+# --- kernel memory of sockets: buffers no process, descriptor or file shows --------------------------------------
+
+SOCKETS = textwrap.dedent(r'''
+    import array, os, socket, sys, time
+    kind, size = sys.argv[1], int(sys.argv[2]) * 2**20
+    chunk, held, total = b"x" * 65536, [], 0
+    carrier = socket.socketpair() if kind == "unix_in_flight" else None
+    while total < size:  # unread bytes in Unix socket pairs, as big as each socket's buffer lets them be
+        pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in pair:
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+            end.setblocking(False)
+        for end in pair:
+            try:
+                while True:
+                    total += end.send(chunk)
+            except BlockingIOError:
+                pass
+        if carrier:  # handed to another socket and closed: in flight, in no process's /proc/PID/fd
+            fds = array.array("i", [end.fileno() for end in pair])
+            carrier[0].sendmsg([b"f"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            for end in pair:
+                end.close()
+        else:
+            held += pair
+    print("holding", total >> 20, flush=True)
+    time.sleep(40)
+''')
+SOCKET_KINDS = ("unix_sockets", "unix_in_flight")
+
+
+def _sockets_held(outcome) -> str:
+    if outcome.out_of_memory and not outcome.timed_out and "memory" in outcome.describe():
+        return "stopped"
+    return f"not held: {outcome.describe()} {outcome.stdout[-300:]}"
+
+
+@pytest.mark.parametrize("counter", ["cgroup", "watchdog"])
+def test_memory_held_in_sockets_buffers_counts_against_the_limit(tmp_path, monkeypatch, counter):
+    """Unread bytes in Unix socket pairs are kernel memory: no resident size, descriptor or file shows them. Under
+    a 120 MiB limit 300 MiB were held for as long as the submission liked (and with each descriptor's socket
+    holding megabytes, a hundred gigabytes fit in the descriptors one process may have), also with the sockets
+    closed while in flight in another socket's queue. The watchdog now asks the kernel what the sockets of the
+    sandbox's network namespace hold; a memory cgroup (v1 here) charges them itself."""
+    _sandbox_or_fail()
+    if counter == "cgroup":
+        assert cgroup.available(), "a writable memory cgroup is expected here (CI runs as root)"
+    else:
+        monkeypatch.setattr(cgroup.MemoryGroup, "make", classmethod(lambda cls, limit: None))
+        monkeypatch.setattr(cgroup, "available", lambda: False)
+    held = {kind: _sockets_held(_run(tmp_path, SOCKETS, kind, "300",
+                                     limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20)))
+            for kind in SOCKET_KINDS}
+    assert held == {kind: "stopped" for kind in SOCKET_KINDS}, held
+    # and a few sockets with little in them run on
+    outcome = _run(tmp_path, SOCKETS.replace("time.sleep(40)", "time.sleep(3)"), "unix_sockets", "20",
+                   limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20))
+    assert outcome.ok and "holding" in outcome.stdout, outcome
+
+
+PLAIN_SOCKETS = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    from fuselab.grading.sandbox import cgroup, isolate
+    work = Path(sys.argv[1])
+    held = {"cgroup": cgroup.available()}
+    for kind in json.loads((work / "kinds.json").read_text()):
+        own = work / "own"
+        command = isolate.sandboxed([sys.executable, "-c", (work / "hold.py").read_text(), kind, "300"], own=[own],
+                                    hide=[])
+        o = isolate.Child(command, limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20), cwd=str(own)).wait()
+        held[kind] = [o.out_of_memory, o.timed_out, o.describe(), o.stdout]
+    print(json.dumps(held))
+''')
+
+
+def test_memory_held_in_sockets_buffers_counts_for_a_plain_user_too(tmp_path):
+    """A plain user has no memory cgroup here: the watchdog joins the sandbox's namespaces (the grader's user
+    made them) to ask what its sockets hold."""
+    with _user_folder() as work:
+        (work / "hold.py").write_text(SOCKETS)
+        (work / "kinds.json").write_text(json.dumps(SOCKET_KINDS))
+        done = _as_plain_user(PLAIN_SOCKETS, work)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report.pop("cgroup") is False
+    held = {kind: "stopped" if oom and not timed_out and "memory" in described else f"not held: {described} {out}"
+            for kind, (oom, timed_out, described, out) in report.items()}
+    assert held == {kind: "stopped" for kind in SOCKET_KINDS}, held

@@ -4,7 +4,8 @@
   CUDA reserves far more virtual address space than it uses, and an address-space limit breaks it. Memory is
   bounded instead by a memory cgroup of the child's own where the grader can make one (``cgroup``: the kernel
   counts every page the tree holds, shared memory included, and holds the limit), and otherwise by a watchdog that
-  sums the tree's resident memory, its private tmpfs and the shared-memory objects it holds (``shmem_bytes``).
+  sums the tree's resident memory, its private tmpfs, the shared-memory objects it holds (``shmem_bytes``) and
+  what the sockets of its own network namespace hold (``own_network_socket_bytes``).
 - **Timeouts** kill the whole tree, descendants first: a Jupyter kernel runs in a session of its own, so killing
   a process group alone would leave an endless kernel spinning.
 - **Every process a child starts ends with it**: each child runs under ``keeper`` (a child subreaper that the
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import course, proctree
-from . import cgroup, enter_sandbox
+from . import cgroup, enter_sandbox, socket_memory
 
 @dataclass
 class Limits:
@@ -300,6 +301,26 @@ def shmem_bytes(tree, counted_devices=()) -> int:
     return sum(objects.values())
 
 
+def own_network_socket_bytes(tree) -> int:
+    """What the sockets of the network namespaces ``tree``'s processes have of their own (a sandbox's, a keeper's
+    ``--net``) hold in their buffers: kernel memory that only a memory cgroup counts otherwise
+    (``socket_memory``). The grader's own namespace is never asked (other programs' sockets live there)."""
+    try:
+        mine = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return 0
+    asked, total = {mine}, 0
+    for pid in tree:
+        try:
+            namespace = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            continue
+        if namespace not in asked:
+            asked.add(namespace)
+            total += socket_memory.held_bytes(pid) or 0
+    return total
+
+
 def held_deleted_bytes(tree, counted_devices=()) -> int:
     """What files deleted but held open by ``tree``'s processes take on disk: no folder walk finds them."""
     seen, total = set(), 0
@@ -474,10 +495,12 @@ class Child:
                 private = private_tmpfs_bytes(tree, self.sandbox.private)
                 devices = private_devices(tree, self.sandbox.private)
             shared = shmem_bytes(tree, devices)
-            if tree_unshared_rss(tree) + private + shared > limits.memory_bytes:
+            sockets = own_network_socket_bytes(tree)
+            if tree_unshared_rss(tree) + private + shared + sockets > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
                 held += f" (of it {shared / 2**20:.0f} MiB of shared memory)" if shared else ""
+                held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' buffers)" if sockets else ""
                 return f"used more memory than allowed{held}"
         if check_disk and limits.disk_bytes and self.sandbox is not None:
             devices = private_devices(tree, self.sandbox.private)

@@ -1,0 +1,80 @@
+"""What the sockets of a sandbox's network namespace hold in their buffers: kernel memory no process's resident
+size, no descriptor's file and (without a memory cgroup) nothing else shows.
+
+A sandbox has a network namespace of its own, so every socket of that namespace is one of its processes' (held
+by a descriptor or in flight in another socket's queue: ``/proc/PID/fd`` shows only the first). A Unix socket pair
+holds megabytes unread; twenty thousand descriptors held a hundred gigabytes. ``isolate.Child``'s watchdog adds
+this count where the grader has no memory cgroup (a cgroup v1 charges socket buffers; see ``cgroup``).
+
+``python -I -S socket_memory.py PID`` prints the bytes; it joins PID's network namespace (and, as a plain user,
+the user namespace that owns it: the grader made that one, so it may) and asks the kernel (``sock_diag``) for the
+memory of every Unix socket there. Run as its own process: a process joins a user namespace only while it has a
+single thread. Standard library only, run with ``-I -S``.
+"""
+
+import ctypes
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
+NLM_F_REQUEST, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR = 1, 0x300, 3, 2
+UDIAG_SHOW_MEMINFO, UNIX_DIAG_MEMINFO = 0x20, 5
+CLONE_NEWUSER, CLONE_NEWNET, NS_GET_USERNS = 0x10000000, 0x40000000, 0xB701
+
+
+def _enter(pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    if os.geteuid() != 0:  # the grader owns the sandbox's user namespace: inside it, it may join the network's
+        import fcntl
+        user = fcntl.ioctl(net, NS_GET_USERNS)
+        if libc.setns(user, CLONE_NEWUSER) != 0:
+            raise OSError(ctypes.get_errno(), "setns user")
+    if libc.setns(net, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns net")
+
+
+def unix_socket_bytes() -> int:
+    """The buffers (read and write) of every Unix socket of this process's network namespace, in bytes."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
+        request = struct.pack("=BBHIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO, 0) + b"\0" * 4
+        nl.send(struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+                + request)
+        total = 0
+        while True:
+            data, offset = nl.recv(1 << 20), 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if kind == NLMSG_DONE:
+                    return total
+                if kind == NLMSG_ERROR or length < 16:
+                    raise OSError("sock_diag refused the dump")
+                attribute, end = offset + 16 + 16, offset + length  # after unix_diag_msg
+                while attribute + 4 <= end:
+                    size, name = struct.unpack_from("=HH", data, attribute)
+                    if size < 4:
+                        break
+                    if name == UNIX_DIAG_MEMINFO and size >= 4 + 6 * 4:
+                        info = struct.unpack_from("=9I", data + b"\0" * 36, attribute + 4)
+                        total += info[0] + max(info[2], info[5])  # read; written (in flight or queued)
+                    attribute += (size + 3) & ~3
+                offset += (length + 3) & ~3
+
+
+def held_bytes(pid: int, timeout_s: float = 20) -> int | None:
+    """What the sockets of ``pid``'s network namespace hold (a process of the sandbox); None where it cannot be
+    asked (the process ended, or the kernel refuses)."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", __file__, str(pid)], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(done.stdout) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+
+if __name__ == "__main__":
+    _enter(int(sys.argv[1]))
+    print(unix_socket_bytes())
