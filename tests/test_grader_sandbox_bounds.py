@@ -231,13 +231,32 @@ HOLD = textwrap.dedent(r'''
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.msgget(0, 0o1600) < 0:
                 raise OSError(ctypes.get_errno(), "msgget")
+        elif kind == "sysv_semaphores":  # sets of 32000 semaphores: kernel memory of the namespace, 2 MiB each
+            libc = ctypes.CDLL(None, use_errno=True)
+            for _ in range(size // (32000 * 64) + 1):
+                if libc.semget(0, 32000, 0o1600) < 0:
+                    raise OSError(ctypes.get_errno(), "semget")
+        elif kind == "memfd_secret":  # pages of secretmem's own file system, held by the descriptor once unmapped
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            fd = libc.syscall(447, 0)  # memfd_secret, x86_64's and aarch64's number
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "memfd_secret")
+            os.ftruncate(fd, size + 2**22)
+            for offset in range(0, size, 2**22):  # a few MiB at a time: each mapping counts as locked memory
+                area = mmap.mmap(fd, 2**22, offset=offset)
+                for page in range(0, 2**22, 4096):
+                    area[page] = 1
+                area.close()
+            held.append(fd)
     except OSError as exc:
         print("refused", exc.errno, flush=True)
         sys.exit(0)
     print("holding", flush=True)
     time.sleep(40)
 ''')
-KINDS = ("memfd", "memfd_mapped_only", "shared_dropped", "deleted_tmpfs", "sysv", "sysv_messages")
+KINDS = ("memfd", "memfd_mapped_only", "shared_dropped", "deleted_tmpfs", "sysv", "sysv_messages", "sysv_semaphores",
+         "memfd_secret")
 ENOSYS = 38
 
 
@@ -257,7 +276,7 @@ def _hold(tmp_path, kind, mib, limit_mib):
 @pytest.mark.parametrize("counter", ["cgroup", "watchdog"])
 def test_memory_no_process_shows_counts_against_the_limit(tmp_path, monkeypatch, counter):
     """250 MiB held where no resident size shows it (a memfd written and not mapped, or mapped by one page; a shared
-    mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory) under a 120 MiB
+    mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory, semaphores; memfd_secret) under a 120 MiB
     limit: the tree is stopped for memory, or the call is refused inside (SysV, which nothing the course runs
     uses). With the kernel's memory cgroup (this machine's, as root) and with the watchdog alone (where the
     grader can have none)."""
@@ -269,7 +288,8 @@ def test_memory_no_process_shows_counts_against_the_limit(tmp_path, monkeypatch,
         monkeypatch.setattr(cgroup, "available", lambda: False)
     held = {kind: _held(_hold(tmp_path, kind, 250, 120)) for kind in KINDS}
     assert held == {"memfd": "stopped", "memfd_mapped_only": "stopped", "shared_dropped": "stopped",
-                    "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused"}, held
+                    "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused",
+                    "sysv_semaphores": "refused", "memfd_secret": "refused"}, held
     # and what stays under the limit runs on (nothing counted twice)
     for kind in ("memfd", "memfd_mapped_only", "shared_dropped"):
         outcome = _run(tmp_path, HOLD.replace("time.sleep(40)", "time.sleep(2)"), kind, "40",
@@ -320,7 +340,8 @@ def test_memory_no_process_shows_counts_for_a_plain_user_too(tmp_path):
         held[kind] = "stopped" if out_of_memory and not timed_out and "memory" in described else \
             "refused" if f"refused {ENOSYS}" in stdout else f"not held: {described} {stdout}"
     assert held == {"memfd": "refused", "memfd_mapped_only": "refused", "shared_dropped": "stopped",
-                    "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused"}, held
+                    "deleted_tmpfs": "stopped", "sysv": "refused", "sysv_messages": "refused",
+                    "sysv_semaphores": "refused", "memfd_secret": "refused"}, held
 
 
 def test_an_installed_copy_of_the_package_shows_no_sample_submissions_either(tmp_path, monkeypatch):

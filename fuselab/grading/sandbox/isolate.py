@@ -738,11 +738,13 @@ def _packages_shown(runtime) -> list:
 
 
 def refused_calls() -> list:
-    """The system calls that fail inside the sandbox: SysV shared memory and message queues (memory in the
-    sandbox's own IPC namespace that no process shows; nothing the course runs uses them), and ``memfd_create``
-    where neither a memory cgroup nor ``/proc/PID/map_files`` (root's) lets the grader size a memfd that is only
-    mapped."""
-    return ["shmget", "msgget"] + ([] if os.geteuid() == 0 or cgroup.available() else ["memfd_create"])
+    """The system calls that fail inside the sandbox: SysV shared memory, message queues and semaphores (memory in
+    the sandbox's own IPC namespace that no process shows: 150 sets of 32000 semaphores held 300 MiB; nothing the
+    course runs uses them), ``memfd_secret`` (pages of a file system of their own, held by the descriptor once
+    unmapped), and ``memfd_create`` where neither a memory cgroup nor ``/proc/PID/map_files`` (root's) lets the
+    grader size a memfd that is only mapped."""
+    return ["shmget", "msgget", "semget", "memfd_secret"] + (
+        [] if os.geteuid() == 0 or cgroup.available() else ["memfd_create"])
 
 
 def gpu_device_nodes() -> list:
