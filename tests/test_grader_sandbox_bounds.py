@@ -276,8 +276,8 @@ def _hold(tmp_path, kind, mib, limit_mib):
 @pytest.mark.parametrize("counter", ["cgroup", "watchdog"])
 def test_memory_no_process_shows_counts_against_the_limit(tmp_path, monkeypatch, counter):
     """250 MiB held where no resident size shows it (a memfd written and not mapped, or mapped by one page; a shared
-    mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory, semaphores; memfd_secret) under a 120 MiB
-    limit: the tree is stopped for memory, or the call is refused inside (SysV, which nothing the course runs
+    mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory, semaphores;
+    memfd_secret) under a 120 MiB limit: the tree is stopped for memory, or the call is refused inside (SysV, which nothing the course runs
     uses). With the kernel's memory cgroup (this machine's, as root) and with the watchdog alone (where the
     grader can have none)."""
     _sandbox_or_fail()
@@ -452,26 +452,64 @@ PLAIN_SOCKETS = textwrap.dedent('''
     from fuselab.grading.sandbox import cgroup, isolate
     work = Path(sys.argv[1])
     held = {"cgroup": cgroup.available()}
-    for kind in json.loads((work / "kinds.json").read_text()):
+    for kind, (script, mib, limit) in json.loads((work / "kinds.json").read_text()).items():
         own = work / "own"
-        command = isolate.sandboxed([sys.executable, "-c", (work / "hold.py").read_text(), kind, "300"], own=[own],
+        command = isolate.sandboxed([sys.executable, "-c", (work / script).read_text(), kind, str(mib)], own=[own],
                                     hide=[])
-        o = isolate.Child(command, limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20), cwd=str(own)).wait()
+        o = isolate.Child(command, limits=isolate.Limits(wall_s=90, memory_bytes=limit * 2**20), cwd=str(own)).wait()
         held[kind] = [o.out_of_memory, o.timed_out, o.describe(), o.stdout]
     print(json.dumps(held))
 ''')
 
 
-def test_memory_held_in_sockets_buffers_counts_for_a_plain_user_too(tmp_path):
+def test_memory_held_in_sockets_and_pipes_counts_for_a_plain_user_too(tmp_path):
     """A plain user has no memory cgroup here: the watchdog joins the sandbox's namespaces (the grader's user
-    made them) to ask what its sockets hold."""
+    made them) to ask what its sockets hold, and reopens its pipes through /proc to ask what they hold."""
     with _user_folder() as work:
-        (work / "hold.py").write_text(SOCKETS)
-        (work / "kinds.json").write_text(json.dumps(SOCKET_KINDS))
+        (work / "sockets.py").write_text(SOCKETS)
+        (work / "pipes.py").write_text(PIPES)
+        kinds = {**{kind: ["sockets.py", 300, 120] for kind in SOCKET_KINDS}, "pipes": ["pipes.py", 60, 40]}
+        (work / "kinds.json").write_text(json.dumps(kinds))
         done = _as_plain_user(PLAIN_SOCKETS, work)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report.pop("cgroup") is False
     held = {kind: "stopped" if oom and not timed_out and "memory" in described else f"not held: {described} {out}"
             for kind, (oom, timed_out, described, out) in report.items()}
-    assert held == {kind: "stopped" for kind in SOCKET_KINDS}, held
+    assert held == {kind: "stopped" for kind in kinds}, held
+
+
+PIPES = textwrap.dedent(r'''
+    import fcntl, os, sys, time
+    size, held, total = int(sys.argv[-1]) * 2**20, [], 0
+    while total < size:  # pipes of a megabyte each (the most a user may ask), filled and never read
+        read, write = os.pipe()
+        try:
+            fcntl.fcntl(write, 1031, 2**20)  # F_SETPIPE_SZ
+        except OSError:
+            pass
+        os.set_blocking(write, False)
+        try:
+            while True:
+                total += os.write(write, b"x" * 65536)
+        except BlockingIOError:
+            pass
+        held += [read, write]
+    print("holding", total >> 20, flush=True)
+    time.sleep(40)
+''')
+
+
+@pytest.mark.parametrize("counter", ["cgroup", "watchdog"])
+def test_memory_held_in_pipes_counts_against_the_limit(tmp_path, monkeypatch, counter):
+    """Bytes written to pipes and never read are kernel memory no resident size shows: 60 MiB in pipes ran on under
+    a 40 MiB limit (and thousands of small pipes per process, in each of its processes, hold gigabytes)."""
+    _sandbox_or_fail()
+    if counter == "watchdog":
+        monkeypatch.setattr(cgroup.MemoryGroup, "make", classmethod(lambda cls, limit: None))
+        monkeypatch.setattr(cgroup, "available", lambda: False)
+    outcome = _run(tmp_path, PIPES, "60", limits=isolate.Limits(wall_s=90, memory_bytes=40 * 2**20))
+    assert _sockets_held(outcome) == "stopped", outcome
+    outcome = _run(tmp_path, PIPES.replace("time.sleep(40)", "time.sleep(3)"), "2",
+                   limits=isolate.Limits(wall_s=90, memory_bytes=40 * 2**20))
+    assert outcome.ok and "holding" in outcome.stdout, outcome

@@ -5,7 +5,7 @@
   bounded instead by a memory cgroup of the child's own where the grader can make one (``cgroup``: the kernel
   counts every page the tree holds, shared memory included, and holds the limit), and otherwise by a watchdog that
   sums the tree's resident memory, its private tmpfs, the shared-memory objects it holds (``shmem_bytes``) and
-  what the sockets of its own network namespace hold (``own_network_socket_bytes``).
+  what the sockets of its own network namespace and its pipes hold (``own_network_socket_bytes``, ``pipe_bytes``).
 - **Timeouts** kill the whole tree, descendants first: a Jupyter kernel runs in a session of its own, so killing
   a process group alone would leave an endless kernel spinning.
 - **Every process a child starts ends with it**: each child runs under ``keeper`` (a child subreaper that the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import platform
 import secrets
@@ -35,6 +36,7 @@ import shutil
 import sys
 import signal
 import stat
+import struct
 import subprocess
 import threading
 import time
@@ -301,6 +303,45 @@ def shmem_bytes(tree, counted_devices=()) -> int:
     return sum(objects.values())
 
 
+F_GETPIPE_SZ, FIONREAD = 1032, 0x541B
+
+
+def pipe_bytes(tree) -> int:
+    """What the pipes ``tree``'s processes hold by descriptor keep unread, each pipe once: kernel memory no resident
+    size shows (a pipe of a megabyte, or thousands of small ones). A pipe holding anything counts as its whole
+    capacity: a byte written at a time takes a page each. Read by opening the pipe again through ``/proc`` (for
+    reading, without waiting: nothing is read from it)."""
+    seen, total = set(), 0
+    for pid in tree:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in descriptors:
+            path = f"/proc/{pid}/fd/{name}"
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            key = (info.st_dev, info.st_ino)
+            if not stat.S_ISFIFO(info.st_mode) or key in seen:
+                continue
+            seen.add(key)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                unread = struct.unpack("i", fcntl.ioctl(fd, FIONREAD, b"\0" * 4))[0]
+                if unread > 0:
+                    total += max(unread, fcntl.fcntl(fd, F_GETPIPE_SZ))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return total
+
+
 def own_network_socket_bytes(tree) -> int:
     """What the sockets of the network namespaces ``tree``'s processes have of their own (a sandbox's, a keeper's
     ``--net``) hold in their buffers: kernel memory that only a memory cgroup counts otherwise
@@ -495,12 +536,12 @@ class Child:
                 private = private_tmpfs_bytes(tree, self.sandbox.private)
                 devices = private_devices(tree, self.sandbox.private)
             shared = shmem_bytes(tree, devices)
-            sockets = own_network_socket_bytes(tree)
+            sockets = own_network_socket_bytes(tree) + pipe_bytes(tree)
             if tree_unshared_rss(tree) + private + shared + sockets > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
                 held += f" (of it {shared / 2**20:.0f} MiB of shared memory)" if shared else ""
-                held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' buffers)" if sockets else ""
+                held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' and pipes' buffers)" if sockets else ""
                 return f"used more memory than allowed{held}"
         if check_disk and limits.disk_bytes and self.sandbox is not None:
             devices = private_devices(tree, self.sandbox.private)
