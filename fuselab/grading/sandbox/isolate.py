@@ -344,8 +344,8 @@ def pipe_bytes(tree) -> int:
 
 def own_network_socket_bytes(tree) -> int:
     """What the sockets of the network namespaces ``tree``'s processes have of their own (a sandbox's, a keeper's
-    ``--net``) hold in their buffers: kernel memory that only a memory cgroup counts otherwise
-    (``socket_memory``). The grader's own namespace is never asked (other programs' sockets live there)."""
+    ``--net``) hold in their buffers: kernel memory no resident size shows, and of which a cgroup v1 charges no
+    TCP (``socket_memory``). The grader's own namespace is never asked (other programs' sockets live there)."""
     try:
         mine = os.stat("/proc/self/ns/net").st_ino
     except OSError:
@@ -527,7 +527,8 @@ class Child:
         if limits.processes and tree_tasks(tree) > limits.processes:
             return f"started more than {limits.processes} processes and threads at once (the limit)"
         if limits.memory_bytes and self.group is not None:
-            if self.group.oom_kills() or self.group.used() > limits.memory_bytes:
+            # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
+            if self.group.oom_kills() or self.group.used() + own_network_socket_bytes(tree) > limits.memory_bytes:
                 self.out_of_memory = True
                 return KERNEL_STOPPED
         elif limits.memory_bytes:

@@ -1,14 +1,14 @@
-"""What the sockets of a sandbox's network namespace hold in their buffers: kernel memory no process's resident
+"""What the sockets (Unix, TCP, UDP) of a sandbox's network namespace hold in their buffers: kernel memory no process's resident
 size, no descriptor's file and (without a memory cgroup) nothing else shows.
 
 A sandbox has a network namespace of its own, so every socket of that namespace is one of its processes' (held
 by a descriptor or in flight in another socket's queue: ``/proc/PID/fd`` shows only the first). A Unix socket pair
 holds megabytes unread; twenty thousand descriptors held a hundred gigabytes. ``isolate.Child``'s watchdog adds
-this count where the grader has no memory cgroup (a cgroup v1 charges socket buffers; see ``cgroup``).
+this count to what it reads (a cgroup v1 charges Unix sockets' buffers, never TCP's: it counts them either way).
 
 ``python -I -S socket_memory.py PID`` prints the bytes; it joins PID's network namespace (and, as a plain user,
 the user namespace that owns it: the grader made that one, so it may) and asks the kernel (``sock_diag``) for the
-memory of every Unix socket there. Run as its own process: a process joins a user namespace only while it has a
+memory of every socket there. Run as its own process: a process joins a user namespace only while it has a
 single thread. Standard library only, run with ``-I -S``.
 """
 
@@ -22,6 +22,7 @@ import sys
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
 NLM_F_REQUEST, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR = 1, 0x300, 3, 2
 UDIAG_SHOW_MEMINFO, UNIX_DIAG_MEMINFO = 0x20, 5
+INET_DIAG_SHOW_SKMEMINFO, INET_DIAG_SKMEMINFO = 1 << 6, 7
 CLONE_NEWUSER, CLONE_NEWNET, NS_GET_USERNS = 0x10000000, 0x40000000, 0xB701
 
 
@@ -37,10 +38,10 @@ def _enter(pid: int) -> None:
         raise OSError(ctypes.get_errno(), "setns net")
 
 
-def unix_socket_bytes() -> int:
-    """The buffers (read and write) of every Unix socket of this process's network namespace, in bytes."""
+def _dump(request: bytes, message_bytes: int, meminfo: int) -> int:
+    """Sum, over the sockets a ``sock_diag`` dump ``request`` lists, what their memory attribute (``meminfo``, the
+    kernel's ``SK_MEMINFO`` array) says they hold: read, and written (in flight or queued)."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
-        request = struct.pack("=BBHIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO, 0) + b"\0" * 4
         nl.send(struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
                 + request)
         total = 0
@@ -52,16 +53,28 @@ def unix_socket_bytes() -> int:
                     return total
                 if kind == NLMSG_ERROR or length < 16:
                     raise OSError("sock_diag refused the dump")
-                attribute, end = offset + 16 + 16, offset + length  # after unix_diag_msg
+                attribute, end = offset + 16 + message_bytes, offset + length
                 while attribute + 4 <= end:
                     size, name = struct.unpack_from("=HH", data, attribute)
                     if size < 4:
                         break
-                    if name == UNIX_DIAG_MEMINFO and size >= 4 + 6 * 4:
+                    if name == meminfo and size >= 4 + 6 * 4:
                         info = struct.unpack_from("=9I", data + b"\0" * 36, attribute + 4)
-                        total += info[0] + max(info[2], info[5])  # read; written (in flight or queued)
+                        total += info[0] + max(info[2], info[5])
                     attribute += (size + 3) & ~3
                 offset += (length + 3) & ~3
+
+
+def socket_bytes() -> int:
+    """The buffers of every Unix, TCP and UDP socket of this process's network namespace, in bytes (a cgroup v1
+    charges none of TCP's: loopback connections held 300 MiB past a memory cgroup's limit)."""
+    unix = struct.pack("=BBHIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO, 0) + b"\0" * 4
+    total = _dump(unix, 16, UNIX_DIAG_MEMINFO)
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for protocol in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+            inet = struct.pack("=BBBBI", family, protocol, INET_DIAG_SHOW_SKMEMINFO, 0, 0xFFFFFFFF) + b"\0" * 48
+            total += _dump(inet, 72, INET_DIAG_SKMEMINFO)
+    return total
 
 
 def held_bytes(pid: int, timeout_s: float = 20) -> int | None:
@@ -77,4 +90,4 @@ def held_bytes(pid: int, timeout_s: float = 20) -> int | None:
 
 if __name__ == "__main__":
     _enter(int(sys.argv[1]))
-    print(unix_socket_bytes())
+    print(socket_bytes())
