@@ -520,6 +520,13 @@ class Child:
         if limits.memory_bytes or limits.processes or (limits.disk_bytes and self.sandbox is not None):
             threading.Thread(target=self._watch, daemon=True).start()
 
+    def _socket_bytes(self, tree) -> int:
+        """``own_network_socket_bytes``, asked at most once a second (each ask starts a helper process)."""
+        now = time.monotonic()
+        if now - getattr(self, "_sockets_at", -10.0) >= 1.0:
+            self._sockets, self._sockets_at = own_network_socket_bytes(tree), now
+        return self._sockets
+
     def _over_limit(self, check_disk: bool) -> str | None:
         """Which watched limit the tree is past now, in words; None while within them."""
         limits = self.limits
@@ -528,7 +535,7 @@ class Child:
             return f"started more than {limits.processes} processes and threads at once (the limit)"
         if limits.memory_bytes and self.group is not None:
             # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
-            if self.group.oom_kills() or self.group.used() + own_network_socket_bytes(tree) > limits.memory_bytes:
+            if self.group.oom_kills() or self.group.used() + self._socket_bytes(tree) > limits.memory_bytes:
                 self.out_of_memory = True
                 return KERNEL_STOPPED
         elif limits.memory_bytes:
@@ -537,7 +544,7 @@ class Child:
                 private = private_tmpfs_bytes(tree, self.sandbox.private)
                 devices = private_devices(tree, self.sandbox.private)
             shared = shmem_bytes(tree, devices)
-            sockets = own_network_socket_bytes(tree) + pipe_bytes(tree)
+            sockets = self._socket_bytes(tree) + pipe_bytes(tree)
             if tree_unshared_rss(tree) + private + shared + sockets > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
