@@ -277,8 +277,8 @@ def _hold(tmp_path, kind, mib, limit_mib):
 def test_memory_no_process_shows_counts_against_the_limit(tmp_path, monkeypatch, counter):
     """250 MiB held where no resident size shows it (a memfd written and not mapped, or mapped by one page; a shared
     mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory, semaphores;
-    memfd_secret) under a 120 MiB limit: the tree is stopped for memory, or the call is refused inside (SysV, which nothing the course runs
-    uses). With the kernel's memory cgroup (this machine's, as root) and with the watchdog alone (where the
+    memfd_secret) under a 120 MiB limit: the tree is stopped for memory, or the call is refused inside (SysV and
+    memfd_secret, which nothing the course runs uses). With the kernel's memory cgroup (this machine's, as root) and with the watchdog alone (where the
     grader can have none)."""
     _sandbox_or_fail()
     if counter == "cgroup":
