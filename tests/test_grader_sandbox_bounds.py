@@ -278,8 +278,8 @@ def test_memory_no_process_shows_counts_against_the_limit(tmp_path, monkeypatch,
     """250 MiB held where no resident size shows it (a memfd written and not mapped, or mapped by one page; a shared
     mapping whose pages were dropped; a tmpfs file deleted but held open; SysV shared memory, semaphores;
     memfd_secret) under a 120 MiB limit: the tree is stopped for memory, or the call is refused inside (SysV and
-    memfd_secret, which nothing the course runs uses). With the kernel's memory cgroup (this machine's, as root) and with the watchdog alone (where the
-    grader can have none)."""
+    memfd_secret, which nothing the course runs uses). With the kernel's memory cgroup (this machine's, as root)
+    and with the watchdog alone (where the grader can have none)."""
     _sandbox_or_fail()
     if counter == "cgroup":
         assert cgroup.available(), "a writable memory cgroup is expected here (CI runs as root)"
