@@ -4,8 +4,8 @@ process's resident size and no descriptor's file shows.
 A sandbox has a network namespace of its own, so every socket of that namespace is one of its processes' (held
 by a descriptor or in flight in another socket's queue: ``/proc/PID/fd`` shows only the first). A Unix socket pair
 holds megabytes unread (40 descriptors held 300 MiB here): a process's thousands of descriptors could hold
-more than the machine has. ``isolate.Child``'s watchdog adds
-this count to what it reads (a cgroup v1 charges Unix sockets' buffers, never TCP's: it counts them either way).
+more than the machine has. ``isolate.Child``'s watchdog adds this count to what it reads (a cgroup v1 charges
+Unix sockets' buffers, never TCP's: it counts them either way).
 
 ``python -I -S socket_memory.py PID`` prints the bytes; it joins PID's network namespace (and, as a plain user,
 the user namespace that owns it: the grader made that one, so it may) and asks the kernel (``sock_diag``) for the
