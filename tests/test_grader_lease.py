@@ -591,6 +591,12 @@ def test_the_kernel_worker_holds_the_gpu_only_while_it_times_through_its_checker
 SLOT_USER = """
 import os, sys, time
 from fuselab.speed.lease import speed_test_slot
+# all three ask for a slot together, however slowly each started on a busy machine: else the last to start may
+# find the others done and never wait, and the test would measure the machine's load, not the slots
+open(os.path.join(sys.argv[3], os.path.basename(os.path.dirname(sys.argv[1]))), "w").close()
+deadline = time.time() + 60
+while len(os.listdir(sys.argv[3])) < 3 and time.time() < deadline:
+    time.sleep(0.01)
 with speed_test_slot():
     started = time.time()
     if sys.argv[2] == "dies":
@@ -609,13 +615,15 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     import threading
     shared = lease.DeviceLease("0", speed_slots=slots)
     servers, reports = [], []
+    ready = tmp_path / "ready"
+    ready.mkdir()
     for k in range(3):
         folder = tmp_path / f"submission{k}"
         folder.mkdir()
         reports.append(folder / "span")
         env = dict(os.environ, FUSELAB_GPU_LEASE=str(folder), FUSELAB_GPU_LEASE_TAG=f"t{k}")
-        child = isolate.Child([sys.executable, "-c", SLOT_USER, str(reports[-1]), "dies" if dies and k == 0 else ""],
-                              limits=_limits(), env=env, registry=shared)
+        child = isolate.Child([sys.executable, "-c", SLOT_USER, str(reports[-1]), "dies" if dies and k == 0 else "",
+                               str(ready)], limits=_limits(), env=env, registry=shared)
         servers.append(lease.LeaseServer(shared, folder, child, f"t{k}"))
 
     def serve(server):  # as each submission's recheck loop does, in a thread of its own
