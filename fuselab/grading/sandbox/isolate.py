@@ -243,6 +243,22 @@ def _internal_shmem_device() -> int | None:
 SHMEM_DEVICE = _internal_shmem_device()
 
 
+def _held_descriptors(tree):
+    """``(path, stat)`` of every descriptor ``tree``'s processes hold open (``/proc/PID/fd/N``, followed by
+    ``stat`` to what it names: nothing is opened); processes and descriptors gone meanwhile are passed over."""
+    for pid in tree:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in descriptors:
+            path = f"/proc/{pid}/fd/{name}"
+            try:
+                yield path, os.stat(path)
+            except OSError:
+                continue
+
+
 def shmem_bytes(tree, counted_devices=()) -> int:
     """What the shared-memory objects ``tree``'s processes hold take, each object once (the watchdog's count where
     there is no memory cgroup, ``cgroup``): memory no resident size shows (a memfd written and never mapped, a
@@ -254,25 +270,16 @@ def shmem_bytes(tree, counted_devices=()) -> int:
     objects: dict = {}
     shmem_devices = {SHMEM_DEVICE} if SHMEM_DEVICE is not None else set()
     other_devices: set = set()
-    for pid in tree:
-        try:
-            descriptors = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
+    for path, info in _held_descriptors(tree):
+        if not stat.S_ISREG(info.st_mode) or info.st_dev in counted:
             continue
-        for name in descriptors:
-            path = f"/proc/{pid}/fd/{name}"
-            try:
-                info = os.stat(path)
-            except OSError:
+        if info.st_dev not in shmem_devices:
+            if info.st_dev in other_devices or not _is_shmem_fs(path):
+                other_devices.add(info.st_dev)
                 continue
-            if not stat.S_ISREG(info.st_mode) or info.st_dev in counted:
-                continue
-            if info.st_dev not in shmem_devices:
-                if info.st_dev in other_devices or not _is_shmem_fs(path):
-                    other_devices.add(info.st_dev)
-                    continue
-                shmem_devices.add(info.st_dev)
-            objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+            shmem_devices.add(info.st_dev)
+        objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+    for pid in tree:
         try:
             with open(f"/proc/{pid}/maps") as handle:
                 mappings = handle.read().splitlines()
@@ -312,35 +319,25 @@ def pipe_bytes(tree) -> int:
     capacity: a byte written at a time takes a page each. Read by opening the pipe again through ``/proc`` (for
     reading, without waiting: nothing is read from it)."""
     seen, total = set(), 0
-    for pid in tree:
-        try:
-            descriptors = os.listdir(f"/proc/{pid}/fd")
+    for path, info in _held_descriptors(tree):
+        key = (info.st_dev, info.st_ino)
+        if not stat.S_ISFIFO(info.st_mode) or key in seen:
+            continue
+        seen.add(key)
+        try:  # the descriptor may have been swapped for another file since: never a terminal of the grader's
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError:
             continue
-        for name in descriptors:
-            path = f"/proc/{pid}/fd/{name}"
-            try:
-                info = os.stat(path)
-            except OSError:
+        try:
+            if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != key:
                 continue
-            key = (info.st_dev, info.st_ino)
-            if not stat.S_ISFIFO(info.st_mode) or key in seen:
-                continue
-            seen.add(key)
-            try:  # the descriptor may have been swapped for another file since: never a terminal of the grader's
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-            except OSError:
-                continue
-            try:
-                if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != key:
-                    continue
-                unread = struct.unpack("i", fcntl.ioctl(fd, FIONREAD, b"\0" * 4))[0]
-                if unread > 0:
-                    total += max(unread, fcntl.fcntl(fd, F_GETPIPE_SZ))
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            unread = struct.unpack("i", fcntl.ioctl(fd, FIONREAD, b"\0" * 4))[0]
+            if unread > 0:
+                total += max(unread, fcntl.fcntl(fd, F_GETPIPE_SZ))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     return total
 
 
@@ -367,21 +364,12 @@ def own_network_socket_bytes(tree) -> int:
 def held_deleted_bytes(tree, counted_devices=()) -> int:
     """What files deleted but held open by ``tree``'s processes take on disk: no folder walk finds them."""
     seen, total = set(), 0
-    for pid in tree:
-        try:
-            descriptors = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for name in descriptors:
-            try:
-                info = os.stat(f"/proc/{pid}/fd/{name}")
-            except OSError:
-                continue
-            key = (info.st_dev, info.st_ino)
-            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and key not in seen \
-                    and info.st_dev not in counted_devices and info.st_dev != SHMEM_DEVICE:
-                seen.add(key)
-                total += info.st_blocks * 512
+    for _, info in _held_descriptors(tree):
+        key = (info.st_dev, info.st_ino)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and key not in seen \
+                and info.st_dev not in counted_devices and info.st_dev != SHMEM_DEVICE:
+            seen.add(key)
+            total += info.st_blocks * 512
     return total
 
 
