@@ -296,12 +296,39 @@ def test_resume_keeps_only_results_graded_with_this_runs_containment(tmp_path):
     sha = pipeline._sha(notebook)
     sandboxed = pipeline.Settings(out=tmp_path)
     plain = pipeline.Settings(out=tmp_path, sandbox=False)
+    saved = tmp_path / "result.json"
+    saved.write_text("{}")
     assert sandboxed.sandbox  # the default
-    assert pipeline._kept({"notebook_sha": sha, "sandbox": True}, sub, sandboxed)
-    assert not pipeline._kept({"notebook_sha": sha, "sandbox": False}, sub, sandboxed)
-    assert not pipeline._kept({"notebook_sha": sha}, sub, sandboxed)  # graded before the sandbox was the default
-    assert pipeline._kept({"notebook_sha": sha, "sandbox": True}, sub, plain)
-    assert not pipeline._kept({"notebook_sha": "0" * 64, "sandbox": True}, sub, sandboxed)
+    assert pipeline._kept({"notebook_sha": sha, "sandbox": True}, saved, sub, sandboxed)
+    assert not pipeline._kept({"notebook_sha": sha, "sandbox": False}, saved, sub, sandboxed)
+    assert not pipeline._kept({"notebook_sha": sha}, saved, sub, sandboxed)  # graded before the sandbox was the default
+    assert pipeline._kept({"notebook_sha": sha, "sandbox": True}, saved, sub, plain)
+    assert not pipeline._kept({"notebook_sha": "0" * 64, "sandbox": True}, saved, sub, sandboxed)
+
+
+def test_a_claim_of_the_sandbox_written_during_a_run_without_it_is_not_believed(tmp_path):
+    """A ``--no-sandbox`` run lets submissions write the course folder: a result they wrote claiming a sandboxed
+    grading (back-dated as they like) is graded again by the next sandboxed run; one saved after that run is kept."""
+    from fuselab.grading.records import unsandboxed
+    notebook = tmp_path / "lab0.ipynb"
+    notebook.write_text("{}")
+    sub = type("Sub", (), {"notebook": notebook})()
+    claim = {"notebook_sha": pipeline._sha(notebook), "sandbox": True}
+    sandboxed = pipeline.Settings(out=tmp_path)
+    unsandboxed.mark(tmp_path)  # the --no-sandbox run starts
+    forged = tmp_path / "work" / "bob" / "lab0" / "result.json"
+    forged.parent.mkdir(parents=True)
+    forged.write_text(json.dumps(claim))
+    os.utime(forged, (1e9, 2e9))  # its modification time set ahead: the change time is what counts
+    unsandboxed.mark(tmp_path)  # ... and ends
+    assert not pipeline._kept(claim, forged, sub, sandboxed)
+    assert pipeline._kept(claim, forged, sub, pipeline.Settings(out=tmp_path, sandbox=False))
+    forged.write_text(json.dumps(claim))  # as the sandboxed run saves its own result, after the mark
+    assert pipeline._kept(claim, forged, sub, sandboxed)
+    mark = tmp_path / unsandboxed.MARK
+    mark.unlink()
+    mark.mkdir()  # a mark that is not a regular file believes nothing
+    assert not pipeline._kept(claim, forged, sub, sandboxed)
 
 
 def test_a_sandbox_that_breaks_mid_run_saves_nothing(tmp_path, monkeypatch):

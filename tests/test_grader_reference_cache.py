@@ -136,6 +136,24 @@ def test_an_entry_kept_by_a_run_without_the_sandbox_is_not_reused_by_a_sandboxed
     assert _references(_settings(tmp_path, sandbox=False))["reused"]  # a sandboxed entry serves either
 
 
+def test_an_entry_claiming_the_sandbox_forged_during_a_run_without_it_is_not_reused(tmp_path, course_copy, runs):
+    """Under ``--no-sandbox`` a submission can rewrite a kept entry whole, digest and sandbox claim included: a
+    sandboxed run after it believes no entry changed before that run's end (``unsandboxed``)."""
+    from fuselab.grading.records import unsandboxed
+    settings = _settings(tmp_path)
+    _references(settings)  # kept by a sandboxed run
+    entry = _entry(settings)
+    unsandboxed.mark(settings.out)  # a --no-sandbox run starts; one of its submissions rewrites the entry
+    data = json.loads(entry.read_text())
+    data["cells"]["test_ok"]["message"] = "forged"
+    cache = data.pop("cache")
+    reference_cache.store(entry.parent, data, cache["key"], cache["builds"], sandbox=True)
+    unsandboxed.mark(settings.out)  # the run ends
+    again = _references(_settings(tmp_path))
+    assert not again.get("reused") and len(runs) == 2
+    assert _references(_settings(tmp_path))["reused"]  # the entry the sandboxed run kept after the mark
+
+
 def test_a_change_made_while_they_ran_is_not_taken_for_what_they_ran(tmp_path, course_copy, runs, monkeypatch):
     real = recheck.run_clean
 

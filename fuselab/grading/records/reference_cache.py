@@ -16,7 +16,8 @@ all of that. It is reused only when
 - every shared build it lists still has the recorded bytes in the shared builds' manifest and on disk, so the
   libraries the submissions will load are the ones the reference run proved;
 - it was written by a sandboxed run, or this run is not sandboxed (as ``pipeline._kept`` keeps results): only
-  a run without the sandbox lets a submission write into the course folder.
+  a run without the sandbox lets a submission write into the course folder, and the entry's claim is believed
+  only where no such run could have forged it (``believed``: ``unsandboxed``).
 
 ``fuselab grade --remeasure-references`` runs them again whatever the cache holds; ``--force`` does not.
 """
@@ -104,7 +105,7 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def load(workdir: Path, wanted: dict, shared_root: Path, sandbox: bool) -> dict | None:
+def load(workdir: Path, wanted: dict, shared_root: Path, sandbox: bool, believed: bool = True) -> dict | None:
     """The reference result kept in ``workdir`` if it may be reused (see the module doc), else None."""
     raw = _read(Path(workdir) / ENTRY)
     if raw is None:
@@ -119,7 +120,8 @@ def load(workdir: Path, wanted: dict, shared_root: Path, sandbox: bool) -> dict 
     body = {k: v for k, v in entry.items() if k != "cache"}
     if cache.get("digest") != hashlib.sha256(_canonical({**body, "cache": {**cache, "digest": ""}})).hexdigest():
         return None
-    if cache.get("key") != wanted or entry.get("broken") or not (cache.get("sandbox") is True or not sandbox):
+    sandboxed = cache.get("sandbox") is True and believed
+    if cache.get("key") != wanted or entry.get("broken") or not (sandboxed or not sandbox):
         return None
     builds = cache.get("builds")
     if not isinstance(builds, dict) or not builds:

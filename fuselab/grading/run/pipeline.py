@@ -34,7 +34,7 @@ from ...kernelbuild import shared as shared_builds
 from ...speed.graded import SPEED_IN_RECHECK_ENV
 from ...labs import registry
 from ..outputs import feedback, report
-from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term
+from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term, unsandboxed
 from ..sandbox import isolate
 from ..recheck import clean as recheck
 from . import run_progress
@@ -157,11 +157,14 @@ def _write_result(path: Path, result: SubmissionResult) -> None:
     os.replace(temporary, path)
 
 
-def _kept(previous: dict, sub, settings: Settings) -> bool:
-    """Whether resume keeps a saved result: same notebook, graded with at least this run's containment."""
+def _kept(previous: dict, saved: Path, sub, settings: Settings) -> bool:
+    """Whether resume keeps a saved result: same notebook, graded with at least this run's containment (a claim
+    of the sandbox believed only where no ``--no-sandbox`` run could have forged it: ``unsandboxed``)."""
     if previous.get("notebook_sha") != _sha(sub.notebook):
         return False
-    return previous.get("sandbox") is True or not settings.sandbox
+    if not settings.sandbox:
+        return True
+    return previous.get("sandbox") is True and unsandboxed.believed(saved, settings.out)
 
 
 def default_out() -> Path:
@@ -636,7 +639,9 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
     workdir = settings.out / "reference" / lab
     key = reference_cache.key(lab, device)  # what runs now: kept under this key, whatever changes meanwhile
     if not settings.remeasure_references:
-        kept = reference_cache.load(workdir, key, settings.shared_builds, settings.sandbox)
+        entry = workdir / reference_cache.ENTRY
+        kept = reference_cache.load(workdir, key, settings.shared_builds, settings.sandbox,
+                                    believed=unsandboxed.believed(entry, settings.out))
         if kept is not None:
             return kept
     shutil.rmtree(workdir, ignore_errors=True)
@@ -676,8 +681,12 @@ def grade(source, settings: Settings) -> ClassResult:
     settings.out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(settings.out)
     try:
+        if not settings.sandbox:  # before its first submission runs, and again once they all ended
+            unsandboxed.mark(settings.out)
         return _grade(source, settings)
     finally:
+        if not settings.sandbox:
+            unsandboxed.mark(settings.out)
         lock.close()
 
 
@@ -768,7 +777,7 @@ def _grade(source, settings: Settings) -> ClassResult:
                 previous = json.loads(saved.read_text())
             except (OSError, ValueError):
                 previous = {}
-            if isinstance(previous, dict) and _kept(previous, sub, settings):
+            if isinstance(previous, dict) and _kept(previous, saved, sub, settings):
                 results[(sub.student, sub.lab)] = SubmissionResult.from_json(previous)
                 continue
         todo.append(sub)
