@@ -1,4 +1,4 @@
-"""The numbers the grader's throughput report rests on: nbgrader's phases, the machine's load, GPU memory."""
+"""The numbers the grader's throughput report rests on: the machine's load, GPU memory, each submission's steps."""
 
 import os
 import stat
@@ -7,39 +7,9 @@ import time
 import pytest
 
 from fuselab.grading.sandbox import isolate
-from fuselab.grading.records import nbgrader_run
 from fuselab.grading.gpus import schedule
 from fuselab.tools import load_sampler
 from fuselab.tools.load_sampler import LoadSampler
-
-
-def _executed(*spans):
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": "x"}]
-    for start, end in spans:
-        cells.append({"cell_type": "code", "source": "x = 1", "outputs": [], "metadata": {"execution": {
-            "iopub.execute_input": start, "shell.execute_reply": end}}})
-    return {"cells": cells}
-
-
-def test_nbgrader_phases_come_from_the_cells_execution_times():
-    from datetime import datetime, timezone
-    t0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc).timestamp()
-    nb = _executed(("2026-11-29T12:00:03.000000Z", "2026-11-29T12:00:04.500000Z"),
-                   ("2026-11-29T12:00:04.600000Z", "2026-11-29T12:00:07.000000Z"))
-    assert nbgrader_run.phases(nb, t0, t0 + 9) == {"start": 3.0, "cells": 4.0, "finish": 2.0}
-    # a notebook without timing metadata (or with garbage in it) gives no phases rather than wrong ones
-    assert nbgrader_run.phases(_executed(), t0, t0 + 9) == {}
-    assert nbgrader_run.phases(_executed(("soon", None)), t0, t0 + 9) == {}
-    # what nbclient did not rewrite came from the submission: a stale time, a malformed entry, an empty cell
-    stale = _executed(("2026-11-28T12:00:03.000000Z", "2026-11-28T12:00:04.000000Z"),
-                      ("2026-11-29T12:00:03.000000Z", "2026-11-29T12:00:05.000000Z"))
-    assert nbgrader_run.phases(stale, t0, t0 + 9) == {"start": 3.0, "cells": 2.0, "finish": 4.0}
-    malformed = _executed(("2026-11-29T12:00:03.000000Z", "2026-11-29T12:00:05.000000Z"))
-    malformed["cells"].append({"cell_type": "code", "source": "x = 1", "metadata": {"execution": ["x"]}})
-    malformed["cells"].append({"cell_type": "code", "source": "", "metadata": {"execution": {
-        "iopub.execute_input": "2026-11-29T12:00:01.000000Z", "shell.execute_reply": "2026-11-29T12:00:08.0Z"}}})
-    assert nbgrader_run.phases(malformed, t0, t0 + 9) == {"start": 3.0, "cells": 2.0, "finish": 4.0}
-    assert nbgrader_run.phases({"cells": "nonsense"}, t0, t0 + 9) == {}
 
 
 def test_the_load_sampler_sees_a_busy_cpu(monkeypatch):
@@ -101,9 +71,8 @@ def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time
         return {"student": student, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": seconds,
                 "cells": {"test_fused": {"points": 4.0, "max_points": 4.0, "status": "passed", "message": "",
                                          "speed": []}},
-                "flags": [], "disagreements": [], "clean_seconds": seconds / 2, "nbgrader_seconds": seconds / 2,
-                "clean_timeline": {"process start": 1.0, "build_fused": build, "test_fused": 0.5, "setup": 0.2},
-                "nbgrader_phases": {"start": 3.0, "cells": 4.0, "finish": 1.0}}
+                "flags": [], "clean_seconds": seconds / 2,
+                "clean_timeline": {"process start": 1.0, "build_fused": build, "test_fused": 0.5, "setup": 0.2}}
     graded = ClassResult(out=tmp_path, results=[result("ann", 20.0, 2.0), result("bob", 30.0, 4.0),
                                                 result("cy", 40.0, 6.0)], problems=[],
                          phase_seconds={"submissions": 45.0}, graded_now=3, workers=["0", "0"])
@@ -111,24 +80,10 @@ def test_the_class_report_says_the_pace_and_where_each_submission_spent_its_time
     section = text[text.index("## Throughput"):]
     assert "graded 3 submission(s) in 45 s, 15.0 s per submission, 2 at a time (2 sharing GPU 0)" in section
     assert "30.0 s on average (slowest 40 s)" in section
-    # medians: clean 15.0 s, build 4.0 s the slowest step, then the process start; nbgrader 15.0 s, start 3.0 s
-    assert "| lab0 | 15.0 s | build_fused 4.0 s, process start 1.0 s, test_fused 0.5 s | 15.0 s | 3.0 s |" in section
+    # medians: clean 15.0 s, build 4.0 s the slowest step, then the process start
+    assert "| lab0 | 15.0 s | build_fused 4.0 s, process start 1.0 s, test_fused 0.5 s |" in section
     assert schedule.describe([None]) == "1 CPU worker, no GPU"
     assert schedule.describe(["0", "1", "0", "1"]) == "2 sharing each of GPUs 0, 1"
-
-
-def test_without_nbgrader_runs_the_throughput_table_says_so(tmp_path):
-    from fuselab.grading.outputs import report
-    from fuselab.grading.run.pipeline import ClassResult
-    results = [{"student": s, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": seconds,
-                "cells": {}, "flags": [], "disagreements": [], "clean_seconds": seconds, "nbgrader_seconds": None,
-                "clean_timeline": {"process start": 1.0, "test_fused": 0.5}} for s, seconds in (("ann", 20.0),
-                                                                                               ("bob", 30.0))]
-    text = report.markdown(ClassResult(out=tmp_path, results=results, problems=[],
-                                       phase_seconds={"submissions": 25.0}, graded_now=2, workers=["0", "0"]))
-    section = text[text.index("## Throughput"):]
-    assert "its clean recheck (no nbgrader run of the notebook: `--notebook-run`)" in section
-    assert "| lab0 | 25.0 s | process start 1.0 s, test_fused 0.5 s | - | - |" in section
 
 
 def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
@@ -139,14 +94,14 @@ def test_the_class_report_lists_what_the_grader_noted_about_a_run(tmp_path):
         return {"student": student, "lab": "lab0", "total": 1.0, "max_total": 1.0, "seconds": 10.0,
                 "cells": {"test_fused": {"points": 1.0, "max_points": 1.0, "status": "passed", "message": "",
                                          "speed": []}},
-                "flags": [], "disagreements": [], "notes": notes}
+                "flags": [], "notes": notes}
     busy = "GPU 0 busy with process(es) [4242]: timings may be disturbed"
-    # nbgrader's output ends some notes: the student's run could print a heading into the TA's report
-    unfinished = "nbgrader did not grade the notebook: ...\n## Grades\n| forged | 10 |" + "x" * 1000
+    # a note may quote what a run left (a file's name): a submission could put a heading into the TA's report
+    unfinished = "could not remove clean: ...\n## Grades\n| forged | 10 |" + "x" * 1000
     graded = ClassResult(out=tmp_path, results=[result("ann", [busy, unfinished]), result("bob", [])], problems=[])
     section = report.markdown(graded).split("## To look at")[1].split("\n## ")[0]  # to the next section
     assert f"- ann/lab0: note: {report._md(busy)}" in section  # as written, markdown's punctuation escaped
-    assert "- ann/lab0: note: nbgrader did not grade the notebook: ... ## Grades \\| forged \\| 10 \\|" in section
+    assert "- ann/lab0: note: could not remove clean: ... ## Grades \\| forged \\| 10 \\|" in section
     assert "\n## Grades" not in section and "x" * 400 not in section
     assert "bob" not in section
     quiet = ClassResult(out=tmp_path, results=[result("bob", [])], problems=[])
@@ -214,7 +169,7 @@ def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
     def result(student, start):
         return SubmissionResult.from_json({
             "student": student, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": 10.0, "cells": {},
-            "flags": [], "disagreements": [], "clean_timeline": {
+            "flags": [], "clean_timeline": {
                 "process start": start, "setup": 0.5, "build_fused": 2.0, "test_fused": 3.0, "test_speedup": 1.0,
                 "waiting for the GPU alone": 0.4, "stopped for others' timings": 0.1, "the GPU held alone": 0.2}})
     run = ClassResult(out=tmp_path, results=[result("ann", 1.0), result("bob", 3.0)], problems=[],

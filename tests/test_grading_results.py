@@ -1,7 +1,6 @@
 """Typed grading results: result.json files load and are written back byte for byte (CPU, under a second).
 
-The fixtures are real result.json files of the grader's sample class: one of a GPU run (a kernel that faults),
-one written by an older grader (its cells have no ``requires_failed``).
+The fixture is a real result.json of the grader's sample class: a GPU run of a kernel that faults.
 """
 
 import json
@@ -14,7 +13,6 @@ from fuselab.grading.records.results import CellResult, SubmissionResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CURRENT = FIXTURES / "result-gpu-fault-lab0.json"
-OLDER = FIXTURES / "result-older-correct-lab0.json"
 
 
 def test_a_result_json_is_written_back_byte_for_byte(tmp_path):
@@ -32,7 +30,7 @@ def test_totals_attention_and_the_dict_view():
     result = SubmissionResult.from_json(data)
     assert result.total == sum(result.points.values()) == data["total"]
     assert result.max_total == sum(c.max_points for c in result.cells.values()) == data["max_total"]
-    assert result.attention == len(data["flags"]) + len(data["disagreements"])
+    assert result.attention == len(data["flags"])
     assert result.full_marks is (data["total"] == data["max_total"])
     # code that read the dict reads the same values
     for key, value in data.items():
@@ -42,19 +40,8 @@ def test_totals_attention_and_the_dict_view():
     assert result.get("no such key", 7) == 7 and "student" in result and "no such key" not in result
 
 
-def test_an_older_result_loads_with_its_missing_keys_defaulted():
-    data = json.loads(OLDER.read_text())
-    assert all("requires_failed" not in c for c in data["cells"].values())
-    result = SubmissionResult.from_json(data)
-    assert result.student == data["student"] and result.total == data["total"]
-    assert all(c.requires_failed == [] for c in result.cells.values())
-    written = result.to_json()
-    for key, value in data.items():
-        if key != "cells":
-            assert written[key] == value
-    for grade_id, cell in data["cells"].items():
-        assert {k: v for k, v in written["cells"][grade_id].items() if k in cell} == cell
-    # a much older dict: no timings, no sandbox, no device; an unknown key is kept
+def test_a_result_missing_keys_takes_their_defaults_and_keeps_keys_it_does_not_know():
+    # no timings, no sandbox, no device; a key this grader does not write (an earlier one's) is kept, not lost
     bare = {"student": "s", "lab": "lab0", "cells": {"test_fused": {"points": 1.0, "max_points": 2.0,
                                                                     "status": "partial"}},
             "flags": ["x: y"], "disagreements": [], "someday": 1}
@@ -63,7 +50,7 @@ def test_an_older_result_loads_with_its_missing_keys_defaulted():
     assert old.to_json()["someday"] == 1 and old["someday"] == 1
 
 
-def test_combine_builds_the_dict_it_always_wrote():
+def test_combine_writes_result_json_key_for_key():
     sub = type("Sub", (), {"student": "s", "lab": "lab0"})()
     speed = recheck.CellVerdict("test_speedup", 3.0, 4.0, "partial", speed=[{"status": "measured", "speedup": 2.5}],
                                 seconds=1.5, requires_failed=[])
@@ -71,27 +58,23 @@ def test_combine_builds_the_dict_it_always_wrote():
     clean = recheck.CleanResult(cells={"test_speedup": speed, "test_fused": check}, flags=["f: g"], restarts=1,
                                 seconds=9.0, gpu_wait_s=0.5, gpu_held_s=1.0, gpu_holds=[[1.0, 2.0]],
                                 timeline={"setup": 1.0})
-    run = {"cells": {"test_speedup": [0.0, 4.0], "test_fused": [2.0, 2.0], "answer": [None, 1.0]},
-           "autograded": "a.ipynb", "seconds": 7.0, "phases": {"start": 1.0}}
-    result = pipeline.combine(sub, clean, run, ["a note"])
-    # what combine returned before it was typed, key for key
-    legacy = {"student": "s", "lab": "lab0", "cells": {
+    result = pipeline.combine(sub, clean, ["a note"], hand_graded=["answer"])
+    # result.json as the grader writes it, key for key and in order
+    expected = {"student": "s", "lab": "lab0", "cells": {
         "test_speedup": {"points": 3.0, "max_points": 4.0, "status": "partial", "message": "",
                          "speed": [{"status": "measured", "speedup": 2.5}], "seconds": 1.5, "output": "",
-                         "requires_failed": [], "notebook_points": 0.0},
+                         "requires_failed": []},
         "test_fused": {"points": 0.0, "max_points": 2.0, "status": "failed", "message": "wrong", "speed": [],
-                       "seconds": 0.2, "output": "out", "requires_failed": [], "notebook_points": 2.0}},
-        "total": 3.0, "max_total": 6.0, "manual_cells": ["answer"], "flags": ["f: g"],
-        "disagreements": ["test_fused: notebook run gave 2, clean recheck 0 of 2 (the clean result counts)"],
-        "notes": ["a note"], "restarts": 1, "notebook_autograded": "a.ipynb", "nbgrader_seconds": 7.0,
-        "clean_seconds": 9.0, "gpu_wait_seconds": 0.5, "gpu_held_seconds": 1.0, "gpu_holds": [[1.0, 2.0]],
-        "clean_timeline": {"setup": 1.0}, "nbgrader_phases": {"start": 1.0}}
+                       "seconds": 0.2, "output": "out", "requires_failed": []}},
+        "total": 3.0, "max_total": 6.0, "manual_cells": ["answer"], "flags": ["f: g"], "notes": ["a note"],
+        "restarts": 1, "clean_seconds": 9.0, "gpu_wait_seconds": 0.5, "gpu_held_seconds": 1.0,
+        "gpu_holds": [[1.0, 2.0]], "clean_timeline": {"setup": 1.0}}
     finished = dict(device="0", seconds=20.0, notebook_sha="abc", notebook="n.ipynb", origin="s/lab0.ipynb",
                     sandbox=True)
     for key, value in finished.items():
         setattr(result, key, value)
-    assert json.dumps(result.to_json(), indent=1) == json.dumps(dict(legacy, **finished), indent=1)
-    assert result.attention == 2
+    assert json.dumps(result.to_json(), indent=1) == json.dumps(dict(expected, **finished), indent=1)
+    assert result.attention == 1
 
 
 def test_the_readers_take_typed_results_and_saved_dicts_alike(tmp_path):

@@ -1,7 +1,7 @@
 """Hand grading a graded run: ``fuselab formgrader RUN`` serves that run's gradebook (from the venv, without an
 exchange), a manual grade entered through formgrader's own web API reaches ``grades.csv``, the report's totals and
 the feedback page on the next ``fuselab grade`` of the run (nothing regraded), and nbgrader's own feedback
-buttons never show a hidden test, whichever way the run was graded.
+buttons never show a hidden test, even of a submitted notebook that holds them.
 
 The run is made without grading anything (the results a grading run saves, written directly), so the test is
 cheap; the outputs step and the resume are the real ones.
@@ -35,7 +35,7 @@ def _instructor():
     return json.loads((course.SOLUTIONS / LAB / nbgrader_run.notebook_name(LAB)).read_text())
 
 
-def _saved_result(out: Path, student: str, notebook: Path, executed: Path | None) -> None:
+def _saved_result(out: Path, student: str, notebook: Path) -> None:
     """What a grading run saves for one submission: full marks on every autograded test."""
     instructor = _instructor()
     cells = {ipynb.grade_id(c): CellResult(points=float(ipynb.points(c)), max_points=float(ipynb.points(c)),
@@ -44,8 +44,7 @@ def _saved_result(out: Path, student: str, notebook: Path, executed: Path | None
     result = SubmissionResult(student=student, lab=LAB, cells=cells, total=sum(c.points for c in cells.values()),
                               max_total=sum(c.max_points for c in cells.values()),
                               manual_cells=pipeline.hand_graded(instructor), notebook=str(notebook),
-                              notebook_sha=pipeline._sha(notebook), sandbox=True,
-                              notebook_autograded=str(executed) if executed else None)
+                              notebook_sha=pipeline._sha(notebook), sandbox=True)
     work = out / "work" / student / LAB
     work.mkdir(parents=True, exist_ok=True)
     (work / "result.json").write_text(json.dumps(result.to_json()))
@@ -53,30 +52,27 @@ def _saved_result(out: Path, student: str, notebook: Path, executed: Path | None
 
 @pytest.fixture
 def graded_run(tmp_path, monkeypatch):
-    """A run of two students on lab0, as ``fuselab grade`` leaves it: ann graded with ``--notebook-run`` (her
-    executed notebook, the instructor's cells and hidden tests in it, beside her result), bob without."""
+    """A run of two students on lab0, as ``fuselab grade`` leaves it: ann handed in the instructor's notebook (its
+    hidden tests in it), bob the lab as released."""
     source = tmp_path / "class"
     for student in STUDENTS:
         folder = source / student / LAB
         folder.mkdir(parents=True)
-        shutil.copy(course.LABS / LAB / nbgrader_run.notebook_name(LAB), folder)
+        given = course.SOLUTIONS if student == "ann" else course.LABS
+        shutil.copy(given / LAB / nbgrader_run.notebook_name(LAB), folder)
     out = tmp_path / "run"
     monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
     monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
     # the first run: each submission's result saved as a grading run saves it, then the outputs
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade(sub, out, tmp_path))
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade(sub, out))
     pipeline.grade(source, pipeline.Settings(out=out, labs=[LAB], progress=False))
     # from now on a run of the same --out must keep every result: nothing may be graded again
     monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("a kept result was regraded"))
     return source, out, pipeline.Settings(out=out, labs=[LAB], progress=False)
 
 
-def _fake_grade(sub, out, tmp_path):
-    executed = None
-    if sub.student == "ann":  # nbgrader's executed notebook: the instructor's test cells, hidden tests and all
-        executed = tmp_path / "executed.ipynb"
-        shutil.copy(course.SOLUTIONS / LAB / nbgrader_run.notebook_name(LAB), executed)
-    _saved_result(out, sub.student, Path(sub.notebook), executed)
+def _fake_grade(sub, out):
+    _saved_result(out, sub.student, Path(sub.notebook))
     return SubmissionResult.from_json(json.loads((out / "work" / sub.student / LAB / "result.json").read_text()))
 
 
@@ -92,6 +88,16 @@ def _hidden_lines():
     return lines
 
 
+def test_the_cells_a_person_grades_come_from_the_instructors_notebook():
+    def cell(grade_id, **meta):
+        return {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": grade_id, **meta}}, "source": ""}
+    instructor = {"cells": [cell("answer", grade=True, solution=True), cell("test_fused", grade=True, solution=False),
+                            cell("fused_source", grade=False, solution=True), cell("task", task=True),
+                            dict(cell("written", grade=True), cell_type="markdown"),
+                            {"cell_type": "markdown", "metadata": {}, "source": "text"}]}
+    assert pipeline.hand_graded(instructor) == ["answer", "task", "written"]
+
+
 def test_the_course_of_a_run_is_found_and_anything_else_is_refused(graded_run, tmp_path):
     _, out, _ = graded_run
     assert formgrader.course_folder(out) == (out / "course").resolve()
@@ -101,7 +107,7 @@ def test_the_course_of_a_run_is_found_and_anything_else_is_refused(graded_run, t
 
 
 def test_nbgrader_feedback_never_shows_hidden_tests(graded_run):
-    """formgrader's "Generate feedback" (nbgrader generate_feedback) on a run graded both ways."""
+    """formgrader's "Generate feedback" (nbgrader generate_feedback), also of a notebook handed in with them."""
     _, out, _ = graded_run
     root = out / "course"
     stored = (root / "autograded" / "ann" / LAB / nbgrader_run.notebook_name(LAB)).read_text()

@@ -49,7 +49,6 @@ LAST_RECORD = None  # the last speed test's record
 # throughput report; the kernel worker sends only these labels)
 PHASES = ("input sets", "kernel list", "check at the timed shape", "stream check", "timing",
           "refreshed check")
-SPEED_IN_RECHECK_ENV = "FUSELAB_SPEED_IN_RECHECK"  # set by the grader for its nbgrader run of a notebook
 _OWN_KERNEL = re.compile(r"__global__\s+[\w:<>,\s]*?\b(\w+)\s*\(")
 
 
@@ -134,13 +133,6 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
             say(f"{test_id}: speedup not measured (no GPU): 0 points on this machine. The course measures it "
                 f"when it grades your notebook on its GPU, for up to {max_points} points.")
             say(would_grade(test_id, max_points, policy))
-        return _finish(record)
-    if os.environ.get(SPEED_IN_RECHECK_ENV):
-        # the grader's own run of the notebook: this student's Python could fake any number, so only the clean
-        # recheck's measurement counts, and timing here too would take the shared GPU twice
-        record["status"] = "measured in the clean recheck"
-        say(f"{test_id}: the grader measures this speedup in its clean recheck, with the GPU to itself; "
-            "that measurement is this test's score (see the feedback).")
         return _finish(record)
     # which physical GPU measured it (CUDA_VISIBLE_DEVICES renumbers them): the multi-GPU self-check reads it
     record["gpu_uuid"] = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", ""))

@@ -7,9 +7,8 @@ The page has three sources, and nothing else reaches it:
    (``labs/<lab>/<lab>.ipynb``, which ``nbgrader generate_assignment`` wrote without the hidden tests), whatever
    the submission holds in their place;
 2. the **grader's verdicts** (``result.json``, from the clean recheck): points, status, a bounded message, the
-   speed records' numbers, the flags and notes of that submission, whether the notebook run scored anything
-   differently (one fixed sentence a page: never the notebook run's numbers, nor which tests, which the student's
-   code can choose), and the written answers' scores and comments a teaching assistant entered in formgrader;
+   speed records' numbers, the flags and notes of that submission, and the written answers' scores and comments
+   a teaching assistant entered in formgrader;
 3. the grader's own **reference run** of the lab's solution in the same grading run (``reference/<lab>/
    reference.json``, written before any student's code ran): the plain solution's speedup and the copy bandwidth
    measured on that GPU. With the speed record's numbers they draw each measured speed test as a picture (PNG,
@@ -20,8 +19,8 @@ The page has three sources, and nothing else reaches it:
 The page is rendered by ``templates/feedback.html`` (Jinja2, autoescaping on): the code here gathers text and
 numbers, and the template escapes every one of them.
 
-Nothing printed while the grader ran the student's code (nbgrader's autograded notebook, the kernel's output,
-the clean recheck's stdout) is read. That is what keeps the hidden tests and the grading machine's files and
+Nothing printed while the grader ran the student's code (the workers' output, the clean recheck's stdout) is
+read. That is what keeps the hidden tests and the grading machine's files and
 environment out of the page: a cell that prints IPython's ``In`` history, or a launcher that reads
 ``solutions/``, runs only in the grader's runs, whose output the page never sees. The one text of a run that
 does reach the page is a failed test's message (an exception's type and message, which may quote the student's
@@ -35,9 +34,8 @@ defines). Notes (what the grader noticed about the run itself) are always said. 
 rendered (not JSON, not UTF-8, any JSON shape, huge outputs) still gets a page with the verdicts and a line saying
 what could not be shown; building feedback never raises.
 
-nbgrader's own feedback (``generate_feedback``, formgrader's *Generate feedback*) renders the autograded
-notebook, hidden tests and all: it stays available to the teaching assistant in ``course/``, and is not what
-students get.
+nbgrader's own feedback (``generate_feedback``, formgrader's *Generate feedback*) renders the copy in
+``course/autograded/``: the notebook as submitted, its hidden tests cut (``nbgrader_run.record``).
 """
 
 from __future__ import annotations
@@ -66,11 +64,9 @@ MAX_OUTPUT_CHARS = 10_000           # per cell, all its text outputs together
 MAX_IMAGE_BYTES = 2 * 2**20         # per image (base64)
 MAX_PAGE_CHARS = 8 * 2**20          # the notebook part of a page; past it, cells are counted, not shown
 MAX_MESSAGE_CHARS = 600             # a verdict's message
-MAX_NOTE_CHARS = 400                # a flag, note or disagreement
+MAX_NOTE_CHARS = 400                # a flag or note
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_NBGRADER_OUTCOME = re.compile(r"stopped after \d+ s \(time limit\)|used more memory than allowed|"
-                               r"crashed \((?:SIG[A-Z0-9]+|signal \d+)\)|exit status -?\d+")
 
 STATUS_WORDS = {
     "passed": "passed",
@@ -326,33 +322,16 @@ def _speed_line(records) -> str:
             if isinstance(shape, list) and all(isinstance(s, int) for s in shape):
                 text += f", at shape {shape}"
             parts.append(text)
-        elif isinstance(record.get("status"), str) and record["status"] != "measured in the clean recheck":
+        elif isinstance(record.get("status"), str):
             parts.append("speed: " + _flat(record["status"], 300))
     return "; ".join(parts)
 
 
-def _outcome_of_nbgrader_note(note: str) -> str:
-    """The grader's note on nbgrader's run, in its own words only: nbgrader's output may follow it, and that is
-    text the student's code printed."""
-    found = _NBGRADER_OUTCOME.search(note[:400])
-    return f"; nbgrader {found.group(0)}" if found else ""
-
-
 def _student_notes(result: dict) -> list:
-    notes = []
-    for note in _list(result.get("notes")):
-        note = str(note)
-        if note.lstrip().lower().startswith("nbgrader"):
-            finished = bool(result.get("notebook_autograded"))
-            notes.append(("nbgrader's run of your notebook did not end normally" if finished else
-                          "nbgrader could not run your notebook to the end (a cell ran past its time limit, or "
-                          "its Python kernel died)") + _outcome_of_nbgrader_note(note) +
-                         ". Your points do not depend on that run: they come from the grader's clean rerun.")
-        elif note.startswith("GPU "):
-            notes.append(re.sub(r"process\(es\).*?:", "other programs:", _flat(note, MAX_NOTE_CHARS)))
-        else:
-            notes.append(_flat(note, MAX_NOTE_CHARS))
-    return notes
+    """The grader's notes as the page says them (``_grader_notes`` scrubs and cuts them): a busy GPU's other
+    programs are not named."""
+    return [re.sub(r"process\(es\).*?:", "other programs:", note) if note.startswith("GPU ") else note
+            for note in map(str, _list(result.get("notes")))]
 
 
 @dataclass
@@ -361,8 +340,6 @@ class _Verdicts:
     cells: dict
     flags_by_cell: dict
     other_flags: list
-    disagreements: dict
-    other_disagreements: list
     notes: list
     uses: dict
 
@@ -371,8 +348,7 @@ class _Verdicts:
         cells = {str(k): _dict(v) for k, v in _dict(result.get("cells")).items()}
         known = set(cells) | set(sources.release) | {g for gs in sources.uses.values() for g in gs}
         flags, other = _split_prefixed(result.get("flags"), known)
-        disagreements, other_d = _split_prefixed(result.get("disagreements"), known)
-        return cls(cells, flags, other, disagreements, other_d, _student_notes(result), sources.uses)
+        return cls(cells, flags, other, _student_notes(result), sources.uses)
 
     def flags_for_test(self, grade_id) -> list:
         """``[(cell, text)]``: the flags on this test, and on the solution cells it uses."""
@@ -484,15 +460,7 @@ def _verdict(grade_id, verdicts: _Verdicts, scrub, manual: dict) -> dict:
             "comment": _comment(manual.get(grade_id))}
 
 
-# A disagreement is said once a page, in these words alone. The notebook run executes the student's code beside the
-# hidden tests, with its gradebook writable, so what it scored is the student's code's choice: its numbers were a
-# channel for what that code read (six digits of a hidden line a test), and which tests disagreed is one too (a bit
-# a test). Once a page, it is one bit a submission. The teaching assistant's report keeps the numbers and the tests.
-_DISAGREED = ("Your notebook's own run scored differently from the grader's clean rerun. Only the clean rerun "
-              "counts: it runs what your solution cells define, apart from the rest of your notebook's code.")
-
-
-def _grader_notes(verdicts: _Verdicts, release_problem: str) -> dict:
+def _grader_notes(verdicts: _Verdicts, release_problem: str, scrub) -> dict:
     cell_flags = []
     for cell_id, texts in verdicts.flags_by_cell.items():
         if cell_id in verdicts.cells:
@@ -500,10 +468,10 @@ def _grader_notes(verdicts: _Verdicts, release_problem: str) -> dict:
         tests = verdicts.tests_using(cell_id)
         cost = f" (the tests that use it: {', '.join(tests)})" if tests else ""
         cell_flags += [{"cell": cell_id, "cost": cost, "text": _flat(text, MAX_NOTE_CHARS)} for text in texts]
-    disagreed = bool(verdicts.other_disagreements) or any(verdicts.disagreements.values())
-    general = verdicts.other_flags + ([_DISAGREED] if disagreed else [])
     notes = verdicts.notes + ([release_problem] if release_problem else [])
-    return {"cell_flags": cell_flags, "general": [_flat(text, MAX_NOTE_CHARS) for text in general + notes]}
+    # a note may quote what a run met (an exception, a path): scrubbed as a failed test's message is
+    return {"cell_flags": cell_flags,
+            "general": [_flat(scrub(text), MAX_NOTE_CHARS) for text in verdicts.other_flags + notes]}
 
 
 def _image(mime, data) -> dict:
@@ -726,7 +694,7 @@ def build_page(result: dict, sources: LabSources, notebook: dict | None, noteboo
                 if g in sources.release else "", "verdict": _verdict(g, verdicts, scrub, manual)} for g in missing]
     return _render("feedback.html", student=student, lab=lab, style=_STYLE, how_graded=HOW_GRADED,
                    summary=_summary(result, verdicts, manual, scrub), speed=speed,
-                   notes=_grader_notes(verdicts, sources.problem), cells=cells or [],
+                   notes=_grader_notes(verdicts, sources.problem, scrub), cells=cells or [],
                    notebook_problem=notebook_problem, missing=missing)
 
 

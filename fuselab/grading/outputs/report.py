@@ -5,8 +5,7 @@ lists): per lab the total, its status (graded, "not graded: why", "missing"), wh
 handed in, every test's points and every measured speedup. The report shows, per lab, the score distribution,
 the speedups against the policy's threshold, the tests failed most often, a row per student with the reason for
 lost points (or for no grade) and a link to their feedback page, and everything a teaching assistant must look
-at: disagreements between the notebook run and the clean recheck, flagged tampering (never shown to the student:
-the TA decides), crashes and timeouts, malformed submissions.
+at: flagged tampering (never shown to the student: the TA decides), crashes and timeouts, malformed submissions.
 """
 
 from __future__ import annotations
@@ -323,18 +322,16 @@ def view(class_result) -> dict:
 
 
 def _attention(class_result, standings, whole) -> list:
-    """Everything a TA must look at, for the top of the report: disagreements, flags (never on the student's
+    """Everything a TA must look at, for the top of the report: flags (never on the student's
     page: the TA decides), the grader's notes, crashes and timeouts, tests run again alone, what could not be
     graded (this run's problems, and the course's entries an earlier run could not grade), feedback problems."""
     attention = []
     for r in [s.result for s in standings if s.result is not None]:
         who = f"{r.student}/{r.lab}: "
-        attention += [[_t(who), _b("disagreement"), _t(f": {_cut(d, 500)}")] for d in r.disagreements]
         attention += [[_t(who), _b("flag"), _t(f" (not on the student's page: yours to decide): {_cut(f, 500)}")]
                       for f in r.flags]
-        # what the grader noticed about the run itself (a GPU other programs kept busy, a notebook nbgrader could
-        # not finish, which of two notebooks was graded); flattened and cut, as a note may end with nbgrader's
-        # output: text the student's run printed
+        # what the grader noticed about the run itself (a GPU other programs kept busy, which of two notebooks was
+        # graded); flattened and cut
         attention += [[_t(f"{who}note: {_cut(n, 300)}")] for n in r.notes]
         attention += [[_t(f"{who}{c.status} in {t}: " + (_cut(c.message.splitlines()[0], 200) if c.message else ""))]
                       for t, c in r.cells.items() if c.status in ("crashed", "timed out")]
@@ -401,7 +398,7 @@ def _relative_link(page, out) -> str:
 
 def median_steps(results) -> dict:
     """Per lab, the median seconds of each step of a submission: the clean recheck's cells and process starts
-    (``clean_timeline``), the phases of its speed tests (``speed: …``), nbgrader's phases, and both runs' totals."""
+    (``clean_timeline``), the phases of its speed tests (``speed: …``), and the recheck's total."""
     import statistics
     by_lab = {}
     for r in _typed(results):
@@ -412,10 +409,7 @@ def median_steps(results) -> dict:
                 for label, seconds in (record.get("phases") or {}).items() if isinstance(record, dict) else ():
                     if isinstance(seconds, (int, float)):
                         speed_phases[f"speed: {label}"] = speed_phases.get(f"speed: {label}", 0.0) + seconds
-        notebook_run = {f"nbgrader {k}": v for k, v in (r.nbgrader_phases or {}).items()}
-        if r.nbgrader_seconds is not None:  # nbgrader's run (--notebook-run)
-            notebook_run["nbgrader total"] = r.nbgrader_seconds
-        for label, seconds in {**(r.clean_timeline or {}), **speed_phases, **notebook_run,
+        for label, seconds in {**(r.clean_timeline or {}), **speed_phases,
                                "clean total": r.clean_seconds or 0.0}.items():
             steps.setdefault(label, []).append(seconds)
     return {lab: {label: round(statistics.median(v), 2) for label, v in steps.items()} for lab, steps in by_lab.items()}
@@ -433,27 +427,18 @@ def _throughput(class_result) -> dict | None:
         before.append([_t(f"This run graded {class_result.graded_now} submission(s) in {phase:.0f} s, "
                           f"{phase / class_result.graded_now:.1f} s per submission, "
                           f"{len(class_result.workers)} at a time ({schedule.describe(class_result.workers)}).")])
-    notebook_runs = any(r.nbgrader_seconds is not None for r in results)
-    average = f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest {max(seconds):.0f} s)"
-    before.append([_t(average + ", its nbgrader run beside its clean recheck from the recheck's speed tests on.")]
-                  if notebook_runs else
-                  [_t(average + ": its clean recheck (no nbgrader run of the notebook: "), ("code", "--notebook-run"),
-                   _t(").")])
-
-    def seconds_of(value):
-        return f"{value:.1f} s" if value is not None else "-"
+    before.append([_t(f"Each submission took {sum(seconds) / len(seconds):.1f} s on average (slowest "
+                      f"{max(seconds):.0f} s): its clean recheck.")])
     rows = []
     for lab, steps in sorted(median_steps(results).items()):
-        cells = {k: v for k, v in steps.items() if not k.startswith(("nbgrader", "speed: ")) and k != "clean total"}
+        cells = {k: v for k, v in steps.items() if not k.startswith("speed: ") and k != "clean total"}
         slowest = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cells.items(), key=lambda kv: -kv[1])[:3])
-        rows.append([lab, f"{steps['clean total']:.1f} s", slowest, seconds_of(steps.get("nbgrader total")),
-                     seconds_of(steps.get("nbgrader start"))])
+        rows.append([lab, f"{steps['clean total']:.1f} s", slowest])
     more = [("code", "--cpu-workers")] if None in class_result.workers else \
         [("code", "--jobs-per-gpu"), _t("; each graded timing still has the GPU to itself")]
     after = [_t("Medians per lab. More submissions at a time raise the pace while the CPU cores and memory have "
                 "room (")] + more + [_t(").")]
-    return {"before": before, "header": ["lab", "clean recheck", "its slowest steps", "nbgrader run",
-                                         "nbgrader + kernel start"], "rows": rows, "after": after}
+    return {"before": before, "header": ["lab", "clean recheck", "its slowest steps"], "rows": rows, "after": after}
 
 
 def write_report(class_result, out: Path) -> Path:

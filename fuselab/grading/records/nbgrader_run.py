@@ -1,30 +1,20 @@
-"""nbgrader's side of grading: the course folder, each submission's autograde, the gradebook, the export.
+"""nbgrader's side of grading: the course folder, the gradebook, the export.
 
 The run's course folder (``<out>/course``) has its own ``source/`` (a copy of ``solutions/``), ``release/``,
-``autograded/``, ``feedback/`` and ``gradebook.db``; the repository's folders are only read.
-
-Each submission is autograded in a scratch course of its own (``<out>/work/<student>/<lab>/nbgrader``, with a
-copy of the gradebook): the student's code runs inside that autograde, and must not reach the real gradebook or
-anyone else's files. The trusted parent then records the final scores (the clean recheck's) in the course
-gradebook, where formgrader, ``generate_feedback`` and ``export`` find them.
+``autograded/``, ``feedback/`` and ``gradebook.db``; the repository's folders are only read. No student code runs
+through nbgrader: the trusted grader records the clean recheck's scores in the course gradebook and each notebook
+as submitted, hidden tests cut, in ``autograded/`` (``record``), where formgrader, ``generate_feedback`` and
+``export`` find them. ``autograde`` is nbgrader's own run, for the GPU self-check's solutions and blank labs only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import json
-import os
 import shutil
-import sys
-import time
 import warnings
 from pathlib import Path
 
-from ...course import GRADER, REPO, SOLUTIONS, nbgrader
-from ...kernelbuild import shared as shared_builds
-from ..sandbox import isolate
-from ..sandbox.untrusted import Folder, Refused
+from ...course import GRADER, SOLUTIONS, nbgrader
 
 
 NBGRADER_CONFIG = GRADER / "nbgrader_config.py"  # the course's: its late-penalty plugin settings are used
@@ -93,172 +83,7 @@ def add_students(db: Path, students) -> None:
             gradebook.update_or_create_student(student)
 
 
-OUTPUT_LIMIT = 256 * 2**20  # what is read back of nbgrader's autograded notebook and gradebook
-GATE_ENV = "FUSELAB_NOTEBOOK_GATE"
-GATE_NAME = ".notebook-may-start"
-STOP = "stop"  # what the gate file says when the notebook run must not go on (the recheck failed)
-# An IPython startup file of the grader's, run in the notebook's kernel before its first cell (``gate``)
-GATE_STARTUP = f"""# written by fuselab's grader: what the setup cell imports is imported while the clean recheck runs; the
-# notebook's first cell waits until the grader opens the gate (the recheck's builds copied, its tests done)
-import os as _fuselab_os, time as _fuselab_time
-try:
-    import torch as _fuselab_torch, fuselab as _fuselab_fuselab
-    del _fuselab_torch, _fuselab_fuselab
-except Exception:
-    pass
-while not _fuselab_os.path.exists(_fuselab_os.environ.get("{GATE_ENV}", "")):
-    _fuselab_time.sleep(0.05)
-with open(_fuselab_os.environ["{GATE_ENV}"]) as _fuselab_gate:
-    if _fuselab_gate.read().strip() == "{STOP}":
-        _fuselab_os._exit(3)  # the submission is not graded: no cell runs
-del _fuselab_os, _fuselab_time, _fuselab_gate
-"""
-
-
-def open_gate(gate: Path, go: bool = True) -> None:
-    """Let a gated notebook run go (``go``) or stop it: the gate file, made new (never through a link or over a
-    file that is there: the folder is the notebook run's)."""
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    written = gate.with_name(gate.name + f".{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        written.unlink()  # a link is removed, never followed
-    descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write("go" if go else STOP)
-    os.replace(written, gate)  # whole, at once: the kernel never reads it half written
-
-
-def autograde_one(course_root: Path, student: str, lab: str, notebook: Path, workdir: Path, *, cell_timeout,
-                  wall_timeout, limits: isolate.Limits, env: dict, sandbox=False, hide=(), lease=None,
-                  gate: Path | None = None) -> dict:
-    """nbgrader autograde of one submission in its own scratch course; returns the notebook's verdict.
-
-    ``{"cells": {grade_id: [score or None, max]}, "autograded": path or None, "error": text or None, "seconds"}``;
-    a score is None where nbgrader never scored the cell (it could not run the notebook to the end).
-
-    ``gate``: a file (in a folder the run sees) that does not exist yet: nbgrader and the notebook's kernel start,
-    import torch and fuselab, and the first cell waits until the file exists (the kernel's start may wait up to
-    ``wall_timeout``).
-    """
-    scratch = workdir / "nbgrader"
-    shutil.rmtree(scratch, ignore_errors=True)
-    (scratch / "source").mkdir(parents=True)
-    shutil.copytree(course_root / "source" / lab, scratch / "source" / lab)
-    shutil.copy(course_root / "gradebook.db", scratch / "gradebook.db")
-    add_students(scratch / "gradebook.db", [student])
-    submitted = scratch / "submitted" / student / lab
-    submitted.mkdir(parents=True)
-    shutil.copy(notebook, submitted / notebook_name(lab))
-    runtime = scratch / "runtime"
-    runtime.mkdir()
-    env = dict(env, JUPYTER_RUNTIME_DIR=str(runtime), IPYTHONDIR=str(runtime / "ipython"),
-               MPLCONFIGDIR=str(runtime / "mpl"), PYTHONDONTWRITEBYTECODE="1",
-               # the kernel imports the grader's own fuselab, whatever else the environment has installed
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
-    command = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force",
-               *course_args(scratch), f"--Execute.timeout={int(cell_timeout)}",
-               # the notebook is saved from nbgrader's own copy: the kernel need not tear down its GPU context first
-               "--Execute.shutdown_kernel=immediate"]
-    if gate is not None:
-        startup = runtime / "ipython" / "profile_default" / "startup"
-        startup.mkdir(parents=True)
-        (startup / "00-fuselab-gate.py").write_text(GATE_STARTUP)
-        env[GATE_ENV] = str(gate)
-        # the wait at the gate is bounded by the run's own wall limit (which leaves out pauses), not by nbclient's
-        command.append(f"--Execute.startup_timeout={int(wall_timeout) * 10}")
-    if sandbox:
-        # only its scratch course and build cache: the submission's folder holds result.json, which it must not
-        # write; nbgrader and its kernel talk over the sandbox's own loopback
-        command = isolate.sandboxed(command, own=[scratch, Path(env["FUSELAB_CACHE_DIR"])], hide=list(hide),
-                                    readonly=shared_builds.readonly(env))
-    # nbgrader talks to its kernel over loopback: a bare network namespace (loopback down) would stop it, so
-    # only bubblewrap (which brings loopback up) takes the network away here.
-    limits = isolate.Limits(**{**limits.__dict__, "wall_s": wall_timeout, "no_network": False})
-    started = time.time()
-    outcome = isolate.run(command, limits=limits, env=env, cwd=str(GRADER), registry=lease)
-    result = {"cells": {}, "autograded": None, "error": None, "seconds": outcome.seconds, "phases": {}}
-    # its outputs are in the scratch course the student's run could write: read through ``untrusted`` into copies
-    # of the grader's own beside it (``workdir``, which no sandbox writes), never opened where they lie
-    graded = Path(workdir) / "autograded.ipynb"
-    gradebook_copy = Path(workdir) / "nbgrader-gradebook.db"
-    try:
-        with Folder(workdir) as box:
-            notebook_bytes = box.read_bytes(f"nbgrader/autograded/{student}/{lab}/{notebook_name(lab)}",
-                                            OUTPUT_LIMIT)
-            gradebook_bytes = box.read_bytes("nbgrader/gradebook.db", OUTPUT_LIMIT)
-            box.remove(graded.name)
-            if notebook_bytes is not None:
-                box.write_bytes(graded.name, notebook_bytes)
-            box.write_bytes(gradebook_copy.name, gradebook_bytes or b"")
-    except Refused as exc:
-        result["error"] = (f"nbgrader's output was replaced by a link, a special file or too much: not read "
-                           f"({exc}; nbgrader {outcome.describe()})")
-        return result
-    if notebook_bytes is not None:
-        result["autograded"] = str(graded)
-        try:
-            result["phases"] = phases(json.loads(notebook_bytes), started, started + outcome.seconds)
-        except (ValueError, RecursionError):  # written by the student's run: any bytes at all
-            pass
-    if notebook_bytes is None:
-        result["error"] = ("nbgrader could not run the notebook to the end (its kernel died or a cell hit the time "
-                           f"limit; nbgrader {outcome.describe()})")
-    elif not outcome.ok:
-        result["error"] = f"nbgrader autograde {outcome.describe()}"
-    try:
-        from nbgrader.api import Gradebook, MissingEntry
-        with Gradebook(f"sqlite:///{gradebook_copy}") as gradebook:
-            submission = gradebook.find_submission(lab, student)
-            for nb in submission.notebooks:
-                for grade in nb.grades:
-                    # a cell nbgrader never scored (the run stopped before it could save any) has no score, which
-                    # its ``score`` reports as 0: that would read as the notebook run failing tests that passed
-                    scored = grade.auto_score is not None or grade.manual_score is not None
-                    result["cells"][grade.name] = [grade.score if scored else None, grade.max_score]
-    except MissingEntry:
-        result["error"] = (result["error"] or "nbgrader did not grade the notebook") + ": " + \
-            (outcome.stdout + outcome.stderr).strip()[-800:]
-    return result
-
-
-def execution_span(cell) -> tuple | None:
-    """``(started, ended)`` in epoch seconds of a code cell's last run, from the times nbclient records in its
-    metadata; None where they are missing or malformed."""
-    def stamp(text):
-        try:
-            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-        except (AttributeError, TypeError, ValueError):
-            return None
-    metadata = cell.get("metadata") if isinstance(cell, dict) else None
-    execution = metadata.get("execution") if isinstance(metadata, dict) else None
-    if not isinstance(execution, dict):
-        return None
-    began, ended = stamp(execution.get("iopub.execute_input")), stamp(execution.get("shell.execute_reply"))
-    return (began, ended) if began is not None and ended is not None and began <= ended else None
-
-
-def phases(executed_nb: dict, started: float, ended: float) -> dict:
-    """Where an autograde's time went, from the cells' execution times nbclient records: nbgrader and the
-    kernel starting (before the first cell), the cells, and nbgrader finishing. Empty if they cannot be read.
-
-    Only cells with code count (nbclient leaves an empty cell's metadata as the student's notebook had it), and
-    only times inside the run: anything else in the metadata came from the submission.
-    """
-    times = []
-    for cell in executed_nb.get("cells", []) if isinstance(executed_nb, dict) else []:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code" or not str(cell.get("source", "")).strip():
-            continue
-        span = execution_span(cell)
-        if span and all(started - 1 <= t <= ended + 1 for t in span):
-            times.append(span)
-    if not times:
-        return {}
-    first, last = min(a for a, _ in times), max(b for _, b in times)
-    return {"start": round(first - started, 3), "cells": round(last - first, 3), "finish": round(ended - last, 3)}
-
-
-def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy: Path, timestamp=None,
+def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy, timestamp=None,
            late_penalties=None) -> None:
     """Put one submission's final scores in the course gradebook and its notebook in ``autograded/``.
 
@@ -271,7 +96,7 @@ def record(course_root: Path, student: str, lab: str, final: dict, notebook_copy
     from nbgrader.utils import parse_utc
     target = course_root / "autograded" / student / lab / notebook_name(lab)
     target.parent.mkdir(parents=True, exist_ok=True)
-    if Path(notebook_copy).is_file():  # an earlier run's staged copy may be gone: the gradebook is what counts
+    if notebook_copy and Path(notebook_copy).is_file():  # an earlier run's copy may be gone: the gradebook counts
         write_without_hidden_tests(Path(notebook_copy), target)
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
         gradebook.update_or_create_student(student)
@@ -342,10 +167,6 @@ def write_without_hidden_tests(notebook: Path, target: Path) -> None:
 
 def export(course_root: Path, to: Path) -> None:
     nbgrader("export", *course_args(course_root), f"--CsvExportPlugin.to={to}", check=False)
-
-
-def notebook_cells(path) -> dict:
-    return json.loads(Path(path).read_text())
 
 
 def autograde(submissions: dict, workdir, timeout=None) -> dict:

@@ -40,7 +40,7 @@ class _ReadsAsJson:
 
 @dataclass
 class CellResult(_ReadsAsJson):
-    """One graded test cell: the clean recheck's verdict (which counts) and the notebook run's score beside it."""
+    """One graded test cell: the clean recheck's verdict."""
     points: float = 0.0
     max_points: float = 0.0
     status: str = ""
@@ -49,15 +49,14 @@ class CellResult(_ReadsAsJson):
     seconds: float = 0.0
     output: str = ""
     requires_failed: list = field(default_factory=list)
-    notebook_points: float | None = None        # None: the notebook run gave this cell no score
     extra: dict = field(default_factory=dict)   # keys of a result.json this grader does not know
 
     @classmethod
-    def from_verdict(cls, verdict, notebook_points=None) -> "CellResult":
+    def from_verdict(cls, verdict) -> "CellResult":
         """From the clean recheck's ``recheck.CellVerdict``."""
         return cls(points=verdict.points, max_points=verdict.max_points, status=verdict.status,
                    message=verdict.message, speed=verdict.speed, seconds=verdict.seconds, output=verdict.output,
-                   requires_failed=verdict.requires_failed, notebook_points=notebook_points)
+                   requires_failed=verdict.requires_failed)
 
     def measured_speedup(self):
         """The first speed record with a measured speedup, or None."""
@@ -66,7 +65,7 @@ class CellResult(_ReadsAsJson):
     def to_json(self) -> dict:
         return {"points": self.points, "max_points": self.max_points, "status": self.status,
                 "message": self.message, "speed": self.speed, "seconds": self.seconds, "output": self.output,
-                "requires_failed": self.requires_failed, "notebook_points": self.notebook_points, **self.extra}
+                "requires_failed": self.requires_failed, **self.extra}
 
     @classmethod
     def from_json(cls, data: dict) -> "CellResult":
@@ -85,17 +84,13 @@ class SubmissionResult(_ReadsAsJson):
     max_total: float = 0.0
     manual_cells: list = field(default_factory=list)     # graded by hand in nbgrader (written answers)
     flags: list = field(default_factory=list)            # the clean recheck's: what looks like tampering
-    disagreements: list = field(default_factory=list)    # the notebook run's scores where they differ
     notes: list = field(default_factory=list)
     restarts: int = 0
-    notebook_autograded: str | None = None               # nbgrader's autograded copy (None: it did not finish)
-    nbgrader_seconds: float | None = None
     clean_seconds: float | None = None
     gpu_wait_seconds: float | None = None
     gpu_held_seconds: float | None = None
     gpu_holds: list = field(default_factory=list)        # [start, end] each time a timing had the GPU alone
     clean_timeline: dict = field(default_factory=dict)
-    nbgrader_phases: dict = field(default_factory=dict)
     # set by pipeline.grade_submission once the runs are combined
     device: object = None
     seconds: float | None = None
@@ -112,8 +107,8 @@ class SubmissionResult(_ReadsAsJson):
 
     @property
     def attention(self) -> int:
-        """How many things a teaching assistant should look at: flags and disagreements."""
-        return len(self.flags) + len(self.disagreements)
+        """How many things a teaching assistant should look at: the flags."""
+        return len(self.flags)
 
     @property
     def full_marks(self) -> bool:

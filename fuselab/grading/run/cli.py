@@ -52,12 +52,6 @@ def add_parsers(sub) -> None:
                        help="run each submission under bubblewrap as a user without rights: no network, sees only "
                             "its own folder (the default; grading is refused where it does not work). "
                             "--no-sandbox runs submissions with your rights")
-    grade.add_argument("--notebook-run", action="store_true",
-                       help="also autograde each notebook with nbgrader as submitted (the student's code and the "
-                            "hidden tests in one kernel, beside the clean recheck): its scores never count, where "
-                            "they differ the report says so, its executed notebook stays in the submission's "
-                            "work/ folder for you (formgrader gets the notebook as submitted). About half again "
-                            "the CPU time")
     grade.add_argument("--no-feedback", action="store_true", help="skip the feedback pages")
     grade.add_argument("--expect-samples", action="store_true",
                        help="the submissions are the sample class: check every verdict against its sample")
@@ -197,7 +191,7 @@ def main_grade(args) -> int:
                         jobs_per_gpu=args.jobs_per_gpu, cpu_workers=args.cpu_workers,
                         cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=int(args.memory_gb * 2**30), sandbox=args.sandbox,
-                        notebook_run=args.notebook_run, feedback=not args.no_feedback,
+                        feedback=not args.no_feedback,
                         roster=Path(args.roster) if args.roster else None, due=_due_arguments(args.due))
     try:
         result = grade(args.submissions, settings)

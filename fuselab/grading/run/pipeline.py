@@ -1,4 +1,4 @@
-"""``fuselab grade``: intake → per submission (nbgrader autograde, clean recheck) → gradebook, feedback, report.
+"""``fuselab grade``: intake → per submission (the clean recheck) → gradebook, feedback, report.
 
 Every submission's outcome is written to ``<out>/work/<student>/<lab>/result.json`` as soon as it is graded, so
 a run that stops resumes where it stopped (``force=True`` regrades this run's submissions). ``out`` is the term's
@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,6 @@ from pathlib import Path
 from ... import course
 from ... import notebook as ipynb
 from ...kernelbuild import shared as shared_builds
-from ...speed.graded import SPEED_IN_RECHECK_ENV
 from ...labs import registry
 from ..outputs import feedback, report
 from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term, unsandboxed
@@ -62,7 +60,6 @@ class Settings:
     submission_wall_timeout: float | None = None  # the limits); a test stopped by one is retried alone
     memory_bytes: int = 16 * 2**30
     sandbox: bool = True               # False only on an explicit --no-sandbox
-    notebook_run: bool = False         # also nbgrader's own autograde of each notebook (--notebook-run)
     progress: bool = True
     feedback: bool = True
     shared_builds: Path | None = None   # default: <out>/shared-builds (the instructor's builds, made first)
@@ -234,7 +231,6 @@ class SubmissionRun:
     notes: list = field(default_factory=list)
     instructor: dict | None = None
     clean: recheck.CleanResult | None = None
-    notebook_run: dict | None = None
     result: SubmissionResult | None = None
 
 
@@ -327,106 +323,14 @@ def retry_overruns(run: SubmissionRun) -> None:
                                sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
 
 
-def no_notebook_run() -> dict:
-    """What a submission's result holds of nbgrader's run where there was none (the default)."""
-    return {"cells": {}, "autograded": None, "error": None, "seconds": None, "phases": {}}
-
-
 def graded_runs(run: SubmissionRun) -> None:
-    """The clean recheck, whose verdicts are the grade; with ``--notebook-run`` nbgrader's own run of the notebook
-    beside it (``both_runs``)."""
+    """The clean recheck, whose verdicts are the grade, sharing the machine with the other submissions."""
     with ALONE.sharing():
-        if run.settings.notebook_run:
-            both_runs(run)
-        else:
-            clean_recheck(run)
-            run.notebook_run = no_notebook_run()
-
-
-def both_runs(run: SubmissionRun) -> None:
-    """The clean recheck, and nbgrader's run of the notebook beside it. nbgrader and the notebook's kernel start
-    with the recheck, but the notebook's first cell waits at a gate (``nbgrader_run.GATE_STARTUP``) that opens
-    when the recheck starts its first speed test: by then the recheck's builds (copied for the notebook run, by a
-    thread of its own, never the recheck's polling loop) and its correctness tests are done, and a speed test
-    mostly waits for its turn on the GPU. Without a speed test the gate opens when the recheck ends; if the
-    recheck fails (a grader error), the gate tells the notebook run to stop instead."""
-    speed_tests = registry.speed_grade_ids(run.sub.lab)
-    gate = run.workdir / "cache" / nbgrader_run.GATE_NAME  # in a folder the notebook run sees (its build cache)
-    begin, failed, times = threading.Event(), [], {}
-    verdict = {"open": True}
-
-    def opener():
-        begin.wait()
-        times["opened"] = time.time()
-        try:
-            if verdict["open"]:
-                copy_recheck_builds(run)
-        except Exception as exc:  # noqa: BLE001 - it builds them again itself
-            run.notes.append(f"the recheck's builds could not be copied for nbgrader's run ({exc!r})")
-        finally:
-            try:
-                nbgrader_run.open_gate(gate, go=verdict["open"])
-            except OSError as exc:
-                run.notes.append(f"nbgrader's run could not be let go ({exc}): it waited until its time limit")
-
-    def notebook_side():
-        times["started"] = time.time()
-        try:
-            notebook_run(run, gate)
-        except BaseException as exc:  # noqa: BLE001 - raised in the submission's own thread below
-            failed.append(exc)
-
-    threads = [threading.Thread(target=target, name=f"{what} {run.sub.student}/{run.sub.lab}", daemon=True)
-               for target, what in ((notebook_side, "nbgrader"), (opener, "gate"))]
-    for thread in threads:
-        thread.start()
-    try:
-        clean_recheck(run, on_cell=lambda grade_id: grade_id in speed_tests and begin.set())
-    except BaseException:
-        verdict["open"] = False  # the submission is not graded: its notebook run stops at the gate
-        raise
-    finally:
-        begin.set()
-        for thread in threads:
-            thread.join()
-    if failed:
-        raise failed[0]
-    _split_waiting(run.notebook_run, times)
-
-
-def _split_waiting(notebook_result: dict | None, times: dict) -> None:
-    """nbgrader's start phase, less the wait at the gate (reported as its own phase)."""
-    phases = (notebook_result or {}).get("phases") or {}
-    if "start" in phases and "opened" in times and "started" in times:
-        waited = min(phases["start"], max(0.0, times["opened"] - times["started"]))
-        phases["waiting for the recheck"] = round(waited, 3)
-        phases["start"] = round(phases["start"] - waited, 3)
-
-
-def notebook_run(run: SubmissionRun, gate: Path) -> None:
-    """nbgrader's own autograde of the notebook as submitted, for the gradebook and to compare with the recheck;
-    its first cell waits for ``gate`` (``both_runs`` makes it, once the recheck's builds are copied)."""
-    settings = run.settings
-    # only the clean recheck's timing counts: the notebook run leaves its speed tests to it
-    env = dict(_base_env(settings, run.workdir, run.device), **{SPEED_IN_RECHECK_ENV: "1"})
-    # it starts with the recheck (at most a submission's time) and then has a submission's time of its own
-    run.notebook_run = nbgrader_run.autograde_one(
-        settings.out / "course", run.sub.student, run.sub.lab, run.sub.notebook, run.workdir,
-        cell_timeout=settings.cell_timeout, wall_timeout=2 * settings.submission_timeout, limits=run.limits,
-        env=env, sandbox=settings.sandbox, hide=run.hide, lease=run.lease, gate=gate)
-
-
-def copy_recheck_builds(run: SubmissionRun) -> None:
-    """The notebook run builds the same kernels: it starts from a copy of the kernel worker's builds (a copy, so
-    nothing the notebook run does reaches what the clean recheck used)."""
-    cache = run.workdir / "cache"
-    _copy_builds(run.workdir / "clean" / "kernel-process" / "cache", cache, trusted=run.workdir)
-    if run.settings.sandbox:
-        isolate.give_to_sandbox(cache)  # copied after its sandbox started: the kernel writes its build locks there
+        clean_recheck(run)
 
 
 def combine_runs(run: SubmissionRun) -> None:
-    run.result = combine(run.sub, run.clean, run.notebook_run, run.notes, hand_graded=hand_graded(run.instructor))
+    run.result = combine(run.sub, run.clean, run.notes, hand_graded=hand_graded(run.instructor))
 
 
 def hand_graded(instructor: dict) -> list:
@@ -463,10 +367,9 @@ def save(run: SubmissionRun) -> None:
     _write_result(run.workdir / "result.json", run.result)
 
 
-# what the sandboxes of a submission wrote (its checker's and workers' folders, build caches, nbgrader's scratch
-# course): removed once it is graded, never following a link. Kept: result.json and nbgrader's autograded
-# notebook, which the grader copied out of the scratch course (``nbgrader_run``)
-LEFTOVERS = ("clean", "retry", "cache", "nbgrader", "nbgrader-gradebook.db")
+# what the sandboxes of a submission wrote (its checker's and workers' folders, their build caches): removed once
+# it is graded, never following a link. Kept: result.json
+LEFTOVERS = ("clean", "retry")
 
 
 def tidy(run: SubmissionRun) -> None:
@@ -509,83 +412,6 @@ def _threads_per_child(concurrent: int) -> int:
     return max(1, schedule.available_cores() // max(1, concurrent))
 
 
-def _copy_builds(source: Path, target: Path, limit_bytes: int = 1 << 30, max_depth: int = 32,
-                 max_entries: int = 10_000, trusted: Path | None = None) -> None:
-    """Copy the kernel worker's build cache ``source`` to ``target``: regular files only, read through descriptors
-    opened without following any link, folder by folder (the worker may still be running and changing the tree: a
-    folder swapped for a link, a file swapped for a pipe, is skipped, never followed or waited on), not past
-    ``limit_bytes``, ``max_depth`` folders deep or ``max_entries`` files and folders (a build has tens: a tree of
-    millions would hold the submission up; the notebook run builds the rest itself). Modification times are
-    kept (the build tool compares them). The gate's name is never copied.
-
-    ``trusted``: a folder above both that no sandbox can write (default: ``source``'s parent); the way from it
-    to ``source`` and to ``target`` is walked without following links (``untrusted``): the target is another
-    sandbox's folder."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-    trusted = Path(trusted or os.path.commonpath([Path(source).parent, Path(target).parent]))
-    with Folder(trusted) as top:
-        try:
-            root = top.open_folder(Path(source).relative_to(trusted))
-        except OSError:
-            return  # none, or a link a sandbox put on the way
-        try:
-            _copy_tree(root, top, Path(target).relative_to(trusted), flags, limit_bytes, max_depth, max_entries)
-        finally:
-            os.close(root)
-
-
-def _copy_tree(root: int, top: Folder, target: Path, flags, limit_bytes, max_depth, max_entries) -> None:
-    budget, entries = [limit_bytes], [max_entries]
-
-    def walk(folder: int, relative: Path, depth: int) -> bool:
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError:
-            return True
-        for name in names:
-            if name.endswith(".lock") or name == nbgrader_run.GATE_NAME:
-                continue
-            entries[0] -= 1
-            if entries[0] < 0:
-                return False
-            try:
-                handle = os.open(name, flags, dir_fd=folder)
-            except OSError:
-                continue  # a link (ELOOP), gone meanwhile, or unreadable
-            try:
-                info = os.fstat(handle)
-                if stat.S_ISDIR(info.st_mode):
-                    if depth < max_depth and not walk(handle, relative / name, depth + 1):
-                        return False
-                elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # never a file with a name elsewhere
-                    if info.st_size > budget[0]:
-                        return False
-                    budget[0] -= info.st_size
-                    _copy_open_file(handle, top, target / relative / name, info)
-            finally:
-                os.close(handle)
-        return True
-
-    walk(root, Path(), 0)
-
-
-def _copy_open_file(handle: int, top: Folder, destination: Path, info) -> None:
-    """The bytes of the open regular file ``handle`` (at most its size when opened) into a new ``destination``
-    under ``top`` (never through a link)."""
-    out = top.new_file(destination, info.st_mode & 0o755)
-    try:
-        left = info.st_size
-        while left > 0:
-            chunk = os.read(handle, min(left, 1 << 20))
-            if not chunk:
-                break
-            os.write(out, chunk)
-            left -= len(chunk)
-        os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
-    finally:
-        os.close(out)
-
-
 def _idle(device, lease=None) -> str:
     """Kill leftovers of earlier submissions on this GPU; note a GPU that other programs keep busy."""
     if device is None:
@@ -595,35 +421,21 @@ def _idle(device, lease=None) -> str:
     return "" if idle else note
 
 
-def combine(sub, clean: recheck.CleanResult, notebook_run: dict, notes: list, hand_graded=()) -> SubmissionResult:
-    """The final result: the clean recheck's points, with the notebook's where they differ flagged.
-    ``hand_graded``: the grade ids a person scores (``manual_cells``, with any the notebook run scored that the
-    recheck does not)."""
-    cells, disagreements = {}, []
+def combine(sub, clean: recheck.CleanResult, notes: list, hand_graded=()) -> SubmissionResult:
+    """The final result: the clean recheck's points. ``hand_graded``: the grade ids a person scores
+    (``manual_cells``)."""
+    cells = {}
     for grade_id, verdict in clean.cells.items():
-        in_notebook = notebook_run["cells"].get(grade_id)
-        entry = CellResult.from_verdict(verdict, notebook_points=in_notebook[0] if in_notebook else None)
+        entry = CellResult.from_verdict(verdict)
         if verdict.retry:  # ran past a wall-clock limit: what the first try was, and what the retry alone gave
             entry.extra["retry"] = dict(verdict.retry)
-        if in_notebook is not None and in_notebook[0] is not None:
-            if verdict.speed and in_notebook[0] > 1e-6:
-                # the notebook run measures no speed (it leaves that to the clean recheck) and scores such a cell 0
-                disagreements.append(f"{grade_id}: the notebook run scored {in_notebook[0]:g} in a speed test it "
-                                     "does not measure: was the test cell changed? (the clean result counts)")
-            elif not verdict.speed and abs(in_notebook[0] - verdict.points) > 1e-6:
-                disagreements.append(f"{grade_id}: notebook run gave {in_notebook[0]:g}, clean recheck "
-                                     f"{verdict.points:g} of {verdict.max_points:g} (the clean result counts)")
         cells[grade_id] = entry
-    manual = sorted({*hand_graded, *notebook_run["cells"]} - set(cells))
-    if notebook_run.get("error"):
-        notes.append(notebook_run["error"])
     return SubmissionResult(
         student=sub.student, lab=sub.lab, cells=cells, total=sum(c.points for c in cells.values()),
-        max_total=sum(c.max_points for c in cells.values()), manual_cells=manual, flags=clean.flags,
-        disagreements=disagreements, notes=notes, restarts=clean.restarts,
-        notebook_autograded=notebook_run.get("autograded"), nbgrader_seconds=notebook_run.get("seconds"),
-        clean_seconds=clean.seconds, gpu_wait_seconds=clean.gpu_wait_s, gpu_held_seconds=clean.gpu_held_s,
-        gpu_holds=clean.gpu_holds, clean_timeline=clean.timeline, nbgrader_phases=notebook_run.get("phases", {}))
+        max_total=sum(c.max_points for c in cells.values()), manual_cells=sorted(set(hand_graded) - set(cells)),
+        flags=clean.flags, notes=notes, restarts=clean.restarts, clean_seconds=clean.seconds,
+        gpu_wait_seconds=clean.gpu_wait_s, gpu_held_seconds=clean.gpu_held_s, gpu_holds=clean.gpu_holds,
+        clean_timeline=clean.timeline)
 
 
 def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict:
@@ -881,11 +693,10 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     late = {(s.student, s.lab): s for s in class_result.standings}
     bar = run_progress.phase("gradebook", len(ordered), "submission", getattr(settings, "progress", False))
     for result in ordered:
-        # formgrader's copy is the notebook as submitted, never nbgrader's executed one (which holds the hidden
-        # tests, and what the student's code printed while they ran): nbgrader's feedback buttons render it
-        notebook_copy = result.notebook or result.notebook_autograded
+        # formgrader's copy is the notebook as submitted, its hidden tests cut (``nbgrader_run.record``):
+        # nbgrader's feedback buttons render it
         standing = late.get((result.student, result.lab))
-        nbgrader_run.record(course_root, result.student, result.lab, result.points, Path(notebook_copy),
+        nbgrader_run.record(course_root, result.student, result.lab, result.points, result.notebook,
                             timestamp=standing.submitted if standing else None)
         bar.update()
     bar.close()
@@ -894,7 +705,7 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     bar = run_progress.phase("feedback and report", 4, "step", getattr(settings, "progress", False))
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
-        # ran) and the verdicts; never from what nbgrader's run printed
+        # ran) and the verdicts
         class_result.feedback, class_result.feedback_problems = feedback.write_all(
             ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db",
             show_flags=feedback.shown_flags(settings.out))

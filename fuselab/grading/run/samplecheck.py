@@ -45,7 +45,7 @@ def compare(results: list, on_gpu: bool) -> list:
                      "ok": not mismatches, "mismatches": mismatches, "why": sample.why,
                      "cells": {k: (c.points, c.max_points, c.status) for k, c in r.cells.items()},
                      "flags": r.attention, "seconds": r.seconds if r.seconds is not None else 0.0,
-                     "nbgrader_seconds": r.nbgrader_seconds, "clean_seconds": r.clean_seconds,
+                     "clean_seconds": r.clean_seconds,
                      "gpu_wait_seconds": r.gpu_wait_seconds})
     return rows
 

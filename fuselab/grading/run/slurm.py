@@ -76,7 +76,6 @@ class Options:
     submission_timeout: float = 1200.0
     memory_bytes: int = 16 * 2**30
     sandbox: bool = False
-    notebook_run: bool = False           # nbgrader's own run of each notebook too (--notebook-run)
     feedback: bool = True
     jobs_per_gpu: int | None = None
     cpu_workers: int = 1
@@ -348,7 +347,7 @@ def shard_settings(out: Path, index: int, plan: dict, model: str) -> pipeline.Se
                              jobs_per_gpu=options.get("jobs_per_gpu"), cpu_workers=options.get("cpu_workers") or 1,
                              cell_timeout=options["cell_timeout"], submission_timeout=options["submission_timeout"],
                              memory_bytes=options["memory_bytes"], sandbox=options["sandbox"],
-                             notebook_run=bool(options.get("notebook_run")), progress=False,
+                             progress=False,
                              feedback=False, shared_builds=references / "shared-builds")
 
 
@@ -658,7 +657,7 @@ def _submit_from_cli(args) -> int:
                          "node of the cluster sees")
     options = Options(labs=args.labs, students=args.students, cell_timeout=args.cell_timeout,
                       submission_timeout=args.submission_timeout, memory_bytes=int(args.memory_gb * 2**30),
-                      sandbox=args.sandbox, notebook_run=args.notebook_run, feedback=not args.no_feedback,
+                      sandbox=args.sandbox, feedback=not args.no_feedback,
                       jobs_per_gpu=args.jobs_per_gpu,
                       cpu_workers=args.cpu_workers, shards=args.shards, partition=args.partition,
                       account=args.account, gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,

@@ -58,9 +58,9 @@ SAMPLES = {
             "from fuselab.labs import lab0 as _lab0\n"
             "_lab0.fused = lambda module: (lambda a, b, e, out: out.copy_(_torch.relu(a + b) * e))\n")},
         expect={"test_fused": "zero", "test_speedup": "zero"},
-        why="a kernel that computes nothing, and the fused op rerouted to PyTorch from a solution cell: the "
-            "notebook's own run (--notebook-run) is fooled (on a GPU the speed test counts PyTorch's kernels), "
-            "the clean recheck is not"),
+        why="a kernel that computes nothing, and the fused op rerouted to PyTorch from a solution cell: a "
+            "run of the whole notebook is fooled (on a GPU the speed test counts PyTorch's kernels), the clean "
+            "recheck is not"),
     "cheat_wrap_launcher": Sample(
         changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "0.0f"),
                  "dram_bytes": lambda s: s + (
@@ -80,7 +80,7 @@ SAMPLES = {
             "_fl.build = _wrapped\n")},
         expect={"test_fused": "zero", "test_speedup": "zero"},
         why="a kernel that writes zeros, its module wrapped from a solution cell so that PyTorch fixes the output: "
-            "nbgrader's own run (--notebook-run) is fooled; the clean recheck launches the kernel where no "
+            "a run of the whole notebook is fooled; the clean recheck launches the kernel where no "
             "student Python runs"),
     "cheat_monkeypatch": Sample(
         changes={"fused_source": lambda s: s.replace("fmaxf(a[i] + b[i], 0.0f) * e[i]", "a[i] * e[i]"),
@@ -93,8 +93,8 @@ SAMPLES = {
 }
 
 # A kernel that misbehaves only on large power-of-two sizes: every test shape passes, but the graded speedup test
-# (2^26 elements, GPU only) meets the bug, and so does the notebook's timing demo in nbgrader's run (the clean
-# recheck leaves demo cells out).
+# (2^26 elements, GPU only) meets the bug, and so does the notebook's timing demo when the notebook runs whole
+# (the clean recheck leaves demo cells out).
 _POWER_OF_TWO_BUG = "if (n >= 4096 && (n & (n - 1)) == 0) {{ {bug} }}\n    if (i < n) out[i] = fmaxf"
 
 SAMPLES.update({
@@ -102,7 +102,7 @@ SAMPLES.update({
         changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", _POWER_OF_TWO_BUG.format(
             bug="out[i + ((int64_t)1 << 40)] = 0.0f;"))},
         expect={"test_speedup": "zero"},
-        why="faults only at the timed size (the timing demo's, in nbgrader's run): the speed test scores 0, the "
+        why="faults only at the timed size (the timing demo's, in a run of the whole notebook): the speed test scores 0, the "
             "tests before it keep their points"),
     "demo_hang": Sample(
         changes={"fused_source": lambda s: s.replace("if (i < n) out[i] = fmaxf", _POWER_OF_TWO_BUG.format(

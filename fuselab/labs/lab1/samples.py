@@ -72,9 +72,9 @@ SAMPLES = {
             "_lab1.depthwise_fused = lambda module: (lambda x, w, bias, act, slope, out: "
             "out.copy_(_lab1.depthwise_eager(x, w, bias, act, slope)))\n")},
         expect={"test_depthwise": "zero", "test_speedup_depthwise": "zero"},
-        why="a depthwise kernel that writes zeros, and the fused op rerouted to PyTorch from a solution cell: the "
-            "notebook's own run (--notebook-run) is fooled (on a GPU the speed test counts PyTorch's kernels), "
-            "the clean recheck is not"),
+        why="a depthwise kernel that writes zeros, and the fused op rerouted to PyTorch from a solution cell: a "
+            "run of the whole notebook is fooled (on a GPU the speed test counts PyTorch's kernels), the clean "
+            "recheck is not"),
 }
 
 SAMPLES["lying_int"] = Sample(

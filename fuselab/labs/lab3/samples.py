@@ -152,10 +152,9 @@ SAMPLES = {
             "_lab3.fused = lambda module: (lambda a, b, bias, relu, out: out.copy_(\n"
             "    _torch.relu(_torch.addmm(bias, a, b)) if relu else _torch.addmm(bias, a, b)))\n")},
         expect_gpu={"test_speedup_small_k": "full"},
-        why="the fused op is rebound to cuBLAS (torch.addmm) in a Python cell: nbgrader's own run "
-            "(--notebook-run) is fooled (and gives no speed points: only the clean recheck measures), the clean "
-            "recheck drops the rebinding and times the student's own template kernel: full speed points, earned by "
-            "that kernel"),
+        why="the fused op is rebound to cuBLAS (torch.addmm) in a Python cell: a run of the whole notebook is "
+            "fooled, the clean recheck drops the rebinding and times the student's own template kernel: full speed "
+            "points, earned by that kernel"),
 }
 
 # samples whose template kernel is not the solution's: the GPU self-check's lab3 stage runs the speed test on them

@@ -216,9 +216,8 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
     wall = time.perf_counter() - started
     phases = result.phase_seconds
     grading = phases.get("submissions", 0.0)
-    per = [{k: getattr(r, k) for k in ("student", "lab", "total", "max_total", "seconds", "nbgrader_seconds",
-                                       "clean_seconds", "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline",
-                                       "nbgrader_phases")}
+    per = [{k: getattr(r, k) for k in ("student", "lab", "total", "max_total", "seconds", "clean_seconds",
+                                       "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline")}
            for r in result.results]
     for r, full_result in zip(per, result.results):
         r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}

@@ -5,6 +5,7 @@ instructor runs it: not in grading mode)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -29,9 +30,15 @@ def _problems(path):
 
 
 def _cell_seconds(cell) -> float:
-    from ...grading.records.nbgrader_run import execution_span
-    span = execution_span(cell)
-    return span[1] - span[0] if span else 0.0
+    """How long a code cell's last run took, from the times nbclient records in its metadata (0 where missing)."""
+    def stamp(text):
+        try:
+            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except (AttributeError, TypeError, ValueError):
+            return None
+    execution = cell.get("metadata", {}).get("execution", {})
+    began, ended = stamp(execution.get("iopub.execute_input")), stamp(execution.get("shell.execute_reply"))
+    return ended - began if began is not None and ended is not None and began <= ended else 0.0
 
 
 def stage_notebooks(out, cell_timeout=420):
