@@ -670,7 +670,7 @@ WORKER_ENV = frozenset("""
     TORCH_EXTENSIONS_DIR TORCH_CUDA_ARCH_LIST TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR MAX_JOBS
     FUSELAB_GRADING FUSELAB_NATIVE_POLICY FUSELAB_CACHE_DIR FUSELAB_SHARED_BUILDS FUSELAB_GRADE_LOG
     FUSELAB_GPU_LEASE FUSELAB_GPU_LEASE_TAG FUSELAB_SOLUTION_FDS FUSELAB_KERNEL_FDS FUSELAB_KERNEL_TRANSFER
-    FUSELAB_KERNELS_IN_CHECKER FUSELAB_NOTEBOOK_GATE FUSELAB_SPEED_IN_RECHECK FUSELAB_SOLUTION_CELL_S
+    FUSELAB_KERNELS_IN_CHECKER FUSELAB_SOLUTION_CELL_S
     FUSELAB_BACKEND FUSELAB_BUILD_TIMEOUT FUSELAB_POLICY FUSELAB_EMU_SEED FUSELAB_EMU_ORDER FUSELAB_EMU_GUARD
     FUSELAB_EMU_ASSERT FUSELAB_EMU_STACK_KB FUSELAB_CHILD_MARKER
 """.split())
@@ -723,11 +723,10 @@ _STARTED = ("import os,sys\nfd=sys.argv[1]\nif fd.isdigit(): os.write(int(fd),b'
 # the course's folders a submission must never read, in any checkout of the course the runtime shows (an
 # editable install puts its checkout on sys.path): the solutions (and their history), the sample class, runs
 HIDDEN_IN_REPO = ("solutions", ".git", "grader/examples", "grader/runs")
-# Of a checkout of the course, a sandbox sees only what its processes read: the package (the checker, the workers
-# and nbgrader's kernel import it) and nbgrader's course settings (nbgrader's run starts in grader/ and reads
-# them). An allow-list: solutions/, the sample class, earlier runs, .cache's builds, tests/, docs/ and whatever is
-# added later stay out.
-SHOWN_OF_CHECKOUT = ("fuselab", "grader/nbgrader_config.py")
+# Of a checkout of the course, a sandbox sees only what its processes read: the package (the checker and the
+# workers import it). An allow-list: solutions/, grader/, the sample class, earlier runs, .cache's builds, tests/,
+# docs/ and whatever is added later stay out.
+SHOWN_OF_CHECKOUT = ("fuselab",)
 # in the package: the sample class's submissions (correct kernels among them), which no graded process imports;
 # each is an empty file inside
 HIDDEN_IN_PACKAGE = ("labs/*/samples.py",)
@@ -743,7 +742,7 @@ def runtime_folders() -> list:
     """The folders a sandboxed Python, its compilers and the course need beyond ``SYSTEM_SHOWN``: the interpreter's
     prefixes, ``sys.path`` (a PYTHONPATH wheelhouse, as on the GPU machine; an editable checkout), the course, the
     CUDA toolkit. The outermost of nested ones; never ``/``, a home or a private folder as a whole; of a checkout of
-    the course, only ``SHOWN_OF_CHECKOUT`` (a file among them)."""
+    the course, only ``SHOWN_OF_CHECKOUT``."""
     from ...toolchain import find_cuda_home
     shown = [Path(p) for p in SYSTEM_SHOWN]
     never = {Path("/"), Path.home(), Path("/home"), Path("/root"), *map(Path, PRIVATE)}
