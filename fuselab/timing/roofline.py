@@ -124,7 +124,7 @@ def ceilings(device=None, refresh=False) -> Ceilings:
         try:
             return Ceilings(**entries[key])
         except TypeError:
-            pass  # an entry from an older layout: measure again
+            pass  # not the fields of Ceilings: measured again, as for an unreadable file
     result = Ceilings(
         device=gpu.device_name(device),
         torch_version=torch.__version__,
