@@ -12,7 +12,7 @@ labs need on top. Its rooms, low to high (a room imports only from those before 
   verdicts.
 - ``records/``: The class's records: the submissions read in (``intake``), the class list (``roster``), the term's
   course folder (``term``), a graded submission (``results``), hand grading read back (``handgrading``), nbgrader's
-  course, autograde and gradebook (``nbgrader_run``), the reference runs kept for the term (``reference_cache``).
+  course, gradebook and export (``nbgrader_run``), the reference runs kept for the term (``reference_cache``).
 - ``outputs/``: What a run writes for people: feedback pages (``feedback``), grades.csv and the class report
   (``report``), the LMS's import files (``export``), formgrader for hand grading (``formgrader``), a submission's
   text as a terminal shows it (``terminal``).
