@@ -125,33 +125,31 @@ def test_nothing_is_writable_in_a_plain_users_sandbox_either(tmp_path):
 CHECKOUT = textwrap.dedent(r'''
     import json, os, sys
     repo = sys.argv[1]
-    seen = {"repo": sorted(os.listdir(repo)), "grader": sorted(os.listdir(os.path.join(repo, "grader")))}
-    for name in ("solutions", ".cache", "tests", "docs", "grader/examples", "README.md", ".git"):
+    seen = {"repo": sorted(os.listdir(repo))}
+    for name in ("solutions", ".cache", "tests", "docs", "grader", "README.md", ".git"):
         seen[name] = os.path.exists(os.path.join(repo, name))
     seen["samples"] = {lab: os.path.getsize(os.path.join(repo, "fuselab", "labs", lab, "samples.py"))
                        for lab in sorted(os.listdir(os.path.join(repo, "fuselab", "labs"))) if lab.startswith("lab")}
-    # what the workers and nbgrader's kernel import still imports, and nbgrader's settings are readable
+    # what the checker and the workers import still imports
     import fuselab.grading.recheck.cellrunner, fuselab.grading.recheck.kernel_worker, fuselab.grading.recheck.solution_worker
     import fuselab.labs.lab3.samples
     seen["imports"] = not hasattr(fuselab.labs.lab3.samples, "SAMPLES")
-    seen["config"] = "CourseDirectory" in open(os.path.join(repo, "grader", "nbgrader_config.py")).read()
     print(json.dumps(seen))
 ''')
 
 
 def _check_checkout(seen: dict) -> None:
-    assert set(seen["repo"]) <= {"fuselab", "grader", ".venv"}, seen["repo"]
-    assert seen["grader"] == ["nbgrader_config.py"], seen["grader"]
-    for name in ("solutions", ".cache", "tests", "docs", "grader/examples", "README.md", ".git"):
+    assert set(seen["repo"]) <= {"fuselab", ".venv"}, seen["repo"]
+    for name in ("solutions", ".cache", "tests", "docs", "grader", "README.md", ".git"):
         assert seen[name] is False, (name, seen)
     assert seen["samples"] and set(seen["samples"].values()) == {0}, seen["samples"]
-    assert seen["imports"] and seen["config"], seen
+    assert seen["imports"], seen
 
 
-def test_the_sandbox_shows_of_the_checkout_only_the_package_and_nbgraders_settings(tmp_path):
+def test_the_sandbox_shows_of_the_checkout_only_the_package(tmp_path):
     """The whole checkout was visible read-only inside: the instructor's builds in .cache/, solutions/, old runs
-    in grader/, tests/, docs/. Now an allow-list: the package and grader/nbgrader_config.py; the package's sample
-    submissions (correct kernels among them) are empty files. What a worker imports still imports."""
+    in grader/, tests/, docs/. Now an allow-list: the package alone; its sample submissions (correct kernels among
+    them) are empty files. What the checker and the workers import still imports."""
     _sandbox_or_fail()
     (REPO / ".cache").mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
