@@ -332,7 +332,7 @@ def test_a_claim_of_the_sandbox_written_during_a_run_without_it_is_not_believed(
 
 
 def test_a_sandbox_that_breaks_mid_run_saves_nothing(tmp_path, monkeypatch):
-    from fuselab.grading.records import intake, nbgrader_run
+    from fuselab.grading.records import intake
     from fuselab.grading.recheck import clean as recheck
     notebook = tmp_path / "lab0.ipynb"
     notebook.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}))
@@ -340,7 +340,6 @@ def test_a_sandbox_that_breaks_mid_run_saves_nothing(tmp_path, monkeypatch):
     # every test failed "because of the student": in truth bubblewrap stopped starting
     monkeypatch.setattr(recheck, "run_clean", lambda *a, **k: recheck.CleanResult(cells={
         "test": recheck.CellVerdict("test", 0.0, 1.0, "not run", "bwrap: cannot start")}))
-    monkeypatch.setattr(nbgrader_run, "autograde_one", lambda *a, **k: {"cells": {}, "error": "bwrap failed"})
     monkeypatch.setattr(isolate, "sandbox_problem", lambda *a, **k: "bubblewrap cannot start a sandbox here")
     settings = pipeline.Settings(out=tmp_path / "out", shared_builds=tmp_path / "builds")
     with pytest.raises(pipeline.GradingRefused, match="stopped working while alice/lab0"):
