@@ -299,20 +299,49 @@ def conv_output_size(size, kernel, stride, pad):
 
 
 # The visible test's cases, (size, kernel, stride, pad): the hand-countable row of the exercise, a 3×3 and a 1×1
-# that keep a ResNet layer's size.
-VISIBLE_OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0)]
+# that keep a ResNet layer's size, and a stride that does not divide the distance (a division that rounds up, or
+# Python's round(), passes the other three).
+VISIBLE_OUTPUT_SIZE_CASES = [(5, 3, 2, 1), (56, 3, 1, 1), (56, 1, 1, 0), (8, 3, 2, 1)]
 
 
-def output_size_message(got, size, kernel, stride, pad) -> str:
-    """Why ``got`` is not the output size: the count a student's formula missed, said in its terms."""
+# The formulas students write instead of the count, each with what it misses. A wrong value in one case fits
+# several of them ((5, 3, 2, 1): a missing `+ 1`, padding on one side only and no padding all give 2), so the check
+# names the mistake whose values fit the student's answers in every case it asked, not the first that fits one.
+OUTPUT_SIZE_MISTAKES = [
+    (lambda size, kernel, stride, pad: (size + 2 * pad - kernel) // stride,
+     "one output short. The window starts at p·stride - pad for p = 0, 1, …, last, and that is last + 1 "
+     "positions: the `+ 1` counts the first one (p = 0)"),
+    (lambda size, kernel, stride, pad: (size + pad - kernel) // stride + 1,
+     "the padding is counted on one side only. Padding widens the row by `pad` on each side: the windows slide "
+     "over size + 2·pad = {padded} inputs"),
+    (lambda size, kernel, stride, pad: (size - kernel) // stride + 1,
+     "the count of an unpadded row. Padding widens the row by `pad` on each side: the windows slide over "
+     "size + 2·pad = {padded} inputs"),
+    (lambda size, kernel, stride, pad: (size + 2 * pad - kernel + 1) // stride,
+     "the `+ 1` is inside the division. (size + 2·pad - kernel) // stride counts the steps after the first "
+     "window; the `+ 1`, added after the division, counts the first window itself"),
+    (lambda size, kernel, stride, pad: -(-(size + 2 * pad - kernel) // stride) + 1,
+     "the division rounds up. A last window that would stick out past the padded row is no output: `//` rounds "
+     "down, as it should"),
+    (lambda size, kernel, stride, pad: size + 2 * pad - kernel + 1,
+     "the stride is left out. The window moves `stride` inputs from one output to the next: divide the distance "
+     "it can travel, size + 2·pad - kernel, by the stride"),
+]
+
+
+def output_size_message(got, size, kernel, stride, pad, answers=None) -> str:
+    """Why ``got`` is not the output size of ``(size, kernel, stride, pad)``: the mistake whose formula gives the
+    student's value in every case of ``answers`` ({case: value returned}; this case alone by default)."""
     want = conv_output_size(size, kernel, stride, pad)
     said = f"conv_output_size{(size, kernel, stride, pad)} returned {got!r}, expected {want}"
-    if got == want - 1:
-        return (f"{said}: one output short. The window starts at p·stride - pad for p = 0, 1, …, last, and that is "
-                f"last + 1 positions: the `+ 1` counts the first one (p = 0).")
-    if pad and got == (size - kernel) // stride + 1:
-        return (f"{said}: the count of an unpadded row. Padding widens the row by `pad` on each side: "
-                f"the windows slide over size + 2·pad = {size + 2 * pad} inputs.")
+    answers = {**(answers or {}), (size, kernel, stride, pad): got}
+    fitting = [why for formula, why in OUTPUT_SIZE_MISTAKES
+               if all(formula(*case) == value for case, value in answers.items())]
+    fitting = [why.format(padded=size + 2 * pad) for why in fitting]
+    if len(fitting) == 1:
+        return f"{said}: {fitting[0]}."
+    if fitting:  # the cases asked cannot tell them apart: say each
+        return f"{said}. That value fits more than one mistake: " + "; or ".join(fitting) + "."
     return (f"{said}. Count the positions p = 0, 1, … whose window of {kernel} inputs, starting at p·stride - pad, "
             f"ends inside the padded row (at most size + pad - 1 = {size + pad - 1}); `//` rounds the division down.")
 
@@ -332,8 +361,22 @@ def check_output_size(conv_output_size_fn, cases=OUTPUT_SIZE_CASES):
             raise AssertionError(f"{call} returned {got!r}, a {type(got).__name__}: an output size is a whole "
                                  f"number, an int (use // for integer division; / gives a float in Python)")
         if got != want:
-            raise AssertionError(output_size_message(got, size, kernel, stride, pad))
+            raise AssertionError(output_size_message(got, size, kernel, stride, pad,
+                                                     _answers(conv_output_size_fn, cases)))
     print(f"✓ conv_output_size: {len(cases)} cases passed")
+
+
+def _answers(conv_output_size_fn, cases) -> dict:
+    """The student's whole-number answer to each case that gives one: what tells their formula apart."""
+    answers = {}
+    for case in cases:
+        try:
+            got = conv_output_size_fn(*case)
+        except Exception:  # the first wrong case is reported; a later one that raises only has no say in why
+            continue
+        if type(got) is int:
+            answers[tuple(case)] = got
+    return answers
 
 
 def check_many_planes(op, make_inputs, seed=41) -> None:

@@ -1,0 +1,69 @@
+"""What a new student without a GPU reads in Labs 0-3 (CPU, seconds): messages that name the cause they see, and
+numbers on one screen that do not seem to disagree with each other or with the text beside them."""
+
+import re
+
+import pytest
+
+from fuselab.labs import lab1
+
+from .test_notebook_text import run_saved_result_cells
+
+
+# ------------------------------------------------------------------------------------- Lab 1: conv_output_size
+def _wrong(formula):
+    return {
+        "no + 1": lambda size, kernel, stride, pad: (size + 2 * pad - kernel) // stride,
+        "padding on one side": lambda size, kernel, stride, pad: (size + pad - kernel) // stride + 1,
+        "no padding": lambda size, kernel, stride, pad: (size - kernel) // stride + 1,
+        "+ 1 inside the division": lambda size, kernel, stride, pad: (size + 2 * pad - kernel + 1) // stride,
+        "rounds up": lambda size, kernel, stride, pad: -(-(size + 2 * pad - kernel) // stride) + 1,
+        "no stride": lambda size, kernel, stride, pad: size + 2 * pad - kernel + 1,
+    }[formula]
+
+
+@pytest.mark.parametrize("formula,named", [
+    ("no + 1", "one output short"),
+    ("padding on one side", "counted on one side only"),
+    ("no padding", "unpadded row"),
+    ("+ 1 inside the division", "inside the division"),
+    ("rounds up", "rounds up"),
+    ("no stride", "stride is left out"),
+])
+def test_the_visible_output_size_test_names_the_mistake_every_case_shows(formula, named):
+    """The first visible case, (5, 3, 2, 1), gives 2 for a missing `+ 1`, for padding counted once and for no
+    padding at all, and the message named the `+ 1` for all three: a student with the `+ 1` in place was sent to
+    look for it. The check reads the student's answers to every visible case and names the one mistake that fits
+    them all; a division that rounds up passed every visible case (the hidden tests caught it)."""
+    with pytest.raises(AssertionError) as raised:
+        lab1.check_output_size(_wrong(formula), lab1.VISIBLE_OUTPUT_SIZE_CASES)
+    said = str(raised.value)
+    assert named in said, said
+    others = {"one output short", "counted on one side only", "unpadded row", "inside the division", "rounds up",
+              "stride is left out"} - {named}
+    assert not [other for other in others if other in said], said
+
+
+def test_one_answer_alone_that_fits_several_mistakes_names_them_all():
+    said = lab1.output_size_message(2, 5, 3, 2, 1)
+    assert "more than one mistake" in said and "+ 1" in said and "one side only" in said, said
+
+
+# ------------------------------------------------------------------------------ Lab 1: the depthwise rate list
+def test_lab1s_rate_list_says_which_bytes_it_divides_so_it_cannot_read_as_each_kernels_bandwidth():
+    """The list printed the graded reference at 19 % "of the copy bandwidth" and, one line below, the shortfall line
+    said the unfused kernels move their bytes at 37 %; the markdown says the plain kernel reaches a smaller fraction
+    than the reference, and the list showed it larger (28 % against 19 %). The list divides the operation's minimum
+    bytes (x once, y once) by each version's time: it says so, with the bytes, before the rates."""
+    printed = run_saved_result_cells("lab1")
+    moved = lab1.depthwise_bytes(*lab1.DEPTHWISE_TIMED)
+    rates = [i for i, line in enumerate(printed.splitlines()) if re.search(r"GB/s = +\d+% of the copy bandwidth", line)]
+    assert rates, printed
+    header = printed.splitlines()[rates[0] - 1]
+    assert "minimum traffic" in header and "x read once and y written once" in header, header
+    assert f"({moved['fused'] / 1e6:.0f} MB)" in header, header
+
+
+def test_lab1s_roofline_without_a_gpu_does_not_call_the_courses_conv_yours():
+    printed = run_saved_result_cells("lab1")
+    assert "your conv" not in printed and "the course's naive conv" in printed, printed
