@@ -67,3 +67,42 @@ def test_lab1s_rate_list_says_which_bytes_it_divides_so_it_cannot_read_as_each_k
 def test_lab1s_roofline_without_a_gpu_does_not_call_the_courses_conv_yours():
     printed = run_saved_result_cells("lab1")
     assert "your conv" not in printed and "the course's naive conv" in printed, printed
+
+
+# ------------------------------------------------------------------------------------------- Lab 3: what it prints
+def _cell(lab, grade_id):
+    from .test_notebook_text import cells, grade_id as id_of, solution, text
+    return next(text(c) for c in cells(solution(lab)) if id_of(c) == grade_id)
+
+
+def test_lab3s_pitfalls_demo_says_each_failure_once():
+    """Each pitfall printed "✗ missing_barrier: 1 of 1 case failed", then its title, then the report that begins
+    with the same words: the check's own line and its report said it twice."""
+    import contextlib
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import torch
+
+    import fuselab
+    from fuselab.labs import lab3
+    namespace = {"fuselab": fuselab, "lab3": lab3, "torch": torch, "GRADING": False,
+                 "make": lambda shape, seed, dtype=torch.float32: lab3.make_inputs(shape, seed, device="cpu", dtype=dtype)}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(_cell("lab3", "pitfalls"), namespace)  # noqa: S102 - the course's notebook
+    lines = [line.strip().lstrip("✗✓ ").rstrip(".") for line in printed.getvalue().splitlines() if line.strip()]
+    repeated = sorted({line for line in lines if lines.count(line) > 1})
+    assert not repeated, printed.getvalue()
+    assert printed.getvalue().count("FAILED") == 3, printed.getvalue()
+
+
+def test_lab3s_small_k_table_says_its_share_of_the_floor_is_of_times_not_of_each_versions_bytes():
+    """The table printed the lab reference at 8 % of the C-write floor and the line below it said the unfused kernels
+    move their bytes at 24 % of the floor's rate; the text says the plain kernel writes C at a smaller fraction than
+    the reference, and the table showed it larger (13 % against 8 %). The table's share is the floor's time over
+    each version's: it says so, and that an unfused version moves C three times."""
+    printed = run_saved_result_cells("lab3")
+    header = next(line for line in printed.splitlines() if line.startswith("at the small-K shape"))
+    assert "the floor's time over its own" in header and "writing C just once" in header, header
