@@ -106,3 +106,39 @@ def test_lab3s_small_k_table_says_its_share_of_the_floor_is_of_times_not_of_each
     printed = run_saved_result_cells("lab3")
     header = next(line for line in printed.splitlines() if line.startswith("at the small-K shape"))
     assert "the floor's time over its own" in header and "writing C just once" in header, header
+
+
+# --------------------------------------------------------------------- what the text says about builds and speed
+def _speed_test_markdown(lab):
+    """The markdown right above the lab's graded speed test cell."""
+    from .test_notebook_text import cells, solution, text
+    found = cells(solution(lab))
+    index = next(i for i, c in enumerate(found) if "fuselab.speed.speedup_test(" in text(c))
+    return next(text(c) for c in reversed(found[:index]) if c["cell_type"] == "markdown")
+
+
+@pytest.mark.parametrize("lab", ["lab0", "lab1", "lab2", "lab3"])
+def test_each_speed_tests_text_says_what_a_student_without_a_gpu_sees(lab):
+    """Labs 0-2 said the test prints its threshold "when it measures", while without a GPU it prints the threshold,
+    the plain solution's speedup and the partial credit too; and none said that Validate counts the test's points
+    as not measured rather than as passed."""
+    said = " ".join(_speed_test_markdown(lab).split())
+    assert "when it measures" not in said, said
+    assert 'marked "not measured (no GPU)"' in said and "Validate counts its points as not measured here" in said, said
+
+
+def test_lab0s_build_time_agrees_with_the_saved_build_benchmarks():
+    """Lab 0 said a build takes "about a second on a GPU machine": the H200's saved benchmark has 2.1 s for a first
+    build, 1.4-1.6 s after an edit, and the CPU emulation's 1.9-29 s on the 2-core machine."""
+    import json
+
+    from .conftest import REPO
+    from .test_notebook_claims import markdown, squash
+    assert squash("about one to two seconds on the course's GPU machine; under the CPU emulation on a 2-core "
+                  "machine, two to thirty seconds") in squash(markdown("lab0"))
+    gpu = json.loads((REPO / "docs" / "results" / "selfcheck-h200-59d27bd.json").read_text())["build"]
+    emulation = json.loads((REPO / "docs" / "results" / "build-emulation-labs-cpu2.json").read_text())["labs"]
+    gpu_times = [gpu["first_build"], *gpu["rebuild_after_edit_all"]]
+    emulated = [t for lab in emulation.values() for t in (lab["first_build"], *lab["rebuild_after_edit"])]
+    assert all(0.8 <= t <= 2.3 for t in gpu_times), gpu_times
+    assert 1.5 <= min(emulated) and max(emulated) <= 33, sorted(emulated)
