@@ -142,3 +142,15 @@ def test_lab0s_build_time_agrees_with_the_saved_build_benchmarks():
     emulated = [t for lab in emulation.values() for t in (lab["first_build"], *lab["rebuild_after_edit"])]
     assert all(0.8 <= t <= 2.3 for t in gpu_times), gpu_times
     assert 1.5 <= min(emulated) and max(emulated) <= 33, sorted(emulated)
+
+
+# ------------------------------------------------------------------------------- Lab 3: a B stride of M, not N
+def test_a_b_stride_of_m_is_named_as_m_against_n_not_as_a_dropped_tail_of_n():
+    """Every visible case whose N was a multiple of 8 had M == N, so a B row stride of M (right only where M == N)
+    passed exactly the cases with N a multiple of 8, and the report blamed a loop that drops the tail of N. A case
+    with N a whole number of tiles and M != N tells the two apart."""
+    from .test_student_messages import _lab3_fused_with
+    report = _lab3_fused_with("b[(int64_t)(k0 + ty) * N + col]", "b[(int64_t)(k0 + ty) * M + col]", "walk_b_stride_m")
+    assert "every case with M == N passes" in report, report
+    assert "tail of N" not in report, report
+

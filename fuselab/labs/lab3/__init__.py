@@ -144,11 +144,12 @@ def _cases(shapes):
 
 # Beside them, cases that tell the sizes apart: N == K with M != N (a B stride that uses K where N belongs passes
 # those), M == N with K != N, and a second K that is a whole number of tiles (a K loop over whole tiles only, the
-# tail dropped, passes exactly those).
+# tail dropped, passes exactly those); and an N that is a whole number of tiles with M != N, so that a B stride of M
+# (right only where M == N) is not read as a loop that drops the tail of N.
 SMALL_SHAPES = _cases([(1, 1, 1, True, True), (1, 17, 33, True, False), (5, 7, 3, False, True),
                        (16, 16, 16, True, True), (17, 31, 19, True, True), (33, 1, 40, False, False),
                        (40, 50, 70, True, True), (9, 20, 20, True, False), (24, 24, 40, True, True),
-                       (7, 12, 32, False, True)])
+                       (7, 12, 32, False, True), (3, 16, 5, True, True)])
 # small K (1, 3, 8, 17: below, at and one past a tile) with many rows: the shapes of the graded speed test's regime
 SMALL_K_SHAPES = _cases([(40, 130, 1, True, True), (67, 129, 3, True, False), (33, 260, 8, False, True),
                          (50, 70, 17, True, True)])
