@@ -154,3 +154,33 @@ def test_a_b_stride_of_m_is_named_as_m_against_n_not_as_a_dropped_tail_of_n():
     assert "every case with M == N passes" in report, report
     assert "tail of N" not in report, report
 
+
+# ------------------------------------------------------------------------------------ Lab 3: Part D's goals
+def test_part_ds_goals_are_the_ones_its_text_states_and_each_is_printed_from_the_saved_sweep():
+    """Part D's text says the cell prints what the course's GPU self-check measured against its goals; without a GPU
+    it printed the small-K shape only (two goals of four), not 4096³ against cuBLAS nor the skinny shapes against
+    F.linear + ReLU, though the saved sweep has both."""
+    from fuselab.labs import lab3
+
+    from .test_notebook_claims import markdown, squash
+    goals = lab3.TUNED_GOALS
+    said = squash(markdown("lab3"))
+    assert (f"at least {goals['cublas_square']:.0%} of cuBLAS fp32 (TF32 off) at 4096³; within "
+            f"{goals['skinny_vs_linear']:.1f}× of `F.linear` + ReLU at the skinny shapes") in said
+    assert f"at least {goals['floor']:.0%} of the C-write floor" in said
+    lines = "\n".join(lab3.saved_tuned_goals())
+    saved = lab3.saved_results(lab3.SWEEP_RESULTS)
+    cublas = {(tuple(r["shape"]), r["name"]): r["median_us"] for r in saved["cublas"]}
+    square = tuple(lab3.SQUARE)
+    rate = min(cublas[(square, "F.linear + relu")], cublas[(square, "torch.addmm + relu")]) / cublas[(square, "tuned fused")]
+    assert f"{rate:.0%} of cuBLAS's rate" in lines, lines
+    for m in (1, 4, 8, 16):
+        shape = (m, 4096, 4096)
+        assert f"{cublas[(shape, 'tuned fused')] / cublas[(shape, 'F.linear + relu')]:.2f}x the time" in lines, lines
+    for dtype, row in saved["small_k"]["summary"].items():
+        assert f"{dtype} at {list(lab3.SMALL_K)}: {row['tuned_fraction_of_floor']:.0%} of the C-write floor" in lines
+    assert "not yours" in lines
+    # and the notebook prints them where it has no GPU
+    from .test_notebook_text import cells, grade_id, solution, text
+    tuned = next(text(c) for c in cells(solution("lab3")) if grade_id(c) == "tuned")
+    assert "lab3.saved_tuned_goals()" in tuned

@@ -350,6 +350,38 @@ def traffic(m, n, k, bytes_per_element=4):
     return {"gemm": gemm, "epilogue": epilogue, "flops": 2 * m * n * k}
 
 
+# Part D's goals (its markdown states them): the tuned kernel at the small-K shape against the C-write floor and the
+# libraries, at 4096³ against cuBLAS, at the skinny shapes against F.linear + ReLU
+TUNED_GOALS = {"floor": 0.60, "cublas_square": 0.40, "skinny_vs_linear": 1.5}
+
+
+def saved_tuned_goals(saved=None) -> list:
+    """What a student without a GPU reads of Part D: the course's own tuned kernel against each of Part D's goals, as
+    the GPU self-check's saved sweep measured it (not the student's kernel: theirs is timed only on a GPU)."""
+    saved = saved if saved is not None else saved_results(SWEEP_RESULTS)
+    if not saved:
+        return []
+    lines = [f"the course's own tuned kernel (not yours: yours is timed only on a GPU), measured by its GPU self-check "
+             f"({saved['gpu']}, {saved['date']}), against Part D's goals:"]
+    for dtype, row in ((saved.get("small_k") or {}).get("summary") or {}).items():
+        lines.append(f"  {dtype} at {list(SMALL_K)}: {row['tuned_fraction_of_floor']:.0%} of the C-write floor (goal: "
+                     f"at least {TUNED_GOALS['floor']:.0%}), {row['tuned_vs_best_library']:.2f}x as fast as the "
+                     "fastest of addmm + ReLU, _addmm_activation and torch.compile (goal: faster)")
+    timed = {(tuple(r["shape"]), r["name"]): r["median_us"] for r in saved.get("cublas") or []}
+    for shape in [SQUARE] + [(m, SKINNY_NK, SKINNY_NK) for m in (1, 4, 8, 16)]:
+        tuned, linear = timed.get((shape, "tuned fused")), timed.get((shape, "F.linear + relu"))
+        if tuned is None or linear is None:
+            continue
+        if shape == SQUARE:  # cuBLAS: the faster of its two entries
+            cublas = min(linear, timed.get((shape, "torch.addmm + relu"), linear))
+            lines.append(f"  fp32 at {list(shape)}: {cublas / tuned:.0%} of cuBLAS's rate (TF32 off; goal: at least "
+                         f"{TUNED_GOALS['cublas_square']:.0%})")
+        else:
+            lines.append(f"  fp32 at {list(shape)}: {tuned / linear:.2f}x the time of F.linear + relu (goal: within "
+                         f"{TUNED_GOALS['skinny_vs_linear']:.1f}x)")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------------- timing
 def sweep(reference_op, fused_op, ms=SWEEP_MS, n=SKINNY_NK, k=SKINNY_NK, dtype=torch.float32, mode="device",
           budget_s=0.5, device="cuda", progress=None, shapes=None):
