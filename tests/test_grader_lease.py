@@ -280,12 +280,24 @@ def test_wall_limits_leave_out_pauses_and_a_late_wait_is_no_timeout():
     assert not outcome.timed_out and "SIGSEGV" in outcome.describe()
 
 
-def test_garbage_in_the_events_file_does_not_break_the_clean_recheck(tmp_path):
+FORGE = r'''
+import json, os, sys
+if "cellrunner" in sys.argv[0]:  # the checker: its last argument is its pipe to the grader
+    garbage = ["[1]", '"x"', '{"index": 0}', json.dumps({"kind": "start", "index": 99, "grade_id": None}),
+               json.dumps({"kind": "end", "index": "0", "grade_id": None}),
+               json.dumps({"kind": "start", "index": 0, "grade_id": None, "time": "soon"}),
+               json.dumps({"kind": "done", "padding": "x" * (2**20 + 10)})]
+    with open(int(sys.argv[2]), "wb", closefd=False) as channel:
+        channel.write("".join(line + "\n" for line in garbage).encode())
+'''
+
+
+def test_garbage_on_the_checkers_channel_does_not_break_the_clean_recheck(tmp_path):
     from .test_grader_isolation import _cell, _notebook
-    forge = ("import sys\nopen(sys.argv[2], 'a').write('[1]\\n\"x\"\\n{\"event\": \"start\", \"index\": 99, "
-             "\"time\": \"soon\"}\\n{\"event\": \"end\", \"index\": \"0\"}\\n')")
-    # written from a setup cell: a solution's function that reached for sys would be dropped by the sanitizer
-    notebook = _notebook([_cell("VALUE = 41\n" + forge, "setup"),
+    # on the checker's own pipe to the grader: lines that are not JSON, not objects, of no kind, of a cell not in
+    # the plan, with a field of the wrong type, and a record past the size limit; the checker's own records
+    # around them still count
+    notebook = _notebook([_cell("VALUE = 41", "setup"), _cell(FORGE, "forge"),
                           _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
                           _cell("assert answer() == 42", "test_one", graded=True, points=2),
                           _cell("assert answer() == 42", "test_two", graded=True, points=3)])

@@ -1,6 +1,6 @@
 """The clean recheck: ``clean`` starts three processes joined by pipes they inherit, and reads their verdicts.
 
-- the checker: ``python -m fuselab.grading.recheck.cellrunner PLAN fd:N``;
+- the checker: ``python -m fuselab.grading.recheck.cellrunner PLAN FD`` (its records to the grader: ``channel``);
 - the solution worker: ``python -m fuselab.grading.recheck.solution_worker IN_FD OUT_FD``;
 - the kernel worker: ``python -m fuselab.grading.recheck.kernel_worker IN_FD OUT_FD``.
 

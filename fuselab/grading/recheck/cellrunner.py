@@ -1,13 +1,13 @@
 """The clean recheck's child process: run a clean notebook's cells in order and report each one as it goes.
 
-    python -m fuselab.grading.recheck.cellrunner PLAN.json EVENTS.jsonl
+    python -m fuselab.grading.recheck.cellrunner PLAN.json CHANNEL_FD
 
 PLAN: ``{"cells": [{"index", "grade_id", "source", "graded"}], "start": k}``. Cells before ``start`` that are
 graded are skipped (an earlier process already scored them); the others rerun, as the setup of the cells from
-``start`` on. Each cell writes a ``start`` event before it runs and an ``end`` event after, flushed at once, so
-the parent knows which cell was running when this process crashed or hung. After a cell that failed, a
-poisoned CUDA context (a sticky fault) ends the process with a ``poisoned`` event: the parent restarts from the
-next cell in a fresh process.
+``start`` on. CHANNEL_FD: the write end of the pipe the grader opened for this process (``channel``). Each cell
+sends a ``CellStart`` record before it runs and a ``CellEnd`` after, so the parent knows which cell was running
+when this process crashed or hung. After a cell that failed, a poisoned CUDA context (a sticky fault) ends the
+process with a ``Poisoned`` record: the parent restarts from the next cell in a fresh process.
 
 Solution cells never run here: the solution worker (``solution_worker``) runs them, and the names they define
 arrive as plain values or as proxies (``remote``); the setup cell runs in both. Nor do a student's kernels:
@@ -36,23 +36,9 @@ import time
 import warnings
 
 from ...notebook import HIDDEN_MARK
-from . import failures, lazy_plots
+from . import channel, failures, lazy_plots
 
 MAX_TEXT = 4000
-
-
-class _Events:
-    def __init__(self, path):
-        # "fd:N": a file the grader opened for this process before starting it (the grader reads it back by that
-        # descriptor, never by a name in a folder this process can write)
-        target = int(path[3:]) if path.startswith("fd:") else path
-        self.handle = open(target, "a", buffering=1)
-
-    def write(self, **event):
-        event["time"] = time.time()
-        self.handle.write(json.dumps(event, default=repr) + "\n")
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
 
 
 @contextlib.contextmanager
@@ -183,12 +169,12 @@ def _run_cell(cell, namespace, worker, host=None):
     return value
 
 
-def main(plan_path, events_path) -> int:
+def main(plan_path, channel_fd: int) -> int:
     lazy_plots.defer()  # the setup cell's plotting imports load only if a cell draws
     plan = json.loads(open(plan_path).read())
     worker = _solution_process()
     host = _kernel_host()
-    events = _Events(events_path)
+    to_grader = channel.Sender(channel_fd)
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
     grade_log = os.environ.get("FUSELAB_GRADE_LOG")
@@ -198,7 +184,7 @@ def main(plan_path, events_path) -> int:
         index = cell["index"]
         if index < plan.get("start", 0) and cell["graded"]:
             continue
-        events.write(event="start", index=index, grade_id=cell["grade_id"])
+        to_grader.send(channel.CellStart(index, cell["grade_id"]))
         if host is not None:  # a speed test runs this cell's source in the worker: never one with hidden tests
             host.current_source = "" if HIDDEN_MARK in cell["source"] else cell["source"]
         started = time.perf_counter()
@@ -228,16 +214,16 @@ def main(plan_path, events_path) -> int:
         if failures.has_hidden_tests(cell["source"]):  # what a hidden test printed or warned is never kept
             stdout, shown = "", None
             stderr = failures.HIDDEN_OUTPUT if stderr.strip() else ""
-        events.write(event="end", index=index, grade_id=cell["grade_id"], error=error, value=number,
-                     shown=shown, stdout=stdout, stderr=stderr,
-                     seconds=time.perf_counter() - started, speed=records, flag=flag)
+        to_grader.send(channel.CellEnd(index, cell["grade_id"], error=error, value=number, shown=shown,
+                                       stdout=stdout, stderr=stderr, seconds=time.perf_counter() - started,
+                                       speed=records, flag=flag))
         why = _unusable(host)
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
-            events.write(event="poisoned", index=index, grade_id=cell["grade_id"], why=why)
+            to_grader.send(channel.Poisoned(index, cell["grade_id"], why))
             return 3
-    events.write(event="done")
+    to_grader.send(channel.Done())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))

@@ -42,7 +42,6 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,6 +55,7 @@ from ..sandbox import isolate
 from . import transfer
 from ..gpus.lease import LeaseServer, clear_files
 from ..sandbox.untrusted import Folder
+from .channel import CellEnd, CellStart, Done, Poisoned, Receiver
 from .demos import demo_problems
 from .sanitize import sanitize_cell
 
@@ -215,21 +215,19 @@ def _defined_names(source: str) -> list:
     return sorted(set(names))
 
 
-def _score(cell, end) -> CellVerdict:
+def _score(cell, end: CellEnd) -> CellVerdict:
     """nbgrader's rule on one finished cell: error or stderr → 0; a displayed number → those points; else full."""
     maximum = cell["points"]
-    speed = end.get("speed") or []
-    common = dict(grade_id=cell["grade_id"], max_points=maximum, output=end.get("stdout", "")[-1500:],
-                  seconds=end.get("seconds", 0.0), speed=speed)
-    if end.get("error"):
-        return CellVerdict(points=0.0, status="failed", message=end["error"], **common)
-    if end.get("stderr", "").strip():
+    speed = end.speed
+    common = dict(grade_id=cell["grade_id"], max_points=maximum, output=end.stdout[-1500:], seconds=end.seconds,
+                  speed=speed)
+    if end.error:
+        return CellVerdict(points=0.0, status="failed", message=end.error, **common)
+    if end.stderr.strip():
         return CellVerdict(points=0.0, status="failed",
-                           message="wrote to stderr (nbgrader gives such a cell 0): " + end["stderr"].strip()[:500],
+                           message="wrote to stderr (nbgrader gives such a cell 0): " + end.stderr.strip()[:500],
                            **common)
-    value = end.get("value")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        value = None
+    value = end.value
     if value is not None:
         if not 0 <= value <= maximum:
             return CellVerdict(points=0.0, status="failed",
@@ -239,33 +237,6 @@ def _score(cell, end) -> CellVerdict:
             status = "not measured (no GPU)"
         return CellVerdict(points=float(value), status=status, **common)
     return CellVerdict(points=maximum, status="passed", **common)
-
-
-EVENTS_LIMIT = 64 * 2**20  # a checker writes a few KiB of events per cell
-
-
-def _read_events(events) -> list:
-    """The checker's events, from the file the grader opened for it before it started (``events``: an open
-    file); anything but well-formed events is dropped, and so is all of it past ``EVENTS_LIMIT``."""
-    try:
-        data = os.pread(events.fileno(), EVENTS_LIMIT + 1, 0)
-    except OSError:
-        return []
-    events = []
-    for line in data[:EVENTS_LIMIT].decode("utf-8", errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            break  # a line cut short by a kill
-        if isinstance(event, dict) and isinstance(event.get("event"), str) and \
-                (event["event"] == "done" or isinstance(event.get("index"), int)):
-            events.append(event)
-    return events
-
-
-def _event_time(event) -> float:
-    value = event.get("time")
-    return float(value) if isinstance(value, (int, float)) else time.time()
 
 
 class PauseLog:
@@ -453,9 +424,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     by_index = {c["index"]: c for c in cells}
     while True:
         box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start}))  # a planted link is removed
-        # the checker's events go to a file no sandbox can name, opened here before it starts (its descriptor)
-        events_file = tempfile.TemporaryFile(prefix="fuselab-events-")
-        command = [sys.executable, "-m", "fuselab.grading.recheck.cellrunner", str(plan_path), f"fd:{events_file.fileno()}"]
+        # the checker's records come through a pipe opened here before it starts: no sandbox can name it
+        channel, channel_w = Receiver.open()
+        command = [sys.executable, "-m", "fuselab.grading.recheck.cellrunner", str(plan_path), str(channel_w)]
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=shared_builds.readonly(env))
@@ -472,16 +443,16 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
                 child_env[transfer.ENV] = str(_transfer_file(workdir))
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], events_file.fileno()))
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w))
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
-            for fd in (*fds, *kernel_fds):
+            for fd in (*fds, *kernel_fds, channel_w):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, box, child, tag)
         # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
         stop_reason, cell_started, ran_over = None, None, False
-        announced = 0  # this process's cell starts already passed to ``on_cell``
+        records: list = []  # this process's records, of the plan's cells
         pauses = PauseLog()
         meter = TreeMeter([child.process.pid, worker.process.pid, kernel_worker and kernel_worker.process.pid])
         try:
@@ -489,14 +460,12 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 time.sleep(0.05)
                 pauses.sample(server.paused_s())
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
-                events = _read_events(events_file)
-                running = events[-1] if events and events[-1].get("event") == "start" else None
+                records += _receive(channel, by_index, on_cell)
+                running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
                 cpu, blocked = meter.read()
-                announced = _announce(events, announced, by_index, on_cell)
-                if running and (cell_started is None or cell_started[0] != running.get("index")):
-                    cell_started = (running.get("index"), min(paused, pauses.at(_event_time(running))), cpu,
-                                    blocked)
+                if running and (cell_started is None or cell_started[0] != running.index):
+                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked)
                 if stop_reason is not None:
                     continue  # stopped: waiting for it to end
                 if server.stop_reason:
@@ -505,7 +474,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                     # waiting for the GPU or stopped for others' timings is a pause: neither its clock nor its own
                     in_pause = paused - cell_started[1]
                     own = (cpu - cell_started[2]) / threads + max(0.0, blocked - cell_started[3] - in_pause)
-                    stop_reason, ran_over = _over_time(time.time() - _event_time(running) - in_pause, own,
+                    stop_reason, ran_over = _over_time(time.time() - running.time - in_pause, own,
                                                        cell_timeout, wall_timeout, "the test's")
                 if stop_reason is None:
                     own = (cpu_before + cpu) / threads + max(0.0, blocked_before + blocked - paused_before - paused)
@@ -516,6 +485,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         except BaseException:
             child.stop()  # never left running (or registered) behind a grader error
             child.wait(timeout=10)
+            channel.close()
             raise
         finally:
             server.close()  # the GPU and its slot go back to the others whatever happened here
@@ -532,25 +502,17 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         gpu_held += server.held_s
         gpu_holds += server.holds
         outcome = child.wait(timeout=30)
-        events = _read_events(events_file)
-        events_file.close()
-        _announce(events, announced, by_index, on_cell)  # cells too short for any poll to have seen
-        events = [e for e in events if e["event"] == "done" or e["index"] in by_index]
-        _add_timeline(timeline, events, by_index, spawned)
+        records += _receive(channel, by_index, on_cell)  # what it sent after the last poll
+        channel.close()
+        _add_timeline(timeline, records, by_index, spawned)
         # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
         for label, seconds in ((SLOT_WAIT, server.slot_waited_s), (LEASE_WAIT, server.waited_s - server.slot_waited_s),
                                (HELD, server.held_s), (STOPPED, stopped)):
             if seconds > 0:
                 timeline[label] = timeline.get(label, 0.0) + seconds
-        for event in events:
-            cell = by_index.get(event.get("index"))
-            if event["event"] == "end" and cell["graded"]:
-                verdicts[cell["grade_id"]] = _score(cell, event)
-            flag = f"{cell['grade_id'] or 'cell ' + str(cell['index'])}: {HOST_WROTE_KERNEL_MEMORY}" if cell else ""
-            if event["event"] == "end" and event.get("flag") == HOST_WROTE_KERNEL_MEMORY and flag not in flags:
-                flags.append(flag)  # the checker's own event (a setup cell rerun after a restart says it once)
-        last = events[-1] if events else None
-        if last and last["event"] == "done":
+        _take_verdicts(records, by_index, verdicts, flags)
+        last = records[-1] if records else None
+        if isinstance(last, Done):
             break
         # the process ended early: which cell did it die in, and why?
         due = {"first_try": stop_reason} if ran_over else None  # a wall-clock overrun: retried before it counts
@@ -559,23 +521,23 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                                  f"{outcome.stderr.strip()[-500:]}"
             _fail_rest(verdicts, graded, why, status="not run", retry=due)
             break
-        culprit = by_index[last["index"]]
-        if last["event"] == "poisoned":
-            why = last.get("why") or "the CUDA context was poisoned (a fault such as an illegal memory access)"
+        culprit = by_index[last.index]
+        if isinstance(last, Poisoned):
+            why = last.why or "the CUDA context was poisoned (a fault such as an illegal memory access)"
         else:
             why = stop_reason or f"the process {outcome.describe()}"
         if culprit["graded"]:
-            if last["event"] == "poisoned" and culprit["grade_id"] in verdicts:
+            if isinstance(last, Poisoned) and culprit["grade_id"] in verdicts:
                 # its kernel crashed the process it ran in (the worker's, or this one's CUDA context): a crash, said
                 # as one, and no points even if the cell caught the error the crash raised here
                 failed = verdicts[culprit["grade_id"]]
                 failed.status, failed.message = "crashed", f"{why}: {failed.message}".rstrip(": ")[:4000]
                 failed.points = 0.0
-            if last["event"] == "start":
+            if isinstance(last, CellStart):
                 verdicts[culprit["grade_id"]] = CellVerdict(
                     culprit["grade_id"], 0.0, culprit["points"],
                     "timed out" if "timed out" in why else "crashed", why,
-                    seconds=time.time() - _event_time(last), retry=dict(due or {}))
+                    seconds=time.time() - last.time, retry=dict(due or {}))
             if "submission's time limit" in why:
                 _fail_rest(verdicts, graded, why, status="not run", retry=due)
                 break
@@ -647,7 +609,7 @@ def _transfer_file(workdir: Path) -> Path:
 def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease):
     """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
     out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
-    tests or events, nor the other worker's folder; its builds go to its own cache there. What it prints goes
+    tests or the checker's records, nor the other worker's folder; its builds go to its own cache there. What it prints goes
     to anonymous files of its keeper's (never read back, never a name in a folder it can write)."""
     workdir = box.path
     folder = box.make_folder(f"{kind}-process")  # a link the checker left in its place is removed, not followed
@@ -693,30 +655,39 @@ def speed_needs_correctness(verdicts: dict, policy=None, among=None) -> None:
         verdict.requires_failed = failed
 
 
-def _announce(events: list, announced: int, by_index: dict, on_cell) -> int:
-    """Pass the grade_id of each cell start in ``events`` after the first ``announced`` to ``on_cell``, in order;
-    returns how many starts there are now."""
-    starts = [e for e in events if e["event"] == "start" and e.get("index") in by_index]
+def _receive(channel: Receiver, by_index: dict, on_cell) -> list:
+    """The checker's new records that are of the plan's cells; each cell start's grade_id goes to ``on_cell``."""
+    new = [r for r in channel.poll() if isinstance(r, Done) or r.index in by_index]
     if on_cell is not None:
-        for event in starts[announced:]:
-            on_cell(by_index[event["index"]]["grade_id"])
-    return max(announced, len(starts))
+        for start in (r for r in new if isinstance(r, CellStart)):
+            on_cell(by_index[start.index]["grade_id"])
+    return new
 
 
-def _add_timeline(timeline: dict, events: list, by_index: dict, spawned: float) -> None:
+def _take_verdicts(records: list, by_index: dict, verdicts: dict, flags: list) -> None:
+    """Score each graded cell the checker ended (``_score``) into ``verdicts``; add the checker's flags."""
+    for end in (r for r in records if isinstance(r, CellEnd)):
+        cell = by_index[end.index]
+        if cell["graded"]:
+            verdicts[cell["grade_id"]] = _score(cell, end)
+        flag = f"{cell['grade_id'] or 'cell ' + str(cell['index'])}: {HOST_WROTE_KERNEL_MEMORY}"
+        if end.flag == HOST_WROTE_KERNEL_MEMORY and flag not in flags:
+            flags.append(flag)  # the checker's own record (a setup cell rerun after a restart says it once)
+
+
+def _add_timeline(timeline: dict, records: list, by_index: dict, spawned: float) -> None:
     """Add one process's cells to ``timeline``; a cell's label is its grade_id or ``cell N``."""
-    starts = [e for e in events if e["event"] == "start"]
+    starts = [r for r in records if isinstance(r, CellStart)]
     if starts:
-        timeline["process start"] = timeline.get("process start", 0.0) + max(0.0, _event_time(starts[0]) - spawned)
+        timeline["process start"] = timeline.get("process start", 0.0) + max(0.0, starts[0].time - spawned)
     def add(index, seconds):
         cell = by_index[index]
         label = cell["grade_id"] or f"cell {cell['index']}"
         timeline[label] = timeline.get(label, 0.0) + seconds
-    for event in events:
-        if event["event"] == "end" and isinstance(event.get("seconds"), (int, float)):
-            add(event["index"], float(event["seconds"]))
-    if events and events[-1]["event"] == "start":  # the cell the process died or was stopped in
-        add(events[-1]["index"], max(0.0, time.time() - _event_time(events[-1])))
+    for end in (r for r in records if isinstance(r, CellEnd)):
+        add(end.index, end.seconds)
+    if records and isinstance(records[-1], CellStart):  # the cell the process died or was stopped in
+        add(records[-1].index, max(0.0, time.time() - records[-1].time))
 
 
 def _fail_rest(verdicts, graded, why, status, retry=None):

@@ -1,0 +1,154 @@
+"""The checker's channel to the grader: one pipe the grader opens before the checker starts, typed records on it.
+
+The checker (``cellrunner``) says what it does as records, one JSON object a line: ``CellStart`` before a cell
+runs, ``CellEnd`` after, ``Poisoned`` when its processes cannot run another cell, ``Done`` at the end. The grader
+(``clean``) reads them as it polls the checker's time limits, and once more after the checker ended.
+
+The checker may have loaded what a submission built, so what arrives is data from an untrusted side: read
+without blocking, at most ``LIMIT`` bytes in all and ``LINE_LIMIT`` a record; a line that does not decode into
+one of the records below, field by field, is dropped. Nothing read is ever followed, loaded or executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+LIMIT = 64 * 2**20       # a checker sends a few KiB per cell
+LINE_LIMIT = 2**20       # a record: a cell's output is cut to a few KiB before it is sent
+
+
+@dataclass
+class CellStart:
+    index: int
+    grade_id: str | None
+    time: float = 0.0    # epoch seconds, the checker's clock
+    kind = "start"
+
+
+@dataclass
+class CellEnd:
+    index: int
+    grade_id: str | None
+    time: float = 0.0
+    error: str | None = None     # the verdict's message of a cell that failed
+    value: float | None = None   # the number the cell ended in
+    shown: str | None = None     # what else it ended in, as text
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0
+    speed: list = field(default_factory=list)   # the speed tests' records (dicts), ``fuselab.speed``'s
+    flag: str | None = None
+    kind = "end"
+
+
+@dataclass
+class Poisoned:
+    index: int
+    grade_id: str | None
+    why: str
+    time: float = 0.0
+    kind = "poisoned"
+
+
+@dataclass
+class Done:
+    time: float = 0.0
+    kind = "done"
+
+
+RECORDS = {cls.kind: cls for cls in (CellStart, CellEnd, Poisoned, Done)}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "list": (list,),
+          "str | None": (str, type(None)), "float | None": (int, float, type(None))}
+
+
+def encode(record) -> bytes:
+    return (json.dumps({"kind": record.kind, **asdict(record)}, default=repr) + "\n").encode()
+
+
+def decode(line: bytes):
+    """The record ``line`` holds, or None: every field of its kind present (or defaulted) with its type."""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    cls = RECORDS.get(data.get("kind")) if isinstance(data, dict) else None
+    if cls is None:
+        return None
+    values = {}
+    for spec in fields(cls):
+        if spec.name not in data:
+            continue  # a missing field takes its default, or the record is refused below
+        value = data[spec.name]
+        if isinstance(value, bool) or not isinstance(value, _TYPES[spec.type]):
+            return None
+        values[spec.name] = float(value) if spec.type.startswith("float") and value is not None else value
+    if "speed" in values:
+        values["speed"] = [r for r in values["speed"] if isinstance(r, dict)]
+    try:
+        return cls(**values)
+    except TypeError:  # a field without a default was missing
+        return None
+
+
+class Sender:
+    """The checker's end: a record is written whole, at once (the grader may be waiting to see a cell start)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_inheritable(fd, False)  # the checker's own children (compilers, say) never hold the grader's pipe
+
+    def send(self, record) -> None:
+        record.time = time.time()
+        view = memoryview(encode(record))
+        while view:
+            view = view[os.write(self.fd, view):]
+
+
+class Receiver:
+    """The grader's end of one checker's channel; ``open`` makes the pipe."""
+
+    def __init__(self, fd: int):
+        self.file = open(fd, "rb", buffering=0)  # closed with this object, should the caller fail before ``close``
+        self._partial = b""
+        self._read = 0
+        self._skipping = False    # inside a line longer than LINE_LIMIT: dropped to its end
+
+    @classmethod
+    def open(cls) -> tuple:
+        """``(Receiver, the write end's descriptor)``: the write end is for the checker to inherit; the grader
+        closes its copy once the checker started, so a checker's end reads as the end of the channel."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        return cls(read_fd), write_fd
+
+    def poll(self) -> list:
+        """The records that arrived since the last call."""
+        new = []
+        while not self.file.closed:
+            chunk = self.file.read(1 << 16)
+            if not chunk:  # None: nothing more for now; b"": every writer closed its end
+                break
+            self._read += len(chunk)
+            if self._read > LIMIT:  # past the limit: read and dropped, so the writer never blocks on it
+                continue
+            new += self._lines(chunk)
+        return new
+
+    def _lines(self, chunk: bytes) -> list:
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        found = []
+        for line in lines:
+            if not self._skipping and len(line) <= LINE_LIMIT:
+                record = decode(line)
+                if record is not None:
+                    found.append(record)
+            self._skipping = False
+        if len(self._partial) > LINE_LIMIT:
+            self._partial, self._skipping = b"", True
+        return found
+
+    def close(self) -> None:
+        self.file.close()
