@@ -1,12 +1,12 @@
 """The numbers the grader's throughput report rests on: the machine's load, GPU memory, each submission's steps."""
 
 import os
-import stat
 import time
+import types
 
 import pytest
 
-from fuselab.grading.sandbox import isolate
+from fuselab import gpu_facts
 from fuselab.grading.gpus import schedule
 from fuselab.tools import load_sampler
 from fuselab.tools.load_sampler import LoadSampler
@@ -29,16 +29,39 @@ def test_the_load_sampler_sees_a_busy_cpu(monkeypatch):
     assert load.summary(until + 60, until + 61)["cpu_busy"] is None  # no samples there: no number
 
 
-def _fake_smi(tmp_path, monkeypatch, script):
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\n" + script)
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+class _FakeNvml:
+    """NVML as ``pynvml`` shows it, for ``cards``: index → (UUID, total memory in MiB, or None: not readable)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, cards):
+        self.cards = cards
+
+    def nvmlDeviceGetCount(self):
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        if index not in self.cards:
+            raise self.NVMLError("Invalid Argument")
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for index, (card, _) in self.cards.items():
+            if card == uuid:
+                return index
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        mib = self.cards[handle][1]
+        if mib is None:
+            raise self.NVMLError("Not Supported")
+        return types.SimpleNamespace(total=mib * 2**20, used=mib * 2**19)
 
 
-def test_gpu_memory_is_read_from_nvidia_smi_by_index_or_uuid(tmp_path, monkeypatch):
-    _fake_smi(tmp_path, monkeypatch, "echo '0, GPU-aaaa, 143771'\necho '1, GPU-bbbb, 81559'\n"
-                                     "echo '2, GPU-cccc, [N/A]'\necho 'garbage'\n")
+def test_gpu_memory_is_read_from_nvml_by_index_or_uuid(monkeypatch):
+    monkeypatch.setattr(gpu_facts, "_nvml", lambda: _FakeNvml({0: ("GPU-aaaa", 143771), 1: ("GPU-bbbb", 81559),
+                                                                2: ("GPU-cccc", None)}))
     assert round(schedule.smallest_gpu_memory_gib(["0"]), 1) == 140.4
     assert round(schedule.smallest_gpu_memory_gib(["0", "GPU-bbbb"]), 1) == 79.6
     # unreadable or unknown (a MIG slice is neither an index nor a GPU UUID): no number, never the whole card's
@@ -48,14 +71,24 @@ def test_gpu_memory_is_read_from_nvidia_smi_by_index_or_uuid(tmp_path, monkeypat
     assert schedule.default_jobs_per_gpu(["1"], cores=16) == 10
     assert schedule.default_jobs_per_gpu(["0", "1"], cores=16) == 5
     assert schedule.default_jobs_per_gpu(["MIG-dddd"], cores=16) == schedule.UNKNOWN_MEMORY_JOBS
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert schedule.visible_gpus() == ["0", "1", "2"]
+    assert load_sampler._gpu_memory_used_mib() is None  # one card unreadable: no sum that leaves it out
 
 
-def test_a_broken_nvidia_smi_gives_no_memory_rather_than_a_hang(tmp_path, monkeypatch):
-    _fake_smi(tmp_path, monkeypatch, "exit 9\n")
+def test_no_nvml_or_a_failing_one_gives_no_gpu_facts(monkeypatch):
+    gpu_facts._nvml.cache_clear()
+    real = gpu_facts._nvml()  # this machine's: None without a GPU, a driver or pynvml
+    assert real is None or hasattr(real, "nvmlDeviceGetCount")
+    monkeypatch.setattr(gpu_facts, "_nvml", lambda: None)
     assert schedule.smallest_gpu_memory_gib(["0"]) is None
-    monkeypatch.setattr(isolate.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(
-        isolate.subprocess.TimeoutExpired("nvidia-smi", 20)))
-    assert schedule.smallest_gpu_memory_gib(["0"]) is None
+    assert gpu_facts.indices() == [] and gpu_facts.compute_pids() == [] and gpu_facts.busy_percent("0") is None
+    assert gpu_facts.model("0") is None and load_sampler._gpu_memory_used_mib() is None
+    broken = _FakeNvml({0: ("GPU-aaaa", 143771)})
+    broken.nvmlDeviceGetMemoryInfo = broken.nvmlDeviceGetCount = lambda *a: (_ for _ in ()).throw(
+        _FakeNvml.NVMLError("GPU is lost"))
+    monkeypatch.setattr(gpu_facts, "_nvml", lambda: broken)
+    assert schedule.smallest_gpu_memory_gib(["0"]) is None and gpu_facts.indices() == []
 
 
 def test_available_cores_follow_the_affinity(monkeypatch):

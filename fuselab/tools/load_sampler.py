@@ -1,4 +1,4 @@
-"""How busy the machine was while something ran: CPU (from /proc/stat) and GPU memory (nvidia-smi), sampled.
+"""How busy the machine was while something ran: CPU (from /proc/stat) and GPU memory (NVML), sampled.
 
 The grader's throughput depends on how many submissions share a GPU; whether more would help depends on
 whether the CPU cores or the GPU's memory were already the limit. ``LoadSampler`` answers that for a time
@@ -11,13 +11,11 @@ window::
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
 
-from ..grading.sandbox.isolate import nvidia_smi
-from ..grading.gpus.lease import nvml, nvml_handle
+from .. import gpu_facts
 
 
 def _cpu_jiffies():
@@ -31,39 +29,12 @@ def _cpu_jiffies():
     return sum(fields) - idle, sum(fields)
 
 
-class _Memory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-def _nvml_memory_used_mib():
-    """MiB used on each GPU, from NVML in this process (no program started per sample: nvidia-smi takes a good
+def _gpu_memory_used_mib():
+    """MiB used on each GPU, from NVML in this process (no program started per sample: nvidia-smi took a good
     share of a core a second on a GPU that ten submissions share, and the sampler would count itself); None where
     NVML is missing."""
-    library = nvml()
-    count = ctypes.c_uint()
-    try:
-        if library is None or library.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return None
-        used = []
-        for index in range(count.value):
-            handle, memory = nvml_handle(library, index), _Memory()
-            if handle is None or library.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
-                return None
-            used.append(memory.used / 2**20)
-    except AttributeError:
-        return None
-    return used
-
-
-def _gpu_memory_used_mib():
-    found = _nvml_memory_used_mib()
-    if found is not None:
-        return found
-    text = nvidia_smi("--query-gpu=memory.used", "--format=csv,noheader,nounits", timeout=10)
-    try:
-        return [float(x) for x in text.split()] if text else None
-    except ValueError:
-        return None
+    used = [gpu_facts.memory_used_mib(index) for index in gpu_facts.indices()]
+    return used if used and None not in used else None
 
 
 # how a process's command line names its part in grading (the first that matches), for ``cpu_by_kind``

@@ -19,7 +19,6 @@ between.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import threading
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 from ...speed.lease import GRANTED, RELEASED, REQUEST, SLOT_GRANTED, SLOT_RELEASED, SLOT_REQUEST
+from ... import gpu_facts
 from ...proctree import parents
 from ..sandbox.isolate import children_of, gpu_processes, process_trees
 from ..sandbox.untrusted import Folder
@@ -45,44 +45,10 @@ def speed_test_slots(memory_gib) -> int:
     return max(1, int(memory_gib // SPEED_TEST_GIB)) if memory_gib else 1
 
 
-class _Utilization(ctypes.Structure):
-    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-
-def nvml():
-    """NVML (``libnvidia-ml``), initialised; None where it is missing."""
-    try:
-        library = ctypes.CDLL("libnvidia-ml.so.1")
-        return library if library.nvmlInit_v2() == 0 else None
-    except (OSError, AttributeError):
-        return None
-
-
-def nvml_handle(library, device):
-    """NVML's handle of ``device`` (an index or a UUID, as ``CUDA_VISIBLE_DEVICES`` names it), or None."""
-    handle = ctypes.c_void_p()
-    try:
-        if str(device).isdigit():
-            status = library.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
-        else:
-            status = library.nvmlDeviceGetHandleByUUID(str(device).encode(), ctypes.byref(handle))
-    except AttributeError:
-        return None
-    return handle if status == 0 else None
-
-
 def gpu_busy_percent(device) -> int | None:
     """NVML's utilisation of ``device`` (an index or a UUID): the share of its last sample period in which a kernel
     ran. None where NVML is missing."""
-    library = nvml()
-    handle = nvml_handle(library, device) if library is not None else None
-    rates = _Utilization()
-    try:
-        if handle is None or library.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) != 0:
-            return None
-    except AttributeError:
-        return None
-    return int(rates.gpu)
+    return gpu_facts.busy_percent(device)
 
 
 def wait_until_idle(device, timeout_s: float = 60.0, poll_s: float = 0.02) -> str:
@@ -235,7 +201,6 @@ class DeviceLease:
             self._cooldown_until = time.monotonic() + 2 * self.settle_s
             if not holder.alive():
                 return None
-            # asked while nobody is stopped (nvidia-smi may take seconds)
             sharing, foreign = self._on_the_gpu(holder)
             limit = self.own_busy_timeout_s if sharing and not foreign else self.idle_timeout_s
             if waited() + 2 * self.settle_s > limit:
@@ -245,7 +210,7 @@ class DeviceLease:
 
     def _on_the_gpu(self, holder) -> tuple:
         """``(pids of other submissions sharing this GPU, pids of other programs)`` with a context on it
-        (nvidia-smi; both empty where it cannot tell, e.g. PIDs of another PID namespace)."""
+        (NVML; both empty where it cannot tell, e.g. PIDs of another PID namespace)."""
         with self._lock:
             roots = {child: child.process.pid for child in self._children}
         trees = process_trees(roots.values())  # one scan of /proc for every tree

@@ -12,7 +12,7 @@ import os
 import queue
 import threading
 
-from ..sandbox.isolate import nvidia_smi
+from ... import gpu_facts
 
 
 def visible_gpus() -> list:
@@ -20,8 +20,7 @@ def visible_gpus() -> list:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
-    found = [line.strip() for line in (nvidia_smi("--query-gpu=index", "--format=csv,noheader") or "").splitlines()
-             if line.strip().isdigit()]
+    found = gpu_facts.indices()
     if found:
         return found
     try:
@@ -78,22 +77,9 @@ def default_jobs_per_gpu(gpus: list, cores: int | None = None, memory_gib: float
 
 
 def smallest_gpu_memory_gib(gpus: list) -> float | None:
-    """The smallest total memory among ``gpus`` (``CUDA_VISIBLE_DEVICES`` entries: nvidia-smi indices or UUIDs),
-    in GiB; None if any of them cannot be read (no nvidia-smi, a MIG slice, "[N/A]")."""
-    text = nvidia_smi("--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits")
-    if text is None:
-        return None
-    sizes = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 3:
-            continue
-        try:
-            gib = float(fields[2]) / 1024
-        except ValueError:
-            continue
-        sizes[fields[0]] = sizes[fields[1]] = gib
-    chosen = [sizes.get(g) for g in gpus]
+    """The smallest total memory among ``gpus`` (``CUDA_VISIBLE_DEVICES`` entries: indices or UUIDs), in GiB; None
+    if any of them cannot be read (no NVML, a MIG slice)."""
+    chosen = [gpu_facts.memory_gib(g) for g in gpus]
     return min(chosen) if chosen and None not in chosen else None
 
 

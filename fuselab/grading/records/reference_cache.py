@@ -69,16 +69,12 @@ def depends_digest(lab: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def machine(device) -> str:
-    """``cpu``, or the model of the GPU ``device`` (an nvidia-smi index or UUID); ``gpu`` where unreadable.
-    Asked once per device and process: nvidia-smi takes a good part of a second on a busy GPU."""
+    """``cpu``, or the model of the GPU ``device`` (an index or UUID); ``gpu`` where unreadable. Asked once per
+    device and process."""
     if device is None:
         return "cpu"
-    from ..sandbox.isolate import nvidia_smi
-    for line in (nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader") or "").splitlines():
-        fields = [f.strip() for f in line.split(",", 2)]
-        if len(fields) == 3 and str(device) in fields[:2]:
-            return fields[2]
-    return "gpu"
+    from ... import gpu_facts
+    return gpu_facts.model(device) or "gpu"
 
 
 def _torch_version() -> str:

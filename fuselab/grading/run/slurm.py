@@ -47,12 +47,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import course
+from ... import course, gpu_facts
 from ...kernelbuild import shared as shared_builds
 from ..records import intake, nbgrader_run, term
 from . import pipeline
 from ..gpus import schedule
-from ..sandbox.isolate import nvidia_smi
 from ..gpus.lease import grading_lease
 from ..records.results import SubmissionResult
 
@@ -324,17 +323,11 @@ def queued(out: Path) -> dict:
 # --- the shard task ---------------------------------------------------------------------------------------------
 
 def gpu_model() -> str:
-    """The model of the first GPU this task may use (nvidia-smi's name), or "cpu"; a folder name."""
+    """The model of the first GPU this task may use (NVML's name), or "cpu"; a folder name."""
     visible = schedule.visible_gpus()
     if not visible:
         return "cpu"
-    text = nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader") or ""
-    names = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",", 2)]
-        if len(fields) == 3:
-            names[fields[0]] = names[fields[1]] = fields[2]
-    name = names.get(visible[0]) or next(iter(names.values()), "unknown GPU")
+    name = gpu_facts.model(visible[0]) or gpu_facts.model("0") or "unknown GPU"  # a MIG slice: its card's
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "gpu"
 
 

@@ -930,21 +930,10 @@ def sandbox_works() -> bool:
 
 # --- GPU --------------------------------------------------------------------------------------------------------
 
-def nvidia_smi(*args, timeout: float = 20) -> str | None:
-    """nvidia-smi's output for ``args``; None where it is missing, cannot start or hangs (it can take seconds)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=timeout).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def gpu_processes(device: str | None = None) -> list:
-    """PIDs with a compute context on the GPU(s) (``nvidia-smi``); [] where there is no nvidia-smi."""
-    text = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader", *([] if device is None else ["-i", str(device)]))
-    return [int(line) for line in (text or "").split() if line.strip().isdigit()]
+    """PIDs with a compute context on the GPU(s) (``gpu_facts``); [] where NVML cannot tell."""
+    from ... import gpu_facts
+    return gpu_facts.compute_pids(device)
 
 
 def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pids=(), sharing=()) -> tuple:
@@ -962,7 +951,7 @@ def wait_for_idle_gpu(device: str | None = None, timeout_s: float = 30.0, own_pi
         ours = set().union(*process_trees(own_pids).values())
         busy = [p for p in on_gpu if p != os.getpid() and p not in shared]
         if any(not os.path.exists(f"/proc/{p}") for p in busy):
-            # nvidia-smi reports PIDs of another PID namespace (a container): nothing to match them against
+            # the driver reports PIDs of another PID namespace (a container): nothing to match them against
             return True, ""
         for leftover in [p for p in busy if p in ours]:
             kill_tree(leftover)

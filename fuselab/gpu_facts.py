@@ -1,0 +1,90 @@
+"""Facts about the machine's NVIDIA GPUs, from NVML (``nvidia-ml-py``'s ``pynvml``), asked in this process.
+
+The one place the package reads a GPU's model, memory, utilisation and the processes on it. NVML answers in
+microseconds without a CUDA context (nvidia-smi, a program started per question, took a good part of a second
+on a GPU that ten submissions share). A GPU is named as ``CUDA_VISIBLE_DEVICES`` names it: an index (NVML's
+order is the PCI bus order, which the grader makes CUDA's too) or a ``GPU-`` UUID; a MIG slice is neither and
+gets no answer, never the whole card's. Where there is no GPU, no driver or no ``pynvml`` (a CPU machine, CI),
+every question gets None or an empty list.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml():
+    """``pynvml``, initialised once for this process; None where it or the driver is missing."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - ImportError, or NVMLError of every kind: no GPU facts here
+        return None
+    return pynvml
+
+
+def _handle(device):
+    nvml = _nvml()
+    if nvml is None:
+        return None, None
+    name = str(device).strip()
+    try:
+        if name.isdigit():
+            return nvml, nvml.nvmlDeviceGetHandleByIndex(int(name))
+        if name.startswith("GPU-"):
+            return nvml, nvml.nvmlDeviceGetHandleByUUID(name)
+    except nvml.NVMLError:
+        pass
+    return nvml, None
+
+
+def _ask(device, question):
+    """``question(pynvml, handle)`` for ``device``, or None where NVML cannot answer it."""
+    nvml, handle = _handle(device)
+    if handle is None:
+        return None
+    try:
+        return question(nvml, handle)
+    except nvml.NVMLError:
+        return None
+
+
+def indices() -> list:
+    """Every GPU's index, as strings ("0", "1", ...); [] without NVML."""
+    nvml = _nvml()
+    try:
+        return [str(i) for i in range(nvml.nvmlDeviceGetCount())] if nvml is not None else []
+    except nvml.NVMLError:
+        return []
+
+
+def model(device) -> str | None:
+    """The GPU's model ("NVIDIA H200"), or None."""
+    name = _ask(device, lambda nvml, handle: nvml.nvmlDeviceGetName(handle))
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def memory_gib(device) -> float | None:
+    """The GPU's total memory in GiB, or None."""
+    return _ask(device, lambda nvml, handle: nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30)
+
+
+def memory_used_mib(device) -> float | None:
+    """The GPU's memory in use, in MiB, or None."""
+    return _ask(device, lambda nvml, handle: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20)
+
+
+def busy_percent(device) -> int | None:
+    """The share of NVML's last sample period in which a kernel ran on the GPU, or None."""
+    return _ask(device, lambda nvml, handle: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+
+
+def compute_pids(device=None) -> list:
+    """PIDs with a compute context on ``device`` (every GPU where None), as the driver sees them (a container's
+    PIDs may be of another PID namespace); [] where NVML cannot tell."""
+    found = []
+    for each in indices() if device is None else [device]:
+        found += _ask(each, lambda nvml, handle: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]) \
+            or []
+    return found
