@@ -150,9 +150,10 @@ BUSY_LIMITS = dict(cell_timeout=30.0, cell_wall_timeout=5.0, submission_timeout=
 
 
 @pytest.fixture(scope="module")
-def busy(tmp_path_factory):
+def busy(tmp_path_factory, instructor_references):
     out = tmp_path_factory.mktemp("busy")
     examples = samplecheck.stage(out / "examples", BUSY_CLASS)
+    instructor_references.into(out / "run", ["lab0"])  # the submissions, not the reference run, meet the hogs
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(max(1, len(os.sched_getaffinity(0))))]
     try:

@@ -46,13 +46,16 @@ def _tree_digest(*folders):
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graded(tmp_path_factory, instructor_references):
     out = tmp_path_factory.mktemp("grading")
     examples = out / "examples"
     wanted = _ci_class()
     samplecheck.stage(examples, wanted)  # only the CI class, from the committed examples
     secret = test_grader_feedback.write_nosy_submission(examples)  # and one that reads secrets into its feedback
     before = _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py")
+    # the session's reference runs, kept in the run's folder: the grading reuses them (the references' own cache is
+    # tests/test_grader_reference_cache.py); their verdicts still reach result.reference, checked below
+    instructor_references.into(out / "run", sorted({lab for _, lab in wanted}))
     # two submissions at once where there are two cores (CI's machine): each submission keeps about one core busy,
     # and the endless samples' timeouts leave theirs idle
     settings = pipeline.Settings(out=out / "run", cell_timeout=CELL_TIMEOUT, submission_timeout=400,

@@ -40,11 +40,13 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_host(tmp_path_factory):
+def one_host(tmp_path_factory, instructor_references):
     """The same class graded on one host (``fuselab grade``), in the background while the cluster grades it: the
     shards leave a core idle while one of them runs alone."""
     folder = tmp_path_factory.mktemp("one-host")
     examples = samplecheck.stage(folder / "class", CLASS)
+    # the one-host run reuses the session's reference run; the cluster's first task makes its own, as it must
+    instructor_references.into(folder / "run", ["lab0"])
     log = open(folder / "log.txt", "w")
     process = subprocess.Popen([sys.executable, "-m", "grader", str(examples), "--out", str(folder / "run"),
                                 *GRADING], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

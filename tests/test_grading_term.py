@@ -5,7 +5,7 @@ The intake and roster checks at the top are cheap (no grading). The term is grad
 week 1 a Canvas zip of lab 0 (a resubmission, a late one, an .html upload) with a Canvas roster naming a
 student who submitted nothing; week 2 lab 1 from a folder with nbgrader's timestamp.txt, late against --due;
 week 5 a regrade of one student. Three notebooks are graded, the cheapest that show it (a correct Lab 0, a Lab 0
-that does not compile, Lab 1 as released), plus each lab's reference run.
+that does not compile, Lab 1 as released); the reference runs are the session's (conftest.py), kept in the folder.
 """
 
 import csv
@@ -170,7 +170,7 @@ def _settings(out, **more):
 
 
 @pytest.fixture(scope="module")
-def term_folder(tmp_path_factory):
+def term_folder(tmp_path_factory, instructor_references):
     if torch.cuda.is_available():
         pytest.skip("the CPU grading path (the GPU self-check grades on a GPU)")
     base = tmp_path_factory.mktemp("term")
@@ -181,6 +181,7 @@ def term_folder(tmp_path_factory):
         zf.write(EXAMPLES / "compile_error" / "lab0" / "lab0.ipynb", "doejane_LATE_1003_9002_lab0.ipynb")
         zf.writestr("nguyenbao_1005_5005_lab0.html", "<html><body>my notebook</body></html>")
     roster_csv = _write(base / "canvas-roster.csv", CANVAS_ROSTER)
+    instructor_references.into(out, ["lab0", "lab1"])  # the term's subject is its course folder, not the references
     first = pipeline.grade(week1, _settings(out, roster=roster_csv))
     grades_week1 = (out / "grades.csv").read_text()
     # week 2: lab 1 from a folder of nbgrader's layout, handed in after its due date
