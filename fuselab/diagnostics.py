@@ -24,6 +24,12 @@ _NOISE = (
     re.compile(r"^(/\S+/)?(c\+\+|g\+\+|gcc|nvcc|clang\+\+)\s+-"),  # a compiler command line
     re.compile(r"^\d+ errors? detected in the compilation of"),
     re.compile(r"^compilation terminated\.$"),
+    # what torch and Python say while building ("No CUDA runtime is found, using CUDA_HOME=..." on a machine
+    # without a GPU): captured with the compiler's output, but it is no part of the student's error and reads as
+    # a setup problem. torch's log lines ("W1204 22:47:52.935000 7097 .../cpp_extension.py:183] ...") and
+    # Python's warnings ("UserWarning: ...", or with the file and line in front)
+    re.compile(r"^[DIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] "),
+    re.compile(r"^(\S+:\d+: )?[A-Z]\w*Warning: "),
 )
 _MESSAGE = re.compile(r"(error|warning|note|fatal error)\b", re.I)
 

@@ -184,3 +184,39 @@ def test_part_ds_goals_are_the_ones_its_text_states_and_each_is_printed_from_the
     from .test_notebook_text import cells, grade_id, solution, text
     tuned = next(text(c) for c in cells(solution("lab3")) if grade_id(c) == "tuned")
     assert "lab3.saved_tuned_goals()" in tuned
+
+
+# ------------------------------------------------------------------- builds: the compiler's message, nothing else
+def test_a_failed_first_build_without_a_gpu_shows_no_torch_warning(tmp_path):
+    """The first build of a fresh process without a GPU makes torch log "No CUDA runtime is found, using
+    CUDA_HOME=..."; where the compiler's messages name a file other than the build's (Lab 3's tuned path starts
+    the student's text as ``tuned.cu``), the error showed the whole log, that line first: a student read it as a
+    setup problem. Run in a fresh process, as a student's first cell does."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    script = ("import fuselab\nfrom fuselab.labs import lab3\n"
+              "try:\n    fuselab.build(lab3.tuned_source('int x = not_declared_here;\\n'), lab3.FUSED_LAUNCHERS)\n"
+              "except fuselab.BuildError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FUSELAB_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CUDA_VISIBLE_DEVICES": ""}
+    said = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "not_declared_here" in said, said
+    assert "CUDA" not in said and "cpp_extension" not in said, said
+
+
+@pytest.mark.parametrize("notice", [
+    "W1204 22:47:52.935000 7097 /venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py:183] "
+    "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'",
+    "UserWarning: TORCH_CUDA_ARCH_LIST is not set, all archs for visible cards are included for compilation.",
+    "/venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py:2059: UserWarning: TORCH_CUDA_ARCH_LIST is not "
+    "set",
+])
+def test_the_build_errors_text_leaves_out_what_torch_and_python_warned(notice):
+    from fuselab import diagnostics
+    log = f"{notice}\n/build/dir/other.cu:3:9: error: 'y' was not declared in this scope\n"
+    for filename in ("kernel.cu", "other.cu"):  # the compiler names the build's file, or another one
+        said = diagnostics.student_diagnostics(log, filename)
+        assert "not declared" in said and notice.split(":")[0] not in said and "Warning" not in said, said
