@@ -220,3 +220,42 @@ def test_the_build_errors_text_leaves_out_what_torch_and_python_warned(notice):
     for filename in ("kernel.cu", "other.cu"):  # the compiler names the build's file, or another one
         said = diagnostics.student_diagnostics(log, filename)
         assert "not declared" in said and notice.split(":")[0] not in said and "Warning" not in said, said
+
+
+# ----------------------------------------------------------- the check's guesses: the tail only where it alone fits
+def _gemm_case(m, n, k, passed):
+    from collections import namedtuple
+
+    from fuselab.check import CaseResult
+    from fuselab.check.outputs import OutputComparison
+    Shape = namedtuple("Shape", "M N K bias relu")
+    out = OutputComparison(name="out", shape=(m, n), dtype="float32", passed=passed, numel=m * n,
+                           n_bad=0 if passed else 1)
+    return CaseResult(name="fused", shape=Shape(m, n, k, True, True), seed=0, comparisons=[out])
+
+
+@pytest.mark.parametrize("passing,other", [
+    # every case with N a multiple of 8 has M == N: a B stride of M passes exactly those
+    ([(16, 16, 5), (24, 24, 9), (8, 8, 3)], "M == N"),
+    # every case with K a multiple of a tile has N one too, and the failing ones have neither
+    ([(3, 16, 16), (5, 32, 32), (9, 48, 16)], "N a multiple of"),
+])
+def test_the_tail_is_not_blamed_where_the_passing_cases_share_something_else(passing, other):
+    """The "tail dropped" guess fired wherever every case with a size a multiple of 8 or 16 passed, also where
+    those cases passed for another reason they all share and the failing ones lack (M == N: a stride of M where
+    N belongs). Then both are said, and neither is offered as the cause."""
+    from fuselab.check import CheckResult
+    failing = [(5, 7, 3), (17, 31, 19), (9, 20, 21), (1, 17, 33), (40, 50, 70)]
+    result = CheckResult("fused", [_gemm_case(*s, True) for s in passing] + [_gemm_case(*s, False) for s in failing])
+    said = result.report()
+    assert "tail of" not in said, said
+    assert other in said and "do not tell which" in said, said
+
+
+def test_the_tail_is_still_named_where_only_the_tail_fits():
+    from fuselab.check import CheckResult
+    passing = [(16, 16, 16), (7, 12, 32), (3, 5, 48)]
+    failing = [(5, 7, 3), (17, 31, 19), (9, 20, 21), (1, 17, 33), (40, 40, 70)]
+    result = CheckResult("fused", [_gemm_case(*s, True) for s in passing] + [_gemm_case(*s, False) for s in failing])
+    said = result.report()
+    assert "every case with K a multiple of" in said and "tail of K" in said and "do not tell" not in said, said

@@ -290,10 +290,33 @@ def _separating_multiple(cases) -> str:
             if len(wholes) >= 2 and all(whole) and other and 4 * other.count(False) >= 3 * len(other):
                 fail = "every other case fails" if not any(other) else \
                     f"{other.count(False)} of the {len(other)} other cases fail"
+                also = _other_reason(sized, key, step)
+                if also:  # the passing cases share something else the failing ones lack: the tail is one guess
+                    return (f"every case with {key} a multiple of {step} passes, and {fail}; but every one of those "
+                            f"passing cases also has {also}, and the failing ones mostly do not, so the cases do "
+                            f"not tell which of the two matters. Add a case with {key} a multiple of {step} "
+                            f"without {also} (or the reverse) to tell them apart.")
                 return (f"every case with {key} a multiple of {step} passes, and {fail}: a loop that steps {step} at "
                         f"a time along {key} and stops before a partial step (`k0 + {step} <= {key}`) drops the "
                         f"tail of {key}, the last {key} % {step} values. Run it while `k0 < {key}`, and let the "
                         f"loads past the end store 0 (the partial tile still counts).")
+    return ""
+
+
+def _other_reason(sized, key, step) -> str:
+    """Something other than ``key`` being a multiple of ``step`` that every passing case has and at least three
+    quarters of the failing ones lack: two sizes equal (M == N: a stride of M where N belongs is right exactly
+    there), or another size a multiple of the same step. Said as "M == N", or ""."""
+    passing = [sizes for sizes, passed in sized if passed]
+    failing = [sizes for sizes, passed in sized if not passed]
+    names = [name for name in (sized[0][0] if sized else {}) if all(name in sizes for sizes, _ in sized)]
+    features = {f"{a} == {b}": (lambda s, a=a, b=b: s[a] == s[b])
+                for i, a in enumerate(names) for b in names[i + 1:]}
+    features.update({f"{c} a multiple of {step}": (lambda s, c=c: s[c] > 0 and s[c] % step == 0)
+                     for c in names if c != key})
+    for said, holds in features.items():
+        if all(holds(s) for s in passing) and 4 * sum(not holds(s) for s in failing) >= 3 * len(failing):
+            return said
     return ""
 
 
