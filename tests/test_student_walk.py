@@ -259,3 +259,50 @@ def test_the_tail_is_still_named_where_only_the_tail_fits():
     result = CheckResult("fused", [_gemm_case(*s, True) for s in passing] + [_gemm_case(*s, False) for s in failing])
     said = result.report()
     assert "every case with K a multiple of" in said and "tail of K" in said and "do not tell" not in said, said
+
+
+# ------------------------------------------------------------ out-of-bounds writes: the check that fits the output
+def _mm_inputs(shape, seed):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    m, n, k = shape
+    return torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+
+
+def _written_past(extra_rows, extra_cols=0):
+    """A GEMM whose threads check neither bound: the grid, rounded up to tiles, writes past the last row."""
+    import torch
+
+    def run(a, b, out):
+        out.copy_(a @ b)
+        rows, cols = out.shape
+        spill = torch.as_strided(out, (out.numel() + extra_rows * cols + extra_cols,), (1,))
+        spill[out.numel():] = 0.0
+    return run
+
+
+@pytest.mark.parametrize("extra_rows,extra_cols,bound", [
+    (2, 0, "`if (row < 5 && col < 7)`"),
+    (0, 1, "`col <= cols` where `col < cols`"),
+])
+def test_an_out_of_bounds_write_of_a_2d_output_is_hinted_with_both_bounds(extra_rows, extra_cols, bound):
+    """A 2-D kernel (the GEMM's `row < M && col < N`) that wrote past its output was told of "a missing
+    `if (i < n)`": a check on one flat index it does not have."""
+    import fuselab
+    result = fuselab.check(_written_past(extra_rows, extra_cols), lambda a, b: a @ b, _mm_inputs, [(5, 7, 3)],
+                           seeds=(0,), verbose=False, raise_on_fail=False)
+    said = result.report()
+    assert not result.passed and bound in said and "i < n" not in said, said
+
+
+def test_an_out_of_bounds_write_of_a_flat_output_is_still_hinted_with_one_bound():
+    import torch
+
+    import fuselab
+
+    def run(x, out):
+        out.copy_(x * 2)
+        torch.as_strided(out, (out.numel() + 3,), (1,))[out.numel():] = 0.0
+    result = fuselab.check(run, lambda x: x * 2, lambda shape, seed: (torch.randn(*shape),), [(100,)], seeds=(0,),
+                           verbose=False, raise_on_fail=False)
+    assert "missing `if (i < n)` bounds check" in result.report(), result.report()

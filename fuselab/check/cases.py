@@ -135,7 +135,7 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
         for position, (output, out_name) in enumerate(zip(guarded, output_names)):
             damage = output.damage()
             if damage.any:
-                case.problems.append(damage.describe(out_name))
+                case.problems.append(damage.describe(out_name, output.shape))
                 outside[position] = damage.before_count + damage.after_count
     else:
         got, problems = _returned_outputs(returned, specs, device)

@@ -111,7 +111,10 @@ class GuardDamage:
     def any(self) -> bool:
         return self.before_count > 0 or self.after_count > 0
 
-    def describe(self, name: str) -> str:
+    def describe(self, name: str, shape=None) -> str:
+        """What was written outside ``name``, and the bounds check that fits an output of ``shape``: one index
+        against one size for a flat output, every index against its own size for a 2-D or larger one (a 2-D
+        kernel that checks only the column writes whole rows past the end)."""
         parts = []
         if self.after_count:
             part = f"wrote {self.after_count} element{'s' if self.after_count != 1 else ''} past the end of `{name}`"
@@ -123,11 +126,32 @@ class GuardDamage:
             if self.before_farthest != self.before_count:
                 part += f" (the farthest {self.before_farthest} elements before it)"
             parts.append(part)
+        dims = [int(d) for d in shape] if shape is not None else []
         if self.after_count == 1 and self.after_farthest == 1 and not self.before_count:
             # exactly the element just past the end: the bound admits one index too many
-            return parts[0] + (": an out-of-bounds write one past the end, an off-by-one bound (`i <= n` where "
-                               "`i < n` is meant?)")
-        return "; ".join(parts) + ": out-of-bounds writes (a missing `if (i < n)` bounds check?)"
+            bound = "`col <= cols` where `col < cols`" if len(dims) >= 2 else "`i <= n` where `i < n`"
+            return parts[0] + f": an out-of-bounds write one past the end, an off-by-one bound ({bound} is meant?)"
+        return "; ".join(parts) + f": out-of-bounds writes ({_bounds_check(dims)})"
+
+
+def _bounds_check(dims: list) -> str:
+    """The bounds check a kernel writing an output of these dimensions needs, as a question."""
+    if len(dims) < 2:
+        return "a missing `if (i < n)` bounds check?"
+    if len(dims) == 2:
+        rows, cols = dims
+        return (f"a bounds check missing on the row or the column? A {rows} × {cols} output needs both, "
+                f"`if (row < {rows} && col < {cols})`: the grid is rounded up along each")
+    sizes = " × ".join(str(d) for d in dims)
+    return (f"a bounds check missing on one of the indices? A {sizes} output needs each index the kernel computes "
+            f"checked against its own size (or one flat `i < n` over all {_count(dims)} elements)")
+
+
+def _count(dims) -> str:
+    total = 1
+    for d in dims:
+        total *= d
+    return f"{total:,}"
 
 
 def guarded_input(value):
