@@ -306,3 +306,15 @@ def test_an_out_of_bounds_write_of_a_flat_output_is_still_hinted_with_one_bound(
     result = fuselab.check(run, lambda x: x * 2, lambda shape, seed: (torch.randn(*shape),), [(100,)], seeds=(0,),
                            verbose=False, raise_on_fail=False)
     assert "missing `if (i < n)` bounds check" in result.report(), result.report()
+
+
+# --------------------------------------------------------------------------------- numbers that read as numbers
+@pytest.mark.parametrize("lab", ["lab0", "lab1", "lab3"])
+def test_the_speed_tests_text_names_its_size_not_a_bare_count(lab):
+    """Lab 0's speed text said "against the lab's unfused reference at 67108864": a bare number, not read as the
+    element count it is."""
+    from fuselab.labs import lab_modules
+    from fuselab.speed.graded import would_grade
+    said = would_grade(lab_modules()[lab].GRADED_TEST, 4)
+    where = re.search(r"unfused reference at (.+?), (float|half|bf)", said).group(1)
+    assert re.fullmatch(r"\d{1,3}(,\d{3})* elements|shape \d+(×\d+)+", where), said

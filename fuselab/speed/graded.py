@@ -304,13 +304,21 @@ def would_grade(test_id, max_points, policy=None) -> str:
     """What the test grades on the course's GPU, for a student who cannot run it: the timed setting, the threshold,
     how partial credit goes, and what the course's plain fused solution measured there."""
     test, entry, _ = policy_entry(test_id, REFERENCE_GPU, policy)
-    shape = "×".join(str(size) for size in test["shape"])
+    shape = _timed_size(test["shape"])
     plain = entry.get("plain_speedup")
     return (f"What it grades, on the course's {REFERENCE_GPU}: your kernel against the lab's unfused reference at "
             f"{shape}, {test['dtype']}, {test['mode']} time; full {max_points} points from {entry['threshold']:.2f}x, "
             f"partial credit linear from 0 at 1.00x up to it"
             + (f"; the calibration that set this threshold ({entry.get('measured', 'undated')}) measured the "
                f"course's plain fused solution at {plain:.2f}x." if plain else "."))
+
+
+def _timed_size(shape) -> str:
+    """A timed setting's size for the student: a flat one by its element count, written so that it reads as one
+    ("67,108,864 elements", not a bare 67108864), any other by its sizes ("shape 16384×4096×16")."""
+    if len(shape) == 1:
+        return f"{shape[0]:,} elements"
+    return "shape " + "×".join(str(size) for size in shape)
 
 
 def _said(record) -> str:
