@@ -318,3 +318,17 @@ def test_the_speed_tests_text_names_its_size_not_a_bare_count(lab):
     said = would_grade(lab_modules()[lab].GRADED_TEST, 4)
     where = re.search(r"unfused reference at (.+?), (float|half|bf)", said).group(1)
     assert re.fullmatch(r"\d{1,3}(,\d{3})* elements|shape \d+(×\d+)+", where), said
+
+
+@pytest.mark.parametrize("lab", ["lab0", "lab1", "lab2", "lab3"])
+def test_no_printed_range_has_two_equal_ends(lab):
+    """Lab 3 printed "graph time: S = 1.01–1.01x": a range whose ends print the same is one value."""
+    printed = run_saved_result_cells(lab)
+    same = re.findall(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])", printed)
+    assert not same, [line for line in printed.splitlines() if any(f"{v}–{v}" in line for v in same)]
+
+
+def test_lab3s_span_prints_one_value_where_both_ends_print_the_same():
+    from fuselab.labs import lab3
+    assert lab3.span([1.011, 1.009]) == "1.01" and lab3.span([1.0, 1.62]) == "1.00–1.62"
+    assert lab3.span([40.2, 39.9], ".0f") == "40"

@@ -289,6 +289,13 @@ def _sizes(a, b, bias):
     return m, n, k
 
 
+def span(values, spec: str = ".2f") -> str:
+    """The range of ``values`` as printed, "1.01–1.62", or one value where both ends print the same ("1.01", not
+    "1.01–1.01")."""
+    low, high = f"{min(values):{spec}}", f"{max(values):{spec}}"
+    return low if low == high else f"{low}–{high}"
+
+
 TENSOR_CORE_FILE = "lab3_tensor_cores.cu"
 
 
