@@ -222,8 +222,11 @@ def expected_prints(lab):
         skinny = [r["speedup"] for r in saved["rows"] if r["M"] <= 64]
         in_mode = {mode: [r["speedup"] for r in saved["rows"] if r["mode"] == mode and r["M"] <= 64]
                    for mode in ("device", "graph", "latency")}
-        modes = [f"{mode:>7} time: S = {min(s):.2f}–{max(s):.2f}x" for mode, s in in_mode.items()]
-        return ([f"S = {min(skinny):.2f}–{max(skinny):.2f}x"] + modes
+        def span(values):  # a range whose ends print the same is printed as one value
+            low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+            return low if low == high else f"{low}–{high}"
+        modes = [f"{mode:>7} time: S = {span(s)}x" for mode, s in in_mode.items()]
+        return ([f"S = {span(skinny)}x"] + modes
                 + [f"K={r['K']}: {r['speedup']:.2f}x" for r in saved["k_rows"]]
                 + [f"{r['median_us']:10.1f} µs" for r in saved["cublas"]]
                 + [f"{r['speedup_vs_reference']:5.2f}x the lab reference" for r in saved["small_k"]["rows"]
