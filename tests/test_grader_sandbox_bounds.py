@@ -452,6 +452,35 @@ def test_memory_held_in_sockets_buffers_counts_against_the_limit(tmp_path, monke
     assert outcome.ok and "holding" in outcome.stdout, outcome
 
 
+def test_the_sockets_are_asked_through_one_helper_per_child(tmp_path, monkeypatch):
+    """Each ask of a sandbox's sockets started a helper Python (about 30 ms of CPU each), once a second for each of
+    a submission's three processes: a third of the grader's short processes. The helper now opens one
+    ``sock_diag`` socket in the sandbox's namespace per child; every later ask goes through it, and it is closed
+    with the child."""
+    _sandbox_or_fail()
+    from fuselab.grading.sandbox import socket_memory
+    opened, kept = [], []
+    real = socket_memory.diag_socket
+
+    def counted(pid, *args, **kwargs):
+        nl = real(pid, *args, **kwargs)
+        opened.append(pid)
+        kept.append(nl)
+        return nl
+
+    monkeypatch.setattr(socket_memory, "diag_socket", counted)
+    monkeypatch.setattr(cgroup.MemoryGroup, "make", classmethod(lambda cls, limit: None))
+    asks = []
+    monkeypatch.setattr(socket_memory, "socket_bytes", lambda nl=None: asks.append(nl) or 0)
+    outcome = _run(tmp_path, SOCKETS.replace("time.sleep(40)", "time.sleep(4)"), "unix_sockets", "1",
+                   limits=isolate.Limits(wall_s=90, memory_bytes=120 * 2**20))
+    assert outcome.ok and "holding" in outcome.stdout, outcome
+    assert len(asks) >= 3 and len(opened) == 1, (asks, opened)
+    assert kept[0] is not None and kept[0].fileno() == -1  # closed when the child ended
+    monkeypatch.undo()
+    assert isolate.own_network_socket_bytes([os.getpid()]) == 0  # the grader's own namespace is never asked
+
+
 PLAIN_SOCKETS = textwrap.dedent('''
     import json, sys
     from pathlib import Path

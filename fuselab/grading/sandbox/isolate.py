@@ -341,24 +341,47 @@ def pipe_bytes(tree) -> int:
     return total
 
 
-def own_network_socket_bytes(tree) -> int:
+def own_network_socket_bytes(tree, diag: dict | None = None) -> int:
     """What the sockets of the network namespaces ``tree``'s processes have of their own (a sandbox's, a keeper's
     ``--net``) hold in their buffers: kernel memory no resident size shows, and of which a cgroup v1 charges no
-    TCP (``socket_memory``). The grader's own namespace is never asked (other programs' sockets live there)."""
+    TCP (``socket_memory``). The grader's own namespace is never asked (other programs' sockets live there).
+    ``diag``: the caller's ``sock_diag`` sockets by namespace, opened on first sight of a namespace and kept for
+    the next ask (the caller closes them, ``close_diag``); without it each ask opens and closes its own."""
     try:
-        mine = os.stat("/proc/self/ns/net").st_ino
+        mine = os.stat("/proc/self/ns/net")
     except OSError:
         return 0
-    asked, total = {mine}, 0
-    for pid in tree:
-        try:
-            namespace = os.stat(f"/proc/{pid}/ns/net").st_ino
-        except OSError:
-            continue
-        if namespace not in asked:
+    kept = diag if diag is not None else {}
+    asked, total = {(mine.st_dev, mine.st_ino)}, 0
+    try:
+        for pid in tree:
+            try:
+                info = os.stat(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue
+            namespace = (info.st_dev, info.st_ino)  # a kept socket holds its namespace: this never names another
+            if namespace in asked:
+                continue
             asked.add(namespace)
-            total += socket_memory.held_bytes(pid) or 0
+            if namespace not in kept:
+                kept[namespace] = socket_memory.diag_socket(pid)
+            if kept[namespace] is None:
+                del kept[namespace]  # not to be had now (the process ended): asked again next time
+                continue
+            try:
+                total += socket_memory.socket_bytes(kept[namespace])
+            except OSError:  # a dump cut short leaves the socket's queue unknown: a fresh one next time
+                kept.pop(namespace).close()
+    finally:
+        if diag is None:
+            close_diag(kept)
     return total
+
+
+def close_diag(diag: dict) -> None:
+    """Close the ``sock_diag`` sockets ``own_network_socket_bytes`` kept: each held its namespace alive."""
+    while diag:
+        diag.popitem()[1].close()
 
 
 def held_deleted_bytes(tree, counted_devices=()) -> int:
@@ -505,16 +528,17 @@ class Child:
             self.group.remove()  # it could not join (the watchdog counts instead)
             self.group = None
         self._done = threading.Event()
+        self._diag: dict = {}  # the watchdog's sock_diag sockets, by network namespace (``_socket_bytes``)
         if registry is not None:
             registry.register(self)
         if limits.memory_bytes or limits.processes or (limits.disk_bytes and self.sandbox is not None):
             threading.Thread(target=self._watch, daemon=True).start()
 
     def _socket_bytes(self, tree) -> int:
-        """``own_network_socket_bytes``, asked at most once a second (each ask starts a helper process)."""
+        """``own_network_socket_bytes``, asked at most once a second through sockets kept for the child's life."""
         now = time.monotonic()
         if now - getattr(self, "_sockets_at", -10.0) >= 1.0:
-            self._sockets, self._sockets_at = own_network_socket_bytes(tree), now
+            self._sockets, self._sockets_at = own_network_socket_bytes(tree, self._diag), now
         return self._sockets
 
     def _over_limit(self, check_disk: bool) -> str | None:
@@ -551,15 +575,18 @@ class Child:
 
     def _watch(self):
         rounds = 0
-        while not self._done.wait(0.5):
-            if self.process.poll() is not None:
-                return
-            rounds += 1
-            why = self._over_limit(check_disk=rounds % 4 == 1)  # a walk of its folders every 2 s
-            if why:
-                self.limit = why
-                kill_tree(self.process.pid)
-                return
+        try:
+            while not self._done.wait(0.5):
+                if self.process.poll() is not None:
+                    return
+                rounds += 1
+                why = self._over_limit(check_disk=rounds % 4 == 1)  # a walk of its folders every 2 s
+                if why:
+                    self.limit = why
+                    kill_tree(self.process.pid)
+                    return
+        finally:
+            close_diag(self._diag)  # only this thread uses them
 
     def alive(self) -> bool:
         return self.process.poll() is None
