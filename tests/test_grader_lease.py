@@ -166,8 +166,13 @@ def test_children_share_the_cpu_cores_and_name_their_gpu(tmp_path, monkeypatch):
     env = pipeline._base_env(settings, tmp_path, "0")
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    # idle OpenMP threads sleep rather than spin on the cores the submission's other processes wait for, and the
+    # setting reaches the sandboxed processes (their environment is cut to an allow-list)
+    assert isolate.worker_env(env)["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a teaching assistant's own setting wins
-    assert pipeline._base_env(settings, tmp_path, "0")["OMP_NUM_THREADS"] == "7"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    env = pipeline._base_env(settings, tmp_path, "0")
+    assert env["OMP_NUM_THREADS"] == "7" and env.get("OMP_WAIT_POLICY", "ACTIVE") == "ACTIVE"
 
 
 def test_a_planted_grant_link_is_never_followed_and_the_gpu_comes_back(tmp_path, monkeypatch):
