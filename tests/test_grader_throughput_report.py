@@ -243,6 +243,18 @@ def test_the_stage_never_reads_a_smaller_run_as_the_targets_met():
     assert "not measured" in grading_runs.targets_table(list(rows.values()))
 
 
+def test_the_cpu_target_counts_every_process_the_sampler_saw_not_only_what_the_grader_reaped():
+    """The grader's own count misses processes its waits never reap (a sandbox's, ended with its namespace): the
+    sampler's per-process CPU over the phase decides the target where the run has it (the H200 run at 3717e62:
+    14.4 core-s reaped, 30.0 seen)."""
+    from fuselab.tools.gpu_selfcheck import grading_runs
+    run = _run(10, 60, 3.13, 14.4, 45.5, 253.0)
+    run["cpu_by_process"] = {"checker": 630.2, "kernel worker": 434.9, "solution worker": 284.2, "missed": 280.6,
+                             "grader": 120.1, "compiler": 32.2, "other": 16.0, "sandbox": 3.6, "keeper": 0.2}
+    row = next(r for r in grading_runs.targets([run], None) if r["target"].startswith("CPU"))
+    assert row["measured"] == sum(run["cpu_by_process"].values()) / 60 and row["met"] is False
+
+
 def test_a_class_of_120_at_10_and_16_jobs_is_held_to_every_target():
     from fuselab.tools.gpu_selfcheck import grading_runs
     runs = [_run(10, 120, 1.4, 12.0, 12.0, 290.0), _run(16, 120, 1.5, 12.5, 0.3, 299.0)]
