@@ -183,10 +183,11 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
         assert set(phases["per_submission_median"]) == {"start", "build", "tests", "timing waits", "GPU held",
                                                         "other"}
         assert phases["submissions"]["count"] == 1 and phases["submissions"]["cpu_seconds"] > 0
-        assert phases["fixed"]["cpu_seconds"] > 0 and phases["per_submission_median"]["start"] > 0
+        assert phases["fixed"]["cpu_seconds"] >= 0 and phases["per_submission_median"]["start"] > 0
         # every correctness test of the correct sample passed: only the speed test, unmeasured here, lost points
         assert all("not measured" in why for why in summary["submissions"][0]["lost"].values()), summary
     assert not run["phases"]["references_reused"] and again["phases"]["references_reused"]
+    assert run["phases"]["fixed"]["cpu_seconds"] > 0  # the references ran; a regrade's set-up may round to 0.0 s
     # the regrade's fixed cost is set-up and intake alone: less than the first run's, which ran the references
     assert again["phases"]["fixed"]["reference runs"]["cpu_seconds"] < \
         run["phases"]["fixed"]["reference runs"]["cpu_seconds"]
