@@ -29,13 +29,6 @@ def mark(out: Path) -> None:
     os.replace(temporary, out / MARK)
 
 
-def _changed_at(path: Path) -> float | None:
-    try:
-        return os.lstat(path).st_ctime_ns / 1e9
-    except OSError:
-        return None
-
-
 def believed(record: Path, out: Path) -> bool:
     """Whether ``record``'s claim of a sandboxed grading may be believed: no ``--no-sandbox`` run ever marked
     ``out``, or the record changed after the last mark. A mark that is not a regular file (something put in its
@@ -48,5 +41,7 @@ def believed(record: Path, out: Path) -> bool:
         return False
     if not stat.S_ISREG(marked.st_mode):
         return False
-    changed = _changed_at(record)
-    return changed is not None and changed > marked.st_ctime_ns / 1e9
+    try:
+        return os.lstat(record).st_ctime_ns > marked.st_ctime_ns  # whole nanoseconds: no float rounding
+    except OSError:
+        return False
