@@ -71,6 +71,29 @@ def test_workers_share_each_gpu_and_cpu_workers_stay_as_given(monkeypatch):
         schedule.workers_for(["0"], 0)
 
 
+def test_without_a_gpu_one_worker_per_core_as_memory_allows(monkeypatch):
+    assert schedule.default_cpu_workers(cores=2, memory_gib=20) == 2      # the 2-core machine: both cores
+    assert schedule.default_cpu_workers(cores=16, memory_gib=10) == 10 // schedule.CPU_MEMORY_PER_JOB_GIB
+    assert schedule.default_cpu_workers(cores=4, memory_gib=0.5) == 1     # little memory: still one
+    monkeypatch.setattr(schedule, "host_memory_available_gib", lambda: None)
+    assert schedule.default_cpu_workers(cores=4) == 1                     # unknown memory: one
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(schedule, "available_cores", lambda: 3)
+    monkeypatch.setattr(schedule, "host_memory_available_gib", lambda: 64.0)
+    assert schedule.devices_for("auto") == [None] * 3                     # the grader's default
+    assert schedule.devices_for("auto", cpu_workers=1) == [None]          # a teaching assistant's choice wins
+
+
+def test_the_command_line_refuses_a_count_below_one(capsys):
+    from fuselab import cli
+    for option in ("--cpu-workers", "--jobs-per-gpu"):
+        for bad in ("0", "-2", "two"):
+            with pytest.raises(SystemExit) as stopped:
+                cli.main(["grade", "class.zip", "--out", "run", option, bad])
+            assert stopped.value.code == 2
+            assert f"{option}: expected a whole number of at least 1" in capsys.readouterr().err
+
+
 def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_path, monkeypatch):
     monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
     shared = lease.DeviceLease("0")

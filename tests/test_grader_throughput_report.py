@@ -29,6 +29,22 @@ def test_the_load_sampler_sees_a_busy_cpu(monkeypatch):
     assert load.summary(until + 60, until + 61)["cpu_busy"] is None  # no samples there: no number
 
 
+def test_the_load_sampler_sees_the_host_memory_a_run_adds(monkeypatch):
+    monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
+    with LoadSampler(every_s=0.05) as load:
+        time.sleep(0.2)
+        since = time.monotonic()
+        held = bytearray(512 * 2**20)  # 0.5 GiB, touched so that it is resident
+        for i in range(0, len(held), 4096):
+            held[i] = 1
+        time.sleep(0.3)
+        until = time.monotonic()
+        del held
+    summary = load.summary(since, until)
+    # other work on the machine may add or free memory too: the 0.5 GiB shows within a wide margin
+    assert 0.3 <= summary["host_memory_peak_gib"] - summary["host_memory_before_gib"] <= 8
+
+
 class _FakeNvml:
     """NVML as ``pynvml`` shows it, for ``cards``: index → (UUID, total memory in MiB, or None: not readable)."""
 

@@ -1,4 +1,5 @@
-"""How busy the machine was while something ran: CPU (from /proc/stat) and GPU memory (NVML), sampled.
+"""How busy the machine was while something ran: CPU (from /proc/stat), the host's memory in use (from
+/proc/meminfo) and GPU memory (NVML), sampled.
 
 The grader's throughput depends on how many submissions share a GPU; whether more would help depends on
 whether the CPU cores or the GPU's memory were already the limit. ``LoadSampler`` answers that for a time
@@ -27,6 +28,16 @@ def _cpu_jiffies():
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+def _host_memory_used_gib():
+    """The host's memory in use (MemTotal − MemAvailable), GiB; None where /proc/meminfo is absent."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            kib = {line.split(":")[0]: int(line.split()[1]) for line in meminfo if line.split()[1:2]}
+        return (kib["MemTotal"] - kib["MemAvailable"]) / 2**20
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _gpu_memory_used_mib():
@@ -77,7 +88,8 @@ class LoadSampler:
     def __init__(self, every_s: float = 1.0, processes: bool = False):
         self.every_s = every_s
         self.processes = processes  # also each kind of process's CPU (``cpu_by_kind``): a scan of /proc a sample
-        self.samples = []  # (time.monotonic(), cpu (busy, total) or None, [MiB per GPU] or None)
+        # (time.monotonic(), cpu (busy, total) or None, [MiB per GPU] or None, host GiB in use or None)
+        self.samples = []
         self.process_cpu = []  # (time.monotonic(), {kind: CPU seconds since the last sample})
         self._seen = {}        # pid → CPU seconds at its last sample
         self._stop = threading.Event()
@@ -87,12 +99,14 @@ class LoadSampler:
         if self.processes:  # what ran before: not counted
             self._seen = {pid: seconds for pid, (_, seconds) in _process_cpu().items()}
         while True:
-            self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib()))
-            self._sample_processes()
+            self._sample()
             if self._stop.wait(self.every_s):
-                self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib()))
-                self._sample_processes()
+                self._sample()
                 return
+
+    def _sample(self):
+        self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib(), _host_memory_used_gib()))
+        self._sample_processes()
 
     def _sample_processes(self):
         """With ``processes``: each kind's CPU seconds since the last sample (a process first seen now counts from
@@ -115,10 +129,16 @@ class LoadSampler:
         self._thread.join()
 
     def summary(self, since: float | None = None, until: float | None = None) -> dict:
-        """CPU busy fraction (all cores) and peak GPU memory between two ``time.monotonic()`` instants."""
+        """CPU busy fraction (all cores), peak GPU memory, and the host's memory in use when sampling began and at
+        its peak, between two ``time.monotonic()`` instants."""
         window = [s for s in self.samples if (since is None or s[0] >= since) and (until is None or s[0] <= until)]
         cpu = [s[1] for s in window if s[1] is not None]
         result = {"cores": os.cpu_count(), "samples": len(window), "cpu_busy": None, "gpu_memory_peak_gib": None}
+        host = [s[3] for s in window if s[3] is not None]
+        before = next((s[3] for s in self.samples if s[3] is not None), None)
+        if host and before is not None:  # what the run added is the peak less what was in use before it
+            result["host_memory_before_gib"] = round(before, 2)
+            result["host_memory_peak_gib"] = round(max(host), 2)
         if len(cpu) >= 2 and cpu[-1][1] > cpu[0][1]:
             result["cpu_busy"] = round((cpu[-1][0] - cpu[0][0]) / (cpu[-1][1] - cpu[0][1]), 3)
         memory = [max(s[2]) for s in window if s[2]]

@@ -14,6 +14,17 @@ from pathlib import Path
 from ..outputs.terminal import shown
 
 
+def _count(text: str) -> int:
+    """A number of submissions at once: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+    return value
+
+
 def add_parsers(sub) -> None:
     grade = sub.add_parser("grade", help="grade a folder or zip of submissions: gradebook, grades.csv, feedback, "
                                          "class report")
@@ -35,11 +46,13 @@ def add_parsers(sub) -> None:
                        help="a lab's due date, e.g. lab0=2026-09-14T23:59 (UTC, or with -05:00), once per lab: "
                             "kept in the course's gradebook for nbgrader's late penalty")
     grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
-    grade.add_argument("--jobs-per-gpu", type=int, default=None,
+    grade.add_argument("--jobs-per-gpu", type=_count, default=None,
                        help="submissions graded side by side on each GPU; their timings still take the GPU one at "
                             "a time (default: two per three CPU cores, at most one per 6 GiB of GPU memory, at "
                             "most 16)")
-    grade.add_argument("--cpu-workers", type=int, default=1, help="parallel submissions without a GPU")
+    grade.add_argument("--cpu-workers", type=_count, default=None,
+                       help="submissions graded side by side without a GPU (default: one per CPU core, at most one "
+                            "per 2 GiB of available memory)")
     grade.add_argument("--cell-timeout", type=float, default=300,
                        help="seconds of its own time per test: the CPU time of the processes that run it and the "
                             "time they wait (for anything but a CPU), at most the wall-clock time (default 300). A "

@@ -53,7 +53,7 @@ class Settings:
     force: bool = False
     gpus: object = "auto"
     jobs_per_gpu: int | None = None     # submissions sharing a GPU (timings still get it alone); None: by CPU count
-    cpu_workers: int = 1
+    cpu_workers: int | None = None     # submissions at once without a GPU; None: one per core (memory permitting)
     cell_timeout: float = 300.0        # a test's own time (recheck: CPU time per thread, or wall if less)
     submission_timeout: float = 1200.0
     cell_wall_timeout: float | None = None        # the wall-clock backstops (default: recheck.WALL_BACKSTOP times

@@ -77,7 +77,7 @@ class Options:
     sandbox: bool = False
     feedback: bool = True
     jobs_per_gpu: int | None = None
-    cpu_workers: int = 1
+    cpu_workers: int | None = None       # None: the grader's default on each task's node
     shards: int | None = None            # default: one per SUBMISSIONS_PER_SHARD submissions
     partition: str | None = None
     account: str | None = None
@@ -337,7 +337,7 @@ def shard_settings(out: Path, index: int, plan: dict, model: str) -> pipeline.Se
     labs = sorted({e["lab"] for e in plan["submissions"] if e["shard"] == index})  # its course needs no others
     return pipeline.Settings(out=shard_dir(out, index), labs=labs, students=options["students"],
                              gpus="auto" if options.get("gpus_per_task") else 0,
-                             jobs_per_gpu=options.get("jobs_per_gpu"), cpu_workers=options.get("cpu_workers") or 1,
+                             jobs_per_gpu=options.get("jobs_per_gpu"), cpu_workers=options.get("cpu_workers"),
                              cell_timeout=options["cell_timeout"], submission_timeout=options["submission_timeout"],
                              memory_bytes=options["memory_bytes"], sandbox=options["sandbox"],
                              progress=False,
