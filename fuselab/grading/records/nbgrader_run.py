@@ -14,7 +14,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from ...course import GRADER, SOLUTIONS, nbgrader
+from ...course import GRADER, SOLUTIONS, generate_assignments, nbgrader
 
 
 NBGRADER_CONFIG = GRADER / "nbgrader_config.py"  # the course's: its late-penalty plugin settings are used
@@ -33,8 +33,10 @@ def course_args(root: Path, db: Path | None = None, autograded="autograded") -> 
 
 
 def prepare_course(root: Path, labs) -> None:
-    """The run's course folder: the labs' sources, their release versions, a gradebook that knows them."""
+    """The run's course folder: the labs' sources, their release versions, a gradebook that knows them. Only the
+    labs whose source changed (or that have no release yet) are generated again, all in one nbgrader process."""
     root.mkdir(parents=True, exist_ok=True)
+    stale = []
     for lab in labs:
         target = root / "source" / lab
         fresh = not (target / notebook_name(lab)).exists() or \
@@ -42,7 +44,9 @@ def prepare_course(root: Path, labs) -> None:
         if fresh or not (root / "release" / lab).exists():
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(SOLUTIONS / lab, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-            nbgrader("generate_assignment", lab, "--force", *course_args(root))
+            stale.append(lab)
+    if stale:
+        generate_assignments(stale, *course_args(root))
 
 
 def set_due_dates(db: Path, due: dict) -> None:

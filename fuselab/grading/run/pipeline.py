@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -552,34 +552,41 @@ def _grade(source, settings: Settings) -> ClassResult:
     notebook_names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}  # to recognise all
     seen: set = set()
     course_root = settings.out / "course"
-    with run_progress.phase("course set-up", len(labs) + 1, "step", settings.progress) as bar:
-        submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
-                                               students=settings.students, only_labs=labs, seen=seen)
-        bar.update()
-        _check_students(settings.students, seen, source)
-        if settings.students:  # a run over some students changes nobody else's rows
-            problems = [p for p in problems if p.student in settings.students]
-        for lab in labs:  # nbgrader's release of each lab: seconds each
-            bar.set_postfix_str(lab)
-            nbgrader_run.prepare_course(course_root, [lab])
+    # The reference runs need only the intake (which labs) and run beside the course set-up: nbgrader's release of
+    # the labs, the gradebook's due dates and students, the labs' pages for feedback. The reference-runs phase is
+    # what is left of them once the course is set up.
+    with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
+        with run_progress.phase("course set-up", 2, "step", settings.progress) as bar:
+            submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
+                                                   students=settings.students, only_labs=labs, seen=seen)
             bar.update()
-        nbgrader_run.set_due_dates(course_root / "gradebook.db", due)
-        nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
-        lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
-    clock = phase_done("intake and course", clock)
-
-    devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
-    leases = {d: grading_lease(d, settings.cell_timeout) for d in devices if d is not None}
-    # the labs' reference runs side by side (their timings take turns), before any student of theirs
-    labs_graded = sorted({s.lab for s in submissions})
-    settings.cpu_threads = _threads_per_child(len(labs_graded))
-    with run_progress.phase("reference runs", len(labs_graded), "lab", settings.progress) as bar, \
-            ThreadPoolExecutor(max_workers=max(1, len(labs_graded))) as pool:
-        def reference_of(lab):
-            ran = reference_run(lab, settings, devices[0], leases.get(devices[0]))
-            bar.update()
-            return ran
-        reference = dict(zip(labs_graded, pool.map(reference_of, labs_graded)))
+            _check_students(settings.students, seen, source)
+            if settings.students:  # a run over some students changes nobody else's rows
+                problems = [p for p in problems if p.student in settings.students]
+            devices = schedule.devices_for(settings.gpus, settings.cpu_workers)
+            leases = {d: grading_lease(d, settings.cell_timeout) for d in devices if d is not None}
+            # the labs' reference runs side by side (their timings take turns), before any student of theirs
+            labs_graded = sorted({s.lab for s in submissions})
+            settings.cpu_threads = _threads_per_child(len(labs_graded))
+            running = {lab: pool.submit(reference_run, lab, settings, devices[0], leases.get(devices[0]))
+                       for lab in labs_graded}
+            try:
+                bar.set_postfix_str("nbgrader")
+                nbgrader_run.prepare_course(course_root, labs)  # nbgrader's release of each lab: seconds each
+                nbgrader_run.set_due_dates(course_root / "gradebook.db", due)
+                nbgrader_run.add_students(course_root / "gradebook.db", sorted({s.student for s in submissions}))
+                lab_pages = feedback.lab_sources(labs) if settings.feedback else {}
+                bar.update()
+            except BaseException:
+                for future in running.values():
+                    future.cancel()
+                raise
+        clock = phase_done("intake and course", clock)
+        with run_progress.phase("reference runs", len(labs_graded), "lab", settings.progress) as ref_bar:
+            for future in as_completed(running.values()):
+                future.result()  # a reference run that failed stops the run here
+                ref_bar.update()
+        reference = {lab: future.result() for lab, future in running.items()}
     # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:

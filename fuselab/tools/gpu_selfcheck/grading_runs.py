@@ -269,8 +269,8 @@ _HELD = "the GPU held alone"
 
 
 def phases_of(result, wall: float) -> dict:
-    """Where a run's time and CPU went: the fixed phases (intake and course set-up, the reference runs, the
-    outputs), the submissions phase, and per submission-lab the medians of its steps summed by kind (process
+    """Where a run's time and CPU went: the fixed phases (intake and course set-up, with the reference runs beside
+    it; then what is left of the reference runs; the outputs), the submissions phase, and per submission-lab the medians of its steps summed by kind (process
     starts, builds, tests, of the tests the waits for the GPU and its holds, the rest)."""
     import statistics
     seconds, cpu = result.phase_seconds, getattr(result, "phase_cpu", {}) or {}
@@ -318,7 +318,7 @@ def phase_table(phases: dict) -> str:
     fixed, subs, outs = phases["fixed"], phases["submissions"], phases["outputs"]
     lines = [f"  fixed: {fixed['seconds']:.1f} s wall, {fixed['cpu_seconds']:.1f} s CPU "
              f"(intake and set-up {fixed['intake and course']['seconds']:.1f} s / "
-             f"{fixed['intake and course']['cpu_seconds']:.1f} s CPU; references "
+             f"{fixed['intake and course']['cpu_seconds']:.1f} s CPU; the references' rest "
              f"{fixed['reference runs']['seconds']:.1f} s / {fixed['reference runs']['cpu_seconds']:.1f} s CPU, "
              f"{'reused' if phases['references_reused'] else 'run'})",
              f"  submissions: {subs['count']} in {subs['seconds']:.1f} s = {subs['seconds_each']:.2f} s each, "
