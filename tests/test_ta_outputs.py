@@ -209,3 +209,18 @@ def test_a_build_error_gives_the_compilers_own_line_as_the_reason():
     traceback = "Traceback (most recent call last):\n  File \"x\", line 3\nAssertionError: out[7] differs"
     result.cells["test_fused"].message = traceback
     assert "test_fused: failed (AssertionError: out[7] differs)" in report.lost_points(result)
+
+
+def test_the_score_histogram_counts_written_answers_on_the_labs_whole_scale(tmp_path):
+    out = _course(tmp_path)
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        gradebook.find_grade("answer", "lab0", "lab0", "ann").manual_score = 1.5
+        gradebook.db.commit()
+    rows = _outputs(out)
+    results = handgrading.apply(term.course_results(out, [], term.load_entries(out)), out / "course" / "gradebook.db")
+    scores, maximum = report.score_points(results, "lab0", report.lab_maxima(results, out / "course" / "gradebook.db"))
+    # the histogram says what grades.csv says: 7 of the tests + 1.5 written, of 10 + 2
+    assert (scores, maximum) == ([8.5], 12.0)
+    assert (rows["ann"]["lab0 total"], rows["ann"]["lab0 max"]) == ("8.5", "12")
+    assert (out / "lab0-figures.png").stat().st_size > 0

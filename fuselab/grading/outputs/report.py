@@ -151,16 +151,25 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None,
     return path
 
 
-def _figures(results, lab, folder: Path) -> list:
+def score_points(results, lab, maxima: dict) -> tuple:
+    """The score histogram's data: each submission's points with the written answers graded so far, and where
+    its axis ends, the lab's maximum as grades.csv shows it (``lab_maxima``: the tests and the written answers)."""
+    mine = [r for r in results if r.lab == lab]
+    maximum = maxima.get(lab) or max(totals(r)[1] for r in mine) or 1
+    return [totals(r)[0] for r in mine], maximum
+
+
+def _figures(results, lab, folder: Path, maxima: dict) -> list:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     mine = [r for r in results if r.lab == lab]
     made = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-    maximum = max(r.max_total for r in mine) or 1
-    axes[0].hist([r.total for r in mine], bins=min(20, max(5, len(mine))), range=(0, maximum), color="#4c72b0")
-    axes[0].set_xlabel("points"); axes[0].set_ylabel("students"); axes[0].set_title(f"{lab}: score distribution")
+    scores, maximum = score_points(results, lab, maxima)
+    axes[0].hist(scores, bins=min(20, max(5, len(mine))), range=(0, maximum), color="#4c72b0")
+    axes[0].set_xlabel(f"points of {maximum:g} (written answers as graded so far)")
+    axes[0].set_ylabel("students"); axes[0].set_title(f"{lab}: score distribution")
     speeds, thresholds = [], []
     for r in mine:
         for cell in r.cells.values():
@@ -446,8 +455,9 @@ def write_report(class_result, out: Path) -> Path:
     out = Path(out)
     standings = getattr(class_result, "standings", None)
     results = [s.result for s in standings if s.result is not None] if standings else _typed(class_result.results)
+    maxima = lab_maxima(results, _gradebook_of(class_result.out))
     for lab in sorted({r.lab for r in results}):
-        _figures(results, lab, out)
+        _figures(results, lab, out, maxima)
     # any text from a submission (a file name's undecodable bytes, a note) is written as escapes, never a crash
     (out / "report.md").write_text(render(class_result, "md"), encoding="utf-8", errors="backslashreplace")
     (out / "report.html").write_text(render(class_result, "html"), encoding="utf-8", errors="backslashreplace")
