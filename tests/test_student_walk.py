@@ -96,6 +96,10 @@ def test_lab3s_pitfalls_demo_says_each_failure_once():
     repeated = sorted({line for line in lines if lines.count(line) > 1})
     assert not repeated, printed.getvalue()
     assert printed.getvalue().count("FAILED") == 3, printed.getvalue()
+    # each report's hint is shown, wherever it stands in the report: the wrong axis named as the axis it is read with
+    said = printed.getvalue().split("--- ")
+    wrong_axis = next(part for part in said if part.startswith("bias[row] instead of bias[col]"))
+    assert "hint:" in wrong_axis and "is read with the row index" in wrong_axis, wrong_axis
 
 
 def test_lab3s_small_k_table_says_its_share_of_the_floor_is_of_times_not_of_each_versions_bytes():
