@@ -205,6 +205,10 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
     assert again["phases"]["fixed"]["reference runs"]["cpu_seconds"] < \
         run["phases"]["fixed"]["reference runs"]["cpu_seconds"]
     assert "fixed:" in printed and "GPU held): start" in printed and "s CPU each" in run["headline"]
+    # where the CPU went, measured: the three processes' starts (each imports torch) and the kernel worker's builds
+    cpu = run["phases"]["cpu_per_submission_mean"]
+    assert all(cpu.get(f"start, {role}", 0) > 0 for role in ("checker", "solution worker", "kernel worker")), cpu
+    assert cpu.get("build, kernel worker", 0) > 0 and "CPU per submission (mean core-s" in printed, cpu
     assert "one student's regrade" in result["headline"] and "references reused" in result["headline"]
 
 
@@ -218,7 +222,9 @@ def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
             "student": student, "lab": "lab0", "total": 4.0, "max_total": 4.0, "seconds": 10.0, "cells": {},
             "flags": [], "clean_timeline": {
                 "process start": start, "setup": 0.5, "build_fused": 2.0, "test_fused": 3.0, "test_speedup": 1.0,
-                "waiting for the GPU alone": 0.4, "stopped for others' timings": 0.1, "the GPU held alone": 0.2}})
+                "waiting for the GPU alone": 0.4, "stopped for others' timings": 0.1, "the GPU held alone": 0.2},
+            "clean_cpu": {"process start": {"checker": start, "kernel worker": 1.0},
+                          "build_fused": {"kernel worker": 2.5}, "test_fused": {"checker": 0.5}}})
     run = ClassResult(out=tmp_path, results=[result("ann", 1.0), result("bob", 3.0)], problems=[],
                       reference={"lab0": {"reused": True}}, graded_now=2,
                       phase_seconds={"intake and course": 2.0, "reference runs": 0.1, "submissions": 20.0,
@@ -232,8 +238,11 @@ def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
     assert phases["per_submission_median"] == {"start": 2.0, "build": 2.0, "tests": 4.0, "timing waits": 0.5,
                                                "GPU held": 0.2, "other": 0.5}
     assert phases["references_reused"] and phases["outputs"] == {"seconds": 3.0, "cpu_seconds": 1.5}
+    # the CPU by step and process: means over the two, the largest first
+    assert list(phases["cpu_per_submission_mean"].items()) == [
+        ("build, kernel worker", 2.5), ("start, checker", 2.0), ("start, kernel worker", 1.0), ("tests, checker", 0.5)]
     table = grading_runs.phase_table(phases)
-    assert "fixed: 2.1 s wall, 1.6 s CPU" in table and "references 0.1 s / 0.1 s CPU, reused" in table
+    assert "fixed: 2.1 s wall, 1.6 s CPU" in table and "references' rest 0.1 s / 0.1 s CPU, reused" in table
     assert "2 in 20.0 s = 10.00 s each, 15.00 s CPU each" in table
 
 

@@ -88,11 +88,15 @@ class CleanResult:
     # where the time went, every cell (setup, builds and demos too) and each process's start before its first
     # cell: label → seconds, summed over restarts, for the grader's throughput report
     timeline: dict = field(default_factory=dict)
+    # where the CPU went: the same labels → {process: CPU seconds}, sampled (``TreeMeter``'s reads, every half
+    # second, each charged to the cell running when it was taken), for the throughput report
+    cpu_timeline: dict = field(default_factory=dict)
 
     def to_json(self):
         return {"cells": {k: asdict(v) for k, v in self.cells.items()}, "flags": self.flags,
                 "restarts": self.restarts, "seconds": self.seconds, "gpu_wait_s": self.gpu_wait_s,
-                "gpu_held_s": self.gpu_held_s, "gpu_holds": self.gpu_holds, "timeline": self.timeline}
+                "gpu_held_s": self.gpu_held_s, "gpu_holds": self.gpu_holds, "timeline": self.timeline,
+                "cpu_timeline": self.cpu_timeline}
 
     @property
     def retries_due(self) -> list:
@@ -104,7 +108,7 @@ class CleanResult:
         return cls(cells={k: CellVerdict(**v) for k, v in data["cells"].items()}, flags=data["flags"],
                    restarts=data["restarts"], seconds=data["seconds"], gpu_wait_s=data.get("gpu_wait_s", 0.0),
                    gpu_held_s=data.get("gpu_held_s", 0.0), gpu_holds=data.get("gpu_holds", []),
-                   timeline=data.get("timeline", {}))
+                   timeline=data.get("timeline", {}), cpu_timeline=data.get("cpu_timeline", {}))
 
 
 KERNELS_HERE_ENV = "FUSELAB_KERNELS_IN_CHECKER"  # the reference run: the instructor's kernels load in the checker
@@ -308,6 +312,8 @@ class TreeMeter:
         self.roots = [root for root in roots if root]
         self.every_s = every_s
         self._read_at, self._cpu, self._blocked = None, 0.0, 0.0
+        self.by_root = dict.fromkeys(self.roots, 0.0)  # each root's tree's CPU seconds at the last read
+        self.reads = 0
 
     def read(self) -> tuple:
         now = time.monotonic()
@@ -315,11 +321,14 @@ class TreeMeter:
             parent_of = proctree.parents()
             pids = set()
             for root in self.roots:
-                pids |= {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
+                tree = {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
+                self.by_root[root] = max(self.by_root[root], sum(map(_process_cpu, tree)))
+                pids |= tree
             self._cpu = max(self._cpu, sum(map(_process_cpu, pids)))
             if self._read_at is not None and pids and not any(map(_running, pids)):
                 self._blocked += now - self._read_at
             self._read_at = now
+            self.reads += 1
         return self._cpu, self._blocked
 
 
@@ -421,6 +430,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     cpu_before, blocked_before = 0.0, 0.0  # what the processes of the run's earlier starts used
     gpu_holds: list = []
     timeline: dict = {}
+    cpu_timeline: dict = {}
     by_index = {c["index"]: c for c in cells}
     while True:
         box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start}))  # a planted link is removed
@@ -455,6 +465,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         records: list = []  # this process's records, of the plan's cells
         pauses = PauseLog()
         meter = TreeMeter([child.process.pid, worker.process.pid, kernel_worker and kernel_worker.process.pid])
+        roles = {child.process.pid: "checker", worker.process.pid: "solution worker",
+                 **({kernel_worker.process.pid: "kernel worker"} if kernel_worker is not None else {})}
+        charged = CpuCharges(meter, roles)
         try:
             while child.alive():
                 time.sleep(0.05)
@@ -464,6 +477,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
                 cpu, blocked = meter.read()
+                charged.to(_label(by_index, running.index) if running else
+                           ("process start" if not records else "between cells"), cpu_timeline)
                 if running and (cell_started is None or cell_started[0] != running.index):
                     cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked)
                 if stop_reason is not None:
@@ -495,6 +510,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                     helper.wait(timeout=10)
         paused_before += server.paused_s()
         cpu, blocked = meter.read()
+        charged.to("process end", cpu_timeline)
         cpu_before, blocked_before = cpu_before + cpu, blocked_before + blocked
         stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
         flags += server.notes
@@ -562,7 +578,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
               for record in verdict.speed if isinstance(record, dict) and record.get("flag")]
     return CleanResult(cells={c["grade_id"]: verdicts[c["grade_id"]] for c in graded}, flags=flags,
                        restarts=restarts, seconds=time.monotonic() - started, gpu_wait_s=gpu_wait,
-                       gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()})
+                       gpu_held_s=gpu_held, gpu_holds=gpu_holds, timeline={k: round(v, 3) for k, v in timeline.items()},
+                       cpu_timeline={label: {role: round(v, 2) for role, v in used.items()}
+                                     for label, used in cpu_timeline.items()})
 
 
 def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0,
@@ -596,6 +614,10 @@ def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, wo
     first.gpu_held_s += again.gpu_held_s
     first.gpu_holds += again.gpu_holds
     first.timeline[RETRIED] = round(first.timeline.get(RETRIED, 0.0) + again.seconds, 3)
+    retried = first.cpu_timeline.setdefault(RETRIED, {})
+    for used in again.cpu_timeline.values():
+        for role, seconds in used.items():
+            retried[role] = round(retried.get(role, 0.0) + seconds, 2)
     return first
 
 
@@ -673,6 +695,30 @@ def _take_verdicts(records: list, by_index: dict, verdicts: dict, flags: list) -
         flag = f"{cell['grade_id'] or 'cell ' + str(cell['index'])}: {HOST_WROTE_KERNEL_MEMORY}"
         if end.flag == HOST_WROTE_KERNEL_MEMORY and flag not in flags:
             flags.append(flag)  # the checker's own record (a setup cell rerun after a restart says it once)
+
+
+class CpuCharges:
+    """Each new ``TreeMeter`` read's CPU seconds, per process, charged to the step running when it was taken."""
+
+    def __init__(self, meter: TreeMeter, roles: dict):
+        self.meter, self.roles = meter, roles
+        self._reads, self._seen = meter.reads, dict(meter.by_root)
+
+    def to(self, label: str, timeline: dict) -> None:
+        if self.meter.reads == self._reads:
+            return
+        self._reads = self.meter.reads
+        for root, role in self.roles.items():
+            used = self.meter.by_root.get(root, 0.0) - self._seen.get(root, 0.0)
+            if used > 0:
+                step = timeline.setdefault(label, {})
+                step[role] = step.get(role, 0.0) + used
+        self._seen = dict(self.meter.by_root)
+
+
+def _label(by_index: dict, index: int) -> str:
+    cell = by_index[index]
+    return cell["grade_id"] or f"cell {cell['index']}"
 
 
 def _add_timeline(timeline: dict, records: list, by_index: dict, spawned: float) -> None:

@@ -91,6 +91,7 @@ class SubmissionResult(_ReadsAsJson):
     gpu_held_seconds: float | None = None
     gpu_holds: list = field(default_factory=list)        # [start, end] each time a timing had the GPU alone
     clean_timeline: dict = field(default_factory=dict)
+    clean_cpu: dict = field(default_factory=dict)         # the same steps → {process: CPU seconds}, sampled
     # set by pipeline.grade_submission once the runs are combined
     device: object = None
     seconds: float | None = None

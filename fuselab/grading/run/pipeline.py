@@ -442,7 +442,7 @@ def combine(sub, clean: recheck.CleanResult, notes: list, hand_graded=()) -> Sub
         max_total=sum(c.max_points for c in cells.values()), manual_cells=sorted(set(hand_graded) - set(cells)),
         flags=clean.flags, notes=notes, restarts=clean.restarts, clean_seconds=clean.seconds,
         gpu_wait_seconds=clean.gpu_wait_s, gpu_held_seconds=clean.gpu_held_s, gpu_holds=clean.gpu_holds,
-        clean_timeline=clean.timeline)
+        clean_timeline=clean.timeline, clean_cpu=clean.cpu_timeline)
 
 
 def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict:

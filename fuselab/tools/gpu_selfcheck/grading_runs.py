@@ -229,7 +229,7 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
     phases = result.phase_seconds
     grading = phases.get("submissions", 0.0)
     per = [{k: getattr(r, k) for k in ("student", "lab", "total", "max_total", "seconds", "clean_seconds",
-                                       "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline")}
+                                       "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline", "clean_cpu")}
            for r in result.results]
     for r, full_result in zip(per, result.results):
         r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}
@@ -278,23 +278,17 @@ def phases_of(result, wall: float) -> dict:
     fixed_names = ("intake and course", "reference runs")
     out_names = ("feedback", "gradebook and report")
     steps: dict = {"start": [], "build": [], "tests": [], "timing waits": [], "GPU held": [], "other": []}
+    cpu_steps: dict = {}  # (step kind, process) → CPU seconds, summed over the submission-labs
     for r in result.results:
         kinds = dict.fromkeys(steps, 0.0)
         for label, value in (r.clean_timeline or {}).items():
-            if label == "process start":
-                kinds["start"] += value
-            elif label in _TIMING_WAITS:
-                kinds["timing waits"] += value
-            elif label == _HELD:
-                kinds["GPU held"] += value
-            elif "build" in label:
-                kinds["build"] += value
-            elif label.startswith("test"):
-                kinds["tests"] += value
-            else:
-                kinds["other"] += value
+            kinds[_step_kind(label)] += value
         for kind, value in kinds.items():
             steps[kind].append(value)
+        for label, used in (r.clean_cpu or {}).items():
+            for role, value in used.items():
+                key = (_step_kind(label), role)
+                cpu_steps[key] = cpu_steps.get(key, 0.0) + value
     return {
         "wall_seconds": round(wall, 1),
         "fixed": {"seconds": round(sum(seconds.get(k, 0.0) for k in fixed_names), 1),
@@ -310,7 +304,24 @@ def phases_of(result, wall: float) -> dict:
                     "cpu_seconds": round(sum(cpu.get(k, 0.0) for k in out_names), 1)},
         # per submission-lab, the median of each kind (the clean recheck's own clock, waits included)
         "per_submission_median": {k: round(statistics.median(v), 2) if v else 0.0 for k, v in steps.items()},
+        # per submission-lab, the mean CPU seconds of each kind of step in each process (sampled every half second,
+        # so a mean over many, not one submission's exact split)
+        "cpu_per_submission_mean": {f"{kind}, {role}": round(value / n, 2) for (kind, role), value
+                                    in sorted(cpu_steps.items(), key=lambda kv: -kv[1])},
     }
+
+
+def _step_kind(label: str) -> str:
+    """A clean-recheck timeline label's kind of step: start, build, tests, timing waits, GPU held or other."""
+    if label == "process start":
+        return "start"
+    if label in _TIMING_WAITS:
+        return "timing waits"
+    if label == _HELD:
+        return "GPU held"
+    if "build" in label:
+        return "build"
+    return "tests" if label.startswith("test") else "other"
 
 
 def phase_table(phases: dict) -> str:
@@ -325,6 +336,8 @@ def phase_table(phases: dict) -> str:
              f"{subs['cpu_seconds_each']:.2f} s CPU each",
              "  per submission (median s; the tests' time holds the timing waits and the GPU held): "
              + ", ".join(f"{k} {v:.2f}" for k, v in phases["per_submission_median"].items()),
+             "  CPU per submission (mean core-s by step and process): "
+             + ", ".join(f"{k} {v:.2f}" for k, v in (phases.get("cpu_per_submission_mean") or {}).items()),
              f"  outputs (feedback, gradebook, report): {outs['seconds']:.1f} s, {outs['cpu_seconds']:.1f} s CPU",
              f"  all-in: {phases['wall_seconds']:.1f} s"]
     return "\n".join(lines)
