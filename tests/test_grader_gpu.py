@@ -83,12 +83,11 @@ def test_a_leased_timing_is_not_slowed_by_a_busy_neighbour(tmp_path):
         while not ready.exists():
             assert neighbour.alive(), neighbour.wait().stderr
             time.sleep(0.05)
-        env = dict(recheck.runner_env(dict(os.environ), tmp_path, None), FUSELAB_GPU_LEASE=str(tmp_path))
-        timer = isolate.Child([sys.executable, "-c", TIMER, str(tmp_path / "times.json")], limits=limits, env=env,
-                              registry=shared_gpu)
-        server = lease.LeaseServer(shared_gpu, tmp_path, timer, "0")
+        from .test_grader_lease import leased_child
+        env = recheck.runner_env(dict(os.environ), tmp_path, None)
+        timer, server, serve = leased_child(TIMER, [tmp_path / "times.json"], shared_gpu, env=env, limits=limits)
         while timer.alive():
-            server.poll()
+            serve()
             time.sleep(0.01)
         server.finish()
         outcome = timer.wait()

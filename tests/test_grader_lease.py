@@ -45,6 +45,38 @@ def _limits():
     return isolate.Limits(wall_s=60, memory_bytes=None)
 
 
+# what a checker does at its start where the grader shares the GPU (``cellrunner.main``): ask over its channel
+ASKS_THE_GRADER = """
+import os
+from fuselab.grading.recheck import channel
+from fuselab.speed import lease as _lease
+_lease.talk_to_grader(channel.LeaseAsker(channel.Sender(int(os.environ["TEST_CHANNEL_FD"])),
+                                         int(os.environ[channel.LEASE_FD_ENV])))
+"""
+
+
+def leased_child(script, args, shared, env=None, limits=None):
+    """A child running ``script`` that asks ``shared`` for the GPU as a checker does, over a channel and a grant
+    pipe the grader opened for it: ``(child, its LeaseServer, serve)``, where ``serve()`` hands its asks to the
+    server and polls it once, as the clean recheck's loop does."""
+    import os
+    from fuselab.grading.recheck.channel import LEASE_FD_ENV, Receiver
+    channel, channel_w = Receiver.open()
+    grants = recheck._Grants()
+    env = dict(env if env is not None else os.environ, TEST_CHANNEL_FD=str(channel_w),
+               **{LEASE_FD_ENV: str(grants.read_fd)})
+    child = isolate.Child([sys.executable, "-c", ASKS_THE_GRADER + script, *map(str, args)],
+                          limits=limits or _limits(), env=env, registry=shared, pass_fds=(channel_w, grants.read_fd))
+    os.close(channel_w)
+    os.close(grants.read_fd)
+    server = lease.LeaseServer(shared, child, grants)
+
+    def serve():
+        recheck._receive(channel, {}, None, server)
+        server.poll()
+    return child, server, serve
+
+
 def _wait_for_file(path, timeout=20):
     deadline = time.monotonic() + timeout
     while not (Path(path).exists() and Path(path).read_text()):
@@ -101,13 +133,10 @@ def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_pa
     other = isolate.Child([sys.executable, "-c", COUNTER, str(counter)], limits=_limits(), registry=shared)
     try:
         _wait_for_file(counter)
-        env = dict(recheck.runner_env(dict(__import__("os").environ), tmp_path, None),
-                   FUSELAB_GPU_LEASE=str(tmp_path))
-        timed = isolate.Child([sys.executable, "-c", TIMED, str(counter), str(report)], limits=_limits(),
-                              env=env, registry=shared)
-        server = lease.LeaseServer(shared, tmp_path, timed, "0")
+        env = recheck.runner_env(dict(__import__("os").environ), tmp_path, None)
+        timed, server, serve = leased_child(TIMED, [counter, report], shared, env=env)
         while timed.alive():
-            server.poll()
+            serve()
             time.sleep(0.01)
         server.finish()
         assert timed.wait().ok
@@ -121,7 +150,7 @@ def test_a_timing_stops_the_other_submissions_on_its_gpu_and_resumes_them(tmp_pa
         # the log of its holds (what the multi-GPU self-check reads to show no two timings shared a GPU)
         assert len(server.holds) == 2 and all(end - start >= 0.4 for start, end in server.holds)
         assert server.holds[0][1] <= server.holds[1][0]
-        assert not list(tmp_path.glob("lease-*")), "lease files left behind"
+        assert not list(tmp_path.glob("lease-*")), "files in the child's folder: the lease needs none"
     finally:
         other.stop()
         other.wait()
@@ -198,28 +227,42 @@ def test_children_share_the_cpu_cores_and_name_their_gpu(tmp_path, monkeypatch):
     assert env["OMP_NUM_THREADS"] == "7" and env.get("OMP_WAIT_POLICY", "ACTIVE") == "ACTIVE"
 
 
-def test_a_planted_grant_link_is_never_followed_and_the_gpu_comes_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
-    shared = lease.DeviceLease("0")
-    victim = tmp_path / "victim.txt"
-    victim.write_text("a teaching assistant's file")
-    sleeper = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+NEVER_READS = """
+import os, sys, time
+from fuselab.grading.recheck import channel
+to_grader = channel.Sender(int(os.environ["TEST_CHANNEL_FD"]))
+for number in range(1, int(sys.argv[1]) + 1):  # asks and gives back, never reading a grant
+    to_grader.send(channel.Ask(sys.argv[2], number))
+    time.sleep(0.003)
+    to_grader.send(channel.GiveBack(sys.argv[2], number))
+    time.sleep(0.003)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("what", ["gpu", "slot"], ids=["the-GPU-to-itself", "a-speed-test-slot"])
+def test_a_child_that_floods_asks_and_reads_no_grant_is_stopped_and_gives_all_back(monkeypatch, what):
+    # The grant pipe is the child's: one that asks without reading fills it. The grader never blocks on it (it
+    # would hold every submission on the GPU): the grant that does not fit stops the child, and the GPU and the
+    # slot come back.
+    import fcntl
+    monkeypatch.setattr(lease, "wait_until_idle", lambda device, timeout_s: "")  # no NVML settle wait
+    shared = lease.DeviceLease("0", speed_slots=1)
+    child, server, serve = leased_child(NEVER_READS, [20000, what], shared)
+    fcntl.fcntl(server._answer_with.write_fd, 1031, 4096)  # F_SETPIPE_SZ: a page, full after ~400 grants
     try:
-        (tmp_path / (lease.GRANTED + "t-0001")).symlink_to(victim)
-        (tmp_path / (lease.REQUEST + "t-0001")).write_text("")
-        (tmp_path / (lease.REQUEST + "other-0001")).write_text("")  # another child's tag: not served
-        server = lease.LeaseServer(shared, tmp_path, sleeper, "t")
-        server.poll()
-        assert victim.read_text() == "a teaching assistant's file"
-        assert server.holding is None and "could not be written" in server.notes[0]
+        deadline = time.monotonic() + 60
+        while server.stop_reason is None and time.monotonic() < deadline:
+            serve()
+        assert server.stop_reason and "could not be answered" in server.stop_reason
+        assert "could not be given" in server.notes[-1]
+        server.close()
         assert shared._timing.acquire(timeout=1), "the GPU was not given back"
         shared._timing.release()
-        assert (tmp_path / (lease.REQUEST + "other-0001")).exists()
-        lease.clear_files(tmp_path)
-        assert not list(tmp_path.glob("lease-*")) and victim.exists()
+        assert shared.speed_slots.acquire(blocking=False), "the slot was not given back"
     finally:
-        sleeper.stop()
-        sleeper.wait()
+        child.stop()
+        child.wait()
 
 
 def test_a_lease_held_too_long_is_taken_back(tmp_path, monkeypatch):
@@ -228,8 +271,8 @@ def test_a_lease_held_too_long_is_taken_back(tmp_path, monkeypatch):
     holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
     other = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
     try:
-        (tmp_path / (lease.REQUEST + "t-0001")).write_text("")  # asked, never released
-        server = lease.LeaseServer(shared, tmp_path, holder, "t")
+        server = lease.LeaseServer(shared, holder, lambda what, number: True)
+        server.ask("gpu", 1)  # asked, never given back
         server.poll()
         assert server.holding is not None
         assert _state(other.process.pid) == "T"
@@ -451,10 +494,14 @@ def test_a_timing_whose_process_dies_while_waiting_gives_up_the_gpu(monkeypatch)
             child.wait()
 
 
-def test_a_long_wait_for_the_gpu_is_not_held_against_the_test_that_waits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+def test_a_long_wait_for_the_gpu_is_not_held_against_the_test_that_waits(tmp_path, monkeypatch, sandbox):
     # Another submission's timing holds the GPU longer than this test's time limit. The test asks for the GPU as
     # soon as it starts, so the grader meets its start only after the wait: the wait must still be a pause.
+    # Sandboxed too: the checker asks over the pipes the grader opened for it, which the sandbox passes on.
     import threading
+    if sandbox:
+        assert isolate.sandbox_problem() is None, "the sandbox must work here (CI installs bubblewrap)"
     from .test_grader_isolation import _cell, _notebook
     monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
     shared = lease.DeviceLease("0", settle_s=0.05)
@@ -465,13 +512,14 @@ def test_a_long_wait_for_the_gpu_is_not_held_against_the_test_that_waits(tmp_pat
     notebook = _notebook([_cell("VALUE = 41", "setup"),
                           _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
                           _cell(timed, "test_timed", graded=True, points=4)])
-    result = recheck.run_clean(notebook, notebook, tmp_path, cell_timeout=4, total_timeout=60,
-                               limits=isolate.Limits(memory_bytes=2 * 2**30), lease=shared)
+    result = recheck.run_clean(notebook, notebook, tmp_path / "clean", cell_timeout=4, total_timeout=60,
+                               limits=isolate.Limits(memory_bytes=2 * 2**30), lease=shared, sandbox=sandbox)
     verdict = result.cells["test_timed"]
     assert verdict.status == "passed" and verdict.points == 4, verdict.message
     assert result.gpu_wait_s > 4  # it did wait past its time limit, and the wait was not its own time
     # and the timeline says where the speed test's time went (the throughput report's medians read it)
     assert result.timeline[recheck.LEASE_WAIT] > 4 and recheck.SLOT_WAIT not in result.timeline
+    assert result.gpu_holds and not list((tmp_path / "clean").rglob("lease-*")), "the lease needs no files"
 
 
 def test_the_pause_log_gives_the_pause_total_when_a_test_started():
@@ -569,7 +617,6 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     # Speed tests at GPU size, in every submission sharing the GPU at once, ran it out of memory (every Lab 0 speed
     # test of the first round failed at 10 sharing an H200). They take slots: the GPU stays shared, at most
     # `slots` of them at once, and a child that dies in its speed test gives its slot back.
-    import os
     import threading
     shared = lease.DeviceLease("0", speed_slots=slots)
     servers, reports = [], []
@@ -579,17 +626,17 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
         folder = tmp_path / f"submission{k}"
         folder.mkdir()
         reports.append(folder / "span")
-        env = dict(os.environ, FUSELAB_GPU_LEASE=str(folder), FUSELAB_GPU_LEASE_TAG=f"t{k}")
-        child = isolate.Child([sys.executable, "-c", SLOT_USER, str(reports[-1]), "dies" if dies and k == 0 else "",
-                               str(ready)], limits=_limits(), env=env, registry=shared)
-        servers.append(lease.LeaseServer(shared, folder, child, f"t{k}"))
+        child, server, serve = leased_child(SLOT_USER, [reports[-1], "dies" if dies and k == 0 else "", ready],
+                                            shared)
+        servers.append((server, serve))
 
-    def serve(server):  # as each submission's recheck loop does, in a thread of its own
+    def loop(server, serve):  # as each submission's recheck loop does, in a thread of its own
         while server.child.alive():
-            server.poll()
+            serve()
             time.sleep(0.01)
+        serve()
         server.close()
-    threads = [threading.Thread(target=serve, args=(server,)) for server in servers]
+    threads = [threading.Thread(target=loop, args=pair) for pair in servers]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -599,9 +646,9 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     most_at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
     assert most_at_once == (1 if dies else 2)
     # the wait for a slot is a pause (not held against the test's time limit), however long it lasts
+    servers = [server for server, _ in servers]
     assert max(server.waited_s for server in servers) > 0.3
     assert all(server.slot_waited_s == server.waited_s for server in servers)  # none waited for the GPU alone
-    assert all(not list(s.folder.path.glob("slot-*")) for s in servers), "slot files left behind"
     # every slot came back, the dead child's too
     assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))
     assert not shared.speed_slots.acquire(blocking=False)

@@ -1,11 +1,10 @@
 """The timing's side of the grader's GPU lease (``fuselab.grading.gpus.lease`` is the grader's side).
 
-While the grader shares one GPU among several submissions, a graded timing asks for the GPU to itself through files
-in a folder the grader names (``FUSELAB_GPU_LEASE``): it writes ``lease-request-T-N``, waits for
-``lease-granted-T-N``, and writes ``lease-released-T-N`` when done. Files, not signals or sockets, because the
-timing may run sandboxed. Standard library only: the speed test imports it in a student's own run, where it does
-nothing. A speed test as a whole (its input sets and checks at GPU size) first takes one of a few slots the same
-way (``slot-request-T-N``, ``speed_test_slot``): the GPU stays shared, its memory is rationed.
+While the grader shares one GPU among several submissions, a graded timing asks for the GPU to itself, and a speed
+test as a whole (its input sets and checks at GPU size) first asks for one of a few slots: the GPU stays shared,
+its memory is rationed. The clean recheck's checker asks the grader over its channel (``talk_to_grader``: the
+grader's pipe, which no sandbox can name); standard library only here: the speed test imports this module in a
+student's own run too, where nothing is installed and it does nothing.
 
 The clean recheck's kernel worker times a student's kernel but never talks to the grader: it asks its checker,
 which holds the lease for it (``ask_through``) from the timing to the end of its own outside-clock batches, so
@@ -15,22 +14,17 @@ that the input sets and checks before the timing do not stop the other submissio
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import sys
-import time
-from pathlib import Path
 
-REQUEST, GRANTED, RELEASED = "lease-request-", "lease-granted-", "lease-released-"
-SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED = "slot-request-", "slot-granted-", "slot-released-"
+GPU, SLOT = "gpu", "slot"  # what a checker asks the grader for
 
-_requests = itertools.count(1)
-_asker = None  # set by ask_through: this process's timings ask another process for the GPU
+_asker = None   # set by ask_through: this process's timings ask another process for the GPU
+_grader = None  # set by talk_to_grader: ``_grader(GPU or SLOT)`` holds it from the grader for a ``with`` block
 
 
 def ask_through(holder) -> None:
     """Route this process's ``exclusive_gpu`` through ``holder``, a context manager factory that holds the GPU
-    for it (the kernel worker's pipe to its checker); None restores the files."""
+    for it (the kernel worker's pipe to its checker); None: asked of the grader again, if at all."""
     global _asker
     _asker = holder
 
@@ -40,11 +34,22 @@ def asks_a_checker() -> bool:
     return _asker is not None
 
 
+def talk_to_grader(asker) -> None:
+    """Ask the grader for the GPU and for speed test slots through ``asker(GPU or SLOT)``, a context manager
+    factory (the checker's channel, ``fuselab.grading.recheck.channel.LeaseAsker``); None: ask nobody."""
+    global _grader
+    _grader = asker
+
+
+def _from_grader(what: str):
+    return _grader(what) if _grader is not None else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def exclusive_gpu():
     """The child's side: hold the GPU to this process for the ``with`` block, when the grader shares it.
 
-    Outside the grader (``FUSELAB_GPU_LEASE`` unset: a student's own run) it does nothing.
+    Outside the grader (nothing installed by ``talk_to_grader``: a student's own run) it does nothing.
     """
     if _asker is not None:
         with _asker():
@@ -53,7 +58,7 @@ def exclusive_gpu():
     torch = sys.modules.get("torch")
     synchronize = torch.cuda.synchronize if torch is not None and torch.cuda.is_initialized() else (lambda: None)
     synchronize()  # work queued before the block is not the timing's
-    with _held(REQUEST, GRANTED, RELEASED):
+    with _from_grader(GPU):
         try:
             yield
         finally:
@@ -67,24 +72,5 @@ def speed_test_slot():
     test's input sets, outputs and float64 references at the timed shape, in the checker and its kernel worker at
     once, take several GiB, and every submission sharing the GPU in that phase at once ran it out of memory.
     Outside the grader it does nothing."""
-    with _held(SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED):
+    with _from_grader(SLOT):
         yield
-
-
-@contextlib.contextmanager
-def _held(request, granted, released):
-    folder = os.environ.get("FUSELAB_GPU_LEASE")
-    if not folder:
-        yield
-        return
-    number = f"{os.environ.get('FUSELAB_GPU_LEASE_TAG', '0')}-{next(_requests):04d}"
-    (Path(folder) / (request + number)).write_text("")
-    grant = Path(folder) / (granted + number)
-    pause = 0.002
-    while not grant.exists():  # a wait the grader counts as a pause: it ends at the grant, or with this process
-        time.sleep(pause)
-        pause = min(0.02, pause * 1.25)  # a grant comes at once or after a while: a long wait polls less often
-    try:
-        yield
-    finally:
-        (Path(folder) / (released + number)).write_text("")

@@ -6,14 +6,13 @@ process tree it runs on that GPU, waits until the GPU has no kernel running (NVM
 the timing run, and resumes the others (``SIGCONT``). One timing per GPU at a time; the stopped ones lose a few
 seconds of wall time and nothing else.
 
-The timing runs in the clean recheck's child, which asks through files in its own folder (it may be sandboxed,
-so no signals or sockets): ``lease-request-T-N``, answered by ``lease-granted-T-N``, ended by
-``lease-released-T-N``, where T is a tag the grader gives each child it starts (``FUSELAB_GPU_LEASE_TAG``), so a
-request left behind by a killed child is never served. ``fuselab.speed.lease`` is the child's side
-(``exclusive_gpu``); ``recheck.run_clean`` polls for the parent's (``LeaseServer``). The child is untrusted: the
-grader touches its folder only through ``untrusted`` (no link followed, only regular files seen), holds a lease
-at most ``max_hold_s`` (then the child is killed and its test fails), and gives the GPU back whatever happens in
-between.
+The timing runs in the clean recheck's child (its checker), which asks on its channel to the grader and reads the
+grant from a pipe the grader opened for it before it started (``recheck.channel``: ``Ask``, ``GiveBack``,
+``LeaseAsker``): no file, so nothing a sandboxed child could plant in the grader's way, and a child's asks end
+with its channel. ``fuselab.speed.lease`` is the child's side (``exclusive_gpu``, ``speed_test_slot``);
+``recheck.run_clean`` hands each ask to the parent's side (``LeaseServer``) and polls it. The child is untrusted:
+the grader holds a lease for it at most ``max_hold_s`` (then the child is killed and its test fails), and gives
+the GPU back whatever happens in between.
 """
 
 from __future__ import annotations
@@ -23,15 +22,11 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
-from ...speed.lease import GRANTED, RELEASED, REQUEST, SLOT_GRANTED, SLOT_RELEASED, SLOT_REQUEST
+from ...speed.lease import GPU, SLOT
 from ... import gpu_facts
 from ...proctree import parents
 from ..sandbox.isolate import children_of, gpu_processes, process_trees
-from ..sandbox.untrusted import Folder
-
-PREFIXES = (REQUEST, GRANTED, RELEASED, SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED)
 
 # GPU memory one speed test may take at its peak, its checker and kernel worker together (input sets, outputs and
 # float64 references at the timed shape, as PyTorch's caching allocator keeps them: about 15-18 GiB at Labs 0-2's
@@ -244,40 +239,30 @@ def grading_lease(device, cell_timeout: float) -> DeviceLease:
                        speed_slots=speed_test_slots(smallest_gpu_memory_gib([device])))
 
 
-def _held(folder) -> tuple:
-    """``(Folder, whether this call opened it)`` for a ``Folder`` or a path."""
-    return (folder, False) if isinstance(folder, Folder) else (Folder(folder), True)
-
-
-def clear_files(folder) -> None:
-    """Remove lease files from ``folder`` (a ``untrusted.Folder`` or a path; before a child starts: nothing left
-    by an earlier one is served)."""
-    box, opened = _held(folder)
-    try:
-        for name in box.names():
-            if name.startswith(PREFIXES):
-                with contextlib.suppress(OSError):
-                    box.remove(name)  # a link is removed, never followed
-    finally:
-        if opened:
-            box.close()
-
-
 class LeaseServer:
-    """The parent's side of one child's lease files (polled by ``recheck.run_clean``)."""
+    """The parent's side of one child's lease (polled by ``recheck.run_clean``): ``ask`` and ``given_back`` as the
+    child's records arrive, ``answer(what, number)`` writes a grant to it (False where it could not)."""
 
-    def __init__(self, lease: DeviceLease | None, folder: Path, child, tag: str):
-        self.lease, self.child, self.tag = lease, child, tag
-        self.folder, self._opened = _held(folder)  # the child's folder: read through ``untrusted`` only
-        self.slot = None             # the speed test slot held (its request's number)
+    def __init__(self, lease: DeviceLease | None, child, answer):
+        self.lease, self.child, self._answer_with = lease, child, answer
+        self._asked = {GPU: None, SLOT: None}  # the number of the ask of each kind not served yet
+        self._given_back: set = set()          # (what, number) the child said it is done with
+        self.slot = None             # the speed test slot held (its ask's number)
         self._slot_asked = None      # (when, the child's paused seconds then) while it waits for a slot
-        self.holding = None          # the request being served
+        self.holding = None          # the ask being served
         self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings, or for a slot
         self.slot_waited_s = 0.0     # the part of it spent waiting for a speed test slot
         self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
         self.notes: list = []
         self.stop_reason = None      # set when the child must be stopped (held too long, broke the protocol)
         self._granted_at = self._granted_epoch = 0.0
+
+    def ask(self, what: str, number: int) -> None:
+        if what in self._asked:
+            self._asked[what] = number
+
+    def given_back(self, what: str, number: int) -> None:
+        self._given_back.add((what, number))
 
     @property
     def held_s(self) -> float:
@@ -294,10 +279,11 @@ class LeaseServer:
             return
         self._poll_slot()
         if self.holding is None:
-            requests = self.folder.names(prefix=f"{REQUEST}{self.tag}-")
-            if requests and self.child.alive():
-                self._grant(requests[0][len(REQUEST):])
-        elif self.folder.is_file(RELEASED + self.holding) or not self.child.alive():
+            number = self._asked[GPU]
+            if number is not None and self.child.alive():
+                self._asked[GPU] = None
+                self._grant(number)
+        elif (GPU, self.holding) in self._given_back or not self.child.alive():
             self.finish()
         elif time.monotonic() - self._granted_at > self.lease.max_hold_s:
             self.stop_reason = "held the GPU to itself far longer than a timing takes"
@@ -307,12 +293,12 @@ class LeaseServer:
 
     def _poll_slot(self) -> None:
         """A speed test's slot: taken when one is free (asked again at every poll, so the loop that polls goes on
-        watching the child's time limits meanwhile), given back when released or when the child dies. Not served
+        watching the child's time limits meanwhile), given back when the child is done with it or dies. Not served
         while the child holds the GPU to itself: its checker never asks then, and with everyone else stopped no
         slot could come back."""
         if self.slot is None:
-            requests = self.folder.names(prefix=f"{SLOT_REQUEST}{self.tag}-")
-            if not requests or not self.child.alive() or self.holding is not None:
+            number = self._asked[SLOT]
+            if number is None or not self.child.alive() or self.holding is not None:
                 return
             if self._slot_asked is None:
                 self._slot_asked = (time.monotonic(), self.child.paused())
@@ -321,11 +307,11 @@ class LeaseServer:
             waited = self._slot_wait()
             self.waited_s += waited
             self.slot_waited_s += waited
-            self._slot_asked = None
-            self.slot = requests[0][len(SLOT_REQUEST):]
-            if not self._answer(SLOT_GRANTED + self.slot, "a speed test slot"):
+            self._slot_asked, self._asked[SLOT] = None, None
+            self.slot = number
+            if not self._answer(SLOT, number, "a speed test slot"):
                 self._give_back_slot()
-        elif self.folder.is_file(SLOT_RELEASED + self.slot) or not self.child.alive():
+        elif (SLOT, self.slot) in self._given_back or not self.child.alive():
             self._give_back_slot()
 
     def _slot_wait(self) -> float:
@@ -336,27 +322,20 @@ class LeaseServer:
         asked, paused = self._slot_asked
         return max(0.0, time.monotonic() - asked - (self.child.paused() - paused))
 
-    def _remove(self, prefixes, number: str) -> None:
-        """One request's files (a link is removed, never followed)."""
-        for prefix in prefixes:
-            with contextlib.suppress(OSError, ValueError):
-                self.folder.remove(prefix + number)
-
     def _give_back_slot(self) -> None:
         if self.slot is not None:
-            self._remove((SLOT_REQUEST, SLOT_GRANTED, SLOT_RELEASED), self.slot)
+            self._given_back.discard((SLOT, self.slot))
             self.slot = None
             self.lease.speed_slots.release()
 
-    def _answer(self, name: str, what: str) -> bool:
-        """Write the grant ``name``; never through a link the child planted: O_EXCL refuses any existing name."""
-        if self.folder.create(name):
+    def _answer(self, what: str, number: int, said: str) -> bool:
+        if self._answer_with(what, number):
             return True
-        self.stop_reason = f"its request for {what} could not be answered (a file in the way of the grant)"
-        self.notes.append(f"a grant of {what} could not be written (a name in the way): given back")
+        self.stop_reason = f"its request for {said} could not be answered (it reads no grants)"
+        self.notes.append(f"a grant of {said} could not be given (the child reads none): given back")
         return False
 
-    def _grant(self, number: str) -> None:
+    def _grant(self, number: int) -> None:
         acquired = self.lease.acquire(self.child)
         if acquired is None:
             return  # the child died waiting: nothing to grant, and the GPU was not taken
@@ -365,23 +344,18 @@ class LeaseServer:
         if note:
             self.notes.append(note)
         self.holding, self._granted_at, self._granted_epoch = number, time.monotonic(), time.time()
-        if not self._answer(GRANTED + number, "the GPU"):
+        if not self._answer(GPU, number, "the GPU"):
             self.finish()
 
     def close(self) -> None:
         """Give back everything the child held: the GPU and its speed test slot (idempotent)."""
-        try:
-            self.finish()
-            self._give_back_slot()
-        finally:
-            if self._opened:
-                self.folder.close()
-                self._opened = False
+        self.finish()
+        self._give_back_slot()
 
     def finish(self) -> None:
         """Give the GPU back (idempotent)."""
         if self.holding is not None:
-            self._remove((REQUEST, GRANTED, RELEASED), self.holding)
+            self._given_back.discard((GPU, self.holding))
             self.holding = None
             self.holds.append([self._granted_epoch, time.time()])
             self.lease.release()

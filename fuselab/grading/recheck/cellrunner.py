@@ -175,6 +175,10 @@ def main(plan_path, channel_fd: int) -> int:
     worker = _solution_process()
     host = _kernel_host()
     to_grader = channel.Sender(channel_fd)
+    grants = os.environ.pop(channel.LEASE_FD_ENV, "")
+    if grants:  # the grader shares this GPU: graded timings and speed tests ask it over the channel
+        from ...speed import lease
+        lease.talk_to_grader(channel.LeaseAsker(to_grader, int(grants)))
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
     grade_log = os.environ.get("FUSELAB_GRADE_LOG")

@@ -4,6 +4,10 @@ The checker (``cellrunner``) says what it does as records, one JSON object a lin
 runs, ``CellEnd`` after, ``Poisoned`` when its processes cannot run another cell, ``Done`` at the end. The grader
 (``clean``) reads them as it polls the checker's time limits, and once more after the checker ended.
 
+Where the grader shares the GPU, the checker also asks on it for the GPU to itself or a speed test slot (``Ask``)
+and says when it is done with it (``GiveBack``); the grader's grant comes back on a second pipe it opened for
+this checker (``LeaseAsker``: the checker's side; ``fuselab.grading.gpus.lease.LeaseServer``: the grader's).
+
 The checker may have loaded what a submission built, so what arrives is data from an untrusted side: read
 without blocking, at most ``LIMIT`` bytes in all and ``LINE_LIMIT`` a record; a line that does not decode into
 one of the records below, field by field, is dropped. Nothing read is ever followed, loaded or executed.
@@ -11,12 +15,15 @@ one of the records below, field by field, is dropped. Nothing read is ever follo
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 
 LIMIT = 64 * 2**20       # a checker sends a few KiB per cell
+LEASE_FD_ENV = "FUSELAB_GPU_LEASE_FD"  # the checker's read end of the grader's grant pipe, where it shares the GPU
 LINE_LIMIT = 2**20       # a record: a cell's output is cut to a few KiB before it is sent
 
 
@@ -59,7 +66,23 @@ class Done:
     kind = "done"
 
 
-RECORDS = {cls.kind: cls for cls in (CellStart, CellEnd, Poisoned, Done)}
+@dataclass
+class Ask:
+    what: str            # ``fuselab.speed.lease``'s GPU or SLOT
+    number: int          # the checker's count of its asks: the grant names it
+    time: float = 0.0
+    kind = "ask"
+
+
+@dataclass
+class GiveBack:
+    what: str
+    number: int
+    time: float = 0.0
+    kind = "give back"
+
+
+RECORDS = {cls.kind: cls for cls in (CellStart, CellEnd, Poisoned, Done, Ask, GiveBack)}
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "list": (list,),
           "str | None": (str, type(None)), "float | None": (int, float, type(None))}
 
@@ -105,6 +128,40 @@ class Sender:
         view = memoryview(encode(record))
         while view:
             view = view[os.write(self.fd, view):]
+
+
+def grant_line(what: str, number: int) -> bytes:
+    """The grader's answer to ``Ask(what, number)`` on the grant pipe."""
+    return f"{what} {number}\n".encode()
+
+
+class LeaseAsker:
+    """The checker's side of the grader's lease (``fuselab.speed.lease.talk_to_grader``): ``Ask`` on the channel,
+    wait for the grant on ``grant_fd`` (the grader's pipe, ``FUSELAB_GPU_LEASE_FD``), ``GiveBack`` at the end of the
+    ``with`` block."""
+
+    def __init__(self, sender: Sender, grant_fd: int):
+        self.sender = sender
+        os.set_inheritable(grant_fd, False)  # the checker's own children never read its grants
+        self.grants = open(grant_fd, "rb", buffering=0)
+        self._numbers = itertools.count(1)
+
+    @contextlib.contextmanager
+    def __call__(self, what: str):
+        number = next(self._numbers)
+        self.sender.send(Ask(what, number))
+        line = b""
+        while not line.endswith(b"\n"):  # a wait the grader counts as a pause: it ends at the grant
+            byte = self.grants.read(1)
+            if not byte:
+                raise RuntimeError(f"the grader closed the lease pipe while this test waited for the {what}")
+            line += byte
+        if line != grant_line(what, number):
+            raise RuntimeError(f"the grader answered {line!r} when asked for the {what} ({number})")
+        try:
+            yield
+        finally:
+            self.sender.send(GiveBack(what, number))
 
 
 class Receiver:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import secrets
 import sys
 import threading
 import time
@@ -53,9 +52,9 @@ from ...kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from ...kernelbuild import shared as shared_builds
 from ..sandbox import isolate
 from . import transfer
-from ..gpus.lease import LeaseServer, clear_files
+from ..gpus.lease import LeaseServer
 from ..sandbox.untrusted import Folder
-from .channel import CellEnd, CellStart, Done, Poisoned, Receiver
+from .channel import LEASE_FD_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned, Receiver, grant_line
 from .demos import demo_problems
 from .sanitize import sanitize_cell
 
@@ -420,8 +419,6 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     except ValueError:
         build_timeout = 300.0
     env["FUSELAB_BUILD_TIMEOUT"] = str(max(build_timeout, wall_timeout + 60))
-    if lease is not None:
-        env["FUSELAB_GPU_LEASE"] = str(workdir)
     if not kernels_in_worker:
         env[KERNELS_HERE_ENV] = "1"
     limits = limits or isolate.Limits()
@@ -440,26 +437,28 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=shared_builds.readonly(env))
-        clear_files(box)  # a request left by a killed child is never served
-        tag = f"{restarts}-{secrets.token_hex(4)}"
+        grants = _Grants() if lease is not None else None  # the GPU's grants to this checker, where it is shared
         spawned = time.time()
         worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease)
         kernel_worker, kernel_fds = None, ()
         try:
             if not env.get(KERNELS_HERE_ENV):
                 kernel_worker, kernel_fds = _start_worker("kernel", box, env, limits, sandbox, hide, lease)
-            child_env = dict(env, FUSELAB_GPU_LEASE_TAG=tag, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
+            child_env = dict(env, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
             if kernel_fds:
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
                 child_env[transfer.ENV] = str(_transfer_file(workdir))
+            if grants is not None:
+                child_env[LEASE_FD_ENV] = str(grants.read_fd)
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w))
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w,
+                                            *([grants.read_fd] if grants is not None else [])))
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
-            for fd in (*fds, *kernel_fds, channel_w):
+            for fd in (*fds, *kernel_fds, channel_w, *([grants.read_fd] if grants is not None else [])):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
-        server = LeaseServer(lease, box, child, tag)
+        server = LeaseServer(lease, child, grants if grants is not None else (lambda what, number: False))
         # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
         stop_reason, cell_started, ran_over = None, None, False
         records: list = []  # this process's records, of the plan's cells
@@ -473,7 +472,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 time.sleep(0.05)
                 pauses.sample(server.paused_s())
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
-                records += _receive(channel, by_index, on_cell)
+                records += _receive(channel, by_index, on_cell, server)
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
                 cpu, blocked = meter.read()
@@ -504,6 +503,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             raise
         finally:
             server.close()  # the GPU and its slot go back to the others whatever happened here
+            if grants is not None:
+                grants.close()
             for helper in (worker, kernel_worker):
                 if helper is not None:
                     helper.stop(timed_out=False)
@@ -518,7 +519,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         gpu_held += server.held_s
         gpu_holds += server.holds
         outcome = child.wait(timeout=30)
-        records += _receive(channel, by_index, on_cell)  # what it sent after the last poll
+        records += _receive(channel, by_index, on_cell, server)  # what it sent after the last poll
         channel.close()
         _add_timeline(timeline, records, by_index, spawned)
         # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
@@ -677,9 +678,36 @@ def speed_needs_correctness(verdicts: dict, policy=None, among=None) -> None:
         verdict.requires_failed = failed
 
 
-def _receive(channel: Receiver, by_index: dict, on_cell) -> list:
-    """The checker's new records that are of the plan's cells; each cell start's grade_id goes to ``on_cell``."""
-    new = [r for r in channel.poll() if isinstance(r, Done) or r.index in by_index]
+class _Grants:
+    """The grader's end of one checker's grant pipe (``channel.LeaseAsker`` reads it): a grant is written whole or
+    not at all, never blocking the grader (a checker that reads none fills the pipe, and is stopped)."""
+
+    def __init__(self):
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+
+    def __call__(self, what: str, number: int) -> bool:
+        try:  # a write of less than PIPE_BUF bytes to a pipe is all or nothing
+            return os.write(self.write_fd, grant_line(what, number)) > 0
+        except OSError:  # full (BlockingIOError) or the checker is gone (BrokenPipeError)
+            return False
+
+    def close(self) -> None:
+        os.close(self.write_fd)
+
+
+def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | None = None) -> list:
+    """The checker's new records that are of the plan's cells (its asks for the GPU go to ``server``); each cell
+    start's grade_id goes to ``on_cell``."""
+    new = []
+    for record in channel.poll():
+        if isinstance(record, Ask) and server is not None:
+            server.ask(record.what, record.number)
+        elif isinstance(record, GiveBack) and server is not None:
+            server.given_back(record.what, record.number)
+        elif isinstance(record, Done) or (isinstance(record, (CellStart, CellEnd, Poisoned))
+                                          and record.index in by_index):
+            new.append(record)
     if on_cell is not None:
         for start in (r for r in new if isinstance(r, CellStart)):
             on_cell(by_index[start.index]["grade_id"])
