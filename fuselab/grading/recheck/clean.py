@@ -471,8 +471,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             while child.alive():
                 time.sleep(0.05)
                 pauses.sample(server.paused_s())
+                records += _receive(channel, by_index, on_cell, server)  # asks for the GPU, served just below
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
-                records += _receive(channel, by_index, on_cell, server)
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
                 cpu, blocked = meter.read()
