@@ -50,7 +50,7 @@ def test_the_summary_prints_no_line_a_submission_wrote(tmp_path, monkeypatch):
     # a folder name with newlines reaches the summary through a problem's place and message, and (were intake
     # ever to keep it) through a student's id, a test's name, a retry's reason
     cell = CellResult(points=0, max_points=1, status="timed out", message=EVIL,
-                      extra={"retry": {"first_try": EVIL, "retry": f"passed\n{FAKE}"}})
+                      retry={"first_try": EVIL, "retry": f"passed\n{FAKE}"})
     result = SubmissionResult(student=EVIL, lab="lab0", cells={f"test_\n{FAKE}": cell}, total=0, max_total=1)
     problem = intake.Problem(where=str(tmp_path / EVIL / "lab0"), message=f"no notebook in {EVIL}")
 

@@ -348,7 +348,7 @@ def write_nosy_submission(class_folder: Path) -> str:
 
 def check_nosy_feedback(class_result, secret: str) -> None:
     """The nosy student's page: its verdicts, its submitted outputs, and nothing of what its code read."""
-    graded = next(r for r in class_result.results if r["student"] == NOSY)
+    graded = next(r for r in class_result.results if r.student == NOSY)
     page = (class_result.out / "feedback" / NOSY / f"{LAB}.html").read_text()
     text = _text_of(page)
     hidden = _hidden_lines()
@@ -358,14 +358,14 @@ def check_nosy_feedback(class_result, secret: str) -> None:
     # and none of it is in the page
     assert [line for line in hidden if line in text] == []
     assert secret not in text and "HIDDEN TESTS" not in text
-    assert f"Automatically graded: {graded['total']:g} of {graded['max_total']:g} points" in text
-    for grade_id in graded["cells"]:
+    assert f"Automatically graded: {graded.total:g} of {graded.max_total:g} points" in text
+    for grade_id in graded.cells:
         assert f"Grader: {grade_id}:" in text
-    assert graded["cells"]["test_dram_bytes"]["points"] == 0
-    assert graded["cells"]["test_fused"]["points"] == graded["cells"]["test_fused"]["max_points"]
+    assert graded.cells["test_dram_bytes"].points == 0
+    assert graded.cells["test_fused"].points == graded.cells["test_fused"].max_points
     assert "what I saw at home" in text  # the outputs the student submitted
     flat = " ".join(text.split())
-    for flag in graded["flags"]:  # the grader's flags are the TA's (the report's), not on the page
+    for flag in graded.flags:  # the grader's flags are the TA's (the report's), not on the page
         assert " ".join(flag.partition(": ")[2].split())[:60] not in flat, flag
     # a teaching assistant grades a written answer in formgrader: the next feedback pass shows score and comment
     from nbgrader.api import Gradebook

@@ -174,8 +174,8 @@ def test_a_busy_machine_gives_every_sample_its_grade(busy):
     assert sorted((r["sample"], r["lab"]) for r in rows) == sorted(BUSY_CLASS)
     assert all(r["ok"] for r in rows), "\n" + samplecheck.table(rows)
     by = {(r.student, r.lab): r for r in result.results}
-    retried = {(r.student, r.lab, test): cell.get("retry") for r in result.results
-               for test, cell in r.cells.items() if cell.get("retry")}
+    retried = {(r.student, r.lab, test): cell.retry for r in result.results
+               for test, cell in r.cells.items() if cell.retry}
     assert retried, "no test ran past its first try's clock limit: the limits no longer make the machine busy"
     for (student, lab, test), retry in retried.items():
         assert "wall-clock" in retry["first_try"] and "retry" in retry

@@ -81,34 +81,34 @@ def test_every_sample_gets_the_grade_it_deserves(graded):
 
 def test_speed_tests_are_not_measured_without_a_gpu(graded):
     for r in graded["result"].results:
-        for grade_id, cell in r["cells"].items():
-            if grade_id.startswith("test_speedup") and cell["status"] not in ("crashed", "timed out", "not run",
-                                                                              "failed"):
-                assert cell["points"] == 0 and cell["status"] == "not measured (no GPU)", (r["student"], cell)
+        for grade_id, cell in r.cells.items():
+            if grade_id.startswith("test_speedup") and cell.status not in ("crashed", "timed out", "not run",
+                                                                           "failed"):
+                assert cell.points == 0 and cell.status == "not measured (no GPU)", (r.student, cell)
     grades = (graded["result"].out / "grades.csv").read_text()
     assert "not measured (no GPU)" in grades
     assert "not measured (no GPU)" in (graded["result"].out / "report.md").read_text()
 
 
 def test_cheats_are_flagged(graded):
-    by = {(r["student"], r["lab"]): r for r in graded["result"].results}
+    by = {(r.student, r.lab): r for r in graded["result"].results}
     monkeypatch = by[("cheat_monkeypatch", "lab0")]
-    assert any("fl.check" in f for f in monkeypatch["flags"])
+    assert any("fl.check" in f for f in monkeypatch.flags)
     report = (graded["result"].out / "report.md").read_text()
     assert "cheat_monkeypatch/lab0: **flag**" in report
     wrapped = by[("cheat_wrap_launcher", "lab0")]  # Python that fixes a zero kernel's output never meets it
-    assert wrapped["cells"]["test_fused"]["points"] == 0.0
+    assert wrapped.cells["test_fused"].points == 0.0
     fault = by[("fault", "lab0")]
-    assert fault["cells"]["test_unfused"]["points"] == fault["cells"]["test_unfused"]["max_points"]
+    assert fault.cells["test_unfused"].points == fault.cells["test_unfused"].max_points
     # on a GPU the fault kills the test's process; under the CPU emulation it is a launch error (the emulation
     # turns a wild pointer into cudaErrorIllegalAddress, so a student's Jupyter kernel survives it): 0 either way
-    assert fault["cells"]["test_fused"]["points"] == 0.0
+    assert fault.cells["test_fused"].points == 0.0
     if torch.cuda.is_available():
-        assert fault["cells"]["test_fused"]["status"] == "crashed"
+        assert fault.cells["test_fused"].status == "crashed"
     else:
-        assert fault["cells"]["test_fused"]["status"] == "failed"
-        assert "illegal memory access" in fault["cells"]["test_fused"]["message"]
-    assert by[("endless", "lab0")]["cells"]["test_fused"]["status"] == "timed out"
+        assert fault.cells["test_fused"].status == "failed"
+        assert "illegal memory access" in fault.cells["test_fused"].message
+    assert by[("endless", "lab0")].cells["test_fused"].status == "timed out"
 
 
 def _hidden_lines(lab):
@@ -148,9 +148,9 @@ def test_gradebook_and_csv_hold_the_final_scores(graded):
     result = graded["result"]
     with Gradebook(f"sqlite:///{result.out / 'course' / 'gradebook.db'}") as gradebook:
         for r in result.results:
-            submission = gradebook.find_submission(r["lab"], r["student"])
+            submission = gradebook.find_submission(r.lab, r.student)
             auto = sum(g.score for nb in submission.notebooks for g in nb.grades if g.cell.cell_type == "code")
-            assert auto == pytest.approx(r["total"]), (r["student"], r["lab"])
+            assert auto == pytest.approx(r.total), (r.student, r.lab)
     rows = (result.out / "grades.csv").read_text().splitlines()
     assert rows[0].startswith("student,") and len(rows) == 1 + len({s for s, _ in graded["wanted"]}) + 1  # + nosy
     assert (result.out / "report.html").exists() and list(result.out.glob("*-figures.png"))
@@ -162,7 +162,7 @@ def test_a_second_run_resumes_and_nothing_in_the_course_is_touched(graded):
     started = time.monotonic()
     again = pipeline.grade(graded["examples"], graded["settings"])
     assert {p: p.stat().st_mtime for p in result.out.glob("work/*/*/result.json")} == stamps
-    assert [r["total"] for r in again.results] == [r["total"] for r in result.results]
+    assert [r.total for r in again.results] == [r.total for r in result.results]
     assert time.monotonic() - started < graded["seconds"] / 2
     assert _tree_digest(course.SOLUTIONS, course.LABS, course.GRADER / "nbgrader_config.py") == graded["before"]
 

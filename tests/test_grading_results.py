@@ -25,19 +25,33 @@ def test_a_result_json_is_written_back_byte_for_byte(tmp_path):
     assert SubmissionResult.from_json(json.loads((tmp_path / "result.json").read_text())) == result
 
 
-def test_totals_attention_and_the_dict_view():
+def test_totals_attention_and_the_fields():
     data = json.loads(CURRENT.read_text())
     result = SubmissionResult.from_json(data)
     assert result.total == sum(result.points.values()) == data["total"]
     assert result.max_total == sum(c.max_points for c in result.cells.values()) == data["max_total"]
     assert result.attention == len(data["flags"])
     assert result.full_marks is (data["total"] == data["max_total"])
-    # code that read the dict reads the same values
+    # every key of result.json is a field of the same name, read as an attribute (there is no dict view)
     for key, value in data.items():
         if key != "cells":
-            assert result[key] == value and result.get(key) == value
-    assert result["cells"]["test_fused"]["points"] == data["cells"]["test_fused"]["points"]
-    assert result.get("no such key", 7) == 7 and "student" in result and "no such key" not in result
+            assert getattr(result, key) == value
+    assert result.cells["test_fused"].points == data["cells"]["test_fused"]["points"]
+    assert not hasattr(result, "get") and not hasattr(result, "__getitem__")
+
+
+def test_a_retry_and_a_tas_grades_are_fields_written_only_when_set():
+    data = json.loads(CURRENT.read_text())
+    retry = {"first_try": "timed out", "retry": "passed, 2 of 2 points in 1.0 s"}
+    data["cells"]["test_fused"]["retry"] = retry
+    data["cells"]["test_fused"]["by_hand"] = {"points": 1.0, "grader": 0.0}
+    data["hand_graded"] = {"answer": {"points": 1.0, "max_points": 2.0, "comment": ""}}
+    result = SubmissionResult.from_json(data)
+    assert result.cells["test_fused"].retry == retry and result.cells["test_fused"].extra == {}
+    assert result.hand_graded["answer"]["points"] == 1.0 and result.extra == {}
+    assert json.dumps(result.to_json(), indent=1) == json.dumps(data, indent=1)  # same keys, same order
+    plain = SubmissionResult.from_json(json.loads(CURRENT.read_text())).to_json()
+    assert "hand_graded" not in plain and all("retry" not in c and "by_hand" not in c for c in plain["cells"].values())
 
 
 def test_a_result_missing_keys_takes_their_defaults_and_keeps_keys_it_does_not_know():
@@ -47,7 +61,7 @@ def test_a_result_missing_keys_takes_their_defaults_and_keeps_keys_it_does_not_k
             "flags": ["x: y"], "disagreements": [], "someday": 1}
     old = SubmissionResult.from_json(bare)
     assert (old.total, old.max_total, old.attention, old.seconds, old.sandbox) == (1.0, 2.0, 1, None, None)
-    assert old.to_json()["someday"] == 1 and old["someday"] == 1
+    assert old.to_json()["someday"] == 1 and old.extra["someday"] == 1
 
 
 def test_combine_writes_result_json_key_for_key():

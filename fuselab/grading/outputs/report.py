@@ -346,9 +346,9 @@ def _attention(class_result, standings, whole) -> list:
                       for t, c in r.cells.items() if c.status in ("crashed", "timed out")]
         # a test a wall-clock limit stopped (a busy machine, or a hang) was run again alone before it could score 0
         attention += [[_t(f"{who}{t} ran past a wall-clock limit and was "), _b("run again alone"),
-                       _t(f": {_cut(c.get('retry').get('retry', 'not run'), 200)} (first try: "
-                          f"{_cut(c.get('retry').get('first_try', ''), 200)})")]
-                      for t, c in r.cells.items() if isinstance(c.get("retry"), dict) and c.get("retry")]
+                       _t(f": {_cut(c.retry.get('retry', 'not run'), 200)} (first try: "
+                          f"{_cut(c.retry.get('first_try', ''), 200)})")]
+                      for t, c in r.cells.items() if isinstance(c.retry, dict) and c.retry]
     this_run = set()
     for p in class_result.problems:
         this_run.add((p.student, p.lab or ""))

@@ -50,14 +50,14 @@ def apply(results: list, gradebook_db: Path) -> list:
         for grade_id, cell in result.cells.items():
             manual = (mine.get(grade_id) or {}).get("manual")
             if manual is not None and abs(manual - cell.points) > 1e-9:
-                cell.extra["by_hand"] = {"points": manual, "grader": cell.points}
+                cell.by_hand = {"points": manual, "grader": cell.points}
                 cell.points = float(manual)
         hand = {}
         for grade_id in result.manual_cells:
             entry = mine.get(grade_id) or {}
             hand[grade_id] = {"points": entry.get("manual"), "max_points": entry.get("max"),
                               "comment": entry.get("comment") or ""}
-        result.extra["hand_graded"] = hand
+        result.hand_graded = hand
         # ``total`` stays the autograded tests' (a person's re-score included), ``max_total`` theirs: what the
         # sample check and the self-check's full marks compare; ``totals`` adds the written answers
         result.total = sum(c.points for c in result.cells.values())
@@ -76,4 +76,4 @@ def totals(result) -> tuple:
 
 def hand_graded(result) -> dict:
     """grade_id → {"points", "max_points", "comment"} of a result's hand-graded cells (empty before ``apply``)."""
-    return SubmissionResult.of(result).get("hand_graded") or {}
+    return SubmissionResult.of(result).hand_graded

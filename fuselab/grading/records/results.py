@@ -3,8 +3,8 @@
 ``SubmissionResult.to_json()`` is the dict written to result.json (the same keys, in the same order, as the
 untyped dicts of earlier runs); ``SubmissionResult.from_json()`` reads any saved result back, older ones
 included (a key an older grader did not write takes its default; a key this one does not know is kept, and
-written back after the known ones). The report, the sample check, the CLI's table and the self-checks read
-attributes; ``result["key"]`` still answers with the JSON's value for code (and tests) that read the dict.
+written back after the known ones). Every reader (the report, the sample check, the CLI's table, the
+self-checks) reads attributes.
 """
 
 from __future__ import annotations
@@ -12,34 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 
-class _ReadsAsJson:
-    """``obj["key"]`` / ``obj.get("key")`` read a field by its result.json name (every field is named so)."""
-
-    def _names(self):
-        return [f.name for f in fields(self) if f.name != "extra"]
-
-    def __getitem__(self, key):
-        if key in self._names():
-            return getattr(self, key)
-        if key in self.extra:
-            return self.extra[key]
-        raise KeyError(key)
-
-    def __contains__(self, key):
-        return key in self._names() or key in self.extra
-
-    def get(self, key, default=None):
-        try:
-            return self[key]
-        except KeyError:
-            return default
-
-    def keys(self):
-        return list(self.to_json())
-
-
 @dataclass
-class CellResult(_ReadsAsJson):
+class CellResult:
     """One graded test cell: the clean recheck's verdict."""
     points: float = 0.0
     max_points: float = 0.0
@@ -49,6 +23,8 @@ class CellResult(_ReadsAsJson):
     seconds: float = 0.0
     output: str = ""
     requires_failed: list = field(default_factory=list)
+    retry: dict = field(default_factory=dict)   # a wall-clock limit stopped it: its first try and the retry alone
+    by_hand: dict = field(default_factory=dict)  # a TA re-scored it (``handgrading.apply``): theirs and the grader's
     extra: dict = field(default_factory=dict)   # keys of a result.json this grader does not know
 
     @classmethod
@@ -65,7 +41,8 @@ class CellResult(_ReadsAsJson):
     def to_json(self) -> dict:
         return {"points": self.points, "max_points": self.max_points, "status": self.status,
                 "message": self.message, "speed": self.speed, "seconds": self.seconds, "output": self.output,
-                "requires_failed": self.requires_failed, **self.extra}
+                "requires_failed": self.requires_failed, **({"retry": self.retry} if self.retry else {}),
+                **({"by_hand": self.by_hand} if self.by_hand else {}), **self.extra}
 
     @classmethod
     def from_json(cls, data: dict) -> "CellResult":
@@ -75,7 +52,7 @@ class CellResult(_ReadsAsJson):
 
 
 @dataclass
-class SubmissionResult(_ReadsAsJson):
+class SubmissionResult:
     """One student's graded lab. The field names are result.json's keys, in its order."""
     student: str
     lab: str
@@ -99,6 +76,7 @@ class SubmissionResult(_ReadsAsJson):
     notebook: str | None = None
     origin: str | None = None
     sandbox: bool | None = None
+    hand_graded: dict = field(default_factory=dict)      # set by ``handgrading.apply``: the written answers' grades
     extra: dict = field(default_factory=dict)            # keys of a result.json this grader does not know
 
     @property
@@ -117,6 +95,8 @@ class SubmissionResult(_ReadsAsJson):
 
     def to_json(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        if not self.hand_graded:  # written only once a TA's grades were applied, as before it had a field
+            del data["hand_graded"]
         data["cells"] = {k: c.to_json() if isinstance(c, CellResult) else c for k, c in self.cells.items()}
         return {**data, **self.extra}
 

@@ -268,7 +268,7 @@ def retry_lines(results) -> list:
     lines = []
     for r in map(SubmissionResult.of, results):
         for grade_id, cell in r.cells.items():
-            retry = cell.get("retry")
+            retry = cell.retry
             if isinstance(retry, dict) and retry:
                 lines.append(f"  {shown(r.student + '/' + r.lab)} {shown(grade_id)}: "
                              f"retry: {shown(retry.get('retry', 'not run'))}; first try: "

@@ -435,7 +435,7 @@ def combine(sub, clean: recheck.CleanResult, notes: list, hand_graded=()) -> Sub
     for grade_id, verdict in clean.cells.items():
         entry = CellResult.from_verdict(verdict)
         if verdict.retry:  # ran past a wall-clock limit: what the first try was, and what the retry alone gave
-            entry.extra["retry"] = dict(verdict.retry)
+            entry.retry = dict(verdict.retry)
         cells[grade_id] = entry
     return SubmissionResult(
         student=sub.student, lab=sub.lab, cells=cells, total=sum(c.points for c in cells.values()),
