@@ -267,8 +267,8 @@ def test_one_run_per_out_and_never_inside_the_course(tmp_path):
         with pytest.raises(pipeline.GradingRefused, match=f"pid {os.getpid()}"):
             pipeline.lock_out(tmp_path)
     finally:
-        held.close()
-    pipeline.lock_out(tmp_path).close()  # free again once the first run ended
+        held.release()
+    pipeline.lock_out(tmp_path).release()  # free again once the first run ended
     submissions = tmp_path / "class"
     submissions.mkdir()
     for inside in (course.SOLUTIONS / "lab0" / "run", course.LABS / "run", submissions / "run"):

@@ -20,6 +20,7 @@ PACKAGE = REPO / "fuselab"
 FLOORS = {
     "fuselab.errors": 0, "fuselab.config": 0, "fuselab.quiet": 0, "fuselab.proctree": 0, "fuselab.notebook": 0,
     "fuselab.notebook_sources": 0, "fuselab.runmode": 0, "fuselab.cell_hints": 0, "fuselab.gpu_facts": 0,
+    "fuselab.locks": 0,
     "fuselab": 1,  # the package's __init__: the student's API
     "fuselab.kernelbuild": 1, "fuselab.module": 1, "fuselab.prototypes": 1, "fuselab.toolchain": 1,
     "fuselab.diagnostics": 1, "fuselab.native_check": 1, "fuselab.check": 1, "fuselab.timing": 1, "fuselab.plots": 1,

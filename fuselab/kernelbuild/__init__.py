@@ -19,7 +19,6 @@ once that lock is held.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import config, diagnostics, native_check, proctree, prototypes, toolchain
+from .. import config, diagnostics, locks, native_check, proctree, prototypes, toolchain
 from ..errors import BuildError, BuildTimeout, NotWrittenError
 from ..module import Module
 from ..quiet import captured_output
@@ -187,21 +186,19 @@ def _compile(job: Job, timeout: float, verbose: bool):
 
 @contextlib.contextmanager
 def _exclusive(lock_path: Path, timeout: float):
-    with open(lock_path, "a+") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise BuildTimeout(f"another process kept building the same source for over {timeout:.0f} s "
-                                       f"(lock {lock_path})") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """The build's lock (``locks``: dropped when its holder dies, never taken through a link or a FIFO)."""
+    try:
+        lock = locks.file_lock(lock_path, timeout=timeout)
+        lock.acquire()
+    except locks.Timeout:
+        raise BuildTimeout(f"another process kept building the same source for over {timeout:.0f} s "
+                           f"(lock {lock_path})") from None
+    except OSError as exc:  # a link, a FIFO, ... where the lock goes
+        raise BuildError(f"cannot lock the build: {exc}") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 _NOT_LOADED = threading.local()

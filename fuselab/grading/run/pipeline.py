@@ -16,7 +16,6 @@ submission's result is saved. One run at a time per ``--out`` (a lock file namin
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import course
+from ... import course, locks
 from ... import notebook as ipynb
 from ...kernelbuild import shared as shared_builds
 from ...labs import registry
@@ -100,21 +99,18 @@ LOCK_NAME = ".fuselab-grading.lock"
 
 
 def lock_out(out: Path):
-    """Hold ``<out>/.fuselab-grading.lock`` for this run (released when the process ends, however it ends)."""
-    handle = open(out / LOCK_NAME, "a+")
+    """Hold ``<out>/.fuselab-grading.lock`` for this run (released when the process ends, however it ends); the
+    caller ``release()``s it. Another run holding it, or anything but a lock file there, refuses the run."""
+    path = out / LOCK_NAME
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        other = handle.read().strip() or "unknown"
-        handle.close()
-        raise GradingRefused(f"another grading run (pid {other}) is using {out}: wait for it to finish, or give "
-                             "this one another --out") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
+        lock = locks.file_lock(path, write_pid=True)
+        lock.acquire(blocking=False)
+    except locks.Timeout:
+        raise GradingRefused(f"another grading run (pid {locks.holder(path)}) is using {out}: wait for it to "
+                             "finish, or give this one another --out") from None
+    except OSError as exc:  # a link, a FIFO, ... planted where the lock goes (``locks``)
+        raise GradingRefused(f"cannot lock {out}: {exc}") from None
+    return lock
 
 
 def check_out(out: Path, source: Path) -> None:
@@ -506,7 +502,7 @@ def grade(source, settings: Settings) -> ClassResult:
     finally:
         if not settings.sandbox:
             unsandboxed.mark(settings.out)
-        lock.close()
+        lock.release()
 
 
 def _precompile() -> None:

@@ -27,9 +27,7 @@ twice.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
 import hashlib
 import json
 import math
@@ -47,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import course, gpu_facts
+from ... import course, gpu_facts, locks
 from ...kernelbuild import shared as shared_builds
 from ..records import intake, nbgrader_run, term
 from . import pipeline
@@ -133,16 +131,11 @@ def write_json(path: Path, data) -> None:
     os.replace(temporary, path)
 
 
-@contextlib.contextmanager
 def locked(path: Path):
-    """An exclusive ``fcntl`` lock on ``path`` (NFS and the parallel file systems clusters use honour it)."""
+    """An exclusive lock on ``path``, waited for (``locks``: ``flock``, which Linux NFS clients take as a
+    whole-file byte-range lock the server arbitrates, so Slurm nodes sharing ``--out`` exclude each other)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.lockf(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(handle, fcntl.LOCK_UN)
+    return locks.file_lock(path)
 
 
 def _sha(path: Path) -> str:
