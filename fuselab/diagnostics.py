@@ -219,3 +219,18 @@ def quote_line(text: str, row: int, column) -> list:
         pad = "".join("\t" if char == "\t" else " " * _width(char) for char in before)
         quoted.append(f"{' ' * len(gutter)} | {pad}^")
     return quoted
+
+
+def build_error(filename: str, log: str, source: str | None = None, source_map=None):
+    """The ``BuildError`` a failed build's ``log`` gives: the student's own messages, each error counted once
+    (with ``source``, the student's text, g++'s messages quote its lines)."""
+    from .errors import BuildError
+    diag = student_diagnostics(log, filename)
+    if source is not None:
+        diag = echo_source(diag, filename, source, source_map)
+    diag, repeats = merge_repeated(diag, log, filename)
+    errors = count_errors(diag)
+    count = f" ({errors} error{'s' if errors != 1 else ''})" if errors else ""
+    if errors and repeats:  # a template's error repeats for each type it is compiled for: counted once
+        count = f" ({errors} distinct error{'s' if errors != 1 else ''})"
+    return BuildError(f"{filename} failed to compile{count}:\n\n{diag}", diagnostics=diag, log=log)

@@ -105,7 +105,7 @@ def test_a_build_killed_midway_does_not_block_the_next():
     tag = f"killed-{uuid.uuid4().hex}"
     victim = _build_in_subprocess(tag, new_session=True)
     assert _wait_for_compiler(config.builds_dir()), "the build never started compiling"
-    os.killpg(victim.pid, signal.SIGKILL)  # the whole process group: python, ninja, nvcc
+    os.killpg(victim.pid, signal.SIGKILL)  # the whole process group: python, nvcc and what nvcc runs
     victim.wait()
     started = time.perf_counter()
     mod = fuselab.build(scale_source(tag), [PROTO], backend="cuda", timeout=120)

@@ -1,13 +1,13 @@
 """``fuselab.build``: a student's CUDA text → a module of callable launchers.
 
 The student writes plain CUDA: kernels plus host launchers that take raw pointers, sizes and a ``cudaStream_t``,
-with no torch headers. fuselab compiles only that text, through ``torch.utils.cpp_extension.load_inline`` as a
-plain shared library (``is_python_module=False, no_implicit_headers=True``): about a second with nvcc, against
-50 s for a module that includes ``<torch/extension.h>`` (docs/design.md §4.1). The tensor glue is Python generated from
-the launcher prototypes (``fuselab.module``), so it is never recompiled.
+with no torch headers. fuselab compiles only that text, as a plain shared library: about a second with nvcc,
+against 50 s for a module that includes ``<torch/extension.h>`` (docs/design.md §4.1). The tensor glue is Python
+generated from the launcher prototypes (``fuselab.module``), so it is never recompiled.
 
-Two backends share this path: ``cuda`` (nvcc) and ``emulate`` (the same text translated for g++ and run on the
-CPU, for correctness only).
+Two backends: ``cuda`` (one nvcc call, ``cuda.compile_library``) and ``emulate`` (the same text translated for
+g++ and run on the CPU, for correctness only, built through ``torch.utils.cpp_extension.load_inline`` with
+``is_python_module=False, no_implicit_headers=True``).
 
 Caching: the module name and build folder are a hash of everything that reaches the compiler, so two different
 sources never share a build and an identical one is loaded without running the compiler at all. A per-build
@@ -31,7 +31,7 @@ from ..errors import BuildError, BuildTimeout, NotWrittenError
 from ..module import Module
 from ..quiet import captured_output
 from . import shared as shared_builds
-from .cuda import job as cuda_job
+from .cuda import compile_library, job as cuda_job
 from .job import Job
 
 # nbgrader replaces a solution region with a Python stub, even inside a CUDA string.
@@ -177,7 +177,8 @@ def _compile(job: Job, timeout: float, verbose: bool):
         for stale in ("lock",):
             with contextlib.suppress(FileNotFoundError):
                 (build_dir / stale).unlink()
-        log = _run_load_inline(job, build_dir, timeout, verbose)
+        plain_cuda = job.backend == "cuda" and job.functions is None  # not build_extension's torch module
+        log = (compile_library if plain_cuda else _run_load_inline)(job, build_dir, timeout, verbose)
         if not library.exists():
             raise BuildError(f"{job.filename}: the build finished but produced no library", log=log)
         done_marker.write_text(log)

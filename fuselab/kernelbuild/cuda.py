@@ -1,12 +1,24 @@
-"""The ``cuda`` backend: the student's text compiled by nvcc for this machine's GPU architecture."""
+"""The ``cuda`` backend: the student's text compiled by nvcc for this machine's GPU architecture.
+
+One ``nvcc -shared`` call compiles and links the composed text into the build's library (no ninja, no torch
+loader; measured against ``load_inline`` in docs/RESULTS.md "Build times": no slower). The library links only
+the shared CUDA runtime (``--cudart shared``), the one torch has loaded, so a kernel sees torch's streams.
+"""
 
 from __future__ import annotations
 
-from .. import toolchain
-from ..errors import BuildError
+import contextlib
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from .. import diagnostics, proctree, toolchain
+from ..errors import BuildError, BuildTimeout
 from .job import Job, compose
 
 HALF_TYPES = ("__half", "half", "__nv_bfloat16")
+SOURCE_NAME = "kernel.cu"  # in the build folder; messages name the student's file (``#line``), not this
 
 
 def job(source, protos, filename, extra_cflags):
@@ -19,9 +31,47 @@ def job(source, protos, filename, extra_cflags):
         include += "\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>"
     text = compose(protos, include, filename, source)
     arch = toolchain.cuda_arch()
-    # torch adds -D__CUDA_NO_HALF_OPERATORS__ and friends for its own headers; plain CUDA wants __half's operators.
-    half_ops = [f"-U__CUDA_NO_{what}__" for what in ("HALF_OPERATORS", "HALF_CONVERSIONS", "HALF2_OPERATORS",
-                                                        "BFLOAT16_CONVERSIONS", "BFLOAT16_OPERATORS")]
-    cuda_flags = ["-O3", "-lineinfo", toolchain.gencode_flag(arch), *half_ops, *extra_cflags]
-    return Job("cuda", "", text, ["-O2"], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
+    # the language load_inline gave students (C++20, constexpr functions callable in device code)
+    cuda_flags = ["-shared", "-Xcompiler", "-fPIC", "--cudart", "shared", "-std=c++20", "--expt-relaxed-constexpr",
+                  "-O3", "-lineinfo", toolchain.gencode_flag(arch), *extra_cflags]
+    return Job("cuda", "", text, [], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
                extra_key=f"arch={arch}", student_source=source)
+
+
+def compile_library(job: Job, build_dir: Path, timeout: float, verbose: bool) -> str:
+    """``<build_dir>/<job.name>.so`` from one nvcc call; the compiler's output. ``BuildError`` with the
+    student's lines when it does not compile; ``BuildTimeout`` (the compiler and its children killed) past
+    ``timeout`` seconds."""
+    (build_dir / SOURCE_NAME).write_text(job.cuda_source)
+    nvcc = str(Path(toolchain.find_cuda_home()) / "bin" / "nvcc")
+    # written under a name of its own, then renamed: a compiler left running by a killed build never writes
+    # into the library a later build made
+    partial = f"{job.name}.so.{os.getpid()}.{threading.get_ident()}.partial"
+    command = [nvcc, *job.cuda_cflags, "-o", partial, SOURCE_NAME, *job.ldflags]
+    # in the caller's process group, so that a kill of the group (a killed build, a stopped grader) takes it too
+    compiler = subprocess.Popen(command, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace")
+    try:
+        log, _ = compiler.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(compiler)
+        raise BuildTimeout(f"{job.filename}: the build took longer than {timeout:.0f} s and was stopped "
+                           f"(set timeout= or FUSELAB_BUILD_TIMEOUT to allow longer)",
+                           log=compiler.communicate()[0]) from None
+    except BaseException:  # KeyboardInterrupt: the compiler does not outlive the cell
+        _kill(compiler)
+        raise
+    if verbose:
+        print(" ".join(command), log, sep="\n")
+    if compiler.returncode != 0:
+        with contextlib.suppress(FileNotFoundError):
+            (build_dir / partial).unlink()
+        raise diagnostics.build_error(job.filename, log, job.student_source, job.source_map)
+    os.replace(build_dir / partial, build_dir / f"{job.name}.so")
+    return log
+
+
+def _kill(compiler: subprocess.Popen) -> None:
+    """nvcc and what it runs (cicc, ptxas, the host compiler and linker)."""
+    proctree.kill([compiler.pid, *proctree.descendants(compiler.pid, proctree.parents())])
+    compiler.wait()
