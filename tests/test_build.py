@@ -101,6 +101,17 @@ def _wait_for_compiler(build_root: Path, timeout=60):
     return False
 
 
+def test_a_cuda_build_is_the_student_text_against_the_cuda_runtime_alone():
+    # one nvcc call: no torch library linked in, no ninja file, no half-written library left beside it
+    mod = fuselab.build(scale_source(f"alone-{uuid.uuid4().hex}"), [PROTO], backend="cuda")
+    dynamic = subprocess.run(["readelf", "-d", mod.library_path], capture_output=True, text=True, check=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert any(name.startswith("libcudart.so") for name in needed), needed
+    assert not any("torch" in name or "c10" in name for name in needed), needed
+    folder = Path(mod.library_path).parent
+    assert not list(folder.glob("*.partial")) and not (folder / "build.ninja").exists()
+
+
 def test_a_build_killed_midway_does_not_block_the_next():
     tag = f"killed-{uuid.uuid4().hex}"
     victim = _build_in_subprocess(tag, new_session=True)
