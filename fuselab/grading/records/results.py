@@ -95,8 +95,10 @@ class SubmissionResult:
 
     def to_json(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        if not self.hand_graded:  # written only once a TA's grades were applied, as before it had a field
-            del data["hand_graded"]
+        # written only when there is something to say, so a result.json of a run without them reads back the same
+        for optional in ("hand_graded", "clean_cpu"):  # a TA's grades applied; the CPU sampler's steps
+            if not data[optional]:
+                del data[optional]
         data["cells"] = {k: c.to_json() if isinstance(c, CellResult) else c for k, c in self.cells.items()}
         return {**data, **self.extra}
 
