@@ -178,6 +178,8 @@ def _compile(job: Job, timeout: float, verbose: bool):
         for stale in ("lock",):
             with contextlib.suppress(FileNotFoundError):
                 (build_dir / stale).unlink()
+        if job.prepare is not None:
+            job.prepare(build_dir, timeout)
         log = _run_load_inline(job, build_dir, timeout, verbose)
         if not library.exists():
             raise BuildError(f"{job.filename}: the build finished but produced no library", log=log)

@@ -20,6 +20,9 @@ from pathlib import Path
 from .. import config
 
 MANIFEST = "manifest.json"  # {build name: sha256 of its library}, beside ``builds/`` in the shared-builds folder
+# a build folder of the CPU emulation's runtime object (``emulate/runtime_object``): its artifact is ``<name>.o``,
+# linked into libraries (checked like a library, by its recorded digest) rather than loaded
+RUNTIME_PREFIX = "fuselab_emurt_"
 MANIFEST_LIMIT = 16 * 2**20
 COMPLETE = "fuselab-complete"
 
@@ -58,7 +61,25 @@ def digests() -> dict | None:
 
 
 def library_of(builds: Path, name: str) -> Path:
-    return Path(builds) / name / f"{name}.so"
+    """The file of the build ``name`` whose bytes are recorded: its library, or the emulation runtime's object."""
+    return Path(builds) / name / (f"{name}.o" if name.startswith(RUNTIME_PREFIX) else f"{name}.so")
+
+
+def read_regular(path) -> bytes | None:
+    """The bytes of the regular file at ``path`` (its last component not a link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def file_digest(path) -> str | None:
