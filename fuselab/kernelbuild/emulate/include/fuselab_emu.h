@@ -41,6 +41,11 @@
 #include <climits>
 #include <limits>
 #include <new>
+// Not what nvcc's host side gives, but what a launcher's host code has always seen here, and cheap to parse: the
+// guard of device memory is tested against host code that calls mprotect (samples host_loop_mprotect).
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "fuselab_emu_types.h"
 #include "fuselab_emu_half.h"
