@@ -6,7 +6,9 @@ those libraries instead of building them again. A library there is loaded only i
 the grader recorded when the reference run made it, in ``<out>/shared-builds/manifest.json``: beside
 ``builds/``, written by the grader before any submission runs, shown read-only to each sandbox (``readonly``) and
 writable by none. A library whose bytes changed, or that the manifest does not hold, is never loaded: the process
-builds the same source into its own cache instead, and the grader notes it for the TA.
+builds the same source into its own cache instead, and the grader notes it for the TA. The CPU emulation's runtime
+object (``emulate/runtime_object``), compiled by the reference run beside the libraries, is recorded and checked the
+same way before a submission's build links it.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ FORMAT = "1"  # bump when how the object is compiled changes meaning
 
 def sources_text() -> str:
     """Every file the object is compiled from (the runtime and the headers it includes), in a fixed order."""
-    files = sorted([*Path(INCLUDE_DIR).glob("*.h"), *RUNTIME_DIR.glob("*.h"), SOURCE], key=lambda p: (p.parent.name,
-                                                                                                       p.name))
+    files = sorted([*Path(INCLUDE_DIR).glob("*.h"), *RUNTIME_DIR.glob("*.h"), SOURCE],
+                   key=lambda p: (p.parent.name, p.name))
     return "".join(f"\0{p.parent.name}/{p.name}\0{p.read_text()}" for p in files)
 
 
