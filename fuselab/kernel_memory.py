@@ -4,7 +4,7 @@ On a GPU a launcher's host code cannot touch device memory: its pointers are dev
 computes the output in a host loop segfaults, and host code writes a ``__device__`` variable only through
 ``cudaMemcpyToSymbol``. Under the emulation device memory is host memory. The runtime keeps it in pages host code
 cannot touch (``PROT_NONE``), opened only while a kernel or a runtime copy runs (``DeviceGuard`` in
-``kernelbuild/emulate/include/fuselab_emu_api.h``), which makes the honest mistake fault as on a GPU. But host code
+``kernelbuild/emulate/runtime/fuselab_emu_state.h``), which makes the honest mistake fault as on a GPU. But host code
 can undo a page protection (``mprotect``), or write around it (``/proc/self/mem``, ``process_vm_writev``, a
 second mapping...), and a list of such ways would never be complete.
 

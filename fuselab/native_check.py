@@ -54,7 +54,8 @@ CXX_PREFIXES = ("_Unwind_", "__cxa_", "_Znw", "_Zna", "_Zdl", "_Zda", "_ZSt", "_
                 "_ZNSo", "_ZNKSo", "_ZN9__gnu_cxx", "__gxx_", "__cxa")
 # the C++ library's files, threads and processes: under the prefixes above, and never what a kernel needs
 CXX_REFUSED = ("fstream", "filebuf", "filesystem", "6thread", "10this_thread", "stdio_filebuf")
-# what the CPU emulation's own runtime (fuselab/kernelbuild/emulate/include) compiles into every emulated library
+# what the CPU emulation's own runtime (fuselab/kernelbuild/emulate/runtime, its object copied beside each library's
+# main.o and linked in: read with it) calls, in every emulated library
 EMULATION = {"getenv", "strtol", "strtoul", "strtoull", "sysconf", "mmap", "munmap", "mprotect",
              "pthread_mutex_lock", "pthread_mutex_unlock", "omp_get_max_threads", "omp_get_thread_num",
              "omp_get_num_threads",

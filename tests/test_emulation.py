@@ -592,8 +592,9 @@ def test_aarch64_context_switch_under_qemu(tmp_path):
     source.write_text('#include "fuselab_emu.h"\nextern "C" void gemm_launch(const float*, const float*, float*, '
                       'int, int, int, cudaStream_t);\n#line 1 "kernel.cu"\n' + translated + "\n" + AARCH64_MAIN)
     binary = tmp_path / "main"
-    subprocess.run([compiler, *emulation.CXXFLAGS, "-static", f"-I{emulation.INCLUDE_DIR}", str(source), "-o",
-                    str(binary)], check=True, capture_output=True, timeout=300)
+    from fuselab.kernelbuild.emulate import runtime_object
+    subprocess.run([compiler, *emulation.CXXFLAGS, "-static", f"-I{emulation.INCLUDE_DIR}", str(source),
+                    str(runtime_object.SOURCE), "-o", str(binary)], check=True, capture_output=True, timeout=300)
     result = subprocess.run([qemu, str(binary)], capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "ok", result.stdout + result.stderr
 

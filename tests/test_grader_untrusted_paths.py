@@ -172,10 +172,14 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
                          if p.is_symlink())
         # the shared build was loaded where it is, never built again into this submission's caches
         rebuilt = sorted(str(p.relative_to(workdir)) for p in (workdir / "clean").rglob(library.parent.name))
+        # a kernel it built linked the emulation runtime the reference run compiled and the grader recorded: none
+        # compiled into its own caches
+        runtimes = sorted(str(p.relative_to(workdir)) for p in (workdir / "clean").rglob("fuselab_emurt_*"))
         graded.setdefault(name, []).append({
             "points": {k: v.points for k, v in result.cells.items()},
             "messages": {k: v.message[:300] for k, v in result.cells.items()},
-            "restarts": result.restarts, "flags": result.flags, "planted": planted, "rebuilt": rebuilt})
+            "restarts": result.restarts, "flags": result.flags, "planted": planted, "rebuilt": rebuilt,
+            "runtimes": runtimes})
     return {"reference": {k: v.points for k, v in reference.cells.items()}, "graded": graded,
             "library_unchanged": _digest(library) == before["library"],
             "host_unchanged": _snapshot(host) == before["host"], "created": created.exists()}
@@ -190,6 +194,7 @@ def _check(outcome: dict, attacks=("python", "cpp")) -> None:
         assert refused or attack["planted"], attack
         assert refused or attack["restarts"] >= 3, attack
         assert attack["points"]["test_kernel"] == 0, attack
+        assert not attack["runtimes"], attack
     assert outcome["library_unchanged"], "the shared build was written through a planted link"
     assert outcome["host_unchanged"] and not outcome["created"], "a host file was written through a planted link"
     for control in outcome["graded"]["control"]:

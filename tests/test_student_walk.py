@@ -133,19 +133,20 @@ def test_each_speed_tests_text_says_what_a_student_without_a_gpu_sees(lab):
 
 def test_lab0s_build_time_agrees_with_the_saved_build_benchmarks():
     """Lab 0 said a build takes "about a second on a GPU machine": the H200's saved benchmark has 2.1 s for a first
-    build, 1.4-1.6 s after an edit, and the CPU emulation's 1.9-29 s on the 2-core machine."""
+    build, 1.4-1.6 s after an edit, and the CPU emulation's 0.3-5.1 s on the 2-core machine (its first build in a
+    fresh cache also compiles the emulation's runtime, once)."""
     import json
 
     from .conftest import REPO
     from .test_notebook_claims import markdown, squash
     assert squash("about one to two seconds on the course's GPU machine; under the CPU emulation on a 2-core "
-                  "machine, two to thirty seconds") in squash(markdown("lab0"))
+                  "machine, under a second to about five seconds") in squash(markdown("lab0"))
     gpu = json.loads((REPO / "docs" / "results" / "selfcheck-h200-59d27bd.json").read_text())["build"]
     emulation = json.loads((REPO / "docs" / "results" / "build-emulation-labs-cpu2.json").read_text())["labs"]
     gpu_times = [gpu["first_build"], *gpu["rebuild_after_edit_all"]]
     emulated = [t for lab in emulation.values() for t in (lab["first_build"], *lab["rebuild_after_edit"])]
     assert all(0.8 <= t <= 2.3 for t in gpu_times), gpu_times
-    assert 1.5 <= min(emulated) and max(emulated) <= 33, sorted(emulated)
+    assert min(emulated) < 1 and max(emulated) <= 5.5, sorted(emulated)
 
 
 # ------------------------------------------------------------------------------- Lab 3: a B stride of M, not N

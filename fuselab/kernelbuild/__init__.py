@@ -177,6 +177,8 @@ def _compile(job: Job, timeout: float, verbose: bool):
         for stale in ("lock",):
             with contextlib.suppress(FileNotFoundError):
                 (build_dir / stale).unlink()
+        if job.prepare is not None:
+            job.prepare(build_dir, timeout)
         plain_cuda = job.backend == "cuda" and job.functions is None  # not build_extension's torch module
         log = (compile_library if plain_cuda else _run_load_inline)(job, build_dir, timeout, verbose)
         if not library.exists():

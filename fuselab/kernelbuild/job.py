@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-BUILD_FORMAT = "1"  # bump when the composed source or the flags change meaning
+BUILD_FORMAT = "2"  # bump when the composed source or the flags change meaning
 
 EPILOGUE = r"""
 extern "C" int fuselab_last_error(char* msg, int cap) {
@@ -34,6 +34,9 @@ class Job:
         self.cpp_source, self.cuda_source = cpp_source, cuda_source
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
         self.include_paths = list(include_paths)
+        # called with (build folder, timeout) once the build's lock is held, before the compiler runs: puts in the
+        # folder what the link needs beside the source (the emulation's runtime object)
+        self.prepare = None
         import torch
         key = "\0".join([BUILD_FORMAT, backend, torch.__version__, cpp_source, cuda_source or "",
                          *self.cflags, "|", *self.cuda_cflags, "|", *self.ldflags, extra_key, repr(functions)])

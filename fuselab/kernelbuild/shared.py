@@ -6,7 +6,9 @@ those libraries instead of building them again. A library there is loaded only i
 the grader recorded when the reference run made it, in ``<out>/shared-builds/manifest.json``: beside
 ``builds/``, written by the grader before any submission runs, shown read-only to each sandbox (``readonly``) and
 writable by none. A library whose bytes changed, or that the manifest does not hold, is never loaded: the process
-builds the same source into its own cache instead, and the grader notes it for the TA.
+builds the same source into its own cache instead, and the grader notes it for the TA. The CPU emulation's runtime
+object (``emulate/runtime_object``), compiled by the reference run beside the libraries, is recorded and checked the
+same way before a submission's build links it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from pathlib import Path
 from .. import config
 
 MANIFEST = "manifest.json"  # {build name: sha256 of its library}, beside ``builds/`` in the shared-builds folder
+# a build folder of the CPU emulation's runtime object (``emulate/runtime_object``): its artifact is ``<name>.o``,
+# linked into libraries (checked like a library, by its recorded digest) rather than loaded
+RUNTIME_PREFIX = "fuselab_emurt_"
 MANIFEST_LIMIT = 16 * 2**20
 COMPLETE = "fuselab-complete"
 
@@ -58,7 +63,25 @@ def digests() -> dict | None:
 
 
 def library_of(builds: Path, name: str) -> Path:
-    return Path(builds) / name / f"{name}.so"
+    """The file of the build ``name`` whose bytes are recorded: its library, or the emulation runtime's object."""
+    return Path(builds) / name / (f"{name}.o" if name.startswith(RUNTIME_PREFIX) else f"{name}.so")
+
+
+def read_regular(path) -> bytes | None:
+    """The bytes of the regular file at ``path`` (its last component not a link), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def file_digest(path) -> str | None:

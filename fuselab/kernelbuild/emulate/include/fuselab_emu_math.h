@@ -4,7 +4,6 @@
 // what a kernel computes, and a reference tolerance that passes on the GPU passes here too.
 #pragma once
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -147,10 +146,10 @@ template <class T> static inline void __stwt(T* p, T v) { *p = v; }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline long long clock64() {
-  return (long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+namespace fuselab_emu {
+FUSELAB_EMU_RUNTIME_API long long clock_ns();  // steady clock, in the runtime (no <chrono> here)
 }
+static inline long long clock64() { return fuselab_emu::clock_ns(); }
 static inline unsigned long long __globaltimer() { return (unsigned long long)clock64(); }
 
 // ---- atomics: real atomic instructions, since blocks run on several OS threads at once ----

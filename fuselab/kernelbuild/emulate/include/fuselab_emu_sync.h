@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "fuselab_emu_sched.h"
+#include "fuselab_emu_launch.h"
 
 namespace fuselab_emu {
 
@@ -32,10 +32,9 @@ static inline T from_bits(std::uint64_t bits) {
 template <class T>
 static inline T shuffle_from(unsigned mask, const T& var, int (*pick)(int lane, int arg, int width), int arg,
                              int width, const char* what) {
-  Worker& w = current_worker(what);
-  const int lane = w.current & 31;
+  int lane = 0;
   unsigned participants = 0;
-  const std::uint64_t* row = w.warp_exchange(mask, to_bits(var), &participants, what);
+  const std::uint64_t* row = warp_exchange(mask, to_bits(var), &participants, &lane, what);
   if (width <= 0 || width > 32 || (width & (width - 1))) width = 32;
   const int src = pick(lane, arg, width);
   if (!(participants & (1u << src))) return from_bits<T>(kGarbageBits);
@@ -58,9 +57,9 @@ static inline int pick_xor(int lane, int lane_mask, int width) {
 template <class Op>
 static inline std::uint64_t warp_reduce(unsigned mask, std::uint64_t bits, std::uint64_t init, Op op,
                                         const char* what) {
-  Worker& w = current_worker(what);
+  int lane_of_caller = 0;
   unsigned participants = 0;
-  const std::uint64_t* row = w.warp_exchange(mask, bits, &participants, what);
+  const std::uint64_t* row = warp_exchange(mask, bits, &participants, &lane_of_caller, what);
   std::uint64_t acc = init;
   for (int lane = 0; lane < 32; ++lane)
     if (participants & mask & (1u << lane)) acc = op(acc, row[lane], lane);
@@ -72,31 +71,29 @@ static inline std::uint64_t warp_reduce(unsigned mask, std::uint64_t bits, std::
 // The caller's line (g++ gives it to a default argument, after the build's #line): a barrier that threads reach at
 // different lines, or that some threads never reach, is named by it in the launch's barrier note.
 static inline void __syncthreads(int line = __builtin_LINE()) {
-  fuselab_emu::current_worker("__syncthreads").block_barrier(0, "__syncthreads()", line);
+  fuselab_emu::block_barrier(0, "__syncthreads()", line);
 }
 
 static inline int __syncthreads_count(int predicate) {
-  fuselab_emu::Worker& w = fuselab_emu::current_worker("__syncthreads_count");
-  return (int)w.barrier_count(w.block_barrier(predicate, "__syncthreads_count()"));
+  return (int)fuselab_emu::barrier_count(fuselab_emu::block_barrier(predicate, "__syncthreads_count()", 0));
 }
 
 static inline int __syncthreads_and(int predicate) {
-  fuselab_emu::Worker& w = fuselab_emu::current_worker("__syncthreads_and");
-  const unsigned phase = w.block_barrier(predicate, "__syncthreads_and()");
-  return w.barrier_count(phase) == w.barrier_participants(phase);
+  const unsigned phase = fuselab_emu::block_barrier(predicate, "__syncthreads_and()", 0);
+  return fuselab_emu::barrier_count(phase) == fuselab_emu::barrier_participants(phase);
 }
 
 static inline int __syncthreads_or(int predicate) {
-  fuselab_emu::Worker& w = fuselab_emu::current_worker("__syncthreads_or");
-  return w.barrier_count(w.block_barrier(predicate, "__syncthreads_or()")) > 0;
+  return fuselab_emu::barrier_count(fuselab_emu::block_barrier(predicate, "__syncthreads_or()", 0)) > 0;
 }
 
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
   unsigned participants;
-  fuselab_emu::current_worker("__syncwarp").warp_exchange(mask, 0, &participants, "__syncwarp()");
+  int lane;
+  fuselab_emu::warp_exchange(mask, 0, &participants, &lane, "__syncwarp()");
 }
 
-static inline unsigned __activemask() { return fuselab_emu::current_worker("__activemask").active_mask(); }
+static inline unsigned __activemask() { return fuselab_emu::active_mask("__activemask()"); }
 
 template <class T>
 static inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
@@ -173,10 +170,7 @@ static inline unsigned __reduce_xor_sync(unsigned mask, unsigned value) {
       mask, value, 0, [](std::uint64_t acc, std::uint64_t v, int) { return acc ^ v; }, "__reduce_xor_sync()");
 }
 
-[[noreturn]] static inline void __trap() {
-  if (!fuselab_emu::tls_worker) std::abort();
-  throw fuselab_emu::AbortLaunch{cudaErrorLaunchFailure, "__trap() was called"};
-}
+[[noreturn]] static inline void __trap() { fuselab_emu::trap(); }
 [[noreturn]] static inline void __brkpt() { __trap(); }
 
 // The translator turns `assert(` into this: a failed assert stops the launch with cudaErrorAssert

@@ -3,6 +3,10 @@
 
 #include <cstddef>
 
+// A function of the emulation's runtime (fuselab/kernelbuild/emulate/runtime/), compiled once and linked into every
+// emulated library: hidden, so each library calls its own copy and keeps its own state.
+#define FUSELAB_EMU_RUNTIME_API __attribute__((visibility("hidden")))
+
 struct uint3 {
   unsigned int x, y, z;
 };

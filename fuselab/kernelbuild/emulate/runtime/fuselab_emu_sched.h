@@ -31,20 +31,13 @@
 #include <csetjmp>
 #include <csignal>
 
-#include "fuselab_emu_api.h"
+#include "fuselab_emu.h"
 #include "fuselab_emu_fiber.h"
-#include "fuselab_emu_types.h"
+#include "fuselab_emu_state.h"
 
 #ifdef FUSELAB_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
-
-// The built-in variables. One copy per OS thread; the scheduler sets threadIdx before it resumes a thread.
-static thread_local uint3 threadIdx;
-static thread_local uint3 blockIdx;
-static thread_local dim3 blockDim;
-static thread_local dim3 gridDim;
-static constexpr int warpSize = 32;
 
 namespace fuselab_emu {
 
@@ -116,7 +109,6 @@ struct AbortLaunch {
 };
 
 constexpr std::uint32_t kGarbageWord = 0x7FBADBADu;  // a NaN as float (and as the halves of a double)
-constexpr std::uint64_t kGarbageBits = 0x7FBADBAD7FBADBADull;
 
 static inline void fill_garbage(void* p, std::size_t bytes) {
   unsigned char* b = static_cast<unsigned char*>(p);
@@ -170,18 +162,6 @@ static inline std::uint64_t splitmix64(std::uint64_t& x) {
 }
 
 // ---- one launch, as all workers see it ----
-struct KernelBody {
-  void (*invoke)(void*);
-  void* context;
-};
-
-struct LaunchSite {
-  const char* kernel;
-  const char* file;
-  int line;
-  bool fibers;  // the kernel may wait at a barrier or a warp operation
-};
-
 struct LaunchPlan {
   LaunchSite site;
   KernelBody body;
@@ -689,8 +669,12 @@ static inline std::string check_configuration(dim3 grid, dim3 block, cudaError_t
   return "";
 }
 
-static inline void launch_kernel(const LaunchSite& site, dim3 grid, dim3 block, std::size_t dynamic_shared,
-                                 KernelBody body) {
+void launch_kernel(const LaunchSite& site, dim3 grid, dim3 block, std::size_t dynamic_shared, cudaStream_t stream,
+                   KernelBody body) {
+  if (!on_given_stream(stream, std::string("kernel ") + site.kernel + " launched at " + site.file + ":" +
+                                   std::to_string(site.line))) {
+    return;  // like a CUDA graph's replay: work on another stream is not part of the caller's
+  }
   cudaError_t code;
   std::string why = check_configuration(grid, block, &code);
   const std::size_t limit = max_dynamic_shared_for(site.kernel);
@@ -754,41 +738,15 @@ static inline void launch_kernel(const LaunchSite& site, dim3 grid, dim3 block, 
   }
 }
 
-template <class Fn, class Tuple>
-struct BoundKernel {
-  Fn* fn;
-  Tuple* args;
-  static void invoke(void* self) {
-    BoundKernel* b = static_cast<BoundKernel*>(self);
-    std::apply(*b->fn, *b->args);
-  }
-};
-
-// What `kernel<<<grid, block, shmem, stream>>>(args...)` becomes. The arguments are copied once, as CUDA
-// copies them at the launch; each emulated thread then calls the kernel with them.
-template <class Fn, class... Args>
-static inline void launch(const LaunchSite& site, dim3 grid, dim3 block, std::size_t dynamic_shared,
-                          cudaStream_t stream, Fn&& fn, Args&&... args) {
-  if (!on_given_stream(stream, std::string("kernel ") + site.kernel + " launched at " + site.file + ":" +
-                                   std::to_string(site.line))) {
-    return;  // like a CUDA graph's replay: work on another stream is not part of the caller's
-  }
-  auto packed = std::make_tuple(args...);
-  using Bound = BoundKernel<std::remove_reference_t<Fn>, decltype(packed)>;
-  Bound bound{&fn, &packed};
-  launch_kernel(site, grid, block, dynamic_shared, KernelBody{&Bound::invoke, &bound});
-}
-
 // What the translator makes of a `__shared__` declaration: register it, fill it with garbage the first
 // time each block reaches it.
-static inline void shared_static(void* address, std::size_t bytes) {
+void shared_static(void* address, std::size_t bytes) {
   if (tls_worker) tls_worker->touch_static_shared(address, bytes);
 }
 
-static inline void* dynamic_shared_memory() { return tls_worker ? tls_worker->dynamic_shared() : nullptr; }
+void* dynamic_shared_memory() { return tls_worker ? tls_worker->dynamic_shared() : nullptr; }
 
-template <class F>
-static inline cudaError_t func_set_attribute(const char* kernel, F&&, cudaFuncAttribute attribute, int value) {
+cudaError_t set_function_attribute(const char* kernel, cudaFuncAttribute attribute, int value) {
   if (attribute == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize) {
     record_error(cudaErrorInvalidValue, "this function attribute is not emulated");
@@ -811,7 +769,7 @@ static inline cudaError_t func_set_attribute(const char* kernel, F&&, cudaFuncAt
   return cudaSuccess;
 }
 
-[[noreturn]] static inline void assert_fail(const char* expression, const char* file, int line) {
+[[noreturn]] void assert_fail(const char* expression, const char* file, int line) {
   if (!tls_worker) {
     std::fprintf(stderr, "%s:%d: Assertion `%s' failed.\n", file, line, expression);
     std::abort();
@@ -823,10 +781,3 @@ static inline cudaError_t func_set_attribute(const char* kernel, F&&, cudaFuncAt
 }
 
 }  // namespace fuselab_emu
-
-// Without the translator (a plain `cudaFuncSetAttribute` the rewrite did not see), the limit applies to
-// every kernel of the library.
-template <class F>
-static inline cudaError_t cudaFuncSetAttribute(F&& f, cudaFuncAttribute attribute, int value) {
-  return fuselab_emu::func_set_attribute("*", f, attribute, value);
-}
