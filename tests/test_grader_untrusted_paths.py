@@ -140,10 +140,33 @@ def _snapshot(folder: Path) -> dict:
             if p.is_file() or p.is_symlink()}
 
 
-def scenario(root: Path, attacks=("python", "cpp")) -> dict:
-    """The whole attack, as the grader meets it: a reference run fills the shared builds (digests recorded),
-    each attack is graded sandboxed in a submission folder, then the control twice (as in a regrade in the same
-    ``--out``). Returns what the test asserts."""
+def reference_run(root: Path) -> dict:
+    """The instructor's run, unsandboxed as the pipeline's: it fills ``root/shared-builds``. Returns its points."""
+    env = dict(os.environ, FUSELAB_CACHE_DIR=str(root / "shared-builds"), MPLBACKEND="Agg")
+    env.pop("FUSELAB_SHARED_BUILDS", None)
+    reference = recheck.run_clean(INSTRUCTOR, INSTRUCTOR, root / "reference", cell_timeout=240, total_timeout=600,
+                                  env=env, kernels_in_worker=False)
+    return {k: v.points for k, v in reference.cells.items()}
+
+
+@pytest.fixture(scope="module")
+def made_by_the_reference_run(tmp_path_factory):
+    """One reference run for the tests run as root here (none of them is about the reference run): each copies
+    its shared builds (``copy_reference``), as a course's later runs find them kept."""
+    root = tmp_path_factory.mktemp("reference-run")
+    points = reference_run(root)
+    return {"root": root, "points": points}
+
+
+def copy_reference(made: dict, root: Path) -> dict:
+    shutil.copytree(made["root"] / "shared-builds", root / "shared-builds", symlinks=True)
+    return dict(made["points"])
+
+
+def scenario(root: Path, attacks=("python", "cpp"), made: dict | None = None) -> dict:
+    """The whole attack, as the grader meets it: a reference run fills the shared builds (digests recorded; a copy
+    of ``made``'s where given), each attack is graded sandboxed in a submission folder, then the control twice
+    (as in a regrade in the same ``--out``). Returns what the test asserts."""
     root = Path(root)
     shared, out = root / "shared-builds", root / "out"
     host = root / "host"
@@ -151,11 +174,9 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
     existing = host / "existing.txt"
     existing.write_text("the host's own file\n")
     created = host / "created-by-grader.txt"
-    env = dict(os.environ, FUSELAB_CACHE_DIR=str(shared), MPLBACKEND="Agg")
-    env.pop("FUSELAB_SHARED_BUILDS", None)
-    reference = recheck.run_clean(INSTRUCTOR, INSTRUCTOR, root / "reference", cell_timeout=240, total_timeout=600,
-                                  env=env, kernels_in_worker=False)
+    reference = copy_reference(made, root) if made is not None else reference_run(root)
     digests, _ = shared_builds.record(shared)
+    hidden = [out, root / "reference", *([made["root"]] if made is not None else [])]
     library = next((shared / "builds").glob("*/*.so"))
     before = {"library": _digest(library), "host": _snapshot(host)}
     targets = [str(library), str(existing), str(created)]
@@ -166,7 +187,7 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
         env = dict(os.environ, FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"), MPLBACKEND="Agg",
                    FUSELAB_SHARED_BUILDS=str(shared / "builds"))
         result = recheck.run_clean(INSTRUCTOR, _student(sources[name]), workdir / "clean", cell_timeout=240,
-                                   total_timeout=900, env=env, sandbox=True, hide=[out, root / "reference"],
+                                   total_timeout=900, env=env, sandbox=True, hide=hidden,
                                    limits=isolate.Limits(memory_bytes=4 * 2**30))
         planted = sorted(str(p.relative_to(workdir)) for p in (workdir / "clean").rglob("output-*")
                          if p.is_symlink())
@@ -180,7 +201,7 @@ def scenario(root: Path, attacks=("python", "cpp")) -> dict:
             "messages": {k: v.message[:300] for k, v in result.cells.items()},
             "restarts": result.restarts, "flags": result.flags, "planted": planted, "rebuilt": rebuilt,
             "runtimes": runtimes})
-    return {"reference": {k: v.points for k, v in reference.cells.items()}, "graded": graded,
+    return {"reference": reference, "graded": graded,
             "library_unchanged": _digest(library) == before["library"],
             "host_unchanged": _snapshot(host) == before["host"], "created": created.exists()}
 
@@ -207,9 +228,9 @@ def _sandbox_or_fail():
     assert problem is None, f"the sandbox must work here (CI installs bubblewrap): {problem}"
 
 
-def test_planted_log_links_never_reach_the_shared_builds_or_the_host(tmp_path):
+def test_planted_log_links_never_reach_the_shared_builds_or_the_host(tmp_path, made_by_the_reference_run):
     _sandbox_or_fail()
-    _check(scenario(tmp_path))
+    _check(scenario(tmp_path, made=made_by_the_reference_run))
 
 
 PLAIN_USER = "fuselab-untrusted"
@@ -233,12 +254,12 @@ def _traversable(*paths):
             folder.chmod(mode)
 
 
-def test_as_a_plain_user_the_same_attacks_hold(tmp_path):
+def test_as_a_plain_user_the_same_attacks_hold(tmp_path, made_by_the_reference_run):
     """The grader run by a user without rights (``runuser``), the sandbox in an unprivileged user namespace."""
     _sandbox_or_fail()
     if os.geteuid() != 0:
         # already a plain user: the same scenario, in this process
-        _check(scenario(tmp_path))
+        _check(scenario(tmp_path, made=made_by_the_reference_run))
         return
     if subprocess.run(["id", PLAIN_USER], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PLAIN_USER],
@@ -247,15 +268,22 @@ def test_as_a_plain_user_the_same_attacks_hold(tmp_path):
     root = Path(tempfile.mkdtemp(prefix="fuselab-plain-user-"))
     try:
         os.chmod(root, 0o755)
+        # the reference run's shared builds, the plain user's as if its own grader had made them
+        made = root / "made"
+        shutil.copytree(made_by_the_reference_run["root"] / "shared-builds", made / "shared-builds", symlinks=True)
+        for path in [made, *made.rglob("*")]:
+            os.lchown(path, user.pw_uid, user.pw_gid)
         os.chown(root, user.pw_uid, user.pw_gid)
-        script = ("import json, sys\nfrom tests.test_grader_untrusted_paths import scenario\n"
-                  "print('OUTCOME ' + json.dumps(scenario(sys.argv[1])))\n")
+        script = ("import json, sys\nfrom pathlib import Path\nfrom tests.test_grader_untrusted_paths import scenario\n"
+                  "made = {'root': Path(sys.argv[2]), 'points': json.loads(sys.argv[3])}\n"
+                  "print('OUTCOME ' + json.dumps(scenario(sys.argv[1], made=made)))\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSELAB_", "TORCH_EXTENSIONS"))}
         env.update(HOME=str(root), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1",
                    FUSELAB_CACHE_DIR=str(root / "cache"), TORCH_EXTENSIONS_DIR=str(root / "torch-extensions"))
         with _traversable(sys.executable, REPO / "fuselab"):
             done = subprocess.run(["runuser", "-u", PLAIN_USER, "--", sys.executable, "-c", script,
-                                   str(root / "run")], cwd=str(root), env=env, capture_output=True, text=True,
+                                   str(root / "run"), str(made), json.dumps(made_by_the_reference_run["points"])],
+                                  cwd=str(root), env=env, capture_output=True, text=True,
                                   timeout=1800)
         line = next((l for l in done.stdout.splitlines() if l.startswith("OUTCOME ")), None)
         assert line, f"the plain user's run failed (is the checkout readable by others?):\n{done.stderr[-4000:]}"
@@ -266,15 +294,12 @@ def test_as_a_plain_user_the_same_attacks_hold(tmp_path):
 
 # ----------------------------------------------------------------------------- a changed shared build
 
-def test_a_shared_build_changed_after_the_reference_run_is_never_loaded(tmp_path):
+def test_a_shared_build_changed_after_the_reference_run_is_never_loaded(tmp_path, made_by_the_reference_run):
     """The checker loads the instructor's kernels from the shared builds only with the bytes recorded when the
     reference run made them; a changed library is rebuilt in the submission's own cache and the TA is told."""
     _sandbox_or_fail()
     shared = tmp_path / "shared-builds"
-    env = dict(os.environ, FUSELAB_CACHE_DIR=str(shared), MPLBACKEND="Agg")
-    env.pop("FUSELAB_SHARED_BUILDS", None)
-    recheck.run_clean(INSTRUCTOR, INSTRUCTOR, tmp_path / "reference", cell_timeout=240, total_timeout=600,
-                      env=env, kernels_in_worker=False)
+    assert copy_reference(made_by_the_reference_run, tmp_path) == DESERVED  # this test changes its own copy
     digests, changed = shared_builds.record(shared)
     assert not changed and len(digests) >= 2  # the reference kernel and the instructor's own solution kernel
     library = next(p for p in (shared / "builds").glob("*/*.so") if _loads_reference(p))
