@@ -202,8 +202,8 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
     assert not run["phases"]["references_reused"] and again["phases"]["references_reused"]
     assert run["phases"]["fixed"]["cpu_seconds"] > 0  # the references ran; a regrade's set-up may round to 0.0 s
     # the regrade's fixed cost is set-up and intake alone: less than the first run's, which ran the references
-    assert again["phases"]["fixed"]["reference runs"]["cpu_seconds"] < \
-        run["phases"]["fixed"]["reference runs"]["cpu_seconds"]
+    # (beside the course set-up: their CPU falls in whichever of the two fixed phases they ended in)
+    assert again["phases"]["fixed"]["cpu_seconds"] < run["phases"]["fixed"]["cpu_seconds"]
     assert "fixed:" in printed and "GPU held): start" in printed and "s CPU each" in run["headline"]
     # where the CPU went, measured: the three processes' starts (each imports torch) and the kernel worker's builds
     cpu = run["phases"]["cpu_per_submission_mean"]
