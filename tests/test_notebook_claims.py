@@ -661,3 +661,18 @@ def test_the_docs_emulated_build_times_are_the_saved_ones():
     times = rebuilds(load_data())
     span = f"{math.floor(min(times) * 10) / 10:.1f}–{math.ceil(max(times) * 10) / 10:.1f} s"
     assert f"an edit rebuilds in {span}" in results and f"{span} an edit across every lab's kernels" in results
+
+
+def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
+    """docs/ta-guide.md and docs/RESULTS.md quote the 2-core throughput run: the numbers must be that file's."""
+    root = Path(__file__).resolve().parents[1]
+    saved = json.loads((root / "docs" / "results" / "throughput-cpu2-30eea4b.json").read_text())
+    phases = saved["phases"]
+    each, fixed = f"{phases['submissions']['seconds_each']:.2f} s", f"{phases['fixed']['seconds']:.1f} s"
+    regrade = f"{saved['one_student_regrade']['phases']['wall_seconds']:.1f} s"
+    cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
+    guide = (root / "docs" / "ta-guide.md").read_text()
+    results = (root / "docs" / "RESULTS.md").read_text()
+    for text in (guide, results):
+        assert each in text and fixed in text and regrade in text, (each, fixed, regrade)
+    assert f"{cpu:.1f} core-s" in results and "2 CPU workers" in saved["headline"]
