@@ -268,16 +268,7 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
         full_log = log + "\n" + str(error)
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise error
-        diag = diagnostics.student_diagnostics(full_log, job.filename)
-        if job.student_source is not None:
-            diag = diagnostics.echo_source(diag, job.filename, job.student_source, job.source_map)
-        diag, repeats = diagnostics.merge_repeated(diag, full_log, job.filename)
-        errors = diagnostics.count_errors(diag)
-        count = f" ({errors} error{'s' if errors != 1 else ''})" if errors else ""
-        if errors and repeats:  # a template's error repeats for each type it is compiled for: counted once
-            count = f" ({errors} distinct error{'s' if errors != 1 else ''})"
-        raise BuildError(f"{job.filename} failed to compile{count}:\n\n{diag}", diagnostics=diag,
-                         log=full_log) from None
+        raise diagnostics.build_error(job.filename, full_log, job.student_source, job.source_map) from None
     return log
 
 
