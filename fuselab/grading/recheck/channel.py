@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 
 LIMIT = 64 * 2**20       # a checker sends a few KiB per cell
-LEASE_FD_ENV = "FUSELAB_GPU_LEASE_FD"  # the checker's read end of the grader's grant pipe, where it shares the GPU
 LINE_LIMIT = 2**20       # a record: a cell's output is cut to a few KiB before it is sent
+LEASE_FD_ENV = "FUSELAB_GPU_LEASE_FD"  # the checker's read end of the grader's grant pipe, where it shares the GPU
 
 
 @dataclass

@@ -318,12 +318,13 @@ class TreeMeter:
         now = time.monotonic()
         if self._read_at is None or now - self._read_at >= self.every_s:
             parent_of = proctree.parents()
-            pids = set()
-            for root in self.roots:
-                tree = {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
-                self.by_root[root] = max(self.by_root[root], sum(map(_process_cpu, tree)))
-                pids |= tree
-            self._cpu = max(self._cpu, sum(map(_process_cpu, pids)))
+            trees = {root: {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
+                     for root in self.roots}
+            pids = set().union(*trees.values())
+            cpu_of = {pid: _process_cpu(pid) for pid in pids}  # each process read once, for its tree and the sum
+            for root, tree in trees.items():
+                self.by_root[root] = max(self.by_root[root], sum(cpu_of[pid] for pid in tree))
+            self._cpu = max(self._cpu, sum(cpu_of.values()))
             if self._read_at is not None and pids and not any(map(_running, pids)):
                 self._blocked += now - self._read_at
             self._read_at = now
@@ -438,6 +439,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=shared_builds.readonly(env))
         grants = _Grants() if lease is not None else None  # the GPU's grants to this checker, where it is shared
+        grant_fds = (grants.read_fd,) if grants is not None else ()
         spawned = time.time()
         worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease)
         kernel_worker, kernel_fds = None, ()
@@ -451,12 +453,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             if grants is not None:
                 child_env[LEASE_FD_ENV] = str(grants.read_fd)
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w,
-                                            *([grants.read_fd] if grants is not None else [])))
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w, *grant_fds))
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
-            for fd in (*fds, *kernel_fds, channel_w, *([grants.read_fd] if grants is not None else [])):
+            for fd in (*fds, *kernel_fds, channel_w, *grant_fds):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
         server = LeaseServer(lease, child, grants if grants is not None else (lambda what, number: False))
         # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
@@ -745,6 +746,7 @@ class CpuCharges:
 
 
 def _label(by_index: dict, index: int) -> str:
+    """A cell's label in the timelines: its grade_id, or ``cell N``."""
     cell = by_index[index]
     return cell["grade_id"] or f"cell {cell['index']}"
 
@@ -755,8 +757,7 @@ def _add_timeline(timeline: dict, records: list, by_index: dict, spawned: float)
     if starts:
         timeline["process start"] = timeline.get("process start", 0.0) + max(0.0, starts[0].time - spawned)
     def add(index, seconds):
-        cell = by_index[index]
-        label = cell["grade_id"] or f"cell {cell['index']}"
+        label = _label(by_index, index)
         timeline[label] = timeline.get(label, 0.0) + seconds
     for end in (r for r in records if isinstance(r, CellEnd)):
         add(end.index, end.seconds)
