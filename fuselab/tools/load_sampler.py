@@ -17,6 +17,7 @@ import threading
 import time
 
 from .. import gpu_facts
+from ..grading.gpus.schedule import host_memory_gib
 
 
 def _cpu_jiffies():
@@ -32,12 +33,8 @@ def _cpu_jiffies():
 
 def _host_memory_used_gib():
     """The host's memory in use (MemTotal − MemAvailable), GiB; None where /proc/meminfo is absent."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            kib = {line.split(":")[0]: int(line.split()[1]) for line in meminfo if line.split()[1:2]}
-        return (kib["MemTotal"] - kib["MemAvailable"]) / 2**20
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
+    memory = host_memory_gib()
+    return memory[0] - memory[1] if memory else None
 
 
 def _gpu_memory_used_mib():

@@ -73,16 +73,21 @@ def available_cores() -> int:
 CPU_MEMORY_PER_JOB_GIB = 2
 
 
-def host_memory_available_gib() -> float | None:
-    """The host's available memory (MemAvailable), GiB; None where /proc/meminfo is absent."""
+def host_memory_gib() -> tuple | None:
+    """``(total, available)`` memory of the host (MemTotal, MemAvailable), GiB; None where /proc/meminfo is
+    absent."""
     try:
         with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            kib = {line.split(":")[0]: int(line.split()[1]) for line in meminfo if line.split()[1:2]}
+        return kib["MemTotal"] / 2**20, kib["MemAvailable"] / 2**20
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def host_memory_available_gib() -> float | None:
+    """The host's available memory (MemAvailable), GiB; None where /proc/meminfo is absent."""
+    memory = host_memory_gib()
+    return memory[1] if memory else None
 
 
 def default_cpu_workers(cores: int | None = None, memory_gib: float | None = None) -> int:
