@@ -1,6 +1,7 @@
 """The instructor's reference runs are kept in the course folder and reused only while nothing they depend on
 changed, verified by content, never from a file a submission could have swapped in (``reference_cache``)."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -61,7 +62,9 @@ def _settings(tmp_path, **kw):
 
 
 def _references(settings, device=None):
-    """One run's reference step as ``pipeline._grade`` does it: run or reuse, record the builds, keep."""
+    """One run's reference step as ``pipeline._grade`` does it: the shared builds checked, run or reuse, record the
+    builds, keep."""
+    pipeline.prepare_shared_builds(settings)
     reference = {LAB: pipeline.reference_run(LAB, settings, device)}
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     assert not changed
@@ -152,6 +155,90 @@ def test_an_entry_claiming_the_sandbox_forged_during_a_run_without_it_is_not_reu
     again = _references(_settings(tmp_path))
     assert not again.get("reused") and len(runs) == 2
     assert _references(_settings(tmp_path))["reused"]  # the entry the sandboxed run kept after the mark
+
+
+def _plant_build(settings, name="lab0_reference", library=b"a submission's library"):
+    """What a --no-sandbox submission can write: a finished build and its manifest entry, matching digests."""
+    build = settings.shared_builds / "builds" / name
+    build.mkdir(parents=True, exist_ok=True)
+    path = shared_builds.library_of(build.parent, name)
+    path.unlink(missing_ok=True)
+    path.write_bytes(library)
+    (build / shared_builds.COMPLETE).write_text("")
+    manifest = settings.shared_builds / shared_builds.MANIFEST
+    recorded = json.loads(manifest.read_text()) if manifest.exists() else {}
+    recorded[name] = hashlib.sha256(library).hexdigest()
+    manifest.write_text(json.dumps(recorded))
+    return path
+
+
+@pytest.mark.parametrize("before", ["sandboxed run", "fresh folder"])
+def test_builds_planted_during_a_run_without_the_sandbox_are_made_again(tmp_path, course_copy, runs, monkeypatch,
+                                                                      before):
+    """A --no-sandbox submission plants a library and its manifest entry in the shared builds (and a planted
+    stamp): the next sandboxed run removes them before its reference run, runs that again and records only what
+    it made itself."""
+    from fuselab.grading.records import unsandboxed
+    settings = _settings(tmp_path, sandbox=False)
+    if before == "sandboxed run":
+        settings = _settings(tmp_path)
+        _references(settings)
+    unsandboxed.mark(settings.out)  # a --no-sandbox run starts; one of its submissions writes the shared builds
+    settings.shared_builds = settings.out / "shared-builds"
+    planted = _plant_build(settings)
+    (settings.shared_builds / unsandboxed.STAMP).write_text("forged")
+    unsandboxed.mark(settings.out)  # the run ends
+    loaded = []
+    real = recheck.run_clean
+
+    def reference_loads(instructor, student, workdir, env=None, **kwargs):
+        # the reference run would take a finished build it finds as it is: note whether the planted one is there
+        if planted.exists():
+            loaded.append(planted.read_bytes())
+        return real(instructor, student, workdir, env=env, **kwargs)
+
+    monkeypatch.setattr(recheck, "run_clean", reference_loads)
+    again = _settings(tmp_path)
+    assert pipeline.prepare_shared_builds(again)
+    reference = {LAB: pipeline.reference_run(LAB, again, None)}
+    again.shared_digests, changed = shared_builds.record(again.shared_builds)
+    assert not loaded and not reference[LAB].get("reused")
+    assert not changed and planted.read_bytes() == b"the instructor's library"
+    assert again.shared_digests == {"lab0_reference": hashlib.sha256(planted.read_bytes()).hexdigest()}
+    pipeline.keep_references(reference, again)
+    # believed from now on: the next sandboxed run keeps the builds and reuses the reference run
+    later = _settings(tmp_path)
+    assert not pipeline.prepare_shared_builds(later)
+    assert _references(later)["reused"]
+
+
+def test_an_untouched_folder_keeps_its_builds(tmp_path, course_copy, runs):
+    """No --no-sandbox run ever graded here: nothing is removed or built again."""
+    from fuselab.grading.records import unsandboxed
+    settings = _settings(tmp_path)
+    _references(settings)
+    library = next((settings.shared_builds / "builds").glob("*/*.so"))
+    inode = library.stat().st_ino
+    again = _settings(tmp_path)
+    assert not pipeline.prepare_shared_builds(again)
+    assert _references(again)["reused"] and len(runs) == 1 and library.stat().st_ino == inode
+    assert not (settings.out / unsandboxed.MARK).exists()
+
+
+def test_a_link_in_place_of_the_shared_builds_is_removed_not_followed(tmp_path, course_copy, runs):
+    from fuselab.grading.records import unsandboxed
+    settings = _settings(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "builds").mkdir(parents=True)
+    (elsewhere / "keep.txt").write_text("someone's")
+    unsandboxed.mark(settings.out)
+    (settings.out / "shared-builds").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / unsandboxed.STAMP).write_text("forged")
+    unsandboxed.mark(settings.out)
+    assert pipeline.prepare_shared_builds(settings)
+    assert (elsewhere / "keep.txt").read_text() == "someone's"
+    assert settings.shared_builds == settings.out / "shared-builds" and settings.shared_builds.is_dir()
+    assert not settings.shared_builds.is_symlink()
 
 
 def test_a_change_made_while_they_ran_is_not_taken_for_what_they_ran(tmp_path, course_copy, runs, monkeypatch):

@@ -320,6 +320,54 @@ def test_a_shared_build_changed_after_the_reference_run_is_never_loaded(tmp_path
     assert "not loaded" in shared_builds.note([library.parent.name])
 
 
+PAYLOAD = r'''
+#include <cstdio>
+__attribute__((constructor)) static void planted() {
+    FILE* trace = fopen("%s", "w");
+    if (trace) { fputs("payload ran with the grader's rights\n", trace); fclose(trace); }
+}
+extern "C" void twice(const float* a, float* out, int n, void* stream) {
+    for (int i = 0; i < n; ++i) out[i] = 3.0f * a[i];
+}
+'''
+
+
+def test_a_build_planted_without_the_sandbox_is_not_loaded_by_the_next_reference_run(tmp_path,
+                                                                                        made_by_the_reference_run):
+    """A --no-sandbox submission runs with the grader's rights: it replaces the instructor's shared build of a
+    kernel with a library of its own and records that library's digest in the manifest. The next sandboxed run
+    removes the shared builds before its reference run (``pipeline.prepare_shared_builds``): the reference run
+    builds them again and never loads the planted library, whose constructor would leave a trace."""
+    from fuselab.grading.records import unsandboxed
+    compiler = shutil.which("g++") or shutil.which("c++")
+    assert compiler, "a C++ compiler is needed (the CPU emulation builds with one)"
+    out = tmp_path / "out"
+    out.mkdir()
+    assert copy_reference(made_by_the_reference_run, out) == DESERVED
+    shared = out / "shared-builds"
+    assert not pipeline.prepare_shared_builds(pipeline.Settings(out=out, progress=False))  # a sandboxed run
+    shared_builds.record(shared)
+    unsandboxed.mark(out)  # a --no-sandbox run starts; one of its submissions does this:
+    trace = tmp_path / "trace.txt"
+    source = tmp_path / "payload.cpp"
+    source.write_text(PAYLOAD % trace)
+    library = next(p for p in (shared / "builds").glob("*/*.so") if _loads_reference(p))
+    library.unlink()
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    manifest = shared / shared_builds.MANIFEST
+    recorded = json.loads(manifest.read_text())
+    recorded[library.parent.name] = _digest(library)
+    manifest.write_text(json.dumps(recorded))
+    unsandboxed.mark(out)  # the run ends
+    settings = pipeline.Settings(out=out, progress=False)
+    removed = pipeline.prepare_shared_builds(settings)
+    assert reference_run(out) == DESERVED
+    assert not trace.exists(), "the planted library was loaded by the reference run"
+    assert removed
+    digests, changed = shared_builds.record(shared)
+    assert not changed and digests[library.parent.name] == _digest(library) and _loads_reference(library)
+
+
 def _loads_reference(library: Path) -> bool:
     return b"twice_kernel" in library.read_bytes()
 

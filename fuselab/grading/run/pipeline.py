@@ -497,12 +497,35 @@ def grade(source, settings: Settings) -> ClassResult:
     lock = lock_out(settings.out)
     try:
         if not settings.sandbox:  # before its first submission runs, and again once they all ended
-            unsandboxed.mark(settings.out)
+            _mark_unsandboxed(settings)
         return _grade(source, settings)
     finally:
         if not settings.sandbox:
-            unsandboxed.mark(settings.out)
+            _mark_unsandboxed(settings)
         lock.release()
+
+
+def _shared_root(settings: Settings) -> Path:
+    """The shared-builds folder as named (a link at its last component not followed)."""
+    return Path(os.path.abspath(settings.shared_builds or settings.out / "shared-builds"))
+
+
+def prepare_shared_builds(settings: Settings) -> bool:
+    """Before the reference runs: ``settings.shared_builds`` resolved, and, in a sandboxed run, emptied where a
+    ``--no-sandbox`` run could have written it since a sandboxed run last did this (``unsandboxed.fresh_builds``):
+    the reference runs load and record those builds with the grader's rights. Returns whether it was emptied."""
+    rebuilt = bool(settings.sandbox) and unsandboxed.fresh_builds(_shared_root(settings), settings.out)
+    settings.shared_builds = _shared_root(settings).resolve()
+    return rebuilt
+
+
+def _mark_unsandboxed(settings: Settings) -> None:
+    """Mark the course folder and the shared builds (``unsandboxed``): a submission of this run could write both."""
+    unsandboxed.mark(settings.out)
+    shared = _shared_root(settings)
+    if not shared.is_relative_to(settings.out):
+        shared.mkdir(parents=True, exist_ok=True)
+        unsandboxed.mark(shared)
 
 
 def _precompile() -> None:
@@ -535,7 +558,7 @@ def _grade(source, settings: Settings) -> ClassResult:
 
     _precompile()
 
-    settings.shared_builds = Path(settings.shared_builds or settings.out / "shared-builds").resolve()
+    rebuilt = prepare_shared_builds(settings)
     labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
     unknown = sorted(set(settings.labs or []) - set(labs))
     if unknown:
@@ -583,6 +606,8 @@ def _grade(source, settings: Settings) -> ClassResult:
                 future.result()  # a reference run that failed stops the run here
                 ref_bar.update()
         reference = {lab: future.result() for lab, future in running.items()}
+    if rebuilt:
+        problems.append(intake.Problem(str(settings.shared_builds), unsandboxed.REBUILT))
     # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:

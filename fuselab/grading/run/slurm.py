@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ... import course, gpu_facts, locks
 from ...kernelbuild import shared as shared_builds
-from ..records import intake, nbgrader_run, term
+from ..records import intake, nbgrader_run, term, unsandboxed
 from . import pipeline
 from ..gpus import schedule
 from ..gpus.lease import grading_lease
@@ -344,6 +344,8 @@ def reference_runs(out: Path, labs: list, settings: pipeline.Settings, model: st
     references = slurm_dir(out) / "references" / model
     with locked(references / "lock"):
         device = schedule.devices_for(settings.gpus, 1)[0]
+        if settings.sandbox:  # builds a --no-sandbox shard could have written are made again (``unsandboxed``)
+            unsandboxed.fresh_builds(settings.shared_builds, settings.out)
         # the pipeline's own reference run, pointed at the model's folder (it skips a lab saved there already);
         # the labs side by side, their timings taking the GPU in turn, as on one host
         shared = pipeline.Settings(**{**settings.__dict__, "out": references})
