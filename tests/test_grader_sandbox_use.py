@@ -416,6 +416,45 @@ def test_a_tree_of_many_files_counts_as_over_the_budget(tmp_path):
         hidden.chmod(0o755)
 
 
+SWAPPER = textwrap.dedent('''
+    import os, sys, time
+    live, outside = sys.argv[1], sys.argv[2]
+    stop = time.monotonic() + float(sys.argv[3])
+    while time.monotonic() < stop:  # the folder "a" for a link to a folder outside, and back
+        os.rename(os.path.join(live, "a"), os.path.join(live, "a-real"))
+        os.symlink(outside, os.path.join(live, "a"))
+        os.unlink(os.path.join(live, "a"))
+        os.rename(os.path.join(live, "a-real"), os.path.join(live, "a"))
+''')
+
+
+def test_a_folder_swapped_for_a_link_mid_walk_is_never_followed(tmp_path):
+    """A sandbox swaps a folder of its own for a link to a folder outside while the grader walks its folders for
+    the disk budget, again and again: no walk counts what is outside (a walk by path followed it about once in
+    300 walks, into ``/usr/share``; here into a folder holding 32 MiB)."""
+    live, outside = tmp_path / "live", tmp_path / "outside"
+    (live / "a" / "b").mkdir(parents=True)
+    (live / "a" / "b" / "small").write_bytes(b"x" * 4096)
+    (outside / "b").mkdir(parents=True)
+    big = outside / "b" / "big"
+    with open(big, "wb") as handle:
+        for _ in range(32):
+            handle.write(os.urandom(2**20))
+    assert isolate.folders_bytes([outside], 10**12) >= 32 * 2**20
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(live), str(outside), "6"])
+    try:
+        walks, most = 0, 0
+        started = time.monotonic()
+        while time.monotonic() - started < 5 and swapper.poll() is None:
+            most = max(most, isolate.folders_bytes([live], 10**12))
+            walks += 1
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert walks > 200, walks
+    assert most < 2**20, f"a walk counted {most} bytes: it followed the link out of the folder"
+
+
 # --- secrets ----------------------------------------------------------------------------------------------------
 
 SECRETS = {"FUSELAB_TOKEN": "q7Zk2", "CUDA_API_KEY": "Wm4xR9", "TA_PASSWORD": "p4ssW0d", "GITHUB_TOKEN": "gh8Tq2Lx",

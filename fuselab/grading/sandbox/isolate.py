@@ -428,35 +428,81 @@ def private_devices(tree, folders) -> set:
     return found
 
 
-def folders_bytes(folders, budget: int, max_entries: int = 200_000) -> int:
-    """Bytes the files under ``folders`` take on disk (links never followed); past ``max_entries`` files and
-    folders, once past ``budget``, or with a folder it may not read, more than ``budget`` (a tree of millions of
-    empty files is no cheaper to keep)."""
-    total, entries, stack = 0, 0, [str(f) for f in folders]
-    while stack:
-        folder = stack.pop()
-        try:
-            listing = os.scandir(folder)
-        except PermissionError:
-            return budget + 1  # a folder it made unreadable to hide what it holds (the grader is not root)
-        except OSError:
-            continue
-        try:
-            with listing:
-                for entry in listing:
-                    entries += 1
-                    if entries > max_entries:
-                        return budget + 1
-                    with contextlib.suppress(OSError):
-                        info = entry.stat(follow_symlinks=False)
-                        total += info.st_blocks * 512
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                    if total > budget:
-                        return total
-        except OSError:
-            continue
-    return total
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def folders_bytes(folders, budget: int, max_entries: int = 200_000, max_depth: int = 256) -> int:
+    """Bytes the files under ``folders`` take on disk; past ``max_entries`` files and folders or ``max_depth``
+    folders deep, once past ``budget``, or with a folder it may not read, more than ``budget`` (a tree of millions
+    of empty files is no cheaper to keep).
+
+    The folders are live (a sandbox writes them while this walks): each folder is opened by descriptor relative
+    to its parent's (``O_NOFOLLOW | O_DIRECTORY``), never by a path, so a folder swapped for a link mid-walk is
+    refused, not followed; nothing on another filesystem (``st_dev``) is entered. At most ``max_depth`` descriptors
+    are held at once."""
+    total, entries = 0, 0
+    over = budget + 1
+    held: list = []  # [descriptor, names of its folders left to enter], from the top down
+
+    def listed(fd: int, device: int) -> list | None:
+        """The folders in ``fd`` to enter, after counting all it holds; None once over."""
+        nonlocal total, entries
+        folders = []
+        with os.scandir(fd) as listing:
+            for entry in listing:
+                entries += 1
+                if entries > max_entries:
+                    return None
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode) and info.st_dev == device:
+                        folders.append(entry.name)
+                if total > budget:
+                    return None
+        return folders
+
+    try:
+        for folder in folders:
+            try:
+                top = os.open(folder, _FOLDER)
+            except PermissionError:
+                return over  # a folder it made unreadable to hide what it holds (the grader is not root)
+            except OSError:
+                continue
+            device = os.fstat(top).st_dev
+            held.append([top, None])
+            while held:
+                fd, left = held[-1]
+                if left is None:
+                    try:
+                        left = held[-1][1] = listed(fd, device)
+                    except PermissionError:
+                        return over
+                    except OSError:
+                        left = held[-1][1] = []
+                    if left is None:
+                        return max(total, over)
+                if not left:
+                    os.close(held.pop()[0])
+                    continue
+                name = left.pop()
+                try:  # a link or anything else swapped in for the folder since it was listed is refused here
+                    child = os.open(name, _FOLDER, dir_fd=fd)
+                except PermissionError:
+                    return over
+                except OSError:
+                    continue
+                if os.fstat(child).st_dev != device or len(held) >= max_depth:
+                    os.close(child)
+                    if len(held) >= max_depth:
+                        return over
+                    continue
+                held.append([child, None])
+        return total
+    finally:
+        for fd, _ in held:
+            os.close(fd)
 
 
 def _tail(handle) -> str:
