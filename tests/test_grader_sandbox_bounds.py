@@ -4,6 +4,7 @@ and ``/dev`` are read-only); memory no process's resident size shows (memfd, sha
 held open, SysV shared memory) counts against the limit, by the kernel's memory cgroup where the grader can have
 one and by the watchdog where not; the checkout shows only what a worker needs. Small limits: small CI machines."""
 
+import contextlib
 import json
 import os
 import sys
@@ -548,3 +549,86 @@ def test_memory_held_in_pipes_counts_against_the_limit(tmp_path, monkeypatch, co
     outcome = _run(tmp_path, PIPES.replace("time.sleep(40)", "time.sleep(3)"), "2",
                    limits=isolate.Limits(wall_s=90, memory_bytes=40 * 2**20))
     assert outcome.ok and "holding" in outcome.stdout, outcome
+
+
+# --- what the counters open and follow ----------------------------------------------------------------------------
+
+RENAMED_MAPPING = textwrap.dedent(r'''
+    import ctypes, os, sys, time
+    name = sys.argv[1]
+    with open(name, "wb") as handle:
+        handle.write(b"x" * 8 * 2**20)
+    fd = os.open(name, os.O_RDWR)
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    area = libc.mmap(None, 8 * 2**20, 3, 1, fd, 0)  # read and write, shared; Python's mmap would keep a descriptor
+    os.close(fd)  # only the mapping holds it
+    os.unlink(name)  # the mapping now shows as "NAME (deleted)": a name the process can make a link
+    os.symlink(sys.argv[2], name + " (deleted)")
+    print("mapped", flush=True)
+    time.sleep(30)
+''')
+
+
+def test_a_mappings_name_made_a_link_is_never_followed(tmp_path, monkeypatch):
+    """A process maps 8 MiB of a tmpfs file, deletes it and puts a link to a folder on disk at the name its
+    mapping now shows (``NAME (deleted)``). The memory count follows no such name: it used to ask the file
+    system of that path, through the link, and took the tmpfs memory for disk. As a plain user (no
+    ``map_files``, root's: emulated here) that was all it asked."""
+    import subprocess
+    import uuid
+    assert not isolate._is_shmem_fs(str(tmp_path)) and isolate._is_shmem_fs("/dev/shm"), \
+        "this needs a temporary folder on disk and a tmpfs at /dev/shm"
+    real = isolate._is_shmem_fs
+    monkeypatch.setattr(isolate, "_is_shmem_fs", lambda path: "/map_files/" not in path and real(path))
+    name = f"/dev/shm/fuselab-test-{uuid.uuid4().hex}"
+    child = subprocess.Popen([sys.executable, "-c", RENAMED_MAPPING, name, str(tmp_path)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "mapped"
+        assert os.path.islink(name + " (deleted)")
+        assert isolate.shmem_bytes([child.pid]) >= 8 * 2**20
+    finally:
+        child.kill()
+        child.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name + " (deleted)")
+
+
+HELD_ENDS = textwrap.dedent(r'''
+    import os, sys, time
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"x" * 1000)
+    os.mkfifo(sys.argv[1])
+    fifo = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
+    null = os.open("/dev/null", os.O_RDONLY)
+    print("holding", flush=True)
+    time.sleep(30)
+''')
+
+
+def test_a_held_pipe_is_opened_only_through_the_graders_own_descriptor(tmp_path, monkeypatch):
+    """The process may swap a descriptor between the count's look at it and its open: nothing it holds is opened
+    through ``/proc/PID/fd`` (only taken with ``O_PATH``, checked, then opened through ``/proc/self/fd``)."""
+    import subprocess
+    opened = []
+    real_open = os.open
+
+    def recording(path, flags, *args, **kwargs):
+        opened.append((str(path), flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    child = subprocess.Popen([sys.executable, "-c", HELD_ENDS, str(tmp_path / "fifo")], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "holding"
+        monkeypatch.setattr(isolate.os, "open", recording)
+        assert isolate.pipe_bytes([child.pid]) >= 4096  # the pipe holding 1000 bytes: counted, once
+    finally:
+        monkeypatch.undo()
+        child.kill()
+        child.wait()
+    theirs = [(path, flags) for path, flags in opened if path.startswith(f"/proc/{child.pid}/")]
+    assert theirs and all(flags & os.O_PATH for _, flags in theirs), opened
+    assert all(path.startswith("/proc/self/fd/") for path, flags in opened if not flags & os.O_PATH), opened

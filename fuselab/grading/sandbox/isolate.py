@@ -227,6 +227,24 @@ def _is_shmem_fs(path: str) -> bool:
     return _statfs(os.fsencode(path), ctypes.byref(info)) == 0 and info.f_type in (TMPFS_MAGIC, HUGETLBFS_MAGIC)
 
 
+def _shmem_mount_devices(pid) -> set:
+    """The devices of the tmpfs and hugetlbfs mounts in ``pid``'s mount namespace, from the kernel's
+    ``/proc/PID/mountinfo`` (nothing the process named is followed)."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return set()
+    found = set()
+    for line in lines:
+        fields = line.split()  # a mount point's spaces are escaped (\040): fields never hold one
+        with contextlib.suppress(ValueError, IndexError):
+            if fields[fields.index("-", 6) + 1] in ("tmpfs", "hugetlbfs"):
+                major, minor = fields[2].split(":")
+                found.add(os.makedev(int(major), int(minor)))
+    return found
+
+
 def _internal_shmem_device() -> int | None:
     """The device of the kernel's internal tmpfs: memfd_create's files, SysV shared memory and shared anonymous
     mappings all live there (their mappings show only as a deleted name)."""
@@ -279,6 +297,7 @@ def shmem_bytes(tree, counted_devices=()) -> int:
                 continue
             shmem_devices.add(info.st_dev)
         objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+    mounted: dict = {}
     for pid in tree:
         try:
             with open(f"/proc/{pid}/maps") as handle:
@@ -296,8 +315,12 @@ def shmem_bytes(tree, counted_devices=()) -> int:
                 continue
             span = fields[0]
             if device not in shmem_devices:  # a named file's mapping: on a tmpfs of the host's?
+                # the device is looked up in the process's mount table, or the mapping's magic link followed (as
+                # root): never the name the mapping shows, a path inside the sandbox that it may have made a link
                 where = f"/proc/{pid}/map_files/{span}"
-                if not _is_shmem_fs(where) and not _is_shmem_fs(f"/proc/{pid}/root{fields[5]}"):
+                if pid not in mounted:
+                    mounted[pid] = _shmem_mount_devices(pid)
+                if device not in mounted[pid] and not _is_shmem_fs(where):
                     other_devices.add(device)
                     continue
                 shmem_devices.add(device)
@@ -316,29 +339,48 @@ F_GETPIPE_SZ, FIONREAD = 1032, 0x541B
 def pipe_bytes(tree) -> int:
     """What the pipes ``tree``'s processes hold by descriptor keep unread, each pipe once: kernel memory no resident
     size shows (a pipe of a megabyte, or thousands of small ones). A pipe holding anything counts as its whole
-    capacity: a byte written at a time takes a page each. Read by opening the pipe again through ``/proc`` (for
-    reading, without waiting: nothing is read from it)."""
+    capacity: a byte written at a time takes a page each. Read by opening the pipe again (for reading, without
+    waiting: nothing is read from it), and only the pipe: the process may swap its descriptor for anything
+    between two looks, so the file it names is first taken without opening it (``O_PATH``: no device, FIFO or
+    terminal is opened that way), checked by ``fstat`` on that descriptor, and only then opened through the
+    grader's own descriptor of it (``/proc/self/fd``), which nothing in the sandbox can swap."""
     seen, total = set(), 0
     for path, info in _held_descriptors(tree):
         key = (info.st_dev, info.st_ino)
         if not stat.S_ISFIFO(info.st_mode) or key in seen:
             continue
         seen.add(key)
-        try:  # the descriptor may have been swapped for another file since: never a terminal of the grader's
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-        except OSError:
-            continue
-        try:
-            if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != key:
-                continue
-            unread = struct.unpack("i", fcntl.ioctl(fd, FIONREAD, b"\0" * 4))[0]
-            if unread > 0:
-                total += max(unread, fcntl.fcntl(fd, F_GETPIPE_SZ))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        unread = _pipe_unread(path, key)
+        if unread:
+            total += unread
     return total
+
+
+def _pipe_unread(path: str, key: tuple) -> int:
+    """What the pipe that ``path`` (``/proc/PID/fd/N``) names holds unread, at least its capacity when anything;
+    0 where ``path`` no longer names the pipe ``key``."""
+    try:
+        held = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        info = os.fstat(held)
+        if not stat.S_ISFIFO(info.st_mode) or (info.st_dev, info.st_ino) != key:
+            return 0
+        fd = os.open(f"/proc/self/fd/{held}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return 0
+    finally:
+        os.close(held)
+    try:
+        if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != key:
+            return 0
+        unread = struct.unpack("i", fcntl.ioctl(fd, FIONREAD, b"\0" * 4))[0]
+        return max(unread, fcntl.fcntl(fd, F_GETPIPE_SZ)) if unread > 0 else 0
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
 
 
 def own_network_socket_bytes(tree, diag: dict | None = None) -> int:
