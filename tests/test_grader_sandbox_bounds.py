@@ -632,3 +632,62 @@ def test_a_held_pipe_is_opened_only_through_the_graders_own_descriptor(tmp_path,
     theirs = [(path, flags) for path, flags in opened if path.startswith(f"/proc/{child.pid}/")]
     assert theirs and all(flags & os.O_PATH for _, flags in theirs), opened
     assert all(path.startswith("/proc/self/fd/") for path, flags in opened if not flags & os.O_PATH), opened
+
+
+# --- processes ----------------------------------------------------------------------------------------------------
+
+FORK_BOMB = textwrap.dedent(r'''
+    import os, sys, time
+    # never a bomb before the test saw the tree in a pids group with its limit (it writes "go"): the test must not
+    # take the machine down where the group is missing
+    for _ in range(1000):
+        if os.path.exists("go"):
+            break
+        time.sleep(0.01)
+    else:
+        print("no pids group", flush=True)
+        sys.exit(3)
+    while True:
+        try:
+            os.fork()  # parent and child fork on, as fast as they can
+        except OSError:
+            try:
+                os.close(os.open("refused", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except OSError:
+                pass
+            time.sleep(0.01)
+''')
+
+
+def _pids_group_or_fail():
+    if cgroup.PidsGroup.make(10) is None:  # made and at once removed: only whether one can be had
+        if os.environ.get("FUSELAB_CI") == "1":
+            pytest.fail("CI runs as root with the kernel's pids cgroup: the grader must be able to make one")
+        pytest.skip("no pids cgroup for this user here (the watchdog's sample is the fallback)")
+    for folder in list(cgroup._made):
+        folder.rmdir()
+        cgroup._made.discard(folder)
+
+
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["keeper", "sandbox"])
+def test_a_fork_bomb_is_stopped_by_the_kernel_at_the_process_limit(tmp_path, sandboxed):
+    """A fork bomb (every process forks again at once) under a limit of 30 processes: the kernel refuses the
+    forks past it (``pids.max``), the tree is stopped for its processes, and its group is removed after."""
+    _pids_group_or_fail()
+    if sandboxed:
+        _sandbox_or_fail()
+    own = tmp_path / "own"
+    own.mkdir()
+    limits = isolate.Limits(wall_s=60, memory_bytes=None, processes=30)
+    command = [sys.executable, "-c", FORK_BOMB]
+    child = isolate.Child(isolate.sandboxed(command, own=[own], hide=[]) if sandboxed else command, limits=limits,
+                          cwd=str(own))
+    group = child.pids
+    assert group is not None and group.holds(child.process.pid)
+    assert int((group.folder / "pids.max").read_text()) == 30
+    (own / "go").touch()
+    outcome = child.wait()
+    assert "no pids group" not in outcome.stdout, outcome
+    assert (own / "refused").exists(), outcome  # the kernel refused a fork
+    assert outcome.limit and "processes" in outcome.limit and not outcome.timed_out, outcome
+    assert not group.folder.exists()

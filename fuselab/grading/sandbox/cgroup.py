@@ -147,6 +147,71 @@ class MemoryGroup:
                 time.sleep(0.1)
 
 
+class PidsGroup:
+    """One child's ``pids`` cgroup: the kernel refuses a fork or a thread past ``pids.max``, so a fork bomb is
+    stopped between two looks of the watchdog (which samples the tree's tasks every half second, and still does
+    where there is no such group: a plain user without a delegated group, a container that hides it). v1's
+    ``pids`` hierarchy, or v2's unified one where the grader's group delegates ``pids``. ``hit`` says whether a
+    fork was refused at the limit (``pids.events``: the watchdog then stops the tree and says why)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._procs = str(folder / "cgroup.procs")
+
+    @classmethod
+    def make(cls, limit: int) -> PidsGroup | None:
+        """A fresh group of at most ``limit`` processes and threads, or None where the grader can have none."""
+        for parent in _own_pids_groups():
+            folder = parent / f"fuselab-{secrets.token_hex(6)}"
+            try:
+                folder.mkdir()
+            except OSError:
+                continue
+            _made.add(folder)
+            group = cls(folder)
+            try:
+                _write(folder / "pids.max", str(limit))
+                return group
+            except OSError:
+                group.remove()
+        return None
+
+    def join(self) -> None:
+        """Move the calling process into the group: called in the child before exec."""
+        with open(self._procs, "w") as handle:
+            handle.write("0")
+
+    def holds(self, pid: int) -> bool:
+        try:
+            return str(pid) in (self.folder / "cgroup.procs").read_text().split()
+        except OSError:
+            return False
+
+    def hit(self) -> bool:
+        """Whether the kernel refused a fork or a thread of the tree at the limit."""
+        return _fields(self.folder / "pids.events").get("max", 0) > 0
+
+    remove = MemoryGroup.remove
+
+
+def _own_pids_groups() -> list:
+    """Where the grader may make a ``pids`` group: its own group of v1's ``pids`` hierarchy, or of v2's where
+    that one delegates ``pids`` to its children."""
+    found = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        relative = path.lstrip("/")
+        if "pids" in controllers.split(","):
+            found.append(ROOT / "pids" / relative)
+        elif number == "0" and not controllers and _delegates(ROOT / relative, "pids"):
+            found.append(ROOT / relative)
+    return found
+
+
 _made: set = set()  # the groups this process made and has not removed yet
 
 
@@ -161,12 +226,16 @@ def _remove_left() -> None:
 def _delegates_memory(folder: Path) -> bool:
     """Whether a v2 group's children get the memory controller (asked for if it has none yet: a group that holds
     processes itself cannot give it, and is left as it is)."""
+    return _delegates(folder, "memory")
+
+
+def _delegates(folder: Path, controller: str) -> bool:
     control = folder / "cgroup.subtree_control"
     try:
-        if "memory" in control.read_text().split():
+        if controller in control.read_text().split():
             return True
-        _write(control, "+memory")
-        return "memory" in control.read_text().split()
+        _write(control, f"+{controller}")
+        return controller in control.read_text().split()
     except OSError:
         return False
 

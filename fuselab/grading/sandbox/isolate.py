@@ -14,7 +14,8 @@
   to files, never pipes: a process that keeps a copy of its stdout cannot make the grader wait.
 - **Per child, not per user**: the watchdog also counts the tree's processes (``Limits.processes``: an
   ``RLIMIT_NPROC`` would count every process of the uid, which all sandboxes share as root, and which the TA's own
-  work shares as a plain user), its memory (above), and what its writable folders hold and the files it deleted
+  work shares as a plain user; where the grader can have a ``pids`` cgroup, ``cgroup.PidsGroup``, the kernel also
+  refuses any fork past it, so a fork bomb never outruns the half-second sample), its memory (above), and what its writable folders hold and the files it deleted
   but holds open (``Limits.disk_bytes``); past a limit the tree is killed and ``Outcome.limit`` says which.
 - **Network and processes outside the sandbox**: a command that is not ``sandboxed`` runs in a PID namespace of
   its own (and, with ``no_network``, a network namespace) made by its keeper where the platform allows (root, or
@@ -93,12 +94,13 @@ MARKER_ENV = "FUSELAB_CHILD_MARKER"
 OUTPUT_TAIL_BYTES = 4 * 2**20  # what is read back of a child's stdout/stderr (the files may be far larger)
 
 
-def _set_limits(limits: Limits, group=None):
+def _set_limits(limits: Limits, group=None, pids=None):
     def apply():
         os.setsid()
-        if group is not None:  # before exec: nothing the command starts is ever outside the group
-            with contextlib.suppress(OSError):
-                group.join()
+        for joined in (group, pids):  # before exec: nothing the command starts is ever outside the groups
+            if joined is not None:
+                with contextlib.suppress(OSError):
+                    joined.join()
         # the keeper hears when the grader dies, even by SIGKILL, and ends everything below it
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a segfaulting kernel must not fill the disk
@@ -600,14 +602,17 @@ class Child:
         # the kernel's count of the tree's memory, shared memory included, and its hard limit, where the grader
         # can have a memory cgroup; where not, the watchdog counts (``_over_limit``)
         self.group = cgroup.MemoryGroup.make(limits.memory_bytes) if limits.memory_bytes else None
+        # and the kernel's limit on its processes and threads, where it can have a pids cgroup (``cgroup``)
+        self.pids = cgroup.PidsGroup.make(limits.processes) if limits.processes else None
         try:
             self.process = subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), *options, "--", *command],
-                                            cwd=cwd, env=env, preexec_fn=_set_limits(limits, self.group),
+                                            cwd=cwd, env=env, preexec_fn=_set_limits(limits, self.group, self.pids),
                                             stdin=subprocess.DEVNULL, stdout=stdout or self._stdout,
                                             stderr=stderr or self._stderr, pass_fds=tuple(pass_fds))
         except BaseException:
-            if self.group is not None:
-                self.group.remove()
+            for made in (self.group, self.pids):
+                if made is not None:
+                    made.remove()
             raise
         finally:
             if started_w is not None:
@@ -615,6 +620,9 @@ class Child:
         if self.group is not None and not self.group.holds(self.process.pid):
             self.group.remove()  # it could not join (the watchdog counts instead)
             self.group = None
+        if self.pids is not None and not self.pids.holds(self.process.pid):
+            self.pids.remove()  # it could not join (the watchdog counts instead)
+            self.pids = None
         self._done = threading.Event()
         self._diag: dict = {}  # the watchdog's sock_diag sockets, by network namespace (``_socket_bytes``)
         if registry is not None:
@@ -633,7 +641,8 @@ class Child:
         """Which watched limit the tree is past now, in words; None while within them."""
         limits = self.limits
         tree = [self.process.pid] + children_of(self.process.pid, _recent_parents())
-        if limits.processes and tree_tasks(tree) > limits.processes:
+        if limits.processes and ((self.pids is not None and self.pids.hit())
+                                 or tree_tasks(tree) > limits.processes):
             return f"started more than {limits.processes} processes and threads at once (the limit)"
         if limits.memory_bytes and self.group is not None:
             # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
@@ -725,6 +734,8 @@ class Child:
                 self.out_of_memory = True
                 self.limit = self.limit or KERNEL_STOPPED
             self.group.remove()
+        if self.pids is not None:
+            self.pids.remove()
         if self.registry is not None:
             self.registry.unregister(self)
         stdout = _tail(self._stdout) if self._stdout else ""
