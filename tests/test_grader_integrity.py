@@ -6,6 +6,7 @@ Each attack here got full marks from the blocklist sanitizer that ran student ce
 import copy
 import json
 import operator
+import os
 
 import pytest
 import torch
@@ -590,8 +591,11 @@ def test_honest_folded_networks_pass_whatever_their_shape(fold_network):
     lab2.check_fold_network(fold_network, [lab2.random_network(seed), lab2.tricky_network(seed)], seed=seed)
 
 
-@pytest.mark.skipif(not isolate.sandbox_works(), reason="bubblewrap cannot start here (CI installs it)")
 def test_in_the_sandbox_the_worker_never_sees_the_checkers_folder(tmp_path):
+    if not isolate.sandbox_works():  # CI installs bubblewrap: there a sandbox that cannot start is a failure
+        if os.environ.get("FUSELAB_CI") == "1":
+            pytest.fail(f"the sandbox must work in CI: {isolate.sandbox_problem()}")
+        pytest.skip("bubblewrap cannot start here (CI installs it)")
     nb = _notebook([
         _cell(SETUP, "setup"),
         _cell("def peek():\n    return ''", "sol_peek", solution=True),
