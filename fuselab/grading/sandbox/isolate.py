@@ -89,6 +89,7 @@ class Outcome:
 PR_SET_PDEATHSIG = 1
 KERNEL_STOPPED = ("used more memory than allowed (what its processes hold, /tmp, /var/tmp, /dev/shm and shared "
                   "memory included)")
+PROCESSES_STOPPED = "started more than {} processes and threads at once (the limit)"
 KEEPER = Path(__file__).with_name("keeper.py")
 MARKER_ENV = "FUSELAB_CHILD_MARKER"
 OUTPUT_TAIL_BYTES = 4 * 2**20  # what is read back of a child's stdout/stderr (the files may be far larger)
@@ -643,7 +644,7 @@ class Child:
         tree = [self.process.pid] + children_of(self.process.pid, _recent_parents())
         if limits.processes and ((self.pids is not None and self.pids.hit())
                                  or tree_tasks(tree) > limits.processes):
-            return f"started more than {limits.processes} processes and threads at once (the limit)"
+            return PROCESSES_STOPPED.format(limits.processes)
         if limits.memory_bytes and self.group is not None:
             # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
             if self.group.oom_kills() or self.group.used() + self._socket_bytes(tree) > limits.memory_bytes:
@@ -735,6 +736,8 @@ class Child:
                 self.limit = self.limit or KERNEL_STOPPED
             self.group.remove()
         if self.pids is not None:
+            if self.pids.hit():  # the kernel refused a fork at the limit, whether or not the watchdog looked since
+                self.limit = self.limit or PROCESSES_STOPPED.format(self.limits.processes)
             self.pids.remove()
         if self.registry is not None:
             self.registry.unregister(self)
