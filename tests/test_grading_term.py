@@ -285,20 +285,23 @@ def _report_rows(report: str) -> dict:
 
 
 def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_export(term_folder, tmp_path):
-    """Week 6: a TA hand-grades John's written answer of lab 0 through formgrader's own web API (``fuselab
-    formgrader``), then runs ``fuselab grade`` of week 1 again (nothing regraded): every student's every lab is
-    where it should be in grades.csv, the report, the feedback page and the LMS export, the non-submitter, the
-    late one and the .html one included."""
+    """Week 6: a TA hand-grades John's written answers through formgrader's own web API (``fuselab formgrader``),
+    one of lab 0 and both of his late lab 1, then runs ``fuselab grade`` of week 1 again (nothing regraded):
+    every student's every lab is where it should be in grades.csv, the report, the feedback page and the LMS
+    export, the non-submitter, the late one and the .html one included; lab 1's late penalty (the term's "zero")
+    takes John's hand points away in every one of them alike."""
     out = term_folder["out"]
     with formgrader_api.serving(out, tmp_path) as server:
         assert {"lab0", "lab1"} <= {a["name"] for a in server.get("assignments")}  # the course's gradebook
-        server.grade("lab0", "lab0", "smithjohn_1002", "answer_sweep", 1.5, "A good sweep; say why it flattens.")
+        server.grade("lab0", "lab0", "smithjohn_1002", "answer_sweep", 0.5, "A good sweep; say why it flattens.")
+        server.grade("lab1", "lab1", "smithjohn_1002", "answer_roofline", 1)
+        server.grade("lab1", "lab1", "smithjohn_1002", "answer_in_place", 1)
     rerun = pipeline.grade(term_folder["week1"], _settings(out))
     assert rerun.graded_now == 0  # the hand grade needs no regrading
 
     # grades.csv: (total, max, status, late) of each student's each lab, and the row's totals
     rows = _rows(out / "grades.csv")
-    expected = {"smithjohn_1002": {"lab0": ("7.5", "12", "graded", ""), "lab1": ("0", "17", "graded", "late")},
+    expected = {"smithjohn_1002": {"lab0": ("6.5", "12", "graded", ""), "lab1": ("0", "17", "graded", "late")},
                 "doejane_1003": {"lab0": ("4", "12", "graded", "late"), "lab1": ("0", "17", "missing", "")},
                 "leeann_1004": {"lab0": ("0", "12", "missing", ""), "lab1": ("0", "17", "missing", "")},
                 "nguyenbao_1005": {"lab0": ("", "12", "not graded", ""), "lab1": ("0", "17", "missing", "")}}
@@ -310,7 +313,11 @@ def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_exp
                 == (total, maximum, status, late), (student, lab, row)
         assert (row["total"], row["max"]) == (f"{sum(float(t or 0) for t, *_ in labs.values()):g}", "29"), row
     john = rows["smithjohn_1002"]
-    assert john["lab0/answer_sweep"] == "1.5" and john["lab0/answer_naive_timing"] == ""  # the other: not yet
+    assert john["lab0/answer_sweep"] == "0.5" and john["lab0/answer_naive_timing"] == ""  # the other: not yet
+    # lab 1: 2 points by hand, all taken by the late penalty, its own column; lab 0 was not late
+    assert (john["lab1/answer_roofline"], john["lab1/answer_in_place"], john["lab1 late penalty"]) == ("1", "1", "2")
+    assert [row["lab0 late penalty"] for row in rows.values()] == ["", "", "", ""]
+    assert rows["doejane_1003"]["lab1 late penalty"] == ""
     assert [john[f"lab0/{t}"] for t in ("test_dram_bytes", "test_unfused", "test_fused", "test_speedup")] == \
         ["1", "3", "2", "0"]
     assert rows["doejane_1003"]["lab0/answer_sweep"] == "" and rows["doejane_1003"]["lab0/test_fused"] == "0"
@@ -318,7 +325,7 @@ def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_exp
 
     # the report: each lab's row of each student, its total out of the lab's maximum
     table = _report_rows((out / "report.md").read_text())
-    shown_totals = {"smithjohn_1002": {"lab0": "**7.5** / 12", "lab1": "**0** / 17"},
+    shown_totals = {"smithjohn_1002": {"lab0": "**6.5** / 12", "lab1": "**0** / 17"},
                     "doejane_1003": {"lab0": "**4** / 12", "lab1": "0 / 17"},
                     "leeann_1004": {"lab0": "0 / 12", "lab1": "0 / 17"},
                     "nguyenbao_1005": {"lab0": "- / 12", "lab1": "0 / 17"}}
@@ -327,12 +334,19 @@ def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_exp
             assert total in table[(lab, student)], (student, lab, table[(lab, student)])
     assert "late" in table[("lab0", "doejane_1003")] and "late (2026-09-22T03:00:00)" in table[("lab1", "smithjohn_1002")]
     assert "[page](feedback/smithjohn_1002/lab0.html)" in table[("lab0", "smithjohn_1002")]
+    report = (out / "report.md").read_text()
+    lab0, lab1 = report[report.index("## lab0"):report.index("## lab1")], report[report.index("## lab1"):]
+    assert "| late penalty | total |" in lab1 and "late penalty" not in lab0  # only where a lab has one
+    assert "| -2 | **0** / 17 |" in next(line for line in lab1.splitlines() if line.startswith("| smithjohn_1002 |"))
     assert "4 student(s)" in (out / "report.md").read_text()
 
     # John's page: the hand points, the comment, the total with them; Jane's: no hand points yet
     page = (out / "feedback" / "smithjohn_1002" / "lab0.html").read_text()
-    assert "A good sweep; say why it flattens." in page and "Total: 7.5 of 12 points" in page
-    assert "Graded by hand: 1.5 of 2 points (1 answer(s) still to be graded)" in page
+    assert "A good sweep; say why it flattens." in page and "Total: 6.5 of 12 points" in page
+    assert "Graded by hand: 0.5 of 2 points (1 answer(s) still to be graded)" in page and "Late penalty" not in page
+    page = (out / "feedback" / "smithjohn_1002" / "lab1.html").read_text()
+    assert "Graded by hand: 2 of 2 points. Total: 2 of 17 points." in page
+    assert "Late penalty: 2 points (handed in after the due date). Total after it: 0 of 17 points." in page
     assert "Total: 4 of 12 points" in (out / "feedback" / "doejane_1003" / "lab0.html").read_text()
     assert not (out / "feedback" / "nguyenbao_1005").exists() and not (out / "feedback" / "leeann_1004").exists()
 
@@ -344,7 +358,7 @@ def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_exp
     assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 0 (777)", "lab1"]
     assert possible[0].strip() == "Points Possible" and possible[5:] == ["12", "17"]  # the hand-graded cells in
     by_id = {line[1]: line for line in lines}
-    assert by_id == {"1002": ["Smith, John", "1002", "s2", "jsmith", "A", "7.5", "0"],   # lab 1 late: "zero"
+    assert by_id == {"1002": ["Smith, John", "1002", "s2", "jsmith", "A", "6.5", "0"],   # lab 1 late: "zero"
                      "1003": ["Doe, Jane", "1003", "s3", "jdoe", "A", "4", "0"],        # late by Canvas, lab 1 missing
                      "1004": ["Lee, Ann", "1004", "s4", "alee", "A", "0", "0"],         # submitted nothing: 0
                      "1005": ["Nguyen, Bao", "1005", "s5", "bnguyen", "A", "", "0"]}    # the .html: left blank
@@ -352,7 +366,10 @@ def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_exp
         mine = by_id[rows[student]["lms id"]]
         assert [mine[5] or "", mine[6]] == [labs["lab0"][0], labs["lab1"][0]], student
     totals = _rows(to / "totals.csv")
-    assert sorted(totals) == sorted(expected) and totals["smithjohn_1002"]["lab0 (12)"] == "7.5"
+    assert sorted(totals) == sorted(expected) and totals["smithjohn_1002"]["lab0 (12)"] == "6.5"
+    nbgrader_csv = {(r["assignment"], r["student_id"]): r for r in csv.DictReader((out / "nbgrader-grades.csv").open())}
+    john_lab1 = nbgrader_csv[("lab1", "smithjohn_1002")]
+    assert (john_lab1["raw_score"], john_lab1["late_submission_penalty"], john_lab1["score"]) == ("2.0", "2.0", "0.0")
     assert not list(to.glob("moodle-*.csv"))  # nobody came from Moodle
 
 
