@@ -154,6 +154,47 @@ def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, mon
     assert not (out / "export" / "canvas-grades.csv").exists()
 
 
+def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):
+    """A notebook at the top of the class zip (whose, nobody can tell) and two zip members of one name (which copy
+    is bob's, nobody can tell) are rows of grades.csv and the report, "not graded" and why, and stay rows when a
+    later run of the term grades another lab. Graded cheaply: each submission's result written as a grading run
+    writes it (tests/test_hand_grading.py), the intake, entries and outputs the real ones."""
+    from .test_hand_grading import _fake_grade
+    bulk = tmp_path / "class.zip"
+    with zipfile.ZipFile(bulk, "w") as zf:
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "ann/lab0/lab0.ipynb")
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "lab0.ipynb")  # at the top: nobody's
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "bob/lab0/lab0.ipynb")
+        with pytest.warns(UserWarning, match="Duplicate name"):  # Python's zipfile says so too
+            zf.write(course.SOLUTIONS / "lab0" / "lab0.ipynb", "bob/lab0/lab0.ipynb")  # the same name again
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade(sub, out))
+    pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+
+    def check(*graded):
+        rows = _rows(out / "grades.csv")
+        nobody = term.nobodys("lab0.ipynb")
+        assert sorted(rows) == sorted([nobody, "bob", *graded])
+        assert [rows[who]["lab0 status"] for who in graded] == ["graded"] * len(graded)
+        assert rows[nobody]["lab0 status"].startswith("not graded: ") and "top level" in rows[nobody]["lab0 status"]
+        assert rows["bob"]["lab0 status"].startswith("not graded: ") and "duplicate" in rows["bob"]["lab0 status"]
+        assert rows["bob"]["lab0 total"] == rows[nobody]["lab0 total"] == ""
+        report = (out / "report.md").read_text()
+        for who, why in ((nobody, "top level"), ("bob", "duplicate")):
+            line = next(line for line in report.splitlines() if line.startswith(f"| {who} |"))
+            assert "not graded: " in line and why in line, line
+        assert f"{len(graded) + 2} student(s)" in report
+
+    check("ann")
+    # a later run of the term, of a late student alone: the rows of the first run stay, reasons and all
+    later = tmp_path / "later"
+    _write(later / "carol" / "lab0" / "lab0.ipynb", (course.LABS / "lab0" / "lab0.ipynb").read_text())
+    pipeline.grade(later, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    check("ann", "carol")
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"

@@ -586,7 +586,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:
-        problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed)))
+        problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed), of_the_run=True))
     else:
         keep_references(reference, settings)
     clock = phase_done("reference runs", clock)
