@@ -44,6 +44,13 @@ class Formgrader:
     def put(self, path, body):
         return _put(self.base, self.token, path, body)
 
+    def post(self, path):
+        """A button of formgrader's pages that runs an nbgrader step (release, collect, feedback): its answer."""
+        request = urllib.request.Request(f"{self.base}/formgrader/api/{path}?token={self.token}", method="POST",
+                                         data=b"{}", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+
     def submission(self, lab: str, notebook: str, student: str) -> dict:
         return next(s for s in self.get(f"submitted_notebooks/{lab}/{notebook}") if s["student"] == student)
 
@@ -58,12 +65,13 @@ class Formgrader:
 
 
 @contextlib.contextmanager
-def serving(run: Path, scratch: Path):
+def serving(run: Path, scratch: Path, **env_more):
     """``fuselab formgrader RUN`` on a free port, once its API answers; stopped (its process group) on leaving.
-    ``scratch``: a folder for Jupyter's runtime and config folders and the server's log."""
+    ``scratch``: a folder for Jupyter's runtime and config folders and the server's log; ``env_more``: more of
+    the server's environment."""
     port = formgrader.free_port()
     env = dict(os.environ, PATH="/usr/bin:/bin", JUPYTER_RUNTIME_DIR=str(scratch / "rt"),
-               JUPYTER_CONFIG_DIR=str(scratch / "jcfg"), PYTHONPATH=str(course.REPO))
+               JUPYTER_CONFIG_DIR=str(scratch / "jcfg"), PYTHONPATH=str(course.REPO), **env_more)
     log = scratch / "server.log"
     with log.open("w") as sink:
         server = subprocess.Popen([str(Path(sys.executable).parent / "fuselab"), "formgrader", str(run),

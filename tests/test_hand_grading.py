@@ -142,7 +142,8 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     auto_total, maximum = float(ann["lab0 total"]), float(ann["lab0 max"])
 
     # `fuselab formgrader RUN` from the venv's own bin, with a PATH that does not hold it
-    with formgrader_api.serving(out, tmp_path) as server:
+    exchange = tmp_path / "exchange"  # where nbgrader's exchange would be (grader/nbgrader_config.py reads this)
+    with formgrader_api.serving(out, tmp_path, FUSELAB_EXCHANGE=str(exchange)) as server:
         assignments = server.get("assignments")
         assert [a["name"] for a in assignments] == [LAB], assignments  # the run's gradebook, not the repository's
         server.grade(LAB, LAB, "ann", "answer_sweep", 1.5, "Good sweep, but say why L2.")
@@ -152,6 +153,17 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
                                       page, re.S).group(1))
         assert set(formgrader.STUDENT_LAB_PLUGINS) <= set(config["disabledExtensions"]), config["disabledExtensions"]
         assert "@jupyter/nbgrader:formgrader" not in config["disabledExtensions"]
+        # nbgrader's own buttons that reach students through the exchange: each refused, nothing written
+        course_files = sorted(p.relative_to(out) for p in out.rglob("*"))
+        assert server.post(f"assignment/{LAB}/generate_feedback")["success"]  # stays in the run (hidden tests cut)
+        for step in (f"assignment/{LAB}/release_feedback", f"assignment/{LAB}/ann/release_feedback",
+                     f"assignment/{LAB}/release", f"assignment/{LAB}/collect"):
+            answer = server.post(step)
+            assert answer["success"] is False and "without an exchange" in answer.get("error", "") + \
+                answer.get("log", ""), (step, answer)
+        assert not exchange.exists()
+        written = sorted(set(p.relative_to(out) for p in out.rglob("*")) - set(course_files))
+        assert all(p.parts[:2] == ("course", "feedback") for p in written), written
         logged = server.log.read_text()
         assert "Unwritable directory" not in logged and "exchange" not in logged.lower(), logged[-3000:]
         assert "alembic" not in logged, logged[-3000:]
