@@ -424,3 +424,26 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
     with pytest.raises(SystemExit, match="LAB=WHEN"):
         cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--due", "lab0"])
     assert not (out / "work").exists() and not (out / "grades.csv").exists()
+
+
+def test_a_misspelled_student_is_said_before_a_sandbox_that_does_not_work(tmp_path, capsys, monkeypatch):
+    """On a machine whose sandbox cannot start, a TA's misspelled --students id is the first thing said: the
+    name error, listing the ids, not the sandbox's; nothing is written."""
+    from fuselab.grading.sandbox import isolate
+    _write(tmp_path / "class" / "doejane_1003" / "lab0" / "lab0.ipynb")
+    _write(tmp_path / "class" / "smithjohn_1002" / "lab0" / "lab0.ipynb")
+    checked = []
+    monkeypatch.setattr(isolate, "sandbox_problem",
+                        lambda *a, **k: checked.append(1) or "bubblewrap cannot start a sandbox here")
+    out = tmp_path / "course"
+    code = cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--students", "doejane"])
+    err = capsys.readouterr().err
+    assert code != 0 and "no such student(s)" in err and "doejane_1003" in err and "smithjohn_1002" in err, err
+    assert "sandbox" not in err and checked == [] and not out.exists()
+    with pytest.raises(pipeline.UnknownNames, match="lab9"):
+        pipeline.grade(tmp_path / "class", pipeline.Settings(out=out, labs=["lab9"], progress=False))
+    assert checked == [] and not out.exists()
+    # spelled right, the sandbox is checked next, and refuses
+    with pytest.raises(pipeline.GradingRefused, match="sandbox does not work"):
+        pipeline.grade(tmp_path / "class", pipeline.Settings(out=out, students=["doejane_1003"], progress=False))
+    assert checked == [1]
