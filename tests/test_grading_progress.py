@@ -8,16 +8,20 @@ from .test_hand_grading import _fake_grade, graded_run  # noqa: F401 - the fixtu
 PHASES = ("course set-up", "reference runs", "gradebook", "feedback and report")
 
 
-def test_a_one_student_regrade_shows_every_phase_on_stderr(graded_run, capsys, monkeypatch, tmp_path):
+def test_a_one_student_regrade_shows_every_phase_on_stderr(graded_run, capsys, monkeypatch):
     source, out, settings = graded_run
     capsys.readouterr()
     regraded = []
     monkeypatch.setattr(pipeline, "grade_submission",
-                        lambda sub, *a, **k: regraded.append(sub.student) or _fake_grade(sub, out, tmp_path))
+                        lambda sub, *a, **k: regraded.append(sub.student) or _fake_grade(sub, out))
     settings.students, settings.force, settings.progress = ["ann"], True, True
-    pipeline.grade(source, settings)
+    result = pipeline.grade(source, settings)
     said = capsys.readouterr()
     assert regraded == ["ann"]
+    # the regrade succeeded: ann's result is this run's, nothing failed in the grader
+    assert [(r.student, r.lab) for r in result.results] == [("ann", "lab0")] and result.graded_now == 1
+    assert not [p for p in result.problems if p.grader_failed], result.problems
+    assert result.results[0].total == result.results[0].max_total > 0
     for phase in (*PHASES, "grading"):
         assert f"{phase}: 100%" in said.err, (phase, said.err[-2000:])
     assert said.out == ""

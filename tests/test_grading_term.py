@@ -24,6 +24,8 @@ from fuselab.grading.outputs import export
 from fuselab.grading.records import intake, nbgrader_run, roster, term
 from fuselab.grading.gpus import schedule
 
+from . import formgrader_api
+
 LABS = {"lab0": "lab0.ipynb", "lab1": "lab1.ipynb"}
 NB = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []})
 EXAMPLES = course.GRADER / "examples"
@@ -152,6 +154,47 @@ def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, mon
     assert not (out / "export" / "canvas-grades.csv").exists()
 
 
+def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):
+    """A notebook at the top of the class zip (whose, nobody can tell) and two zip members of one name (which copy
+    is bob's, nobody can tell) are rows of grades.csv and the report, "not graded" and why, and stay rows when a
+    later run of the term grades another lab. Graded cheaply: each submission's result written as a grading run
+    writes it (tests/test_hand_grading.py), the intake, entries and outputs the real ones."""
+    from .test_hand_grading import _fake_grade
+    bulk = tmp_path / "class.zip"
+    with zipfile.ZipFile(bulk, "w") as zf:
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "ann/lab0/lab0.ipynb")
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "lab0.ipynb")  # at the top: nobody's
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "bob/lab0/lab0.ipynb")
+        with pytest.warns(UserWarning, match="Duplicate name"):  # Python's zipfile says so too
+            zf.write(course.SOLUTIONS / "lab0" / "lab0.ipynb", "bob/lab0/lab0.ipynb")  # the same name again
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade(sub, out))
+    pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+
+    def check(*graded):
+        rows = _rows(out / "grades.csv")
+        nobody = term.nobodys("lab0.ipynb")
+        assert sorted(rows) == sorted([nobody, "bob", *graded])
+        assert [rows[who]["lab0 status"] for who in graded] == ["graded"] * len(graded)
+        assert rows[nobody]["lab0 status"].startswith("not graded: ") and "top level" in rows[nobody]["lab0 status"]
+        assert rows["bob"]["lab0 status"].startswith("not graded: ") and "duplicate" in rows["bob"]["lab0 status"]
+        assert rows["bob"]["lab0 total"] == rows[nobody]["lab0 total"] == ""
+        report = (out / "report.md").read_text()
+        for who, why in ((nobody, "top level"), ("bob", "duplicate")):
+            line = next(line for line in report.splitlines() if line.startswith(f"| {who} |"))
+            assert "not graded: " in line and why in line, line
+        assert f"{len(graded) + 2} student(s)" in report
+
+    check("ann")
+    # a later run of the term, of a late student alone: the rows of the first run stay, reasons and all
+    later = tmp_path / "later"
+    _write(later / "carol" / "lab0" / "lab0.ipynb", (course.LABS / "lab0" / "lab0.ipynb").read_text())
+    pipeline.grade(later, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    check("ann", "carol")
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"
@@ -190,14 +233,15 @@ def term_folder(tmp_path_factory, instructor_references):
     _write(week2 / "smithjohn_1002" / "lab1" / "timestamp.txt", "2026-09-22 03:00:00 UTC")
     config = _write(base / "grader" / "nbgrader_config.py",
                     nbgrader_run.NBGRADER_CONFIG.read_text() + '\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
-    with pytest.MonkeyPatch.context() as patch:  # the TA's choice of nbgrader's penalty: late work scores zero
+    # the TA's choice of nbgrader's penalty from week 2 on, for the rest of the term: late work scores zero
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(nbgrader_run, "NBGRADER_CONFIG", config)
         second = pipeline.grade(week2, _settings(out, due={"lab1": "2026-09-21T23:59"}))
-    before = {path.relative_to(out): path.read_bytes() for path in
-              [out / "grades.csv", *sorted((out / "feedback").rglob("*.html")),
-               *sorted(out.glob("work/*/*/result.json"))]}
-    return {"out": out, "first": first, "second": second, "week1": week1, "grades_week1": grades_week1,
-            "before": before, "base": base}
+        before = {path.relative_to(out): path.read_bytes() for path in
+                  [out / "grades.csv", *sorted((out / "feedback").rglob("*.html")),
+                   *sorted(out.glob("work/*/*/result.json"))]}
+        yield {"out": out, "first": first, "second": second, "week1": week1, "grades_week1": grades_week1,
+               "before": before, "base": base}
 
 
 def test_week_one_accounts_for_everyone_on_the_roster(term_folder):
@@ -269,31 +313,104 @@ def test_a_misspelled_student_or_lab_fails_listing_the_names(term_folder, capsys
     assert (out / "grades.csv").read_bytes() == stamp
 
 
-def test_the_lms_export_has_nbgraders_totals_with_hand_grading(term_folder):
+def _report_rows(report: str) -> dict:
+    """``{(lab, student): the row's cells}`` of report.md's per-lab tables."""
+    rows, lab = {}, None
+    for line in report.splitlines():
+        if line.startswith("## "):
+            lab = line[3:].strip()
+        elif line.startswith("| ") and not line.startswith(("| student", "| ---")):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[(lab, cells[0])] = cells
+    return rows
+
+
+def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_export(term_folder, tmp_path):
+    """Week 6: a TA hand-grades John's written answers through formgrader's own web API (``fuselab formgrader``),
+    one of lab 0 and both of his late lab 1, then runs ``fuselab grade`` of week 1 again (nothing regraded):
+    every student's every lab is where it should be in grades.csv, the report, the feedback page and the LMS
+    export, the non-submitter, the late one and the .html one included; lab 1's late penalty (the term's "zero")
+    takes John's hand points away in every one of them alike."""
     out = term_folder["out"]
-    from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:  # what formgrader does
-        grade = gradebook.find_grade("answer_sweep", "lab0", "lab0", "smithjohn_1002")
-        grade.manual_score = 1.0
-        gradebook.db.commit()
+    with formgrader_api.serving(out, tmp_path) as server:
+        assert {"lab0", "lab1"} <= {a["name"] for a in server.get("assignments")}  # the course's gradebook
+        server.grade("lab0", "lab0", "smithjohn_1002", "answer_sweep", 0.5, "A good sweep; say why it flattens.")
+        server.grade("lab1", "lab1", "smithjohn_1002", "answer_roofline", 1)
+        server.grade("lab1", "lab1", "smithjohn_1002", "answer_in_place", 1)
+    rerun = pipeline.grade(term_folder["week1"], _settings(out))
+    assert rerun.graded_now == 0  # the hand grade needs no regrading
+
+    # grades.csv: (total, max, status, late) of each student's each lab, and the row's totals
+    rows = _rows(out / "grades.csv")
+    expected = {"smithjohn_1002": {"lab0": ("6.5", "12", "graded", ""), "lab1": ("0", "17", "graded", "late")},
+                "doejane_1003": {"lab0": ("4", "12", "graded", "late"), "lab1": ("0", "17", "missing", "")},
+                "leeann_1004": {"lab0": ("0", "12", "missing", ""), "lab1": ("0", "17", "missing", "")},
+                "nguyenbao_1005": {"lab0": ("", "12", "not graded", ""), "lab1": ("0", "17", "missing", "")}}
+    assert sorted(rows) == sorted(expected)
+    for student, labs in expected.items():
+        row = rows[student]
+        for lab, (total, maximum, status, late) in labs.items():
+            assert (row[f"{lab} total"], row[f"{lab} max"], row[f"{lab} status"].split(":")[0], row[f"{lab} late"]) \
+                == (total, maximum, status, late), (student, lab, row)
+        assert (row["total"], row["max"]) == (f"{sum(float(t or 0) for t, *_ in labs.values()):g}", "29"), row
+    john = rows["smithjohn_1002"]
+    assert john["lab0/answer_sweep"] == "0.5" and john["lab0/answer_naive_timing"] == ""  # the other: not yet
+    # lab 1: 2 points by hand, all taken by the late penalty, its own column; lab 0 was not late
+    assert (john["lab1/answer_roofline"], john["lab1/answer_in_place"], john["lab1 late penalty"]) == ("1", "1", "2")
+    assert [row["lab0 late penalty"] for row in rows.values()] == ["", "", "", ""]
+    assert rows["doejane_1003"]["lab1 late penalty"] == ""
+    assert [john[f"lab0/{t}"] for t in ("test_dram_bytes", "test_unfused", "test_fused", "test_speedup")] == \
+        ["1", "3", "2", "0"]
+    assert rows["doejane_1003"]["lab0/answer_sweep"] == "" and rows["doejane_1003"]["lab0/test_fused"] == "0"
+    assert "wrong file type" in rows["nguyenbao_1005"]["lab0 status"]
+
+    # the report: each lab's row of each student, its total out of the lab's maximum
+    table = _report_rows((out / "report.md").read_text())
+    shown_totals = {"smithjohn_1002": {"lab0": "**6.5** / 12", "lab1": "**0** / 17"},
+                    "doejane_1003": {"lab0": "**4** / 12", "lab1": "0 / 17"},
+                    "leeann_1004": {"lab0": "0 / 12", "lab1": "0 / 17"},
+                    "nguyenbao_1005": {"lab0": "- / 12", "lab1": "0 / 17"}}
+    for student, labs in shown_totals.items():
+        for lab, total in labs.items():
+            assert total in table[(lab, student)], (student, lab, table[(lab, student)])
+    assert "late" in table[("lab0", "doejane_1003")] and "late (2026-09-22T03:00:00)" in table[("lab1", "smithjohn_1002")]
+    assert "[page](feedback/smithjohn_1002/lab0.html)" in table[("lab0", "smithjohn_1002")]
+    report = (out / "report.md").read_text()
+    lab0, lab1 = report[report.index("## lab0"):report.index("## lab1")], report[report.index("## lab1"):]
+    assert "| late penalty | total |" in lab1 and "late penalty" not in lab0  # only where a lab has one
+    assert "| -2 | **0** / 17 |" in next(line for line in lab1.splitlines() if line.startswith("| smithjohn_1002 |"))
+    assert "4 student(s)" in (out / "report.md").read_text()
+
+    # John's page: the hand points, the comment, the total with them; Jane's: no hand points yet
+    page = (out / "feedback" / "smithjohn_1002" / "lab0.html").read_text()
+    assert "A good sweep; say why it flattens." in page and "Total: 6.5 of 12 points" in page
+    assert "Graded by hand: 0.5 of 2 points (1 answer(s) still to be graded)" in page and "Late penalty" not in page
+    page = (out / "feedback" / "smithjohn_1002" / "lab1.html").read_text()
+    assert "Graded by hand: 2 of 2 points. Total: 2 of 17 points." in page
+    assert "Late penalty: 2 points (handed in after the due date). Total after it: 0 of 17 points." in page
+    assert "Total: 4 of 12 points" in (out / "feedback" / "doejane_1003" / "lab0.html").read_text()
+    assert not (out / "feedback" / "nguyenbao_1005").exists() and not (out / "feedback" / "leeann_1004").exists()
+
+    # the LMS export: nbgrader's totals (the hand points in), every student's every lab
     to = term_folder["base"] / "upload"
     assert cli.main(["export", str(out), "--to", str(to)]) == 0
     with open(to / "canvas-grades.csv", encoding="utf-8") as handle:
-        lines = list(csv.reader(handle))
-    header, possible, *rows = lines
+        header, possible, *lines = list(csv.reader(handle))
     assert header == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 0 (777)", "lab1"]
-    # nbgrader's maxima, the hand-graded cells in
-    assert possible[0].strip() == "Points Possible" and possible[5:] == ["12", "17"]
-    by_id = {row[1]: row for row in rows}
-    assert sorted(by_id) == ["1002", "1003", "1004", "1005"]
-    assert by_id["1002"][:5] == ["Smith, John", "1002", "s2", "jsmith", "A"]
-    assert by_id["1002"][5:] == ["7", "0"]       # 6 autograded + 1 by hand; lab 1 late: nbgrader's penalty
-    assert by_id["1003"][6] == "0" and by_id["1004"][5:] == ["0", "0"]  # missing: 0
-    assert by_id["1005"][5] == ""                # not graded (an .html): the LMS keeps what it has
-    doe = float(by_id["1003"][5])
-    assert doe == float(_rows(out / "grades.csv")["doejane_1003"]["lab0 total"])
+    assert possible[0].strip() == "Points Possible" and possible[5:] == ["12", "17"]  # the hand-graded cells in
+    by_id = {line[1]: line for line in lines}
+    assert by_id == {"1002": ["Smith, John", "1002", "s2", "jsmith", "A", "6.5", "0"],   # lab 1 late: "zero"
+                     "1003": ["Doe, Jane", "1003", "s3", "jdoe", "A", "4", "0"],        # late by Canvas, lab 1 missing
+                     "1004": ["Lee, Ann", "1004", "s4", "alee", "A", "0", "0"],         # submitted nothing: 0
+                     "1005": ["Nguyen, Bao", "1005", "s5", "bnguyen", "A", "", "0"]}    # the .html: left blank
+    for student, labs in expected.items():  # the export and grades.csv agree wherever there is a grade
+        mine = by_id[rows[student]["lms id"]]
+        assert [mine[5] or "", mine[6]] == [labs["lab0"][0], labs["lab1"][0]], student
     totals = _rows(to / "totals.csv")
-    assert totals["smithjohn_1002"]["lab0 (12)"] == "7"
+    assert sorted(totals) == sorted(expected) and totals["smithjohn_1002"]["lab0 (12)"] == "6.5"
+    nbgrader_csv = {(r["assignment"], r["student_id"]): r for r in csv.DictReader((out / "nbgrader-grades.csv").open())}
+    john_lab1 = nbgrader_csv[("lab1", "smithjohn_1002")]
+    assert (john_lab1["raw_score"], john_lab1["late_submission_penalty"], john_lab1["score"]) == ("2.0", "2.0", "0.0")
     assert not list(to.glob("moodle-*.csv"))  # nobody came from Moodle
 
 
@@ -307,3 +424,26 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
     with pytest.raises(SystemExit, match="LAB=WHEN"):
         cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--due", "lab0"])
     assert not (out / "work").exists() and not (out / "grades.csv").exists()
+
+
+def test_a_misspelled_student_is_said_before_a_sandbox_that_does_not_work(tmp_path, capsys, monkeypatch):
+    """On a machine whose sandbox cannot start, a TA's misspelled --students id is the first thing said: the
+    name error, listing the ids, not the sandbox's; nothing is written."""
+    from fuselab.grading.sandbox import isolate
+    _write(tmp_path / "class" / "doejane_1003" / "lab0" / "lab0.ipynb")
+    _write(tmp_path / "class" / "smithjohn_1002" / "lab0" / "lab0.ipynb")
+    checked = []
+    monkeypatch.setattr(isolate, "sandbox_problem",
+                        lambda *a, **k: checked.append(1) or "bubblewrap cannot start a sandbox here")
+    out = tmp_path / "course"
+    code = cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--students", "doejane"])
+    err = capsys.readouterr().err
+    assert code != 0 and "no such student(s)" in err and "doejane_1003" in err and "smithjohn_1002" in err, err
+    assert "sandbox" not in err and checked == [] and not out.exists()
+    with pytest.raises(pipeline.UnknownNames, match="lab9"):
+        pipeline.grade(tmp_path / "class", pipeline.Settings(out=out, labs=["lab9"], progress=False))
+    assert checked == [] and not out.exists()
+    # spelled right, the sandbox is checked next, and refuses
+    with pytest.raises(pipeline.GradingRefused, match="sandbox does not work"):
+        pipeline.grade(tmp_path / "class", pipeline.Settings(out=out, students=["doejane_1003"], progress=False))
+    assert checked == [1]

@@ -12,9 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +23,8 @@ from fuselab.grading.outputs import formgrader
 from fuselab.grading.records import nbgrader_run
 from fuselab.grading.run import pipeline
 from fuselab.grading.records.results import CellResult, SubmissionResult
+
+from . import formgrader_api
 
 LAB = "lab0"
 STUDENTS = ("ann", "bob")
@@ -135,19 +134,6 @@ def test_hidden_test_regions_are_cut_from_any_notebook(tmp_path):
     assert cells[1]["source"] == "x" and cells[2] == "not a cell"
 
 
-def _put(base, token, path, body):
-    request = urllib.request.Request(f"{base}/formgrader/api/{path}?token={token}", method="PUT",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
-def _get(base, token, path):
-    joined = "&" if "?" in path else "?"
-    with urllib.request.urlopen(f"{base}/formgrader/api/{path}{joined}token={token}", timeout=30) as response:
-        return json.loads(response.read())
-
-
 def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(graded_run, tmp_path):
     source, out, settings = graded_run
     before = list(csv.DictReader((out / "grades.csv").open()))
@@ -156,51 +142,31 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     auto_total, maximum = float(ann["lab0 total"]), float(ann["lab0 max"])
 
     # `fuselab formgrader RUN` from the venv's own bin, with a PATH that does not hold it
-    port = formgrader.free_port()
-    env = dict(os.environ, PATH="/usr/bin:/bin", JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"), PYTHONPATH=str(course.REPO))
-    log = tmp_path / "server.log"
-    with log.open("w") as sink:
-        server = subprocess.Popen([str(Path(sys.executable).parent / "fuselab"), "formgrader", str(out),
-                                   "--port", str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        started = time.monotonic()
-        while "token=" not in log.read_text():
-            assert server.poll() is None, log.read_text()
-            assert time.monotonic() - started < 60, log.read_text()
-            time.sleep(0.2)
-        opened = next(line for line in log.read_text().splitlines() if "/formgrader?token=" in line)
-        base, token = opened.split("open:")[1].strip().split("/formgrader?token=")
-        for _ in range(240):
-            try:
-                _get(base, token, "assignments")
-                break
-            except OSError:
-                assert server.poll() is None, log.read_text()
-                time.sleep(0.5)
-        assignments = _get(base, token, "assignments")
+    exchange = tmp_path / "exchange"  # where nbgrader's exchange would be (grader/nbgrader_config.py reads this)
+    with formgrader_api.serving(out, tmp_path, FUSELAB_EXCHANGE=str(exchange)) as server:
+        assignments = server.get("assignments")
         assert [a["name"] for a in assignments] == [LAB], assignments  # the run's gradebook, not the repository's
-        submissions = _get(base, token, f"submitted_notebooks/{LAB}/{LAB}")
-        ann_nb = next(s for s in submissions if s["student"] == "ann")
-        grades = _get(base, token, f"grades?submission_id={ann_nb['id']}")
-        sweep = next(g for g in grades if g["name"] == "answer_sweep")
-        _put(base, token, f"grade/{sweep['id']}", {**sweep, "manual_score": 1.5})
-        comments = _get(base, token, f"comments?submission_id={ann_nb['id']}")
-        remark = next(c for c in comments if c["name"] == "answer_sweep")
-        _put(base, token, f"comment/{remark['id']}", {**remark, "manual_comment": "Good sweep, but say why L2."})
-        with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=30) as response:  # no student panels
-            page = response.read().decode()
+        server.grade(LAB, LAB, "ann", "answer_sweep", 1.5, "Good sweep, but say why L2.")
+        with urllib.request.urlopen(f"{server.base}/lab?token={server.token}", timeout=30) as response:
+            page = response.read().decode()  # no student panels
         config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
                                       page, re.S).group(1))
         assert set(formgrader.STUDENT_LAB_PLUGINS) <= set(config["disabledExtensions"]), config["disabledExtensions"]
         assert "@jupyter/nbgrader:formgrader" not in config["disabledExtensions"]
-        logged = log.read_text()
+        # nbgrader's own buttons that reach students through the exchange: each refused, nothing written
+        course_files = sorted(p.relative_to(out) for p in out.rglob("*"))
+        assert server.post(f"assignment/{LAB}/generate_feedback")["success"]  # stays in the run (hidden tests cut)
+        for step in (f"assignment/{LAB}/release_feedback", f"assignment/{LAB}/ann/release_feedback",
+                     f"assignment/{LAB}/release", f"assignment/{LAB}/collect"):
+            answer = server.post(step)
+            assert answer["success"] is False and "without an exchange" in answer.get("error", "") + \
+                answer.get("log", ""), (step, answer)
+        assert not exchange.exists()
+        written = sorted(set(p.relative_to(out) for p in out.rglob("*")) - set(course_files))
+        assert all(p.parts[:2] == ("course", "feedback") for p in written), written
+        logged = server.log.read_text()
         assert "Unwritable directory" not in logged and "exchange" not in logged.lower(), logged[-3000:]
         assert "alembic" not in logged, logged[-3000:]
-    finally:
-        os.killpg(server.pid, 9)
-        server.wait()
 
     # the next `fuselab grade` of the run: nothing regraded (the fixture fails on a regrade)
     pipeline.grade(source, settings)

@@ -122,3 +122,23 @@ def test_readme_points_to_the_guide_and_its_synopsis_lists_every_option():
     synopsis = section[section.index("```"):section.index("```", section.index("```") + 3)]
     missing = sorted(o for o in options if o not in synopsis)
     assert missing == [], f"README's grading synopsis leaves out {missing}"
+
+
+def test_the_late_penalty_line_is_nbgraders_own_setting(tmp_path):
+    """The guide's line that turns a late penalty on, put in a course config as a TA would, is read by nbgrader's
+    own late-penalty plugin (``nbgrader_run.late_penalty_plugin``, which the grading run uses)."""
+    section = _section("Late work")
+    block = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
+    line = next(text for text in block.splitlines() if text.strip().startswith("c."))
+    assert line.split("#")[0].strip() == 'c.LateSubmissionPlugin.penalty_method = "zero"'
+    from fuselab.grading.records import nbgrader_run
+    config = tmp_path / "nbgrader_config.py"
+    config.write_text(nbgrader_run.NBGRADER_CONFIG.read_text() + "\n" + line + "\n")
+    original = nbgrader_run.NBGRADER_CONFIG
+    nbgrader_run.NBGRADER_CONFIG = config
+    try:
+        plugin = nbgrader_run.late_penalty_plugin().plugin_inst
+    finally:
+        nbgrader_run.NBGRADER_CONFIG = original
+    assert plugin.penalty_method == "zero" and plugin.late_submission_penalty("ann", 7.0, 3600) == 7.0
+    assert nbgrader_run.late_penalty_plugin().plugin_inst.penalty_method == "none"  # the course's default: none

@@ -36,7 +36,11 @@ def nbgrader(*args, cwd=GRADER, check=True, env=None, script=None) -> subprocess
     """Run ``nbgrader`` (or ``script``, Python that drives nbgrader's apps) with the course config (found in
     ``grader/``), the venv's tools on the PATH."""
     bin_dir = str(Path(sys.executable).parent)
-    full_env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), **(env or {}))
+    # this checkout's fuselab first: a course config names fuselab's classes (``fuselab formgrader`` writes one
+    # into a run's course, which nbgrader's commands there read), and they must be this code's
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    full_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": python_path,
+                **(env or {})}
     # nbgrader itself may be importable only through PYTHONPATH (the GPU machine's wheelhouse)
     command = [sys.executable, *(["-c", script] if script else ["-m", "nbgrader"]), *args]
     result = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True)

@@ -397,14 +397,19 @@ def _points(cell: dict) -> tuple:
 def _summary(result, verdicts: _Verdicts, manual: dict, scrub) -> dict:
     total = sum(_points(c)[0] for c in verdicts.cells.values())
     maximum = sum(_points(c)[1] for c in verdicts.cells.values())
-    summary = {"total": f"{total:g}", "maximum": f"{maximum:g}", "hand": None, "rows": [], "manual": []}
+    summary = {"total": f"{total:g}", "maximum": f"{maximum:g}", "hand": None, "late": None, "rows": [],
+               "manual": []}
     hand = {k: _dict(v) for k, v in _dict(result.get("hand_graded")).items()}
+    given = sum(_number(h.get("points")) for h in hand.values())
+    most = sum(_number(h.get("max_points")) for h in hand.values())
     if hand:  # the totals with what a teaching assistant graded by hand (handgrading.apply)
-        given = sum(_number(h.get("points")) for h in hand.values())
-        most = sum(_number(h.get("max_points")) for h in hand.values())
         waiting = sum(1 for h in hand.values() if not isinstance(h.get("points"), (int, float)))
         summary["hand"] = {"given": f"{given:g}", "most": f"{most:g}", "waiting": waiting,
                            "total": f"{total + given:g}", "maximum": f"{maximum + most:g}"}
+    penalty = _number(result.get("late_penalty"))
+    if penalty > 0:  # nbgrader's late penalty (handgrading.apply): the total the LMS gets is after it
+        summary["late"] = {"penalty": f"{penalty:g}", "total": f"{max(0.0, total + given - penalty):g}",
+                           "maximum": f"{maximum + most:g}"}
     for grade_id, cell in verdicts.cells.items():
         points, most = _points(cell)
         status = cell.get("status") if isinstance(cell.get("status"), str) else "?"

@@ -7,7 +7,8 @@ JupyterLab on that course alone: an ``nbgrader_config.py`` written into it (the 
 ``bin`` first on ``PATH`` (nbgrader calls ``alembic`` by name), and none of nbgrader's student-side extensions
 (assignment and course lists), which are what need an exchange folder. What a teaching assistant enters goes to
 the run's gradebook; ``fuselab grade`` of the same ``--out`` then puts it in ``grades.csv``, the report and the
-feedback pages (``handgrading``) without regrading.
+feedback pages (``handgrading``) without regrading. Every step of nbgrader's exchange is replaced by one that
+refuses (``EXCHANGE_STEPS``): formgrader's release, collect and feedback-release buttons reach no student.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def write_config(course: Path) -> Path:
         "c.CourseDirectory.feedback_directory = 'feedback'\n"
         f"c.CourseDirectory.db_url = {'sqlite:///' + str(course / 'gradebook.db')!r}\n"
         "c.CourseDirectory.course_id = 'fuselab'\n"
-        "# no exchange: formgrader then offers no release or collect, and feedback goes back as fuselab's pages\n"
-        "c.ExchangeFactory.list = 'fuselab.grading.outputs.formgrader.NoExchange'\n")
+        "# no exchange: formgrader's release, collect and feedback buttons do nothing (feedback goes back as\n"
+        "# fuselab's pages, which hold no hidden test), and nothing is written outside this course\n"
+        + "".join(f"c.ExchangeFactory.{trait} = 'fuselab.grading.outputs.formgrader.No{name}'\n"
+                  for trait, name in EXCHANGE_STEPS.items()))
     config.unlink(missing_ok=True)  # written new, never through a link
     config.write_text(text)
     return config
@@ -87,23 +90,35 @@ def write_lab_config(course: Path) -> Path:
     return folder
 
 
-def _no_exchange_class():
+# every step of nbgrader's exchange (``ExchangeFactory``'s plugins) → its default class, replaced by one that
+# refuses: formgrader's "Release assignment", "Collect", "Release feedback" and the rest reach no student and
+# write nothing; formgrader says the step failed
+EXCHANGE_STEPS = {"list": "ExchangeList", "release_assignment": "ExchangeReleaseAssignment",
+                  "release_feedback": "ExchangeReleaseFeedback", "collect": "ExchangeCollect",
+                  "fetch_assignment": "ExchangeFetchAssignment", "fetch_feedback": "ExchangeFetchFeedback",
+                  "submit": "ExchangeSubmit"}
+NO_EXCHANGE = ("fuselab formgrader runs without an exchange: return each student's page from the run's "
+               "feedback/ folder (fuselab grade writes them)")
+
+
+def _no_exchange_class(name: str):
     from nbgrader.exchange import ExchangeError
-    from nbgrader.exchange.default import ExchangeList  # the default's settings (Exchange.root, ...) still apply
+    from nbgrader.exchange import default  # the default's settings (Exchange.root, ...) still apply
 
-    class NoExchange(ExchangeList):
-        """An exchange that is not there, said quietly: nbgrader's formgrader asks for one on every request, and
-        the default one logs "Unwritable directory" each time its folder is missing."""
+    def start(self):
+        raise ExchangeError(NO_EXCHANGE)
 
-        def start(self):
-            raise ExchangeError("fuselab formgrader runs without an exchange")
+    # an exchange that is not there, said quietly: nbgrader's formgrader asks for the list on every request,
+    # and the default one logs "Unwritable directory" each time its folder is missing
+    return type(f"No{name}", (getattr(default, name),), {"start": start, "__doc__": NO_EXCHANGE,
+                                                        "__module__": __name__})
 
-    return NoExchange
 
-
-def __getattr__(name):  # nbgrader imports NoExchange by name; nbgrader itself is imported only then
-    if name == "NoExchange":
-        return _no_exchange_class()
+def __getattr__(name):  # nbgrader imports the classes by name; nbgrader itself is imported only then
+    if name == "NoExchange":  # the name an earlier course config gave the list
+        return _no_exchange_class("ExchangeList")
+    if name.startswith("No") and name[2:] in EXCHANGE_STEPS.values():
+        return _no_exchange_class(name[2:])
     raise AttributeError(name)
 
 

@@ -1,8 +1,8 @@
 """The class's grades and report: ``grades.csv``, ``report.md`` / ``report.html`` with figures.
 
 grades.csv has one row per student of the course (``term.standings``: every student any run met or the roster
-lists): per lab the total, its status (graded, "not graded: why", "missing"), whether it was late and when it was
-handed in, every test's points and every measured speedup. The report shows, per lab, the score distribution,
+lists): per lab the total (after nbgrader's late penalty), its status (graded, "not graded: why", "missing"),
+whether it was late, the late penalty and when it was handed in, every test's points and every measured speedup. The report shows, per lab, the score distribution,
 the speedups against the policy's threshold, the tests failed most often, a row per student with the reason for
 lost points (or for no grade) and a link to their feedback page, and everything a teaching assistant must look
 at: flagged tampering (never shown to the student: the TA decides), crashes and timeouts, malformed submissions.
@@ -98,7 +98,8 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None,
                                                       if c.lab == lab)] for lab in labs}
     header = ["student", "name", "lms id"]
     for lab in labs:
-        header += [f"{lab} total", f"{lab} max", f"{lab} status", f"{lab} late", f"{lab} submitted"] + \
+        header += [f"{lab} total", f"{lab} max", f"{lab} status", f"{lab} late", f"{lab} late penalty",
+                   f"{lab} submitted"] + \
                   [f"{lab}/{t}" for t in tests[lab] + hand[lab]] + [f"{lab}/{t} speedup" for t in speed_tests[lab]]
     unknown_lab = [s for s in standings if s.lab == term.UNKNOWN_LAB]
     header += ["total", "max", "flags"] + (["not graded (lab unknown)"] if unknown_lab else [])
@@ -126,7 +127,8 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None,
         total, _ = totals(r)  # with the written answers graded by hand
         maximum = maxima.get(r.lab)
         maximum = totals(r)[1] if maximum is None else maximum
-        row[f"{r.lab} total"] = f"{total:g}"
+        row[f"{r.lab} total"] = f"{total:g}"  # after the late penalty, its own column
+        row[f"{r.lab} late penalty"] = f"{r.late_penalty:g}" if r.late_penalty else ""
         row[f"{r.lab} max"] = f"{maximum:g}"
         for test, cell in r.cells.items():
             row[f"{r.lab}/{test}"] = f"{cell.points:g}"
@@ -300,7 +302,7 @@ def view(class_result) -> dict:
             if r is None:
                 total = "0" if standing.status == term.MISSING else "-"
                 rows.append({"student": standing.student, "cells": [[_t("-")] for _ in tests],
-                             "total": [_t(f"{total} / {maximum}")], "late": late,
+                             "total": [_t(f"{total} / {maximum}")], "late": late, "penalty": [],
                              "reason": [_t(_cut(status_text(standing, limit=None), 300))] +
                              whole(standing.student, lab), "feedback": [], "time": []})
                 continue
@@ -319,10 +321,11 @@ def view(class_result) -> dict:
             link = _relative_link(page, class_result.out) if page else ""
             total, _ = totals(r)  # with the written answers graded by hand
             rows.append({"student": r.student, "cells": cells, "total": [_b(f"{total:g}"), _t(f" / {maximum}")],
+                         "penalty": [_t(f"-{r.late_penalty:g}")] if r.late_penalty else [],
                          "late": late, "reason": [_t(_cut(lost_points(r), 400))],
                          "feedback": [("link", "page", link)] if link else [], "time": [_t(f"{r.seconds or 0:.0f} s")]})
         labs.append({"name": lab, "figure": f"{lab}-figures.png" if graded else None, "tests": tests,
-                     "maximum": maximum, "rows": rows})
+                     "maximum": maximum, "rows": rows, "penalties": any(r.late_penalty for r in graded)})
     unknown = [[_t(f"{s.student}: {_cut(status_text(s, limit=None), 500)}")] + whole(s.student, s.lab)
                for s in standings if s.lab == term.UNKNOWN_LAB]
     return {"summary": summary, "gpu": _gpu_line(results), "attention": _attention(class_result, standings, whole),

@@ -8,6 +8,10 @@ result is never graded again). ``result.json`` never holds them: the gradebook s
 
 A cell's points are nbgrader's own rule: the hand-given score where a person gave one, else the grader's.
 The maxima are nbgrader's too: every hand-graded cell counts in a lab's maximum, graded yet or not.
+
+Late work: the late penalty nbgrader's plugin gave a submission (``nbgrader_run.record``, as the course's
+``grader/nbgrader_config.py`` configures it) is read back with the rest, so grades.csv, the report and the
+feedback page show it and a total after it, the same total ``fuselab export`` gives the LMS.
 """
 
 from __future__ import annotations
@@ -39,11 +43,28 @@ def read(gradebook_db: Path) -> dict:
     return found
 
 
+def late_penalties(gradebook_db: Path) -> dict:
+    """``{(student, lab): points}``: nbgrader's late penalty of each submission that has one (its notebooks'
+    ``late_submission_penalty``, summed as nbgrader's own export does)."""
+    found: dict = {}
+    if not Path(gradebook_db).exists():
+        return found
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in assignment.submissions:
+                penalty = submission.late_submission_penalty or 0.0
+                if penalty > 0:
+                    found[(submission.student_id, assignment.name)] = float(penalty)
+    return found
+
+
 def apply(results: list, gradebook_db: Path) -> list:
     """``results`` (SubmissionResults) with the gradebook's hand grading applied: each result's ``hand_graded``
     (grade_id → points or None while ungraded, max_points, comment) and an autograded test a person re-scored
     (``by_hand`` on its cell, and ``total``). Only these in-memory copies change; nothing is saved."""
     entered = read(gradebook_db)
+    penalties = late_penalties(gradebook_db)
     applied = []
     for result in map(SubmissionResult.of, results):
         mine = entered.get((result.student, result.lab), {})
@@ -58,6 +79,7 @@ def apply(results: list, gradebook_db: Path) -> list:
             hand[grade_id] = {"points": entry.get("manual"), "max_points": entry.get("max"),
                               "comment": entry.get("comment") or ""}
         result.hand_graded = hand
+        result.late_penalty = penalties.get((result.student, result.lab), 0.0)
         # ``total`` stays the autograded tests' (a person's re-score included), ``max_total`` theirs: what the
         # sample check and the self-check's full marks compare; ``totals`` adds the written answers
         result.total = sum(c.points for c in result.cells.values())
@@ -66,11 +88,13 @@ def apply(results: list, gradebook_db: Path) -> list:
 
 
 def totals(result) -> tuple:
-    """``(points, maximum)`` of a result with its hand-graded cells, as nbgrader counts them: what ``grades.csv``
-    and the report show (a written answer not graded yet counts 0 of its maximum)."""
+    """``(points, maximum)`` of a result with its hand-graded cells, less nbgrader's late penalty (never below 0),
+    as nbgrader counts them: what ``grades.csv``, the report and ``fuselab export`` show (a written answer not
+    graded yet counts 0 of its maximum)."""
     result = SubmissionResult.of(result)
     hand = hand_graded(result).values()
-    return (result.total + sum(h["points"] or 0.0 for h in hand),
+    points = result.total + sum(h["points"] or 0.0 for h in hand)
+    return (max(0.0, points - (result.late_penalty or 0.0)) if result.late_penalty else points,
             result.max_total + sum(h["max_points"] or 0.0 for h in hand))
 
 

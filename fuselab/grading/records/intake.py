@@ -84,6 +84,7 @@ class Problem:
     student: str | None = None
     lab: str | None = None
     grader_failed: bool = False  # the grader's own failure, not the submission's: a run again grades it
+    of_the_run: bool = False     # about the run itself (the shared builds changed), not about an upload
 
     def __post_init__(self):
         self.where, self.message = printable(self.where), printable(self.message)
@@ -186,8 +187,8 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                 counts[member.filename] = counts.get(member.filename, 0) + 1
             duplicated = {name for name, count in counts.items() if count > 1}
             for name in sorted(duplicated):  # which copy is the student's cannot be told: neither is graded
-                problems.append(f"{archive.name}: {counts[name]} files named {name!r}; none of them was unpacked "
-                                "(keep one)")
+                problems.append(_about(name, f"{archive.name}: duplicate: {counts[name]} files named {name!r}; none "
+                                             "of them was unpacked (keep one)"))
             for member in members:
                 name = member.filename
                 if name in duplicated:

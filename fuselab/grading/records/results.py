@@ -77,6 +77,7 @@ class SubmissionResult:
     origin: str | None = None
     sandbox: bool | None = None
     hand_graded: dict = field(default_factory=dict)      # set by ``handgrading.apply``: the written answers' grades
+    late_penalty: float = 0.0                            # set by ``handgrading.apply``: nbgrader's, for late work
     extra: dict = field(default_factory=dict)            # keys of a result.json this grader does not know
 
     @property
@@ -96,7 +97,8 @@ class SubmissionResult:
     def to_json(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         # written only when there is something to say, so a result.json of a run without them reads back the same
-        for optional in ("hand_graded", "clean_cpu"):  # a TA's grades applied; the CPU sampler's steps
+        # a TA's grades and nbgrader's late penalty applied; the CPU sampler's steps
+        for optional in ("hand_graded", "late_penalty", "clean_cpu"):
             if not data[optional]:
                 del data[optional]
         data["cells"] = {k: c.to_json() if isinstance(c, CellResult) else c for k, c in self.cells.items()}

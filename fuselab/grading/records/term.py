@@ -79,21 +79,32 @@ def save_entries(out: Path, entries: dict) -> None:
     os.replace(temporary, path)
 
 
+NOBODY = "(no student) "  # the start of the row name of an upload no student could be told for
+
+
+def nobodys(where: str) -> str:
+    """The row of an upload whose student cannot be told (a notebook at the top of the class folder, an
+    unreadable name): named after the upload, so that it is a row of grades.csv and the report like any other."""
+    return NOBODY + " ".join(str(where).split())[:200]
+
+
 def record_run(out: Path, submissions: list, graded: set, problems: list, run_labs) -> dict:
     """Add this run's entries to the course's and save them; returns them all.
 
     ``submissions``: intake's; ``graded``: the (student, lab) of those that have a result now; ``problems``:
-    intake's and the grader's. A problem with no lab belongs to the run's lab where the run covers one lab."""
+    intake's and the grader's. A problem with no lab belongs to the run's lab where the run covers one lab; one
+    with no student is an entry of its own (``nobodys``): every upload is accounted for."""
     entries = load_entries(out)
     run_labs = sorted(run_labs)
     new: dict = {}
     for problem in problems:
-        if not problem.student:
-            continue  # nobody's: listed in the report's "to look at" of this run
+        if problem.of_the_run:
+            continue  # about the run, not an upload: listed in the report's "to look at" of this run
+        student = problem.student or nobodys(problem.where)
         lab = problem.lab or (run_labs[0] if len(run_labs) == 1 else UNKNOWN_LAB)
-        entry = new.get((problem.student, lab))
+        entry = new.get((student, lab))
         if entry is None or entry.status == GRADED:
-            entry = new[(problem.student, lab)] = Entry(problem.student, lab, NOT_GRADED, where=problem.where)
+            entry = new[(student, lab)] = Entry(student, lab, NOT_GRADED, where=problem.where)
         entry.why = "; ".join(filter(None, [entry.why, f"{problem.where}: {problem.message}"]))
     for sub in submissions:
         key = (sub.student, sub.lab)

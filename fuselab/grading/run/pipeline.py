@@ -491,6 +491,7 @@ def grade(source, settings: Settings) -> ClassResult:
     (before anything is graded) for a sandbox that does not work, an ``--out`` in use or in the wrong place."""
     check_out(settings.out, Path(source))
     check_source(Path(source), settings)
+    check_names(Path(source), settings)  # a misspelled name is said first: before a sandbox that may not work
     check_sandbox(settings)
     settings.out = Path(settings.out).resolve()
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -611,7 +612,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:
-        problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed)))
+        problems.append(intake.Problem(str(settings.shared_builds), shared_builds.note(changed), of_the_run=True))
     else:
         keep_references(reference, settings)
     clock = phase_done("reference runs", clock)
@@ -670,6 +671,25 @@ def _grade(source, settings: Settings) -> ClassResult:
                                reference=reference, phase_seconds=phases, phase_spans=spans, phase_cpu=cpu,
                                graded_now=len(todo), workers=workers)
     return write_outputs(class_result, settings, clock, lab_pages=lab_pages)
+
+
+def check_names(source: Path, settings: Settings) -> None:
+    """Refuse (``UnknownNames``) a ``--labs`` name the course does not have, or a ``--students`` id the
+    submissions do not have, before anything else is checked or written. The ids are the intake's own: it reads
+    the submissions into a scratch folder, staging only the students asked for, which is thrown away."""
+    known = course.lab_names()
+    unknown = sorted(set(settings.labs or []) - set(known))
+    if unknown:
+        raise UnknownNames(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(known)})")
+    if not settings.students:
+        return
+    import tempfile
+    seen: set = set()
+    with tempfile.TemporaryDirectory(prefix="fuselab-names-") as scratch:
+        intake.collect(Path(source), Path(scratch) / "submissions",
+                       {lab: nbgrader_run.notebook_name(lab) for lab in known}, students=settings.students,
+                       only_labs=settings.labs, seen=seen)
+    _check_students(settings.students, seen, source)
 
 
 def _check_students(students, seen: set, source) -> None:
