@@ -469,7 +469,8 @@ NOT_MEASURED = {
     ("lab1", "a grid's z dimension is at most 65535"): "a CUDA limit",
     ("lab1", "within a few units in the last place"): "floating-point error of 9 products, not a measurement",
     ("lab1", "each as a speedup over the graded reference"): "what the cell shows",
-    ("lab1", "The cell prints both fractions, which give the speedup"): "the identity of fuselab/labs/shortfall.py",
+    ("lab1", "then prints both fractions, which give the speedup"): "the identity of fuselab/labs/shortfall.py; "
+        "tests/test_student_walk.py checks that the list above prints times and the line the fractions",
     ("lab1", "Graded: the speedup of your fused depthwise kernel"): "a heading and what the test does",
     ("lab1", "partial credit between 1.0× and the threshold"): "the grading rule",
     ("lab1", "how close to the copy bandwidth?"): "a heading",
