@@ -60,6 +60,14 @@ def counter_sum(row, side, key):
     return sum(k[key] for k in row[side]["kernels"])
 
 
+def cache_hit_pairs(d):
+    """(fused, unfused) hit rates of Lab 0's counters, per size: the L2 read hit rate of all of each version's
+    sectors, and the L1 hit rate of its best kernel (the saved file has no L1 sector counts to pool)."""
+    return [pair for r in d["lab0_counters"]["rows"] for pair in (
+        (r["fused"]["l2_read_hit_pct"], r["unfused"]["l2_read_hit_pct"]),
+        (max(k["l1_hit_pct"] for k in r["fused"]["kernels"]), max(k["l1_hit_pct"] for k in r["unfused"]["kernels"])))]
+
+
 def lab1_conv_rate(d, name):
     return d["lab1_conv"]["flops"] / (d["lab1_conv"]["times_us"][name] * 1e-6)
 
@@ -179,10 +187,16 @@ CLAIMS = [
     ("lab0", "The unfused chain's is higher inside L2",
      lambda d: all(r["unfused"]["l2_read_hit_pct"] > 10 * max(r["fused"]["l2_read_hit_pct"], 0.1)
                    for r in counter_rows(d, True))),
-    ("lab0", "Lecture notes sometimes promise fusion several times better cache hit rates; for this chain, the "
-             "counters say otherwise",
-     lambda d: not any(r["fused"]["l2_read_hit_pct"] >= 2 * r["unfused"]["l2_read_hit_pct"]
-                       and r["fused"]["l2_read_hit_pct"] >= 1.0 for r in d["lab0_counters"]["rows"])),
+    ("lab0", "The L1 hit rate is 0 % in every kernel, fused or not, at every size",
+     lambda d: all(f"{k['l1_hit_pct']:.1f}" == "0.0" for r in d["lab0_counters"]["rows"]
+                   for side in ("unfused", "fused") for k in r[side]["kernels"])),
+    ("lab0", "at 4 MiB a tensor relu finds most of its reads in L2 and none in L1",
+     lambda d: [r["tensor_bytes"] for r in counter_rows(d, True)] == [4 * 2**20]
+     and all(r["unfused"]["kernels"][1]["kernel"] == "relu_kernel" and r["unfused"]["kernels"][1]["l2_read_hit_pct"] > 50
+             and r["unfused"]["kernels"][1]["l1_hit_pct"] < 0.05 for r in counter_rows(d, True))),
+    ("lab0", 'It promises fusion "2-5x better cache hit rates"; for this chain the counters say that does not hold: '
+             "the fused kernel's hit rate is nowhere twice the unfused chain's, in L2 or in L1",
+     lambda d: not any(fused >= 2 * unfused and fused >= 1.0 for fused, unfused in cache_hit_pairs(d))),
     ("lab0", "Thousands of tiny launches add up to milliseconds",
      lambda d: 1000 * d["lab0_launch"]["launch"]["queued_device_us"] >= 1000),
     ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio",
@@ -566,6 +580,45 @@ def test_a_claim_fails_when_the_data_move(lab, phrase, path, factor):
     assert check(data)
     bend(data, path, factor)
     assert not check(data), f"{phrase!r} still holds with {path} × {factor}: the check checks nothing"
+
+
+def test_the_cache_hit_verdict_fails_when_fusion_would_hit_twice_as_often():
+    """The course material's "2-5x better cache hit rates", checked against Lab 0's counters: were the fused kernel's
+    L2 read hits (or its L1 hits) twice the unfused chain's at any size, the verdict must fail."""
+    words = ('It promises fusion "2-5x better cache hit rates"; for this chain the counters say that does not hold: '
+             "the fused kernel's hit rate is nowhere twice the unfused chain's, in L2 or in L1")
+    check = next(c for w, p, c in CLAIMS if w == "lab0" and p == words)
+    assert check(load_data())
+    for level in ("l2", "l1"):
+        data = load_data()
+        row = data["lab0_counters"]["rows"][0]
+        if level == "l2":
+            row["fused"]["l2_read_hit_pct"] = 2.5 * row["unfused"]["l2_read_hit_pct"]
+        else:
+            row["fused"]["kernels"][0]["l1_hit_pct"] = 40.0
+        assert not check(data), level
+
+
+def test_results_md_states_the_counters_l1_hit_rate_and_the_verdict_of_the_saved_file():
+    """docs/RESULTS.md's counters paragraph gives the L1 hit rate and the verdict on "2-5x better cache hit rates"
+    that Lab 0 states: the span of every kernel's L1 hit rate in the saved file, and the verdict's own check."""
+    d = load_data()
+    l1 = [f"{k['l1_hit_pct']:.1f}" for r in d["lab0_counters"]["rows"] for side in ("unfused", "fused")
+          for k in r[side]["kernels"]]
+    span = l1[0] if min(l1) == max(l1) else f"{min(l1)}–{max(l1)}"
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    assert f"L1 hit rate (`l1tex__t_sector_hit_rate.pct`): {span} % in every kernel at every size" in results
+    verdict = ("\"2-5x better cache hit rates\": it does not hold for this chain, the fused kernel's hit rate is "
+               "nowhere twice the unfused chain's, in L2 or in L1")
+    assert verdict in results
+    assert not any(fused >= 2 * unfused and fused >= 1.0 for fused, unfused in cache_hit_pairs(d))
+
+
+def test_the_l1_metric_lab0_names_is_the_one_the_counters_stage_reads():
+    from fuselab.tools.gpu_selfcheck import counters
+    metric = counters.METRICS["l1_hit_pct"]
+    assert f"`{metric}`" in markdown("lab0"), metric
+    assert metric == "l1tex__t_sector_hit_rate.pct"
 
 
 def test_the_readme_check_fails_when_the_data_move():
