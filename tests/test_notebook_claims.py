@@ -732,6 +732,22 @@ def test_the_docs_emulated_build_times_are_the_saved_ones():
     assert f"an edit rebuilds in {span}" in results and f"{span} an edit across every lab's kernels" in results
 
 
+def test_results_mds_lab0_sweep_is_the_shipped_file():
+    """docs/RESULTS.md quoted the 59d27bd run's sweep (2.34×, 2.20×, …) while the notebooks show the shipped
+    ``lab0_sweep.json`` (2.12×, 2.09×, …), measured at 9df6469: its copy bandwidth is that run's raw file's, which
+    keeps only the sweep's row count. RESULTS.md's sweep line is the shipped file's speedups, size by size."""
+    sweep = load_data()["lab0_sweep"]
+
+    def size(n):
+        return f"{n // 2**20}M" if n >= 2**20 else f"{n // 2**10}K"
+    quoted = ", ".join(f"{size(r['n'])} {r['speedup']:.2f}×" for r in sweep["rows"])
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    assert "`../fuselab/labs/results/lab0_sweep.json`, the numbers the notebooks show" in results
+    assert quoted in results, quoted
+    raw = json.loads((ROOT / "docs" / "results" / "selfcheck-h200-labs-9df6469.json").read_text())["lab0"]
+    assert raw["copy_GBps"] == sweep["copy_GBps"] and raw["sweep_rows"] == len(sweep["rows"])
+
+
 def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     """docs/ta-guide.md and docs/RESULTS.md quote the 2-core throughput run: the numbers must be that file's."""
     root = Path(__file__).resolve().parents[1]
