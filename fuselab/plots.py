@@ -96,7 +96,7 @@ def plot_sweep(sizes, series: dict, ylabel, ax=None, l2_bytes=None, bytes_per_si
 def plot_counters(saved, axes=None):
     """Lab 0's hardware counters (``saved``: ``lab0_counters.json``): left, DRAM bytes of the unfused chain and of the fused
     kernel beside the bytes counted by hand, per size; right, the L2 hit rate of each one's reads (all
-    its kernels' sectors together). ``axes``: two Axes (made if not given)."""
+    its kernels' sectors together), titled with the span of every kernel's L1 hit rate. ``axes``: two Axes (made if not given)."""
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(12, 3.5))
     rows = saved["rows"]
@@ -123,6 +123,11 @@ def plot_counters(saved, axes=None):
     right.set_xticks(list(x), labels)
     right.set_ylabel("L2 hit rate of reads (%)")
     right.legend(fontsize=8)
+    # the L1 hit rates, per kernel: each kernel reads every sector once, so there is little to draw
+    l1 = [k["l1_hit_pct"] for r in rows for side in ("unfused", "fused") for k in r[side]["kernels"]]
+    low, high = f"{min(l1):.1f}", f"{max(l1):.1f}"
+    right.set_title(f"L1 hit rate, every kernel at every size: {low if low == high else low + '–' + high} %",
+                    fontsize=9)
     return axes
 
 

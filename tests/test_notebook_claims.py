@@ -60,6 +60,14 @@ def counter_sum(row, side, key):
     return sum(k[key] for k in row[side]["kernels"])
 
 
+def cache_hit_pairs(d):
+    """(fused, unfused) hit rates of Lab 0's counters, per size: the L2 read hit rate of all of each version's
+    sectors, and the L1 hit rate of its best kernel (the saved file has no L1 sector counts to pool)."""
+    return [pair for r in d["lab0_counters"]["rows"] for pair in (
+        (r["fused"]["l2_read_hit_pct"], r["unfused"]["l2_read_hit_pct"]),
+        (max(k["l1_hit_pct"] for k in r["fused"]["kernels"]), max(k["l1_hit_pct"] for k in r["unfused"]["kernels"])))]
+
+
 def lab1_conv_rate(d, name):
     return d["lab1_conv"]["flops"] / (d["lab1_conv"]["times_us"][name] * 1e-6)
 
@@ -179,10 +187,18 @@ CLAIMS = [
     ("lab0", "The unfused chain's is higher inside L2",
      lambda d: all(r["unfused"]["l2_read_hit_pct"] > 10 * max(r["fused"]["l2_read_hit_pct"], 0.1)
                    for r in counter_rows(d, True))),
-    ("lab0", "Lecture notes sometimes promise fusion several times better cache hit rates; for this chain, the "
-             "counters say otherwise",
-     lambda d: not any(r["fused"]["l2_read_hit_pct"] >= 2 * r["unfused"]["l2_read_hit_pct"]
-                       and r["fused"]["l2_read_hit_pct"] >= 1.0 for r in d["lab0_counters"]["rows"])),
+    ("lab0", "The L1 hit rate is 0 % in every kernel, fused or not, at every size",
+     lambda d: all(f"{k['l1_hit_pct']:.1f}" == "0.0" for r in d["lab0_counters"]["rows"]
+                   for side in ("unfused", "fused") for k in r[side]["kernels"])),
+    ("lab0", "at 4 MiB a tensor relu finds most of its reads in L2 and none in L1",
+     lambda d: [r["tensor_bytes"] for r in counter_rows(d, True)] == [4 * 2**20]
+     and all(r["unfused"]["kernels"][1]["kernel"] == "relu_kernel" and r["unfused"]["kernels"][1]["l2_read_hit_pct"] > 50
+             and r["unfused"]["kernels"][1]["l1_hit_pct"] < 0.05 for r in counter_rows(d, True))),
+    ("lab0", 'It promises fusion "2-5x better cache hit rates"; for this chain the counters say that does not hold: '
+             "the fused kernel's hit rate is nowhere twice the unfused chain's, in L2 or in L1",
+     lambda d: not any(fused >= 2 * unfused and fused >= 1.0 for fused, unfused in cache_hit_pairs(d))),
+    ("lab0", "because every launch costs GPU time even when queued back to back and host time to issue it",
+     lambda d: d["lab0_launch"]["launch"]["queued_device_us"] > 0.5 and d["lab0_launch"]["launch"]["host_issue_us"] > 0.5),
     ("lab0", "Thousands of tiny launches add up to milliseconds",
      lambda d: 1000 * d["lab0_launch"]["launch"]["queued_device_us"] >= 1000),
     ("lab0", "inside the L2 the speedup stays within a tenth of the byte ratio",
@@ -286,6 +302,14 @@ CLAIMS = [
     ("lab2", "308 MB per activation, far beyond the H200's L2",
      lambda d: 308e6 > 4 * d["lab0_sweep"]["l2_bytes"]),
     # Lab 3
+    ("lab3", "Next to a 4096³ GEMM (137 GFLOP) that is under 2 % of the time",
+     lambda d: round(2 * 4096**3 / 1e9) == 137 and lab3_k(d, low=4096)
+     and all(r["speedup"] < 1.02 for r in lab3_k(d, low=4096))),
+    # fp32 with TF32 off, as C.2 says: near the fp32 roof, and not above it, as tensor cores would take it
+    ("lab3", "cuBLAS's lead at 4096³ in fp32 (TF32 off: no tensor cores) is register blocking and deep pipelining, "
+             "which take it near the fp32 roof",
+     lambda d: all(0.9 <= r["tflops"] / d["lab1_conv"]["fp32_TFLOPs"] <= 1.0 for r in d["lab3_sweep"]["cublas"]
+                   if r["shape"] == [4096] * 3 and r["name"] in ("torch.addmm + relu", "F.linear + relu"))),
     ("lab3", "fusion saves a large share of the *bytes*", lambda d: 1 - 3 / 5 >= 0.3),  # 4096³: 2 of 5 passes, a count
     ("lab3", "fused, it gains under 2 % (the K sweep below, at $K$ = 1024 and 4096)",
      lambda d: all(r["speedup"] < 1.02 for r in lab3_k(d, low=1024))),
@@ -448,6 +472,8 @@ README_NOT_MEASURED = re.compile(r"builds in 2\.1 s cold|1\.4 s after an edit|0\
 NOT_MEASURED = {
     ("lab0", "Every fused kernel in this course wins"): "the course's thesis, shown by the labs that follow",
     ("lab0", "every later lab grades a measured speedup"): "what the course does",
+    ("lab0", "so its line should stay near one launch's cost"): "what to expect on a GPU: the saved data has the cost "
+        "of one launch, not this line, and the text says so",
     ("lab0", "so much faster when fused"): "the launch count: n - 1 launches fewer, shown by the cell above it",
     ("lab0", "relative standard error is under 1 %"): "fuselab.measure's precision target, a setting",
     ("lab0", "Describe the speedup curve"): "a question",
@@ -469,7 +495,8 @@ NOT_MEASURED = {
     ("lab1", "a grid's z dimension is at most 65535"): "a CUDA limit",
     ("lab1", "within a few units in the last place"): "floating-point error of 9 products, not a measurement",
     ("lab1", "each as a speedup over the graded reference"): "what the cell shows",
-    ("lab1", "The cell prints both fractions, which give the speedup"): "the identity of fuselab/labs/shortfall.py",
+    ("lab1", "then prints both fractions, which give the speedup"): "the identity of fuselab/labs/shortfall.py; "
+        "tests/test_student_walk.py checks that the list above prints times and the line the fractions",
     ("lab1", "Graded: the speedup of your fused depthwise kernel"): "a heading and what the test does",
     ("lab1", "partial credit between 1.0× and the threshold"): "the grading rule",
     ("lab1", "how close to the copy bandwidth?"): "a heading",
@@ -508,7 +535,6 @@ NOT_MEASURED = {
     ("lab3", "16 rows used at most"): "a count",
     ("lab3", "**Small K** (M > 16, K ≤ 16: C-bound)."): "Part D's outline",
     ("lab3", "The goals, on the course's H200"): "Part D's targets (the cell prints what was measured)",
-    ("lab3", "cuBLAS's lead at large shapes is register blocking"): "what cuBLAS does (C.2's table measures it)",
 }
 
 VOCABULARY = re.compile(
@@ -558,6 +584,10 @@ def bend(data, path, factor):
     ("lab3", "the speedup stays under 3 % in every timing mode", ("lab3_sweep", "rows", "speedup"), 1.05),
     ("lab3", "fused, it gains under 2 % (the K sweep below, at $K$ = 1024 and 4096)",
      ("lab3_sweep", "k_rows", "speedup"), 1.03),
+    ("lab3", "Next to a 4096³ GEMM (137 GFLOP) that is under 2 % of the time", ("lab3_sweep", "k_rows", "speedup"), 1.03),
+    # cuBLAS above the fp32 roof would be TF32 or tensor cores, which the words rule out
+    ("lab3", "cuBLAS's lead at 4096³ in fp32 (TF32 off: no tensor cores) is register blocking and deep pipelining, "
+             "which take it near the fp32 roof", ("lab3_sweep", "cublas", "tflops"), 1.1),
 ])
 def test_a_claim_fails_when_the_data_move(lab, phrase, path, factor):
     check = next(c for w, p, c in CLAIMS if w == lab and p == phrase)
@@ -565,6 +595,45 @@ def test_a_claim_fails_when_the_data_move(lab, phrase, path, factor):
     assert check(data)
     bend(data, path, factor)
     assert not check(data), f"{phrase!r} still holds with {path} × {factor}: the check checks nothing"
+
+
+def test_the_cache_hit_verdict_fails_when_fusion_would_hit_twice_as_often():
+    """The course material's "2-5x better cache hit rates", checked against Lab 0's counters: were the fused kernel's
+    L2 read hits (or its L1 hits) twice the unfused chain's at any size, the verdict must fail."""
+    words = ('It promises fusion "2-5x better cache hit rates"; for this chain the counters say that does not hold: '
+             "the fused kernel's hit rate is nowhere twice the unfused chain's, in L2 or in L1")
+    check = next(c for w, p, c in CLAIMS if w == "lab0" and p == words)
+    assert check(load_data())
+    for level in ("l2", "l1"):
+        data = load_data()
+        row = data["lab0_counters"]["rows"][0]
+        if level == "l2":
+            row["fused"]["l2_read_hit_pct"] = 2.5 * row["unfused"]["l2_read_hit_pct"]
+        else:
+            row["fused"]["kernels"][0]["l1_hit_pct"] = 40.0
+        assert not check(data), level
+
+
+def test_results_md_states_the_counters_l1_hit_rate_and_the_verdict_of_the_saved_file():
+    """docs/RESULTS.md's counters paragraph gives the L1 hit rate and the verdict on "2-5x better cache hit rates"
+    that Lab 0 states: the span of every kernel's L1 hit rate in the saved file, and the verdict's own check."""
+    d = load_data()
+    l1 = [f"{k['l1_hit_pct']:.1f}" for r in d["lab0_counters"]["rows"] for side in ("unfused", "fused")
+          for k in r[side]["kernels"]]
+    span = l1[0] if min(l1) == max(l1) else f"{min(l1)}–{max(l1)}"
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    assert f"L1 hit rate (`l1tex__t_sector_hit_rate.pct`): {span} % in every kernel at every size" in results
+    verdict = ("\"2-5x better cache hit rates\": it does not hold for this chain, the fused kernel's hit rate is "
+               "nowhere twice the unfused chain's, in L2 or in L1")
+    assert verdict in results
+    assert not any(fused >= 2 * unfused and fused >= 1.0 for fused, unfused in cache_hit_pairs(d))
+
+
+def test_the_l1_metric_lab0_names_is_the_one_the_counters_stage_reads():
+    from fuselab.tools.gpu_selfcheck import counters
+    metric = counters.METRICS["l1_hit_pct"]
+    assert f"`{metric}`" in markdown("lab0"), metric
+    assert metric == "l1tex__t_sector_hit_rate.pct"
 
 
 def test_the_readme_check_fails_when_the_data_move():
@@ -661,6 +730,22 @@ def test_the_docs_emulated_build_times_are_the_saved_ones():
     times = rebuilds(load_data())
     span = f"{math.floor(min(times) * 10) / 10:.1f}–{math.ceil(max(times) * 10) / 10:.1f} s"
     assert f"an edit rebuilds in {span}" in results and f"{span} an edit across every lab's kernels" in results
+
+
+def test_results_mds_lab0_sweep_is_the_shipped_file():
+    """docs/RESULTS.md quoted the 59d27bd run's sweep (2.34×, 2.20×, …) while the notebooks show the shipped
+    ``lab0_sweep.json`` (2.12×, 2.09×, …), measured at 9df6469: its copy bandwidth is that run's raw file's, which
+    keeps only the sweep's row count. RESULTS.md's sweep line is the shipped file's speedups, size by size."""
+    sweep = load_data()["lab0_sweep"]
+
+    def size(n):
+        return f"{n // 2**20}M" if n >= 2**20 else f"{n // 2**10}K"
+    quoted = ", ".join(f"{size(r['n'])} {r['speedup']:.2f}×" for r in sweep["rows"])
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    assert "`../fuselab/labs/results/lab0_sweep.json`, the numbers the notebooks show" in results
+    assert quoted in results, quoted
+    raw = json.loads((ROOT / "docs" / "results" / "selfcheck-h200-labs-9df6469.json").read_text())["lab0"]
+    assert raw["copy_GBps"] == sweep["copy_GBps"] and raw["sweep_rows"] == len(sweep["rows"])
 
 
 def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():

@@ -50,18 +50,32 @@ def test_one_answer_alone_that_fits_several_mistakes_names_them_all():
 
 
 # ------------------------------------------------------------------------------ Lab 1: the depthwise rate list
-def test_lab1s_rate_list_says_which_bytes_it_divides_so_it_cannot_read_as_each_kernels_bandwidth():
-    """The list printed the graded reference at 19 % "of the copy bandwidth" and, one line below, the shortfall line
-    said the unfused kernels move their bytes at 37 %; the markdown says the plain kernel reaches a smaller fraction
-    than the reference, and the list showed it larger (28 % against 19 %). The list divides the operation's minimum
-    bytes (x once, y once) by each version's time: it says so, with the bytes, before the rates."""
+def _printed_fractions(printed, yardstick):
+    """The (fused, unfused) percentages of each shortfall line that measures against ``yardstick``."""
+    return [(int(fused), int(unfused)) for fused, unfused in re.findall(
+        rf"moves its bytes at (\d+)% of {re.escape(yardstick)} and the unfused kernels move theirs at (\d+)%", printed)]
+
+
+def test_lab1s_rate_list_prints_times_so_its_only_fractions_are_the_ones_its_sentence_speaks_of():
+    """The list printed the graded reference at 19 % "of the copy bandwidth" and the plain fused kernel at 28 %, one
+    line above the shortfall line's 28 % against 37 %, under a sentence saying the plain kernel reaches the smaller
+    fraction. The list was a rate over the minimum bytes, not each version's bandwidth on its own bytes; now it is
+    each version's time as a multiple of the copy floor's time, from the saved file, and the one line with
+    fractions of the copy bandwidth is the sentence's: the plain kernel's below the reference's."""
+    from .test_notebook_claims import CLAIMS, load_data
     printed = run_saved_result_cells("lab1")
+    saved = lab1.saved_results(lab1.DEPTHWISE_RESULTS)
     moved = lab1.depthwise_bytes(*lab1.DEPTHWISE_TIMED)
-    rates = [i for i, line in enumerate(printed.splitlines()) if re.search(r"GB/s = +\d+% of the copy bandwidth", line)]
-    assert rates, printed
-    header = printed.splitlines()[rates[0] - 1]
-    assert "minimum traffic" in header and "x read once and y written once" in header, header
-    assert f"({moved['fused'] / 1e6:.0f} MB)" in header, header
+    floor_us = moved["fused"] / (saved["copy_GBps"] * 1e9) * 1e6
+    assert f"({moved['fused'] / 1e6:.0f} MB in {floor_us:.0f} µs)" in printed, printed
+    for name, t in saved["rows"][0]["times_us"].items():
+        assert f"{name:>32}: {t:7.0f} µs = {t / floor_us:4.1f}x the copy floor's time" in printed, (name, printed)
+    assert "GB/s =" not in printed, printed
+    fractions = _printed_fractions(printed, "the copy bandwidth")
+    assert len(fractions) == 1 and fractions[0][0] < fractions[0][1], (fractions, printed)
+    assert len(re.findall(r"\d+% of the copy bandwidth", printed)) == 1, printed
+    claim = "reaches a smaller fraction of the copy bandwidth than the reference's two simple kernels"
+    assert next(check for lab, words, check in CLAIMS if lab == "lab1" and words == claim)(load_data())
 
 
 def test_lab1s_roofline_without_a_gpu_does_not_call_the_courses_conv_yours():
@@ -102,14 +116,34 @@ def test_lab3s_pitfalls_demo_says_each_failure_once():
     assert "hint:" in wrong_axis and "is read with the row index" in wrong_axis, wrong_axis
 
 
-def test_lab3s_small_k_table_says_its_share_of_the_floor_is_of_times_not_of_each_versions_bytes():
-    """The table printed the lab reference at 8 % of the C-write floor and the line below it said the unfused kernels
-    move their bytes at 24 % of the floor's rate; the text says the plain kernel writes C at a smaller fraction than
-    the reference, and the table showed it larger (13 % against 8 %). The table's share is the floor's time over
-    each version's: it says so, and that an unfused version moves C three times."""
+def test_lab3s_small_k_table_prints_times_and_the_fractions_its_sentence_speaks_of():
+    """The table printed the lab reference at 12 % "of the C-write floor" and the plain kernel at 18 % (fp32), under
+    a sentence saying the plain kernel writes C at a smaller fraction of the floor's rate than the reference's two
+    kernels: the table's share was the floor's time over each version's, not a rate on each version's own bytes.
+    Now the table prints each version's time as a multiple of the floor's, from the saved file, and after it, for
+    each dtype, the two fractions of the floor's rate the sentence speaks of: the plain kernel's the smaller."""
+    from fuselab.labs import lab3
+
+    from .test_notebook_claims import CLAIMS, lab3_shortfall, load_data
     printed = run_saved_result_cells("lab3")
-    header = next(line for line in printed.splitlines() if line.startswith("at the small-K shape"))
-    assert "the floor's time over its own" in header and "writing C just once" in header, header
+    table = printed[printed.index("at the small-K shape"):]
+    header = table.splitlines()[0]
+    assert "time over the C-write floor's" in header and "writing C just once" not in header, header
+    assert not re.search(r"\d+% of the C-write floor(?!'s rate)", table.split("graded:")[0]), table
+    for row in lab3.saved_results(lab3.SWEEP_RESULTS)["small_k"]["rows"]:
+        if not row["name"].startswith("sample "):
+            assert f"{row['name']:42s} {row['median_us']:8.1f} µs  {1 / row['fraction_of_floor']:5.2f}x the floor's time" \
+                in table, (row["name"], table)
+    d = load_data()
+    for dtype in ("float32", "float16"):
+        line = next(line for line in table.splitlines() if line.startswith(f"{dtype}, plain fused:"))
+        (fused, unfused), = _printed_fractions(line, "the C-write floor's rate")
+        _, _, f_unfused, f_fused = lab3_shortfall(d, dtype)
+        # lab3_shortfall's fractions share one yardstick up to a factor: their ratio is what the line's must match
+        assert fused < unfused and abs(fused / unfused - f_fused / f_unfused) < 0.05, line
+    claim = ("the plain kernel writes $C$ at a smaller fraction of the C-write floor's rate than the reference's two "
+             "kernels do")
+    assert next(check for lab, words, check in CLAIMS if lab == "lab3" and words == claim)(d)
 
 
 # --------------------------------------------------------------------- what the text says about builds and speed
