@@ -86,6 +86,38 @@ def test_an_endless_loop_or_a_hang_is_stopped_by_its_own_time_and_not_retried(tm
     assert result.cells["test_last"].points == 3
 
 
+def _oom_on_first_try(marker):
+    # the shared GPU full on the first try, free on the retry: the error torch raises when an allocation fails
+    return (f"import os\nif os.path.exists({str(marker)!r}):\n    os.unlink({str(marker)!r})\n"
+            "    import torch\n    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 512.00 MiB. "
+            "GPU 0 has a total capacity of 79.18 GiB of which 76.56 MiB is free.')\nassert answer() == 42")
+
+
+def test_a_test_that_ran_out_of_the_shared_gpus_memory_is_retried_alone(tmp_path):
+    marker = tmp_path / "gpu-full"
+    marker.write_text("")
+    nb = _instructor([_cell(_oom_on_first_try(marker), "test_big", graded=True, points=2)])
+    first = _run(nb, tmp_path / "first", **LIMITS)
+    big = first.cells["test_big"]
+    assert big.points == 0 and big.status == "failed" and "OutOfMemoryError" in big.message
+    assert first.retries_due == ["test_big"] and big.retry["first_try"] == recheck.GPU_MEMORY_RAN_OUT
+    result = _retry(first, nb, tmp_path)
+    big = result.cells["test_big"]
+    assert big.points == 2 and big.status == "passed"
+    assert big.retry["first_try"] == recheck.GPU_MEMORY_RAN_OUT and big.retry["retry"].startswith("passed, 2 of 2")
+    assert result.retries_due == [] and result.cells["test_last"].points == 3
+
+
+def test_running_out_of_gpu_memory_alone_too_scores_zero_and_other_failures_are_not_retried(tmp_path):
+    always = ("import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 80.00 GiB.')")
+    nb = _instructor([_cell(always, "test_huge", graded=True, points=1),
+                      _cell("assert answer() == 41, 'off by one'", "test_wrong", graded=True, points=1)])
+    first = _run(nb, tmp_path / "first", **LIMITS)
+    assert first.retries_due == ["test_huge"] and first.cells["test_wrong"].retry == {}
+    huge = _retry(first, nb, tmp_path).cells["test_huge"]
+    assert huge.points == 0 and huge.retry["retry"].startswith("failed, 0 of 1 points")
+
+
 def test_the_cpu_of_a_tree_counts_its_descendants():
     code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
             "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass']); "

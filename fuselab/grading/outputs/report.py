@@ -48,6 +48,13 @@ def _graded_standings(results) -> list:
     return [term.Standing(r.student, r.lab, term.GRADED, result=r) for r in _typed(results)]
 
 
+def _load_loss(retry: dict) -> str:
+    """What a retried test's first try ran into, in the report's words."""
+    from ..recheck.clean import GPU_MEMORY_RAN_OUT
+    return "ran out of the shared GPU's memory" if retry.get("first_try") == GPU_MEMORY_RAN_OUT else \
+        "ran past a wall-clock limit"
+
+
 def status_text(standing, limit: int | None = 300) -> str:
     """grades.csv's and the report's word for a standing: graded, "not graded: why", missing. A reason longer
     than ``limit`` is cut, saying where it is whole (the report's "Why not graded" list)."""
@@ -347,8 +354,9 @@ def _attention(class_result, standings, whole) -> list:
         attention += [[_t(f"{who}note: {_cut(n, 300)}")] for n in r.notes]
         attention += [[_t(f"{who}{c.status} in {t}: " + (_cut(c.message.splitlines()[0], 200) if c.message else ""))]
                       for t, c in r.cells.items() if c.status in ("crashed", "timed out")]
-        # a test a wall-clock limit stopped (a busy machine, or a hang) was run again alone before it could score 0
-        attention += [[_t(f"{who}{t} ran past a wall-clock limit and was "), _b("run again alone"),
+        # a test that may have lost to the load (a wall-clock limit stopped it, or the shared GPU's memory ran out)
+        # was run again alone before it could score 0; its first try says which
+        attention += [[_t(f"{who}{t} {_load_loss(c.retry)} and was "), _b("run again alone"),
                        _t(f": {_cut(c.retry.get('retry', 'not run'), 200)} (first try: "
                           f"{_cut(c.retry.get('first_try', ''), 200)})")]
                       for t, c in r.cells.items() if isinstance(c.retry, dict) and c.retry]

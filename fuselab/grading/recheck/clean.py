@@ -570,6 +570,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         break
     box.remove(TRANSFER)  # as large as the largest launch's buffers: not kept
     _fail_rest(verdicts, graded, "", status="not run")
+    for verdict in verdicts.values():
+        if verdict.points < verdict.max_points and not verdict.retry and ran_out_of_gpu_memory(verdict):
+            verdict.retry = {"first_try": GPU_MEMORY_RAN_OUT}
     if check_requirements:
         speed_needs_correctness(verdicts)
     from ...native_check import REFUSED_MARK
@@ -713,6 +716,22 @@ def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | N
         for start in (r for r in new if isinstance(r, CellStart)):
             on_cell(by_index[start.index]["grade_id"])
     return new
+
+
+# Every submission sharing a GPU allocates from its one memory: a test that ran out of it may have lost to the
+# others' tensors, not to its own code (on an H100 with 16 sharing it, 15 of 120 correct submissions lost points
+# so, docs/RESULTS.md). Such a test is run again alone (``retry_overruns``) before it can score 0; running out
+# there too is its own. What is looked for are the errors torch and the CUDA libraries raise when an allocation
+# fails; text a submission prints can at most buy its own test a second, alone, run.
+GPU_MEMORY_ERRORS = ("outofmemoryerror", "out of memory", "alloc_failed", "erroralloc", "errormemoryallocation")
+GPU_MEMORY_RAN_OUT = "the GPU ran out of memory while other submissions shared it"
+
+
+def ran_out_of_gpu_memory(verdict: CellVerdict) -> bool:
+    """Whether a test's failure says an allocation on the GPU failed: its message, its output, its speed records."""
+    said = " ".join([verdict.message or "", verdict.output or "",
+                     *(json.dumps(record, default=str) for record in verdict.speed or [])]).lower()
+    return any(error in said for error in GPU_MEMORY_ERRORS)
 
 
 def _take_verdicts(records: list, by_index: dict, verdicts: dict, flags: list) -> None:

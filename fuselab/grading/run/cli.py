@@ -228,7 +228,8 @@ def main_grade(args) -> int:
         failed = []
     retried = retry_lines(result.results)
     if retried:
-        print("\nran past a wall-clock limit (a busy machine?) and were run again alone:\n" + "\n".join(retried))
+        print("\nran past a wall-clock limit (a busy machine?) or out of the shared GPU's memory, and were run again "
+              "alone:\n" + "\n".join(retried))
     for problem in result.problems:
         print(f"not graded: {shown(problem.where)}: {shown(problem.message)}")
     print(f"\ngrades:   {shown(result.grades_csv)}\nreport:   {shown(result.out / 'report.html')}\n"
@@ -263,7 +264,8 @@ def grade_table(results) -> str:
 
 
 def retry_lines(results) -> list:
-    """One line per test that ran past a wall-clock limit: its first try, and what the retry alone gave."""
+    """One line per test run again alone (past a wall-clock limit, or out of the shared GPU's memory): its first
+    try, and what the retry alone gave."""
     from ..records.results import SubmissionResult
     lines = []
     for r in map(SubmissionResult.of, results):
