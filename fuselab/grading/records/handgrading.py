@@ -25,21 +25,16 @@ def read(gradebook_db: Path) -> dict:
     """``{(student, lab): {grade_id: {"manual": score or None, "auto": nbgrader's score or None, "max": max points,
     "comment": text}}}``: what a person entered in formgrader, and nbgrader's own score beside it."""
     found: dict = {}
-    if not Path(gradebook_db).exists():
-        return found
-    from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
-        for assignment in gradebook.assignments:
-            for submission in assignment.submissions:
-                cells = found.setdefault((submission.student_id, assignment.name), {})
-                for notebook in submission.notebooks:
-                    for grade in notebook.grades:
-                        cells[grade.name] = {"manual": grade.manual_score, "auto": grade.auto_score,
-                                             "max": grade.max_score, "comment": ""}
-                    for comment in notebook.comments:
-                        if (comment.manual_comment or "").strip():
-                            cells.setdefault(comment.name, {"manual": None, "auto": None, "max": None})["comment"] = \
-                                comment.manual_comment
+    for assignment, submission in _submissions(gradebook_db):
+        cells = found.setdefault((submission.student_id, assignment.name), {})
+        for notebook in submission.notebooks:
+            for grade in notebook.grades:
+                cells[grade.name] = {"manual": grade.manual_score, "auto": grade.auto_score,
+                                     "max": grade.max_score, "comment": ""}
+            for comment in notebook.comments:
+                if (comment.manual_comment or "").strip():
+                    cells.setdefault(comment.name, {"manual": None, "auto": None, "max": None})["comment"] = \
+                        comment.manual_comment
     return found
 
 
@@ -47,16 +42,22 @@ def late_penalties(gradebook_db: Path) -> dict:
     """``{(student, lab): points}``: nbgrader's late penalty of each submission that has one (its notebooks'
     ``late_submission_penalty``, summed as nbgrader's own export does)."""
     found: dict = {}
+    for assignment, submission in _submissions(gradebook_db):
+        penalty = submission.late_submission_penalty or 0.0
+        if penalty > 0:
+            found[(submission.student_id, assignment.name)] = float(penalty)
+    return found
+
+
+def _submissions(gradebook_db: Path):
+    """``(assignment, submission)`` of every submission in nbgrader's gradebook (none where it has none yet)."""
     if not Path(gradebook_db).exists():
-        return found
+        return
     from nbgrader.api import Gradebook
     with Gradebook(f"sqlite:///{gradebook_db}") as gradebook:
         for assignment in gradebook.assignments:
             for submission in assignment.submissions:
-                penalty = submission.late_submission_penalty or 0.0
-                if penalty > 0:
-                    found[(submission.student_id, assignment.name)] = float(penalty)
-    return found
+                yield assignment, submission
 
 
 def apply(results: list, gradebook_db: Path) -> list:

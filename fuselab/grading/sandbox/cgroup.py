@@ -34,17 +34,25 @@ ROOT = Path("/sys/fs/cgroup")
 def _own_groups() -> list:
     """``(version, folder)`` of the grader's own memory cgroup: v1's ``memory`` hierarchy, v2's unified one."""
     found = []
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        relative = path.lstrip("/")
-        if "memory" in controllers.split(","):
+    for number, controllers, relative in _own_lines():
+        if "memory" in controllers:
             found.append(("v1", ROOT / "memory" / relative))
         elif number == "0" and not controllers:
             found.append(("v2", ROOT / relative))
+    return found
+
+
+def _own_lines() -> list:
+    """The grader's own groups, a ``(hierarchy number, [controllers], path below the root)`` per line of
+    ``/proc/self/cgroup``."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        found.append((number, [c for c in controllers.split(",") if c], path.lstrip("/")))
     return found
 
 
@@ -198,14 +206,8 @@ def _own_pids_groups() -> list:
     """Where the grader may make a ``pids`` group: its own group of v1's ``pids`` hierarchy, or of v2's where
     that one delegates ``pids`` to its children."""
     found = []
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        relative = path.lstrip("/")
-        if "pids" in controllers.split(","):
+    for number, controllers, relative in _own_lines():
+        if "pids" in controllers:
             found.append(ROOT / "pids" / relative)
         elif number == "0" and not controllers and _delegates(ROOT / relative, "pids"):
             found.append(ROOT / relative)
