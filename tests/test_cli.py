@@ -84,3 +84,17 @@ def test_doctor_checks_the_sandbox_and_passes_where_it_works():
     result = _run("doctor")
     line = next(line for line in result.stdout.splitlines() if "sandbox" in line)
     assert "[ok" in line, result.stdout  # CI installs bubblewrap (.ci/run); the sandbox must work there
+
+
+def test_doctor_says_how_to_compile_a_package_installed_without_bytecode(tmp_path, monkeypatch):
+    package = tmp_path / "site" / "uncompiled_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    finding = doctor._bytecode("uncompiled_pkg")
+    assert finding.status == "note" and "compiles it again" in finding.detail
+    command = finding.fix.split()
+    assert command[1:3] == ["-m", "compileall"] and command[-1] == str(package)
+    subprocess.run(command, check=True)  # the fix it names, as a TA would paste it
+    assert doctor._bytecode("uncompiled_pkg").status == "ok"
+    assert doctor._bytecode("no_such_package_here") is None
