@@ -224,3 +224,21 @@ def test_the_score_histogram_counts_written_answers_on_the_labs_whole_scale(tmp_
     assert (scores, maximum) == ([8.5], 12.0)
     assert (rows["ann"]["lab0 total"], rows["ann"]["lab0 max"]) == ("8.5", "12")
     assert (out / "lab0-figures.png").stat().st_size > 0
+
+
+def test_a_failed_nbgrader_export_is_said_not_passed_off_as_todays(tmp_path):
+    from fuselab.grading.records import nbgrader_run
+    course = tmp_path / "course"
+    course.mkdir()
+    (course / "gradebook.db").write_bytes(b"not a database, as a disk that filled up mid-write leaves it")
+    earlier = tmp_path / "nbgrader-grades.csv"
+    earlier.write_text("assignment,student_id,score\nlab0,ann,7\n")
+    why = nbgrader_run.export(course, earlier)
+    assert why and "nbgrader's export failed" in why and "still an earlier run's" in why
+    assert "lab0,ann,7" in earlier.read_text()  # what an earlier run wrote is left, and said to be old
+    # the report and the command line say it as a note of the run, not as a student "not graded"
+    out = _course(tmp_path / "term")
+    _outputs(out, problems=[intake.Problem(str(earlier), why, of_the_run=True)])
+    md = (out / "report.md").read_text()
+    line = next(line for line in md.splitlines() if "nbgrader's export failed" in line)
+    assert "note" in line and "not graded" not in line

@@ -363,7 +363,8 @@ def _attention(class_result, standings, whole) -> list:
     this_run = set()
     for p in class_result.problems:
         this_run.add((p.student, p.lab or ""))
-        attention.append([_t(f"{p.student or '?'}{'/' + p.lab if p.lab else ''}: "), _b("not graded"),
+        attention.append([_t(f"{p.student or '?'}{'/' + p.lab if p.lab else ''}: "),
+                          _b("note" if p.of_the_run else "not graded"),
                           _t(f": {_cut(p.where, 300)}: {_cut(p.message, 500)}")] + whole(p.student, p.lab or ""))
     for s in standings:  # what an earlier run of the term could not grade: still to look at
         if s.status == term.NOT_GRADED and (s.student, s.lab) not in this_run and (s.student, "") not in this_run:

@@ -169,8 +169,16 @@ def write_without_hidden_tests(notebook: Path, target: Path) -> None:
     target.write_text(json.dumps(nb, indent=1))
 
 
-def export(course_root: Path, to: Path) -> None:
-    nbgrader("export", *course_args(course_root), f"--CsvExportPlugin.to={to}", check=False)
+def export(course_root: Path, to: Path) -> str | None:
+    """nbgrader's own CSV export of the course's gradebook to ``to``; why it failed, or None. A failed export
+    leaves the file of an earlier run in place, which the run must say rather than pass off as today's."""
+    done = nbgrader("export", *course_args(course_root), f"--CsvExportPlugin.to={to}", check=False)
+    if done.returncode == 0:
+        return None
+    said = (done.stderr or done.stdout or "").strip().splitlines()
+    left = "is still an earlier run's" if Path(to).exists() else "is not written"
+    return (f"nbgrader's export failed (status {done.returncode}): {said[-1] if said else 'it said nothing'}; "
+            f"{Path(to).name} {left}")
 
 
 def autograde(submissions: dict, workdir, timeout=None) -> dict:

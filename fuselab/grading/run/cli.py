@@ -231,7 +231,7 @@ def main_grade(args) -> int:
         print("\nran past a wall-clock limit (a busy machine?) or out of the shared GPU's memory, and were run again "
               "alone:\n" + "\n".join(retried))
     for problem in result.problems:
-        print(f"not graded: {shown(problem.where)}: {shown(problem.message)}")
+        print(f"{'note' if problem.of_the_run else 'not graded'}: {shown(problem.where)}: {shown(problem.message)}")
     print(f"\ngrades:   {shown(result.grades_csv)}\nreport:   {shown(result.out / 'report.html')}\n"
           f"feedback: {shown(result.out / 'feedback')}\ngradebook: {shown(result.out / 'course' / 'gradebook.db')}")
     broken = [p for p in result.problems if p.grader_failed]

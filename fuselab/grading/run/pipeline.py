@@ -766,7 +766,10 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
             show_flags=feedback.shown_flags(settings.out))
     bar.update()
     clock = phase_done("feedback", clock)
-    nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
+    export_failed = nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
+    if export_failed:
+        class_result.problems.append(intake.Problem(str(settings.out / "nbgrader-grades.csv"), export_failed,
+                                                    of_the_run=True))
     bar.update()
     class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
                                                       standings=class_result.standings)
