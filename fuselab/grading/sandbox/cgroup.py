@@ -71,19 +71,53 @@ def _fields(path: Path) -> dict:
     return fields
 
 
-class MemoryGroup:
-    """One child's memory cgroup: made by ``make``, joined by the child (``join``, between fork and exec), read by
-    the watchdog (``used``, ``oom_kills``), removed once its processes are gone (``remove``)."""
+class _Group:
+    """One child's cgroup folder: joined by the child (``join``, between fork and exec), asked whether it holds a
+    process (``holds``), removed once its processes are gone (``remove``)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._procs = str(folder / "cgroup.procs")  # a plain str: ``join`` runs in the child, before exec
+
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is in the group (the child joined it before exec)."""
+        try:
+            return str(pid) in (self.folder / "cgroup.procs").read_text().split()
+        except OSError:
+            return False
+
+    def join(self) -> None:
+        """Move the calling process into the group (its children follow): called in the child before exec."""
+        with open(self._procs, "w") as handle:
+            handle.write("0")
+
+    def remove(self) -> None:
+        """Remove the group (its processes are gone; one still exiting is waited for a moment)."""
+        for _ in range(50):
+            try:
+                self.folder.rmdir()
+                _made.discard(self.folder)
+                return
+            except FileNotFoundError:
+                _made.discard(self.folder)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+class MemoryGroup(_Group):
+    """One child's memory cgroup: made by ``make``, joined by the child, read by the watchdog (``used``,
+    ``oom_kills``), removed once its processes are gone."""
 
     def __init__(self, version: str, folder: Path):
-        self.version, self.folder = version, folder
-        self._procs = str(folder / "cgroup.procs")  # a plain str: ``join`` runs in the child, before exec
+        super().__init__(folder)
+        self.version = version
 
     @classmethod
     def make(cls, limit_bytes: int) -> MemoryGroup | None:
         """A fresh group limited to ``limit_bytes``, or None where the grader can have none."""
         for version, parent in _own_groups():
-            if version == "v2" and not _delegates_memory(parent):
+            if version == "v2" and not _delegates(parent, "memory"):
                 continue
             folder = parent / f"fuselab-{secrets.token_hex(6)}"
             try:
@@ -113,18 +147,6 @@ class MemoryGroup:
             with contextlib.suppress(OSError):  # the kernel's stop ends the whole tree, not one process of it
                 _write(self.folder / "memory.oom.group", "1")
 
-    def holds(self, pid: int) -> bool:
-        """Whether ``pid`` is in the group (the child joined it before exec)."""
-        try:
-            return str(pid) in (self.folder / "cgroup.procs").read_text().split()
-        except OSError:
-            return False
-
-    def join(self) -> None:
-        """Move the calling process into the group (its children follow): called in the child before exec."""
-        with open(self._procs, "w") as handle:
-            handle.write("0")
-
     def used(self) -> int:
         """Bytes of anonymous and shared memory (tmpfs, memfd, SysV, shared mappings) the tree holds, swap included."""
         if self.version == "v1":
@@ -141,30 +163,13 @@ class MemoryGroup:
         name = "memory.oom_control" if self.version == "v1" else "memory.events"
         return _fields(self.folder / name).get("oom_kill", 0)
 
-    def remove(self) -> None:
-        """Remove the group (its processes are gone; one still exiting is waited for a moment)."""
-        for _ in range(50):
-            try:
-                self.folder.rmdir()
-                _made.discard(self.folder)
-                return
-            except FileNotFoundError:
-                _made.discard(self.folder)
-                return
-            except OSError:
-                time.sleep(0.1)
 
-
-class PidsGroup:
+class PidsGroup(_Group):
     """One child's ``pids`` cgroup: the kernel refuses a fork or a thread past ``pids.max``, so a fork bomb is
     stopped between two looks of the watchdog (which samples the tree's tasks every half second, and still does
     where there is no such group: a plain user without a delegated group, a container that hides it). v1's
     ``pids`` hierarchy, or v2's unified one where the grader's group delegates ``pids``. ``hit`` says whether a
     fork was refused at the limit (``pids.events``: the watchdog then stops the tree and says why)."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self._procs = str(folder / "cgroup.procs")
 
     @classmethod
     def make(cls, limit: int) -> PidsGroup | None:
@@ -184,22 +189,9 @@ class PidsGroup:
                 group.remove()
         return None
 
-    def join(self) -> None:
-        """Move the calling process into the group: called in the child before exec."""
-        with open(self._procs, "w") as handle:
-            handle.write("0")
-
-    def holds(self, pid: int) -> bool:
-        try:
-            return str(pid) in (self.folder / "cgroup.procs").read_text().split()
-        except OSError:
-            return False
-
     def hit(self) -> bool:
         """Whether the kernel refused a fork or a thread of the tree at the limit."""
         return _fields(self.folder / "pids.events").get("max", 0) > 0
-
-    remove = MemoryGroup.remove
 
 
 def _own_pids_groups() -> list:
@@ -225,13 +217,9 @@ def _remove_left() -> None:
             folder.rmdir()
 
 
-def _delegates_memory(folder: Path) -> bool:
-    """Whether a v2 group's children get the memory controller (asked for if it has none yet: a group that holds
-    processes itself cannot give it, and is left as it is)."""
-    return _delegates(folder, "memory")
-
-
 def _delegates(folder: Path, controller: str) -> bool:
+    """Whether a v2 group's children get ``controller`` (asked for if it has none yet: a group that holds
+    processes itself cannot give it, and is left as it is)."""
     control = folder / "cgroup.subtree_control"
     try:
         if controller in control.read_text().split():
