@@ -560,10 +560,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     _precompile()
 
     rebuilt = prepare_shared_builds(settings)
-    labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]
-    unknown = sorted(set(settings.labs or []) - set(labs))
-    if unknown:
-        raise UnknownNames(f"no such lab(s): {', '.join(unknown)} (labs: {', '.join(course.lab_names())})")
+    labs = [lab for lab in course.lab_names() if not settings.labs or lab in settings.labs]  # names: check_names
     due = _due_dates(settings.due)
     try:  # a roster that cannot be read stops the run before anything is graded
         people = roster.read(settings.roster) if settings.roster else None
@@ -608,7 +605,7 @@ def _grade(source, settings: Settings) -> ClassResult:
                 ref_bar.update()
         reference = {lab: future.result() for lab, future in running.items()}
     if rebuilt:
-        problems.append(intake.Problem(str(settings.shared_builds), unsandboxed.REBUILT))
+        problems.append(intake.Problem(str(settings.shared_builds), unsandboxed.REBUILT, of_the_run=True))
     # the instructor's builds as made now, before any submission runs: each is loaded later only with these bytes
     settings.shared_digests, changed = shared_builds.record(settings.shared_builds)
     if changed:
