@@ -222,7 +222,9 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
     sandbox, sandboxed = _sandbox()
     started = time.perf_counter()
     with LoadSampler(processes=True) as load:
-        result = grade(work / "class", Settings(out=work / name, progress=False, cell_timeout=120, gpus=gpus,
+        # the grader's own progress bars on stderr: a run cut short by the device's time limit still says how far
+        # it got and how long each phase took
+        result = grade(work / "class", Settings(out=work / name, progress=True, cell_timeout=120, gpus=gpus,
                                                 submission_timeout=600, jobs_per_gpu=jobs_per_gpu, force=True,
                                                 sandbox=sandbox, students=students))
     wall = time.perf_counter() - started
