@@ -761,3 +761,37 @@ def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     for text in (guide, results):
         assert each in text and fixed in text and regrade in text, (each, fixed, regrade)
     assert f"{cpu:.1f} core-s" in results and "2 CPU workers" in saved["headline"]
+
+
+def test_results_quotes_the_saved_h100_runs_of_806dfe0():
+    """docs/RESULTS.md's "Today" throughput and sample-class lines on the H100 are the saved files' numbers."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    saved = json.loads((ROOT / "docs" / "results" / "throughput-h100-806dfe0.json").read_text())["throughput"]
+    phases, regrade = saved["phases"], saved["one_student_regrade"]["phases"]
+    count = phases["submissions"]["count"]
+    cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
+    quoted = [f"{saved['full_marks']}/{count} full marks",
+              f"Submissions phase **{phases['submissions']['seconds']:.1f} s = {phases['submissions']['seconds_each']:.2f} s each**",
+              f"**{cpu:.1f} core-s each** counted by process",
+              f"reaped: {phases['submissions']['cpu_seconds_each']:.2f})",
+              f"**{phases['wall_seconds']:.1f} s all-in**",
+              f"Fixed: **{phases['fixed']['seconds']:.1f} s**",
+              f"intake and course {phases['fixed']['intake and course']['seconds']:.1f} s",
+              f"outputs {phases['outputs']['seconds']:.1f} s",
+              f"**{regrade['wall_seconds']:.1f} s all-in**, references reused",
+              f"GPU memory peak {saved['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB",
+              f"CPU {saved['load_while_grading']['cpu_busy'] * 100:.0f} % busy",
+              f"**{saved['jobs']} sharing the GPU**"]
+    quoted += [f"{step} {seconds:.2f}" for step, seconds in phases["per_submission_median"].items()
+               if step in ("start", "build", "tests")]
+    quoted += [f"{name} {seconds:.1f}" for name, seconds in saved["cpu_by_process"].items()
+               if name in ("checker", "kernel worker", "solution worker")]
+    for text in quoted:
+        assert text in results, text
+    assert regrade["references_reused"] and saved["full_marks"] == count
+    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-806dfe0.json").read_text())["samples"]
+    ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
+    assert samples["headline"].startswith("40/40 samples graded as they deserve")
+    assert f"**40/40 samples got the grade they deserve**, {samples['seconds']:.0f} s" in results
+    assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
+    assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
