@@ -172,6 +172,34 @@ def test_the_load_sampler_counts_cpu_by_the_kind_of_process(monkeypatch):
     assert "missed" in kinds and kinds["missed"] >= 0
 
 
+def test_the_load_sampler_splits_the_graders_own_cpu_by_what_its_threads_do(monkeypatch):
+    """The grader runs in the sampler's process: its CPU is split by thread (a submission's thread, the limit
+    watchers, the sampler itself), and a thread that ended is counted once, not again at its end."""
+    import threading
+    monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
+
+    def busy(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            time.sleep(0)  # lets the sampler's thread take the GIL in between
+
+    with LoadSampler(every_s=0.05, processes=True) as load:
+        since = time.monotonic()
+        time.sleep(0.2)
+        worker = threading.Thread(target=busy, args=(0.6,), name="grader-0")
+        worker.start()
+        worker.join()
+        time.sleep(0.3)
+        until = time.monotonic()
+    kinds = load.cpu_by_kind(since, until)
+    if load.summary(since, until)["cpu_busy"] is None:
+        pytest.skip("this kernel's /proc/stat counts nothing (gVisor)")
+    assert "grader" not in kinds, kinds  # no single line for the whole process
+    counted = kinds.get("grader: submissions' threads", 0.0) + kinds.get("grader: ended threads", 0.0)
+    assert 0.4 <= counted <= 0.9, kinds  # 0.6 s of work, counted once (0.1 s ticks each way)
+    assert kinds.get("grader: submissions' threads", 0.0) >= 0.3, kinds  # seen while it ran
+
+
 def test_a_speed_record_keeps_only_the_phases_the_course_names():
     from fuselab.grading.recheck.kernels import _record
     from fuselab.speed.graded import PHASES
@@ -209,6 +237,9 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
     cpu = run["phases"]["cpu_per_submission_mean"]
     assert all(cpu.get(f"start, {role}", 0) > 0 for role in ("checker", "solution worker", "kernel worker")), cpu
     assert cpu.get("build, kernel worker", 0) > 0 and "CPU per submission (mean core-s" in printed, cpu
+    # the sampler's view too, the grader's own process split by its threads: the submission's thread was busy
+    line = next(line for line in printed.splitlines() if "CPU per submission by process" in line)
+    assert "checker" in line and run["cpu_by_process"].get("grader: submissions' threads", 0) > 0, line
     assert "one student's regrade" in result["headline"] and "references reused" in result["headline"]
 
 

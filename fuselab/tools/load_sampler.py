@@ -81,6 +81,40 @@ def _process_cpu() -> dict:
     return found
 
 
+# the grader's own threads (``threading``'s names, or the function a thread runs), for its share of ``cpu_by_kind``
+THREAD_ROLES = (("load-sampler", "the load sampler itself"), ("grader-", "grader: submissions' threads"),
+                ("(_watch)", "grader: limit watchers"), ("progress ", "grader: progress bars"),
+                ("MainThread", "grader: main thread"))
+
+
+def _own_threads() -> dict:
+    """This process's CPU seconds so far split by what its threads do (``THREAD_ROLES``): ``{key: (kind, seconds)}``,
+    keyed apart from pids. A thread that ended is counted in "grader: ended threads" (the process's total less
+    its live threads'), so the split still sums to the process's CPU."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    found, live = {}, 0.0
+    try:
+        tasks = os.listdir("/proc/self/task")
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError):
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile: its time is in the remainder below
+        seconds = (int(fields[11]) + int(fields[12])) / _TICKS
+        name = names.get(int(tid), "")
+        role = next((role for pattern, role in THREAD_ROLES if pattern in name), "grader: other threads")
+        found[f"thread {tid}"] = (role, seconds)
+        live += seconds
+    found["ended threads"] = ("grader: ended threads", max(0.0, total - live))
+    return found
+
+
 class LoadSampler:
     def __init__(self, every_s: float = 1.0, processes: bool = False):
         self.every_s = every_s
@@ -88,13 +122,14 @@ class LoadSampler:
         # (time.monotonic(), cpu (busy, total) or None, [MiB per GPU] or None, host GiB in use or None)
         self.samples = []
         self.process_cpu = []  # (time.monotonic(), {kind: CPU seconds since the last sample})
-        self._seen = {}        # pid → CPU seconds at its last sample
+        self._seen = {}        # pid (or one of this process's threads) → CPU seconds at its last sample
+        self._counted_dead = 0.0  # this process's ended threads' seconds counted while they ran
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
 
     def _run(self):
         if self.processes:  # what ran before: not counted
-            self._seen = {pid: seconds for pid, (_, seconds) in _process_cpu().items()}
+            self._seen = {pid: seconds for pid, (_, seconds) in {**_process_cpu(), **self._threads()}.items()}
         while True:
             self._sample()
             if self._stop.wait(self.every_s):
@@ -105,6 +140,17 @@ class LoadSampler:
         self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib(), _host_memory_used_gib()))
         self._sample_processes()
 
+    def _threads(self) -> dict:
+        """``_own_threads``, with what a thread that ended was already counted for before it ended taken out of the
+        ended threads' part (else it would be counted twice)."""
+        now = _own_threads()
+        self._counted_dead += sum(seconds for key, seconds in self._seen.items()
+                                  if isinstance(key, str) and key.startswith("thread ") and key not in now)
+        if "ended threads" in now:
+            kind, seconds = now["ended threads"]
+            now["ended threads"] = (kind, max(0.0, seconds - self._counted_dead))
+        return now
+
     def _sample_processes(self):
         """With ``processes``: each kind's CPU seconds since the last sample (a process first seen now counts from
         its start; what a process did between its last sample and its end is missed: ``cpu_by_kind`` says how
@@ -112,6 +158,9 @@ class LoadSampler:
         if not self.processes:
             return
         now, used = _process_cpu(), {}
+        if os.getpid() in now:  # the grader runs in this process: its threads' parts, not one "grader" line
+            del now[os.getpid()]
+            now.update(self._threads())
         for pid, (kind, seconds) in now.items():
             used[kind] = used.get(kind, 0.0) + max(0.0, seconds - self._seen.get(pid, 0.0))
         self._seen = {pid: seconds for pid, (_, seconds) in now.items()}

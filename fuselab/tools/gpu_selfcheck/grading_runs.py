@@ -145,7 +145,7 @@ def stage_throughput(out, copies=None, labs=None, regrade=None):
     runs = []
     for j in jobs:
         runs.append(_throughput_run(work, "term", j)[0])
-        print(runs[-1]["headline"] + "\n" + phase_table(runs[-1]["phases"]), flush=True)
+        print(runs[-1]["headline"] + "\n" + phase_table(runs[-1]["phases"]) + "\n" + by_process(runs[-1]), flush=True)
     best = min(runs, key=lambda r: r["submission_phase_per_submission"])
     headline = "; ".join(r["headline"] for r in runs)
     result = {**best, "runs": runs}
@@ -324,6 +324,15 @@ def _step_kind(label: str) -> str:
     if "build" in label:
         return "build"
     return "tests" if label.startswith("test") else "other"
+
+
+def by_process(run: dict) -> str:
+    """The load sampler's CPU over the submissions phase by kind of process (the grader's own by thread), per
+    submission, as a line to read in the stage's output."""
+    count = max(1, run["phases"]["submissions"]["count"])
+    return "  CPU per submission by process (core-s, the load sampler's scans): " + ", ".join(
+        f"{kind} {seconds / count:.2f}" for kind, seconds in (run.get("cpu_by_process") or {}).items()
+        if seconds / count >= 0.005)
 
 
 def phase_table(phases: dict) -> str:
