@@ -32,6 +32,20 @@ def lab_names() -> list:
     return registered()
 
 
+# jsonschema (imported by nbformat, which nbgrader imports) builds rfc3987-syntax's Lark grammars at its import
+# where that package is installed (jupyter-events asks for it): 1.1 s of the 2.0 s an nbgrader import took on the
+# 2-core machine. It checks only the "iri" formats, which no notebook or nbgrader schema uses, so the course's
+# nbgrader processes, and the grader's (``without_iri_grammar``), import nbformat without it.
+_WITHOUT_IRI_GRAMMAR = "import sys\nsys.modules.setdefault('rfc3987_syntax', None)\n"
+_NBGRADER_MAIN = "import runpy\nrunpy.run_module('nbgrader', run_name='__main__', alter_sys=True)\n"
+
+
+def without_iri_grammar() -> None:
+    """This process imports nbformat (and so jsonschema) without rfc3987-syntax's grammars (see above); a no-op
+    where it was imported already. For the course's own command-line processes, before they import nbgrader."""
+    exec(_WITHOUT_IRI_GRAMMAR, {})
+
+
 def nbgrader(*args, cwd=GRADER, check=True, env=None, script=None) -> subprocess.CompletedProcess:
     """Run ``nbgrader`` (or ``script``, Python that drives nbgrader's apps) with the course config (found in
     ``grader/``), the venv's tools on the PATH."""
@@ -42,7 +56,7 @@ def nbgrader(*args, cwd=GRADER, check=True, env=None, script=None) -> subprocess
     full_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": python_path,
                 **(env or {})}
     # nbgrader itself may be importable only through PYTHONPATH (the GPU machine's wheelhouse)
-    command = [sys.executable, *(["-c", script] if script else ["-m", "nbgrader"]), *args]
+    command = [sys.executable, "-c", _WITHOUT_IRI_GRAMMAR + (script or _NBGRADER_MAIN), *args]
     result = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

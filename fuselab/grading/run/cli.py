@@ -110,6 +110,8 @@ def add_slurm_arguments(grade) -> None:
 
 
 def run(args) -> int:
+    from ...course import without_iri_grammar
+    without_iri_grammar()  # this process imports nbgrader: without a grammar build it never uses
     if args.command == "grade":
         if args.slurm or args.status:
             problem = out_problem(Path(args.out)) if args.slurm and args.out else None
