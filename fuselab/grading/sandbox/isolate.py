@@ -632,18 +632,28 @@ class Child:
             threading.Thread(target=self._watch, daemon=True).start()
 
     def _socket_bytes(self, tree) -> int:
-        """``own_network_socket_bytes``, asked at most once a second through sockets kept for the child's life."""
+        """``own_network_socket_bytes``, asked at most once a second through sockets kept for the child's life;
+        ``tree``: a function giving the tree's pids (read only when the sockets are asked)."""
         now = time.monotonic()
         if now - getattr(self, "_sockets_at", -10.0) >= 1.0:
-            self._sockets, self._sockets_at = own_network_socket_bytes(tree, self._diag), now
+            self._sockets, self._sockets_at = own_network_socket_bytes(tree(), self._diag), now
         return self._sockets
 
     def _over_limit(self, check_disk: bool) -> str | None:
-        """Which watched limit the tree is past now, in words; None while within them."""
+        """Which watched limit the tree is past now, in words; None while within them. The tree's processes are
+        read from /proc only where a check needs them: with both cgroups, the kernel counts the tasks and the
+        memory, and only the sockets' check (once a second) and the disk's need the pids (a scan of /proc and a
+        file per process, twice a second for each of a submission's three children, was most of the watch)."""
         limits = self.limits
-        tree = [self.process.pid] + children_of(self.process.pid, _recent_parents())
-        if limits.processes and ((self.pids is not None and self.pids.hit())
-                                 or tree_tasks(tree) > limits.processes):
+        pids: list = []
+
+        def tree() -> list:
+            if not pids:
+                pids.extend([self.process.pid] + children_of(self.process.pid, _recent_parents()))
+            return pids
+
+        if limits.processes and (self.pids.hit() if self.pids is not None
+                                 else tree_tasks(tree()) > limits.processes):
             return PROCESSES_STOPPED.format(limits.processes)
         if limits.memory_bytes and self.group is not None:
             # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
@@ -651,21 +661,22 @@ class Child:
                 self.out_of_memory = True
                 return KERNEL_STOPPED
         elif limits.memory_bytes:
+            members = tree()
             private, devices = 0, set()
             if self.sandbox is not None:
-                private = private_tmpfs_bytes(tree, self.sandbox.private)
-                devices = private_devices(tree, self.sandbox.private)
-            shared = shmem_bytes(tree, devices)
-            sockets = self._socket_bytes(tree) + pipe_bytes(tree)
-            if tree_unshared_rss(tree) + private + shared + sockets > limits.memory_bytes:
+                private = private_tmpfs_bytes(members, self.sandbox.private)
+                devices = private_devices(members, self.sandbox.private)
+            shared = shmem_bytes(members, devices)
+            sockets = self._socket_bytes(tree) + pipe_bytes(members)
+            if tree_unshared_rss(members) + private + shared + sockets > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
                 held += f" (of it {shared / 2**20:.0f} MiB of shared memory)" if shared else ""
                 held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' and pipes' buffers)" if sockets else ""
                 return f"used more memory than allowed{held}"
         if check_disk and limits.disk_bytes and self.sandbox is not None:
-            devices = private_devices(tree, self.sandbox.private)
-            used = folders_bytes(self.sandbox.own, limits.disk_bytes) + held_deleted_bytes(tree, devices)
+            devices = private_devices(tree(), self.sandbox.private)
+            used = folders_bytes(self.sandbox.own, limits.disk_bytes) + held_deleted_bytes(tree(), devices)
             if used > limits.disk_bytes:
                 return (f"wrote more than {limits.disk_bytes / 2**20:.0f} MiB to its folders "
                         "(the disk budget; or more files than allowed, or a folder hidden from the grader)")
