@@ -795,3 +795,25 @@ def test_results_quotes_the_saved_h100_runs_of_806dfe0():
     assert f"**40/40 samples got the grade they deserve**, {samples['seconds']:.0f} s" in results
     assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
     assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
+
+
+def test_results_quotes_where_the_graders_own_cpu_went_at_6ce36e9():
+    """docs/RESULTS.md's split of the grader's CPU by thread is the saved run's, per submission-lab."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    saved = json.loads((ROOT / "docs" / "results" / "throughput-h100-6ce36e9.json").read_text())["throughput"]
+    phases, by_kind = saved["phases"], saved["cpu_by_process"]
+    count = phases["submissions"]["count"]
+    each = {kind: f"{seconds / count:.2f}" for kind, seconds in by_kind.items()}
+    threads = each["grader: submissions' threads"]
+    quoted = [f"submissions' threads (polling each checker, starting sandboxes) {threads} core-s",
+              f"limit watchers {each['grader: limit watchers']}", f"the sampler itself {each['the load sampler itself']}",
+              f"checker {each['checker']}", f"kernel worker {each['kernel worker']}",
+              f"solution worker {each['solution worker']}", f"short processes no scan saw {each['missed']}",
+              f"{phases['submissions']['seconds_each']:.2f} s per submission",
+              f"fixed {phases['fixed']['seconds']:.1f} s (intake and course "
+              f"{phases['fixed']['intake and course']['seconds']:.1f} s)", f"{saved['full_marks']}/{count} full marks",
+              f"10 copies = {count} submission-labs, {saved['jobs']} sharing"]
+    cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
+    quoted.append(f"{cpu:.1f} core-s each")
+    for text in quoted:
+        assert text in results, text
