@@ -164,19 +164,6 @@ def sweep(marker: str) -> None:
             kill_tree(victim)
 
 
-_scan_lock = threading.Lock()
-_scan = [0.0, {}]  # (time.monotonic() of the last scan of /proc, pid → parent pid)
-
-
-def _recent_parents(max_age_s: float = 0.4) -> dict:
-    """pid → parent pid from a scan of /proc at most ``max_age_s`` old: every child's memory watch reads the whole
-    process table twice a second, and with ten submissions' children at once one scan serves them all."""
-    with _scan_lock:
-        if time.monotonic() - _scan[0] > max_age_s:
-            _scan[:] = [time.monotonic(), proctree.parents()]
-        return _scan[1]
-
-
 def tree_tasks(tree) -> int:
     """Processes and threads of ``tree`` (each process's ``Threads:``): a thread takes a PID of the host's as a
     process does, and /proc lists only processes, so counting processes alone let 600 threads through."""
@@ -649,7 +636,7 @@ class Child:
 
         def tree() -> list:
             if not pids:
-                pids.extend([self.process.pid] + children_of(self.process.pid, _recent_parents()))
+                pids.extend([self.process.pid] + children_of(self.process.pid, proctree.recent_parents()))
             return pids
 
         if limits.processes and (self.pids.hit() if self.pids is not None
