@@ -6,7 +6,6 @@ file by its path, the grader's ``isolate`` and the kernel builds (``build``) imp
 
 import os
 import signal
-import threading
 import time
 
 
@@ -22,19 +21,6 @@ def parents() -> dict:
             except (OSError, ValueError, IndexError):
                 continue
     return found
-
-
-_scan_lock = threading.Lock()
-_scan = [float("-inf"), {}]  # (time.monotonic() of the last scan of /proc, pid → parent pid)
-
-
-def recent_parents(max_age_s: float = 0.4) -> dict:
-    """``parents()`` from a scan at most ``max_age_s`` old: each submission's limit watch and CPU meter read the
-    process table twice a second, and with ten submissions at once one scan serves them all."""
-    with _scan_lock:
-        if time.monotonic() - _scan[0] > max_age_s:
-            _scan[:] = [time.monotonic(), parents()]
-        return _scan[1]
 
 
 def descendants(pid: int, parent_of: dict | None = None) -> list:

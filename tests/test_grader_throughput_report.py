@@ -237,9 +237,12 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
     cpu = run["phases"]["cpu_per_submission_mean"]
     assert all(cpu.get(f"start, {role}", 0) > 0 for role in ("checker", "solution worker", "kernel worker")), cpu
     assert cpu.get("build, kernel worker", 0) > 0 and "CPU per submission (mean core-s" in printed, cpu
-    # the sampler's view too, the grader's own process split by its threads: the submission's thread was busy
+    # the sampler's view too, the grader's own process split by its threads (how much each used is
+    # test_the_load_sampler_splits_the_graders_own_cpu_by_what_its_threads_do's: one submission's thread mostly
+    # waits, and may use less than the 0.05 s that the split's rounding keeps)
     line = next(line for line in printed.splitlines() if "CPU per submission by process" in line)
-    assert "checker" in line and run["cpu_by_process"].get("grader: submissions' threads", 0) > 0, line
+    kinds = run["cpu_by_process"]
+    assert "checker" in line and "grader" not in kinds and "grader: submissions' threads" in kinds, (line, kinds)
     assert "one student's regrade" in result["headline"] and "references reused" in result["headline"]
 
 

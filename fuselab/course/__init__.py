@@ -43,7 +43,7 @@ _NBGRADER_MAIN = "import runpy\nrunpy.run_module('nbgrader', run_name='__main__'
 def without_iri_grammar() -> None:
     """This process imports nbformat (and so jsonschema) without rfc3987-syntax's grammars (see above); a no-op
     where it was imported already. For the course's own command-line processes, before they import nbgrader."""
-    exec(_WITHOUT_IRI_GRAMMAR, {})
+    sys.modules.setdefault("rfc3987_syntax", None)  # what _WITHOUT_IRI_GRAMMAR runs in nbgrader's processes
 
 
 def nbgrader(*args, cwd=GRADER, check=True, env=None, script=None) -> subprocess.CompletedProcess:

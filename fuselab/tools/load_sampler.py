@@ -59,6 +59,14 @@ PROGRAM_KINDS = {"nvidia-smi": "nvidia-smi", "ninja": "compiler", "nvcc": "compi
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
 
 
+def _stat_cpu(path: str) -> float:
+    """utime + stime, in seconds, of a ``/proc/.../stat`` file (a process's or one of its threads'); OSError or
+    IndexError where it is gone or cut short."""
+    with open(path) as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 def _process_cpu() -> dict:
     """pid → (kind, CPU seconds so far) of every process this machine shows (Linux /proc)."""
     found = {}
@@ -68,8 +76,7 @@ def _process_cpu() -> dict:
         return found
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+            seconds = _stat_cpu(f"/proc/{pid}/stat")
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
@@ -77,7 +84,7 @@ def _process_cpu() -> dict:
         program = os.path.basename(command.split(" ", 1)[0])
         kind = PROGRAM_KINDS.get(program) or next((name for pattern, name in PROCESS_KINDS if pattern in command),
                                                   "other")
-        found[int(pid)] = (kind, (int(fields[11]) + int(fields[12])) / _TICKS)  # utime + stime
+        found[int(pid)] = (kind, seconds)
     return found
 
 
@@ -95,18 +102,14 @@ def _own_threads() -> dict:
     found, live = {}, 0.0
     try:
         tasks = os.listdir("/proc/self/task")
-        with open("/proc/self/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total = (int(fields[11]) + int(fields[12])) / _TICKS
+        total = _stat_cpu("/proc/self/stat")
     except (OSError, IndexError):
         return found
     for tid in tasks:
         try:
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+            seconds = _stat_cpu(f"/proc/self/task/{tid}/stat")
         except (OSError, IndexError):
             continue  # ended meanwhile: its time is in the remainder below
-        seconds = (int(fields[11]) + int(fields[12])) / _TICKS
         name = names.get(int(tid), "")
         role = next((role for pattern, role in THREAD_ROLES if pattern in name), "grader: other threads")
         found[f"thread {tid}"] = (role, seconds)

@@ -317,7 +317,7 @@ class TreeMeter:
     def read(self) -> tuple:
         now = time.monotonic()
         if self._read_at is None or now - self._read_at >= self.every_s:
-            parent_of = proctree.recent_parents()  # the limit watch's scan, where one is fresh
+            parent_of = isolate.recent_parents()  # the limit watch's scan, where one is fresh
             trees = {root: {root, *proctree.descendants(root, parent_of)} if root in parent_of else set()
                      for root in self.roots}
             pids = set().union(*trees.values())

@@ -164,6 +164,20 @@ def sweep(marker: str) -> None:
             kill_tree(victim)
 
 
+_scan_lock = threading.Lock()
+_scan = [float("-inf"), {}]  # (time.monotonic() of the last scan of /proc, pid → parent pid)
+
+
+def recent_parents(max_age_s: float = 0.4) -> dict:
+    """``proctree.parents()`` from a scan at most ``max_age_s`` old: each submission's limit watch and CPU meter
+    read the process table twice a second, and with ten submissions at once one scan serves them all. Here, not in
+    ``proctree``: the keeper loads that file at every child's start, and needs no lock."""
+    with _scan_lock:
+        if time.monotonic() - _scan[0] > max_age_s:
+            _scan[:] = [time.monotonic(), proctree.parents()]
+        return _scan[1]
+
+
 def tree_tasks(tree) -> int:
     """Processes and threads of ``tree`` (each process's ``Threads:``): a thread takes a PID of the host's as a
     process does, and /proc lists only processes, so counting processes alone let 600 threads through."""
@@ -636,7 +650,7 @@ class Child:
 
         def tree() -> list:
             if not pids:
-                pids.extend([self.process.pid] + children_of(self.process.pid, proctree.recent_parents()))
+                pids.extend([self.process.pid] + children_of(self.process.pid, recent_parents()))
             return pids
 
         if limits.processes and (self.pids.hit() if self.pids is not None
