@@ -81,10 +81,6 @@ def is_demo(cell) -> bool:
     return isinstance(tags, list) and DEMO_TAG in tags
 
 
-def is_locked(cell) -> bool:
-    return bool(nbgrader(cell).get("locked"))
-
-
 def points(cell):
     """The points a graded cell is worth (None where it has none)."""
     return nbgrader(cell).get("points")

@@ -33,7 +33,6 @@ import io
 import keyword
 import operator
 import os
-import pickle
 import re
 import struct
 
@@ -76,11 +75,6 @@ def _read_exact(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
-
-
-def dump_trusted(obj) -> bytes:
-    """Checker → worker (the worker may unpickle it: it comes from the checker)."""
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def dump_tree(tree) -> bytes:

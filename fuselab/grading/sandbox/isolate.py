@@ -932,7 +932,7 @@ def gpu_device_nodes() -> list:
     return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
 
 
-def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True) -> list:
+def sandboxed(command, *, own: list, hide: list, readonly=()) -> list:
     """``command`` inside bubblewrap.
 
     - it runs as a user without rights: run as root, the grader enters the sandbox as ``SANDBOX_UID`` (chowning
@@ -952,8 +952,6 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
     - the command starts behind a one-line Python that tells ``Child`` it started inside (``SandboxCommand``).
 
     Returns a ``SandboxCommand``: run it with ``Child`` (the sandbox check does too, ``sandbox_problem``).
-
-    ``writable_tmp`` is kept for callers; ``/tmp`` is always a private, empty one.
     """
     bwrap = bubblewrap()
     if bwrap is None:
@@ -1010,13 +1008,6 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
              str(SANDBOX_UID), str(SANDBOX_GID), ALLOWED_ENV, "--"]
     started = [sys.executable, "-I", "-S", "-c", _STARTED, SandboxCommand.STARTED]
     return SandboxCommand(enter + args + ["--", *started, *command], own=own, private=PRIVATE)
-
-
-def give_to_sandbox(folder: Path) -> None:
-    """What the grader put in a sandbox's ``own`` folder after the sandbox started, the sandbox's user's too (as
-    ``sandboxed`` does at the start; nothing to do unless the grader runs as root)."""
-    if os.geteuid() == 0 and Path(folder).is_dir():
-        _give(Path(folder), SANDBOX_UID, SANDBOX_GID)
 
 
 def _give(folder: Path, uid: int, gid: int) -> None:

@@ -115,18 +115,6 @@ def diag_socket(pid: int, timeout_s: float = 20) -> socket.socket | None:
     return nl
 
 
-def held_bytes(pid: int, timeout_s: float = 20) -> int | None:
-    """What the sockets of ``pid``'s network namespace hold, asked once; None where it cannot be asked."""
-    nl = diag_socket(pid, timeout_s)
-    if nl is None:
-        return None
-    with nl:
-        try:
-            return socket_bytes(nl)
-        except OSError:
-            return None
-
-
 def _send_diag_socket(pid: int, to: int) -> None:
     _enter(pid)
     with _diag() as nl, socket.socket(fileno=to) as channel:

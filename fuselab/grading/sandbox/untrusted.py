@@ -145,12 +145,6 @@ class Folder:
         except OSError:
             return []
 
-    def open_folder(self, relative) -> int:
-        """A descriptor of the folder at ``relative``, reached without following a link (the caller closes it);
-        ``OSError`` if it is missing or anything on the way is not a folder."""
-        with self._parent(PurePosixPath(relative) / "x") as (folder, _):
-            return os.dup(folder)
-
     # -- writing and removing
 
     def new_file(self, relative, mode: int = 0o644) -> int:

@@ -16,7 +16,7 @@ from .kernels import (
     BATCHNORM, CONTEXT_RESULTS, CONTEXT_SHAPES, DEPTHWISE_CONV, EPS, FOLDED, GPU_SHAPES, GRADED_TEST,
     HIDDEN_SMALL_SHAPES, IN_REGISTERS, LAUNCH_BOUND_SHAPE, NETWORK_RESULTS, NOTEBOOK, REFERENCE_SOURCES,
     REFERENCE_UNFUSED_SOURCE, RELU, SMALL_SHAPES, SOLUTION_SOURCES, STARTER_SOURCE, TIMED_SHAPE, UNFUSED_LAUNCHERS,
-    build_reference, build_starter, bytes_moved, conv_bn, eager, eager_folded, fused, in_registers, make_inputs,
+    build_reference, build_starter, bytes_moved, conv_bn, eager, fused, in_registers, make_inputs,
     reference, unfused, VarianceSpread,
 )
 from .fold import (

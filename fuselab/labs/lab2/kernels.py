@@ -183,11 +183,6 @@ def eager(x, w, b, mean, var, gamma, beta, *folded):
     return torch.relu(conv_bn(x, w, b, mean, var, gamma, beta))
 
 
-def eager_folded(x, w, b, mean, var, gamma, beta, w_folded, b_folded):
-    """PyTorch eager on folded parameters: two kernels (conv with bias, ReLU)."""
-    return torch.relu(F.conv2d(x, w_folded.unsqueeze(1), b_folded, padding=1, groups=x.shape[1]))
-
-
 def unfused(module):
     """The three-kernel pipeline (depthwise_conv, batchnorm, relu); allocates its intermediates like eager."""
     def run(x, w, b, mean, var, gamma, beta, w_folded, b_folded, out):
