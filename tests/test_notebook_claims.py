@@ -817,3 +817,20 @@ def test_results_quotes_where_the_graders_own_cpu_went_at_6ce36e9():
     quoted.append(f"{cpu:.1f} core-s each")
     for text in quoted:
         assert text in results, text
+
+
+def test_results_quotes_the_sample_class_graded_beside_a_second_grading():
+    """docs/RESULTS.md says the sample class got its grades while a second grading shared the 2 cores: the saved
+    tables must hold 40 rows graded as deserved in each grading, none run again, and the seconds quoted."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    saved = (ROOT / "docs" / "results" / "beside-cpu2-b3d75e7.txt").read_text(encoding="utf-8")
+    gradings = saved.split("\n## grading ")[1:]
+    assert len(gradings) == 2
+    seconds = []
+    for grading in gradings:
+        rows = [line for line in grading.splitlines() if re.match(r"(ok  |MISS) ", line)]
+        assert len(rows) == 40 and all(row.startswith("ok  ") for row in rows), grading
+        assert "ran past a wall-clock limit and run again alone: 0" in grading
+        seconds.append(int(re.search(r"40 submission\(s\) in (\d+) s", grading).group(1)))
+    assert "**40/40 samples got the grade they deserve in each**" in results
+    assert f"{seconds[0]} s and {seconds[1]} s" in results and "(0 run again alone)" in results
