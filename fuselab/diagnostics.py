@@ -234,3 +234,19 @@ def build_error(filename: str, log: str, source: str | None = None, source_map=N
     if errors and repeats:  # a template's error repeats for each type it is compiled for: counted once
         count = f" ({errors} distinct error{'s' if errors != 1 else ''})"
     return BuildError(f"{filename} failed to compile{count}:\n\n{diag}", diagnostics=diag, log=log)
+
+
+def demangle(symbol: str) -> str:
+    """A C++ symbol as the student wrote it (``c10::cuda::c10_cuda_check_implementation(int, ...)``), through
+    binutils' ``c++filt`` (installed with the ``nm`` the native check reads symbols with); the raw name where it is
+    missing or the name is not C++."""
+    import shutil
+    import subprocess
+    tool = shutil.which("c++filt")
+    if tool is None or not symbol.startswith("_Z"):
+        return symbol
+    try:
+        done = subprocess.run([tool, symbol], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return symbol
+    return done.stdout.strip() or symbol if done.returncode == 0 else symbol

@@ -161,6 +161,28 @@ def test_wrong_launcher_signature_is_reported_with_the_expected_one():
         fuselab.build(source, [PROTO], backend="cuda")
 
 
+@pytest.mark.parametrize("backend", ["cuda", "emulate"])
+def test_a_function_declared_and_never_written_is_named_not_blamed_on_the_launchers(backend):
+    source = scale_source(f"undefined {backend}").replace("void scale(", "void helper(int);\nvoid scale(", 1)
+    source = source.replace("    scale_kernel<<<", "    helper(n);\n    scale_kernel<<<")
+    with pytest.raises(fuselab.BuildError) as info:
+        fuselab.build(source, [PROTO], backend=backend)
+    message = str(info.value)
+    assert "uses `helper(int)`, which nothing defines" in message and "exactly these signatures" not in message
+
+
+@pytest.mark.parametrize("backend", ["cuda", "emulate"])
+@pytest.mark.parametrize("header", ["c10/cuda/CUDAException.h", "torch/extension.h", "ATen/ATen.h"])
+def test_pytorchs_headers_are_refused_alike_on_every_backend(backend, header):
+    """The GPU build compiles with nvcc alone; the emulation's compiler would find torch's headers and fail only at
+    the link (C10_CUDA_KERNEL_LAUNCH_CHECK's function): the same clear message on both, naming the line."""
+    source = "// a launch checked the way PyTorch's own kernels check one\n" + f"#include <{header}>\n" + scale_source()
+    with pytest.raises(fuselab.BuildError) as info:
+        fuselab.build(source, [PROTO], backend=backend)
+    message = str(info.value)
+    assert f"kernel.cu:2: `#include <{header}>`" in message and "cudaGetLastError()" in message
+
+
 @pytest.mark.parametrize("stub", ["    raise NotImplementedError()", "# YOUR CODE HERE\nraise NotImplementedError()"])
 def test_blank_lab_stub_builds_to_a_clear_message(stub):
     source = f"__global__ void k() {{}}\n{stub}\n"

@@ -37,6 +37,7 @@ BASICS = [
     " cudaStream_t stream)",
     "void convert_launch(const float* in, __half* h, float* back, __nv_bfloat16* bf, int n, cudaStream_t stream)",
     "int errors_launch(float* out, int n, cudaStream_t stream)",
+    "void occupancy_launch(int* out, int block_limit, int shared_bytes, cudaStream_t stream)",
 ]
 BARRIERS = [
     "void gemm_launch(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream)",
@@ -229,6 +230,19 @@ def test_half_and_bfloat16_conversions_are_bit_exact(basics):
 def test_error_query_calls(basics):
     out = random_tensor(10, seed=14)
     basics.errors_launch(out, 10)  # a nonzero return would raise LaunchError
+
+
+@pytest.mark.parametrize("limit,shared", [(0, 0), (256, 0), (96, 0), (0, 40_000)])
+def test_the_occupancy_calculator_answers_as_a_gpu_of_the_emulations_limits(basics, limit, shared):
+    """A launcher may size its grid with cudaOccupancyMaxPotentialBlockSize (honest CUDA): the answers stay within
+    the emulated device's limits (2048 threads and 32 blocks a multiprocessor, 132 of them) and agree."""
+    out = torch.zeros(3, dtype=torch.int32)
+    basics.occupancy_launch(out, limit, shared)
+    min_grid, block, resident = out.tolist()
+    assert 32 <= block <= (limit or 1024) and block % 32 == 0
+    assert 1 <= resident <= min(32, 2048 // block) and min_grid == 132 * resident
+    if shared:
+        assert resident * (shared + 1024) <= 228 * 1024
 
 
 def test_barrier_free_kernels_run_as_plain_loops(basics):

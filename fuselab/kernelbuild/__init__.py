@@ -36,6 +36,10 @@ from .job import Job
 
 # nbgrader replaces a solution region with a Python stub, even inside a CUDA string.
 _STUB = re.compile(r"^\s*(raise NotImplementedError\b.*|#\s*YOUR CODE HERE\s*)$", re.M)
+# PyTorch's C++ headers: the GPU build compiles the .cu with nvcc alone (no torch include path), so they are
+# refused on every backend, where the emulation's compiler would have found them and failed later at the link
+_TORCH_HEADER = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]((?:torch|ATen|c10|pybind11)/[^>"]*|torch/extension\.h)[>"]',
+                           re.M)
 
 
 def build(source: str, launchers, *, name: str = "kernel", backend: str | None = None,
@@ -67,6 +71,7 @@ def _build(source, launchers, *, name, backend, extra_cflags, timeout, sanitize,
     toolchain.prepare_cuda_environment()  # before anything imports torch's cpp_extension, whatever the backend
     filename = f"{name}.cu"
     _refuse_stub(source, filename)
+    _refuse_torch_headers(source, filename)
     backend = resolve_backend(backend)
     if sanitize and backend != "emulate":
         raise ValueError("sanitize= is only available with the CPU emulation (backend='emulate')")
@@ -309,6 +314,17 @@ def _refuse_stub(source: str, filename: str):
             f"`{match.group(0).strip()}`. Replace it with your CUDA code, then run the cell again.")
 
 
+def _refuse_torch_headers(source: str, filename: str):
+    match = _TORCH_HEADER.search(source)
+    if match:
+        line = source.count("\n", 0, match.start()) + 1
+        raise BuildError(
+            f"{filename}:{line}: `#include <{match.group(1)}>`: a kernel's file here is plain CUDA C++, compiled "
+            f"without PyTorch's headers (torch, ATen, c10), so nothing of them can be used in it. Check a launch "
+            f"with `cudaGetLastError()` (in place of C10_CUDA_KERNEL_LAUNCH_CHECK or TORCH_CHECK); the tensors "
+            f"arrive as plain pointers, sizes and the stream, as the launcher's signature says.")
+
+
 def _refuse_stream_zero(source: str, filename: str):
     from .emulate.streams import off_stream_launches
     launches = off_stream_launches(source)
@@ -333,6 +349,15 @@ def _refuse_stream_zero(source: str, filename: str):
 
 def _missing_launcher_error(exc, protos, filename):
     text = str(exc)
+    undefined = re.search(r"undefined symbol: (\S+)", text)
+    if undefined and not any(p.name == undefined.group(1) for p in protos):
+        # the loader names the first symbol the library uses and nothing defines (a function declared, never
+        # written; or one of a library the build does not link): not a missing launcher
+        symbol = diagnostics.demangle(undefined.group(1))
+        return BuildError(f"{filename} compiled, but its library uses `{symbol}`, which nothing defines: a function "
+                          f"declared and never written, or one from a library the kernels are not linked with "
+                          f"(only the CUDA runtime and the C/C++ standard libraries are).\n(loader said: {text})",
+                          diagnostics=text)
     missing = [p for p in protos if p.name in text] or list(protos)
     wanted = "\n".join(f"    {p.declaration.rstrip(';')} {{ ... }}" for p in missing)
     return BuildError(f"{filename} compiled, but does not define the launcher(s) this lab needs. "

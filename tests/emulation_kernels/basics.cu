@@ -183,3 +183,18 @@ int errors_launch(float* out, int n, cudaStream_t stream) {
   if (std::strcmp(cudaGetErrorString(cudaSuccess), "no error") != 0) return 3;
   return (int)cudaStreamSynchronize(stream);
 }
+
+// CUDA's occupancy calculator, as a launcher sizing its grid calls it; a kernel stores its answers in `out`: the
+// minimum grid for full occupancy, the block size, the resident blocks a multiprocessor holds at that size.
+__global__ void store3_kernel(int* out, int a, int b, int c) {
+  out[0] = a;
+  out[1] = b;
+  out[2] = c;
+}
+
+void occupancy_launch(int* out, int block_limit, int shared_bytes, cudaStream_t stream) {
+  int min_grid = -1, block = -1, resident = -1;
+  if (cudaOccupancyMaxPotentialBlockSize(&min_grid, &block, copy2_kernel, shared_bytes, block_limit) == cudaSuccess)
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, copy2_kernel, block, shared_bytes);
+  store3_kernel<<<1, 1, 0, stream>>>(out, min_grid, block, resident);
+}

@@ -142,3 +142,50 @@ inline cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, std::size_t 
   return fuselab_emu::copy_symbol(dst, reinterpret_cast<const char*>(&symbol) + offset, bytes, offset, sizeof(T),
                                   "cudaMemcpyFromSymbol");
 }
+
+// ---- occupancy ----
+// A launcher may size its grid from CUDA's occupancy calculator. The emulation counts no registers: it answers as
+// the device of its limits answers for a light kernel, bounded by threads (2048 a multiprocessor), resident blocks
+// (32) and, where asked for, dynamic shared memory (228 KiB a multiprocessor, 1 KiB of it reserved per block).
+namespace fuselab_emu {
+inline int resident_blocks(int block_size, std::size_t dynamic_shared) {
+  int blocks = 2048 / block_size < 32 ? 2048 / block_size : 32;
+  if (dynamic_shared > 0) {
+    const std::size_t by_shared = (std::size_t)(228 * 1024) / (dynamic_shared + 1024);
+    if (by_shared < (std::size_t)blocks) blocks = (int)by_shared;
+  }
+  return blocks;
+}
+}  // namespace fuselab_emu
+
+template <class F>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, F, int block_size,
+                                                                 std::size_t dynamic_shared) {
+  if (!num_blocks || block_size <= 0 || block_size > (int)fuselab_emu::kMaxThreadsPerBlock) {
+    fuselab_emu::record_error(cudaErrorInvalidValue, "cudaOccupancyMaxActiveBlocksPerMultiprocessor: a block size "
+                                                     "from 1 to 1024 and a place for the answer");
+    return cudaErrorInvalidValue;
+  }
+  *num_blocks = fuselab_emu::resident_blocks(block_size, dynamic_shared);
+  return cudaSuccess;
+}
+
+template <class F>
+inline cudaError_t cudaOccupancyMaxPotentialBlockSize(int* min_grid_size, int* block_size, F, std::size_t
+                                                      dynamic_shared = 0, int block_size_limit = 0) {
+  if (!min_grid_size || !block_size || block_size_limit < 0) {
+    fuselab_emu::record_error(cudaErrorInvalidValue, "cudaOccupancyMaxPotentialBlockSize: places for both answers");
+    return cudaErrorInvalidValue;
+  }
+  int best = 0, best_threads = 0;
+  const int limit = block_size_limit > 0 && block_size_limit < (int)fuselab_emu::kMaxThreadsPerBlock
+                        ? block_size_limit : (int)fuselab_emu::kMaxThreadsPerBlock;
+  for (int size = 32; size <= limit; size += 32) {  // CUDA's search: the most resident threads, the larger block
+    const int threads = fuselab_emu::resident_blocks(size, dynamic_shared) * size;
+    if (threads >= best_threads) best = size, best_threads = threads;
+  }
+  if (best == 0) best = limit, best_threads = fuselab_emu::resident_blocks(limit, dynamic_shared) * limit;
+  *block_size = best;
+  *min_grid_size = fuselab_emu::kMultiProcessors * (best_threads / best);
+  return cudaSuccess;
+}
