@@ -161,6 +161,29 @@ def test_wrong_launcher_signature_is_reported_with_the_expected_one():
         fuselab.build(source, [PROTO], backend="cuda")
 
 
+LAMBDA_SOURCE = textwrap.dedent("""\
+    template <typename Op>
+    __global__ void map_kernel(const float* x, float* out, int n, Op op) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) out[i] = op(x[i]);
+    }
+    void scale(const float* x, float* out, float factor, int n, cudaStream_t stream) {
+        auto times = [factor] __host__ __device__ (float v) { return v * factor; };  // as PyTorch's kernels write it
+        if (n > 0) map_kernel<<<(n + 255) / 256, 256, 0, stream>>>(x, out, n, times);
+    }
+    """)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "emulate"])
+def test_a_device_lambda_builds_on_every_backend(backend):
+    mod = fuselab.build(LAMBDA_SOURCE, [PROTO], name="device_lambda", backend=backend)
+    if backend == "emulate":
+        x = torch.randn(1000)
+        out = torch.empty_like(x)
+        mod.scale(x, out, 2.5, x.numel())
+        torch.testing.assert_close(out, x * 2.5)
+
+
 @pytest.mark.parametrize("backend", ["cuda", "emulate"])
 def test_a_function_declared_and_never_written_is_named_not_blamed_on_the_launchers(backend):
     source = scale_source(f"undefined {backend}").replace("void scale(", "void helper(int);\nvoid scale(", 1)

@@ -31,9 +31,10 @@ def job(source, protos, filename, extra_cflags):
         include += "\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>"
     text = compose(protos, include, filename, source)
     arch = toolchain.cuda_arch()
-    # the language load_inline gave students (C++20, constexpr functions callable in device code)
+    # the language load_inline gave students (C++20, constexpr functions callable in device code), and
+    # __device__ lambdas as PyTorch's own kernels write them (the emulation's g++ compiles them as they are)
     cuda_flags = ["-shared", "-Xcompiler", "-fPIC", "--cudart", "shared", "-std=c++20", "--expt-relaxed-constexpr",
-                  "-O3", "-lineinfo", toolchain.gencode_flag(arch), *extra_cflags]
+                  "--extended-lambda", "-O3", "-lineinfo", toolchain.gencode_flag(arch), *extra_cflags]
     return Job("cuda", "", text, [], cuda_flags, toolchain.cuda_link_flags(home), [], filename,
                extra_key=f"arch={arch}", student_source=source)
 
