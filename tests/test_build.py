@@ -194,6 +194,16 @@ def test_a_function_declared_and_never_written_is_named_not_blamed_on_the_launch
     assert "uses `helper(int)`, which nothing defines" in message and "exactly these signatures" not in message
 
 
+def test_the_thread_index_read_in_host_code_is_named_on_the_gpu_build():
+    """nvcc compiles ``threadIdx.x`` in a launcher and the loader then misses its variable: said as the mistake it is
+    (the emulation refuses the same text before compiling: tests/test_emulation.py)."""
+    source = scale_source("thread index in host code").replace("    scale_kernel<<<(n + 255) / 256, 256,",
+                                                                  "    scale_kernel<<<(n + 255) / 256, 256 + threadIdx.x,")
+    with pytest.raises(fuselab.BuildError) as info:
+        fuselab.build(source, [PROTO], backend="cuda")
+    assert "reads `threadIdx`, which only device code has" in str(info.value)
+
+
 @pytest.mark.parametrize("backend", ["cuda", "emulate"])
 @pytest.mark.parametrize("header", ["c10/cuda/CUDAException.h", "torch/extension.h", "ATen/ATen.h"])
 def test_pytorchs_headers_are_refused_alike_on_every_backend(backend, header):

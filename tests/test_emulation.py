@@ -495,6 +495,58 @@ def test_unsupported_forms(source, construct, line):
     assert info.value.line == line and construct in str(info.value)
 
 
+SPACES_KERNEL = "__global__ void k(float* x, int n) {\n  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) x[i] = %s;\n}\n"
+
+
+@pytest.mark.parametrize("source,message,line", [
+    # a helper without __device__, called from a kernel: the mistake nvcc refuses and g++ would compile
+    ("float twice(float v) { return 2 * v; }\n" + SPACES_KERNEL % "twice(x[i])",
+     'calling a __host__ function("twice") from a __global__ function("k") is not allowed', 4),
+    ("template <typename T> T twice(T v) { return 2 * v; }\n" + SPACES_KERNEL % "twice<float>(x[i])",
+     'calling a __host__ function("twice") from a __global__ function("k")', 4),
+    ("__device__ float twice(float v) { return 2 * v; }\nfloat host_twice(float v) { return 2 * v; }\n"
+     "__device__ float four(float v) { return host_twice(twice(v)); }\n" + SPACES_KERNEL % "four(x[i])",
+     'calling a __host__ function("host_twice") from a __device__ function("four")', 3),
+    ("__device__ float twice(float v) { return 2 * v; }\n" + SPACES_KERNEL % "x[i]" +
+     "void launch(float* x, int n, cudaStream_t s) {\n  float f = twice(1.0f);\n  k<<<1, 32, 0, s>>>(x, n);\n}\n",
+     'calling a __device__ function("twice") from a __host__ function("launch")', 7),
+    (SPACES_KERNEL % "x[i]" + "void launch(float* x, int n, cudaStream_t s) {\n  int t = threadIdx.x;\n"
+     "  k<<<1, 32 + t, 0, s>>>(x, n);\n}\n", '"threadIdx" is device code\'s', 6),
+])
+def test_a_call_across_execution_spaces_is_refused_as_nvcc_refuses_it(source, message, line):
+    """g++ ignores __device__ and __global__: without this check the emulation ran what the GPU build refuses,
+    and a student's work passed on the CPU and scored 0 on the grader's GPU."""
+    with pytest.raises(BuildError) as info:
+        emulation.translate(source, "lab.cu")
+    assert message in str(info.value) and f"lab.cu:{line}:" in str(info.value), str(info.value)
+
+
+SPACES_OK = textwrap.dedent("""\
+        constexpr int blocks_for(int n) { return (n + 255) / 256; }
+        __host__ __device__ float both(float v) { return v + 1; }
+        __device__ float on_gpu(float v) { return both(v) * 2; }
+        float on_host(float v) { return both(v); }
+        struct Scale { float f; __device__ float operator()(float v) const { return v * f; } };
+        __global__ void k(float* x, int n, Scale s) {
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) x[i] = s(on_gpu(x[i])) + blocks_for(n);
+        }
+        void launch(float* x, int n, cudaStream_t stream) {
+            dim3 blockDim(256), gridDim(blocks_for(n));
+            if (n > 0) k<<<gridDim, blockDim, 0, stream>>>(x, n, Scale{on_host(1.0f)});
+        }
+        """)
+
+
+def test_calls_within_each_space_and_to_both_build():
+    """What nvcc takes (tests/test_kernels_compile_for_cuda.py builds the same text) the emulation takes too."""
+    mod = fuselab.build(SPACES_OK, ["void launch(float* x, int n, cudaStream_t stream)"], name="spaces_ok",
+                        backend="emulate")
+    x = torch.ones(300)
+    mod.launch(x, 300)
+    assert torch.equal(x, torch.full((300,), 10.0))  # (1 + 1) * 2, scaled by on_host(1) = 2, + 2 blocks
+
+
 def test_constructs_in_comments_and_strings_are_ignored():
     source = textwrap.dedent("""\
         // asm("trap;"); texture<float> t; k<<<1,1>>>();

@@ -12,7 +12,7 @@ from fuselab.labs import lab_modules
 from fuselab.notebook_sources import string_assignments
 
 from .conftest import REPO, requires_nvcc
-from .test_emulation import BARRIERS, BASICS, KERNELS, LIMITS
+from .test_emulation import BARRIERS, BASICS, KERNELS, LIMITS, SPACES_OK
 
 pytestmark = requires_nvcc
 
@@ -20,6 +20,12 @@ pytestmark = requires_nvcc
 @pytest.mark.parametrize("filename,launchers", [("basics.cu", BASICS), ("barriers.cu", BARRIERS)])
 def test_emulation_test_kernels_compile_with_nvcc(filename, launchers):
     mod = fuselab.build((KERNELS / filename).read_text(), launchers, name=filename[:-3], backend="cuda")
+    assert mod.backend == "cuda"
+
+
+def test_calls_the_emulation_takes_across_execution_spaces_compile_with_nvcc():
+    mod = fuselab.build(SPACES_OK, ["void launch(float* x, int n, cudaStream_t stream)"], name="spaces_ok",
+                        backend="cuda")
     assert mod.backend == "cuda"
 
 

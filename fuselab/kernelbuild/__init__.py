@@ -354,6 +354,11 @@ def _missing_launcher_error(exc, protos, filename):
         # the loader names the first symbol the library uses and nothing defines (a function declared, never
         # written; or one of a library the build does not link): not a missing launcher
         symbol = diagnostics.demangle(undefined.group(1))
+        builtin = symbol.removeprefix("__device_builtin_variable_")
+        if builtin != symbol:  # threadIdx and the like, read in host code: nvcc compiles it, nothing defines it
+            return BuildError(f"{filename} compiled, but host code (a launcher, or a function it calls) reads "
+                              f"`{builtin}`, which only device code has: read it in a kernel.\n(loader said: {text})",
+                              diagnostics=text)
         return BuildError(f"{filename} compiled, but its library uses `{symbol}`, which nothing defines: a function "
                           f"declared and never written, or one from a library the kernels are not linked with "
                           f"(only the CUDA runtime and the C/C++ standard libraries are).\n(loader said: {text})",
