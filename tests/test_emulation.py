@@ -512,6 +512,11 @@ SPACES_KERNEL = "__global__ void k(float* x, int n) {\n  int i = blockIdx.x * bl
      'calling a __device__ function("twice") from a __host__ function("launch")', 7),
     (SPACES_KERNEL % "x[i]" + "void launch(float* x, int n, cudaStream_t s) {\n  int t = threadIdx.x;\n"
      "  k<<<1, 32 + t, 0, s>>>(x, n);\n}\n", '"threadIdx" is device code\'s', 6),
+    (SPACES_KERNEL % "x[i]" + "void launch(float* x, int n, cudaStream_t s) {\n  k(x, n);\n}\n",
+     'a __global__ function call must be configured ("k")', 6),
+    (SPACES_KERNEL % "x[i]" + "void launch(float* x, int n, cudaStream_t s) {\n  k<<<1, 32, 0, s>>>(x, n);\n"
+     "  __syncthreads();\n}\n", 'calling a __device__ function("__syncthreads") from a __host__ function', 7),
+    ("__global__ int k(float* x) {\n  x[0] = 1;\n  return 0;\n}\n", "a __global__ function must have a void return", 1),
 ])
 def test_a_call_across_execution_spaces_is_refused_as_nvcc_refuses_it(source, message, line):
     """g++ ignores __device__ and __global__: without this check the emulation ran what the GPU build refuses,

@@ -16,10 +16,13 @@ import re
 from ... import diagnostics
 from ...errors import BuildError
 from .lexer import IDENTIFIER
-from .scanning import CONTROL_WORDS, Function
+from .scanning import BARRIER_NAMES, CONTROL_WORDS, Function
 
 # blockDim and gridDim are left out: a launcher may name its own dim3 so (``dim3 blockDim(16, 16)``), which nvcc takes
 THREAD_INDEX = ("threadIdx", "blockIdx")
+# CUDA's own device functions, as host code might call them by mistake
+DEVICE_BUILTINS = BARRIER_NAMES | {"__ldg", "__threadfence", "__threadfence_block", "__activemask"}
+DEVICE_PREFIXES = ("atomic", "__shfl")
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>\s*)?\(")
 
 
@@ -53,6 +56,11 @@ def check(text: str, structure: str, functions, filename: str) -> None:
             by_name.setdefault(function.name, set()).update(_spaces(structure, function))
     for function in functions:
         caller = _spaces(structure, function)
+        if function.is_kernel and "void" not in IDENTIFIER.findall(structure[function.header_start:function.body_start]):
+            _refuse(text, function.header_start + len(structure[function.header_start:function.body_start]) -
+                    len(structure[function.header_start:function.body_start].lstrip()), filename,
+                    f'a __global__ function must have a void return type ("{function.name}")',
+                    "a kernel returns nothing: it writes its results through the pointers it is given")
         if "host" in caller and "device" in caller:
             continue  # __host__ __device__: nvcc checks each use where it is compiled for one side
         body = _own_body(structure, function, functions)
@@ -60,9 +68,20 @@ def check(text: str, structure: str, functions, filename: str) -> None:
         for match in _CALL.finditer(body):
             name = match.group(1)
             before = body[:match.start()].rstrip()
-            if name in CONTROL_WORDS or before.endswith((".", "->", "::")) or name not in by_name:
+            if name in CONTROL_WORDS or before.endswith((".", "->", "::")):
+                continue
+            if caller == {"host"} and (name in DEVICE_BUILTINS or name.startswith(DEVICE_PREFIXES)) and \
+                    name not in by_name:
+                _refuse(text, base + match.start(), filename,
+                        f'calling a __device__ function("{name}") from a __host__ function("{function.name}") is '
+                        f"not allowed", f"`{name}` is for the threads of a kernel: call it in the kernel")
+            if name not in by_name:
                 continue
             callee = by_name[name]
+            if callee == {"global"}:
+                _refuse(text, base + match.start(), filename, f'a __global__ function call must be configured '
+                        f'("{name}")', f"launch a kernel with its grid and block: "
+                        f"{name}<<<blocks, threads, 0, stream>>>(...)")
             kind = "global" if callee == {"global"} else "device" if callee <= {"device", "global"} else \
                 "host" if callee == {"host"} else None
             if "host" in caller and kind == "device" and not body[match.end() - 1:].startswith("<<<"):
