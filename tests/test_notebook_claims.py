@@ -157,6 +157,23 @@ def rebuilds(d):
     return [t for lab in d["emulation_build"]["labs"].values() for t in lab["rebuild_after_edit"]]
 
 
+def ridge(d):
+    """The fp32 ridge point (FLOP/byte) that Lab 1's roofline prints without a GPU: the H200's saved ceilings."""
+    from fuselab.labs import lab1
+    return lab1.H200_CEILINGS["fp32_flops_per_s"] / lab1.H200_CEILINGS["copy_bytes_per_s"]
+
+
+def lab3_intensity(k):
+    """FLOP per fused byte of the fp32 GEMM at M = N = 4096 and this K: the last column of Lab 3's traffic table."""
+    from fuselab.labs import lab3
+    moved = lab3.traffic(4096, 4096, k)
+    return 2 * 4096 * 4096 * k / (moved["gemm"] + 4096 * 4)
+
+
+def lab3_k_fp32(d, low=0, high=10**9):
+    return sorted((r for r in lab3_k(d, low, high) if r["dtype"] == "float32"), key=lambda r: r["K"])
+
+
 def x(value):  # how the README writes a speedup
     return f"{value:.2f}×"
 
@@ -319,6 +336,18 @@ CLAIMS = [
      lambda d: all(150 <= r["unfused_us"] <= 300 for r in lab3_skinny(d) if r["M"] == 1)),
     ("lab3", "the speedup stays under 3 % in every timing mode",
      lambda d: all(0.99 <= r["speedup"] < 1.03 for r in lab3_skinny(d))),
+    # the fp32 GEMM's FLOP per byte (the traffic table's last column) against the ridge Lab 1's roofline prints
+    ("lab3", "At $K$ = 8 and 16 the fp32 GEMM does only a few FLOP per byte (the table's last column), under the fp32 "
+             "ridge point of Lab 1's roofline (about 12 FLOP/byte on the H200)",
+     lambda d: 11 <= ridge(d) <= 13
+     and abs(ridge(d) / (d["lab1_conv"]["fp32_TFLOPs"] * 1e3 / d["lab1_conv"]["copy_GBps"]) - 1) < 0.02
+     and all(lab3_intensity(k) <= 10 and lab3_intensity(k) < ridge(d) for k in (8, 16))),
+    ("lab3", "From $K$ = 32 on, the fp32 GEMM's FLOP per byte are past the ridge and the gain falls as arithmetic takes "
+             "over (the K sweep below)",
+     lambda d: all(lab3_intensity(r["K"]) > ridge(d) for r in lab3_k_fp32(d, low=32))
+     and all(a["speedup"] > b["speedup"] for a, b in zip(lab3_k_fp32(d, low=16), lab3_k_fp32(d, low=32)))),
+    ("lab3", "C-bound small K (8 and 16 here): C is nearly all the traffic and the fp32 GEMM, under the ridge",
+     lambda d: all(lab3_intensity(k) < ridge(d) for k in (8, 16)) and lab3_intensity(32) > ridge(d)),
     ("lab3", "about triples the bytes", lambda d: all(2.9 <= lab3_small_k_ratio(k) <= 3.0 for k in (8, 16, 32, 64))),
     ("lab3", "that extra pass is two thirds of the unfused bytes",
      lambda d: all(0.64 <= r["saved_share"] <= 2 / 3 for r in lab3_k(d, high=64))),
@@ -595,6 +624,32 @@ def test_a_claim_fails_when_the_data_move(lab, phrase, path, factor):
     assert check(data)
     bend(data, path, factor)
     assert not check(data), f"{phrase!r} still holds with {path} × {factor}: the check checks nothing"
+
+
+LAB3_RIDGE_CLAIMS = [
+    "At $K$ = 8 and 16 the fp32 GEMM does only a few FLOP per byte (the table's last column), under the fp32 ridge point "
+    "of Lab 1's roofline (about 12 FLOP/byte on the H200)",
+    "From $K$ = 32 on, the fp32 GEMM's FLOP per byte are past the ridge and the gain falls as arithmetic takes over "
+    "(the K sweep below)",
+    "C-bound small K (8 and 16 here): C is nearly all the traffic and the fp32 GEMM, under the ridge"]
+
+
+def test_lab3s_small_k_regimes_follow_the_ridge_and_the_k_sweep(monkeypatch):
+    """Lab 3 called every K of 8…64 "only a few FLOP per byte … as memory-bound as an elementwise kernel" while its
+    own traffic table prints 31 FLOP per byte at K = 64, past the fp32 ridge (about 12 on the H200), and the K sweep
+    gains 1.57× at K = 16 but 1.19× at K = 64. The regimes are now split at the ridge: on a GPU with another ridge
+    (an H100's copy bandwidth) or a sweep whose gain no longer falls past K = 16, the words fail."""
+    from fuselab.labs import lab1
+    checks = [next(c for w, p, c in CLAIMS if w == "lab3" and p == words) for words in LAB3_RIDGE_CLAIMS]
+    data = load_data()
+    assert all(check(data) for check in checks)
+    monkeypatch.setitem(lab1.H200_CEILINGS, "copy_bytes_per_s", 3.0e12)  # ridge 17 FLOP/byte: K = 32 under it
+    assert not any(check(data) for check in checks)
+    monkeypatch.undo()
+    for row in data["lab3_sweep"]["k_rows"]:
+        if row["K"] == 64:
+            row["speedup"] = 1.6
+    assert not checks[1](data)
 
 
 def test_the_cache_hit_verdict_fails_when_fusion_would_hit_twice_as_often():
