@@ -414,6 +414,26 @@ def test_a_few_bad_elements_of_a_short_vector_that_happen_to_sit_at_its_ends_are
                                                               "y", torch.float32))
 
 
+def test_an_extent_equal_to_a_setting_by_chance_is_not_offered_as_the_cause():
+    """Lab 1's conv with the bias added once per input channel: right where C == 1 or there is no bias. The report's
+    headline said "every case with K == stride passes … Somewhere one is used where the other belongs", an output
+    channel count against a stride, equal only by the case list's chance; the hint under it (a per-index term along
+    dimension 1) was the true one. Extents are compared with extents, settings with settings."""
+    import torch.nn.functional as F
+
+    from fuselab.labs import lab1
+
+    def bias_per_channel(x, w, bias, stride, pad, act, slope, out):
+        y = F.conv2d(x, w, None, stride=stride, padding=pad)
+        out.copy_(y if bias is None else y + x.shape[1] * bias.reshape(1, -1, 1, 1))
+
+    result = check(bias_per_channel, lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                   lab1.SMALL_CONV_CASES, seeds=(0,), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "== stride" not in report and "K == " not in report, report
+    assert "depends only on the index along dimension 1" in report, report
+
+
 def test_compare_and_assert_close():
     expected = torch.arange(6, dtype=torch.float64).reshape(2, 3)
     assert isinstance(compare(expected.float(), expected), OutputComparison)

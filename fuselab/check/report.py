@@ -213,6 +213,12 @@ def _sizes(case) -> dict:
     return {**named, **(dict(enumerate(case.comparisons[0].shape)) if case.comparisons else {})}
 
 
+# A case's settings rather than extents: the stride, the padding, a filter's size. An index can confuse one with
+# another (`p * pad` for `p * stride`), or one extent with another (H for W, K for C); an extent equal to a setting
+# (K == stride) is a coincidence of the case list, and called the cause it sent a student after the wrong variable.
+SETTINGS = frozenset({"stride", "pad", "padding", "dilation", "groups", "R", "S", "kernel"})
+
+
 def _separating_equality(cases) -> str:
     """One sentence where every case with two sizes equal passes (H == W: a square image) and every failing case
     has them different, nearly every such case failing: an index, a bound or a grid axis that uses one where the
@@ -230,6 +236,8 @@ def _separating_equality(cases) -> str:
         for second in keys[i + 1:]:
             if any(first not in f or second not in f or f[first] == f[second] for f in failing):
                 continue
+            if (first in SETTINGS) != (second in SETTINGS):
+                continue  # an extent and a setting: equal only by the case list's chance
             equal = [(sizes[first], passed) for sizes, passed in sized if sizes.get(first) == sizes.get(second)]
             unequal = [passed for sizes, passed in sized if sizes.get(first) != sizes.get(second)]
             squares = {size for size, _ in equal}
