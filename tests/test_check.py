@@ -434,6 +434,26 @@ def test_an_extent_equal_to_a_setting_by_chance_is_not_offered_as_the_cause():
     assert "depends only on the index along dimension 1" in report, report
 
 
+def test_every_channel_with_channel_0s_weights_names_the_channel_index():
+    """Lab 1's depthwise kernel with `c = p / C` (the batch index) where `c = p % C` belongs: with N = 1 every plane
+    reads channel 0's filter and bias. Only `out[:, 0]` is right, every other channel written; the hint blamed the
+    offset of each item alone (a stride), which is right here. It now names the channel index of the parameters too."""
+    import torch.nn.functional as F
+
+    from fuselab.labs import lab1
+
+    def channel_zero(x, w, bias, act, slope, out):
+        c = x.shape[1]
+        y = F.conv2d(x, w[:1].expand(c, 1, 3, 3), None if bias is None else bias[:1].expand(c), padding=1, groups=c)
+        out.copy_(lab1.activate(y, act, slope))
+
+    result = check(channel_zero, lab1.depthwise_reference, lab1.make_depthwise_inputs,
+                   [lab1.DepthwiseCase(1, 4, 9, 8, True, "none")], seeds=(0,), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert "only `out[:, 0]` (index 0 along dimension 1) is right" in report, report
+    assert "channel 0's weights and bias" in report and "`p % C`" in report, report
+
+
 def test_compare_and_assert_close():
     expected = torch.arange(6, dtype=torch.float64).reshape(2, 3)
     assert isinstance(compare(expected.float(), expected), OutputComparison)
