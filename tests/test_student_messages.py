@@ -1005,6 +1005,15 @@ def test_a_k_loop_over_whole_tiles_only_is_named_as_the_dropped_k_tail():
     assert report.index("tail of K") < report.index("✗"), report  # before the cases, not after them
 
 
+def test_a_load_guard_that_lets_k_reach_k_is_not_called_a_dropped_tail():
+    """`k0 + tx <= K` in the A tile's guard: the partial tile reads one element past each row of A (past the end of
+    A, NaN, on the last row), and only the cases with K a multiple of 16 pass. The headline said the loop stops
+    before a partial step and drops the tail of K: the loop ran every step; a dropped tail gives no NaN."""
+    report = _lab3_fused_with("(row < M && k0 + tx < K)", "(row < M && k0 + tx <= K)", "msg_k_guard")
+    assert "every case with K a multiple of 16 passes" in report and "some with NaN" in report, report
+    assert "`k0 + tx <= K` for `k0 + tx < K`" in report and "drops the tail" not in report, report
+
+
 def test_a_b_stride_of_k_is_named_as_k_against_n():
     # named M-vs-N (the output's two sides) where the mix-up is K-vs-N
     report = _lab3_fused_with("b[(int64_t)(k0 + ty) * N + col]", "b[(int64_t)(k0 + ty) * K + col]", "msg_b_stride")

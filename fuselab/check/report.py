@@ -304,6 +304,16 @@ def _separating_multiple(cases) -> str:
                             f"passing cases also has {also}, and the failing ones mostly do not, so the cases do "
                             f"not tell which of the two matters. Add a case with {key} a multiple of {step} "
                             f"without {also} (or the reverse) to tell them apart.")
+                if any(c.n_nan for case in cases if not case.passed for c in case.comparisons):
+                    # a tail left out gives wrong numbers, never NaN: NaN is a read past an input's end (the
+                    # tests put NaN just past each one), here the partial step's load whose guard lets the index
+                    # reach the size (`k0 + tx <= K`)
+                    return (f"every case with {key} a multiple of {step} passes, and {fail}, some with NaN: the "
+                            f"last, partial step of {step} along {key} goes wrong. A loop that left it out would give "
+                            f"wrong numbers, not NaN; NaN comes from a read past the end of an input (the tests put "
+                            f"NaN just past each one): a load in the partial step whose guard lets the index reach "
+                            f"{key} (`k0 + tx <= {key}` for `k0 + tx < {key}`), or has none. Guard every load with "
+                            f"`< {key}` and store 0 outside.")
                 return (f"every case with {key} a multiple of {step} passes, and {fail}: a loop that steps {step} at "
                         f"a time along {key} and stops before a partial step (`k0 + {step} <= {key}`) drops the "
                         f"tail of {key}, the last {key} % {step} values. Run it while `k0 < {key}`, and let the "
