@@ -560,7 +560,7 @@ NOT_MEASURED = {
     ("lab3", "16× less traffic"): "16×16 tiles: a count",
     ("lab3", "loses about three decimal digits"): "fp16's 11-bit significand against 4096 terms: arithmetic",
     ("lab3", "it is *less* accurate than the fused kernel, not just slower"): "the rounding count, shown by the "
-        "rounding cell's ulps",
+        "rounding cell, which tests/test_lab3.py runs under the emulation",
     ("lab3", "the unfused epilogue kernel reads $C$ and the bias"): "the exercise's definition",
     ("lab3", "a fixed few microseconds, a large share only when the GEMM itself is short"): "the arithmetic of "
         "shares; the next sentence says what this GEMM's time is",
