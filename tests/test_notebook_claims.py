@@ -118,6 +118,16 @@ def launch_bound(d, lab, small, big):
     return bytes_share(d, lab, small) < 0.2 and bytes_share(d, lab, big) > 2 * bytes_share(d, lab, small)
 
 
+def lab2_timed_network_blocks():
+    """The depthwise-separable blocks of the network Lab 2 times (224×224 inputs: lab2.gpu_timing's default)."""
+    import inspect
+
+    from fuselab.labs import lab2
+    from fuselab.labs.lab2 import gpu_timing
+    assert inspect.signature(gpu_timing.time_networks).parameters["image"].default == 224
+    return len(lab2.mobilenet(**lab2.TIMED_MOBILENET).blocks)
+
+
 def lab2_shortfall(d):
     t = lab2_graded(d)["median_us"]
     f_unfused, f_fused = fractions(t["lab reference (3 kernels)"], t["plain fused (folded)"], 3.0)
@@ -301,8 +311,14 @@ CLAIMS = [
     ("lab1", "each tensor 308 MB, beyond the L2",
      lambda d: 64 * 96 * 112 * 112 * 4 // 10**6 == 308 and 308e6 > d["lab0_sweep"]["l2_bytes"]),
     # Lab 2
+    # the whole network (Part B): at batch 1 the host's issuing sets the pace of a stream of passes, four times the
+    # GPU time of one
     ("lab2", "at batch 1 (launch-bound) and batch 64",
-     lambda d: launch_bound(d, "lab2", (1, 32, 112, 112), (64, 96, 112, 112))),
+     lambda d: d["lab2_network"]["batch"] == 1
+     and d["lab2_network"]["median_ms"]["stream"]["unfolded"] > 2 * d["lab2_network"]["median_ms"]["device"]["unfolded"]),
+    ("lab2", "a stem and 7 depthwise-separable blocks, 224×224 images", lambda d: lab2_timed_network_blocks() == 7),
+    # Part C's kernels, at the context cell's small shape
+    ("lab2", "one small and launch-bound", lambda d: launch_bound(d, "lab2", (1, 32, 112, 112), (64, 96, 112, 112))),
     ("lab2", "moves a third of the unfused bytes", lambda d: True),  # a count (lab2.bytes_moved), tested in test_lab2
     ("lab2", "Its speedup falls short of that byte ratio",
      lambda d: lab2_shortfall(d)[0] < 3.0),
@@ -827,7 +843,7 @@ def test_lab3_prints_one_plain_speedup_or_names_each_apart():
 def test_launch_bound_fails_when_the_small_size_is_bytes_bound(lab, row):
     """Called "what the cell times" before, "launch-bound" is a claim about the saved times: were the batch-1
     reference as fast as its bytes allow, the check must fail."""
-    phrase = {"lab1": "Then the same at a launch-bound size", "lab2": "at batch 1 (launch-bound) and batch 64"}[lab]
+    phrase = {"lab1": "Then the same at a launch-bound size", "lab2": "one small and launch-bound"}[lab]
     check = next(c for w, p, c in CLAIMS if w == lab and p == phrase)
     data = load_data()
     assert check(data)
@@ -839,6 +855,17 @@ def test_launch_bound_fails_when_the_small_size_is_bytes_bound(lab, row):
         saved = data["lab2_context"]["rows"][row]
         assert saved["shape"][:2] == [1, 32]
         saved["median_us"]["lab reference (3 kernels)"] /= 6
+    assert not check(data)
+
+
+def test_the_networks_launch_bound_words_fail_when_the_gpu_keeps_up_with_the_host():
+    """"at batch 1 (launch-bound)" is said of the whole network's timing, and was checked against Part C's kernel
+    shapes instead. It is now the network's saved times: were a stream of passes as fast as one pass's GPU time,
+    the host would not be setting the pace, and the words must fail."""
+    check = next(c for w, p, c in CLAIMS if w == "lab2" and p == "at batch 1 (launch-bound) and batch 64")
+    data = load_data()
+    assert check(data)
+    data["lab2_network"]["median_ms"]["stream"]["unfolded"] = data["lab2_network"]["median_ms"]["device"]["unfolded"]
     assert not check(data)
 
 
