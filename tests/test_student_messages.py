@@ -1059,3 +1059,33 @@ def test_a_depthwise_kernel_without_the_loop_over_grid_z_fails_a_visible_test_th
     message = str(raised.value)
     assert "first 65535 planes are right" in message and "blockIdx.z alone" in message, message
     assert "p += gridDim.z" in message and "65 plane(s) past them are wrong (from plane 65535 on)" in message, message
+
+
+def test_blocks_that_race_because_a_bounds_check_is_missing_are_told_so():
+    """Lab 1's depthwise kernel without `if (ow >= W || oh >= H) return;`: the threads past the edge of a row write
+    into the next row or plane, which another block computes. The report's first words were the emulation's "the
+    result is not the same from run to run … blocks race … or the code keeps something from one call to the next",
+    with nothing tying it to the out-of-bounds writes the cases listed below it. Where the same run wrote past an
+    output's end, the note now says the race is that spill and names the bounds check. (Which block writes last
+    varies with the machine's load: the first call is made to differ from the reruns, so the note always comes.)"""
+    from fuselab.labs import lab1
+    from fuselab.check.races import _not_reproducible
+    text = _lab_source("lab1", "DEPTHWISE_SOURCE")
+    guard = "    if (ow >= W || oh >= H) return;\n"
+    assert guard in text
+    kernel = lab1.depthwise_fused(fuselab.build(text.replace(guard, ""), [lab1.DEPTHWISE_ACT],
+                                                name="msg_dw_no_guard", backend="emulate"))
+    calls = []
+
+    def op(x, w, bias, act, slope, out):
+        kernel(x, w, bias, act, slope, out)
+        calls.append(1)
+        if len(calls) == 1:
+            out.view(-1)[0] += 1.0  # the first run differs from the reruns, as a race's would
+
+    report = fuselab.check(op, lab1.depthwise_reference, lab1.make_depthwise_inputs,
+                           [lab1.DepthwiseCase(1, 3, 5, 7, True, "relu")], seeds=(0,), verbose=False,
+                           raise_on_fail=False).report()
+    assert "past the end of `out`" in report and "not the same from run to run" in report, report
+    assert "threads past the edge of a row or plane (no bounds check on their index)" in report, report
+    assert "Check each index against its own size" not in _not_reproducible("out", 1, 4, (0,), 0.0, 1.0, True)
