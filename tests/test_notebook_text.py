@@ -210,8 +210,9 @@ def expected_prints(lab):
                 + [f"ratio {r['dram_ratio']:.2f}x; L2 read hits unfused {r['unfused']['l2_read_hit_pct']:.1f}%, "
                    f"fused {r['fused']['l2_read_hit_pct']:.1f}%"
                    for r in lab0.saved_results(lab0.COUNTER_RESULTS)["rows"]]
-                + ["L1 hits: " + ", ".join(f"{k['kernel']} {k['l1_hit_pct']:.1f}%"
-                                           for k in r["unfused"]["kernels"] + r["fused"]["kernels"])
+                + ["per kernel, L2 read hits / L1 hits: " + ", ".join(
+                    f"{k['kernel']} {k['l2_read_hit_pct']:.1f}% / {k['l1_hit_pct']:.1f}%"
+                    for k in r["unfused"]["kernels"] + r["fused"]["kernels"])
                    for r in lab0.saved_results(lab0.COUNTER_RESULTS)["rows"]])
     if lab == "lab1":
         conv = lab1.saved_results(lab1.CONV_RESULTS)
