@@ -404,8 +404,9 @@ CLAIMS = [
      lambda d: all(10 <= r["unfused_us"] < 1000 for r in lab3_skinny(d))),
     ("lab3", "a small gain, under 3 % here in every timing mode",
      lambda d: all(r["speedup"] < 1.03 for r in lab3_skinny(d))),
-    ("lab3", "the unfused epilogue's extra read and write of C costs about as much as the GEMM itself",
-     lambda d: all(abs(r["unfused_us"] / r["fused_us"] - 2) < 0.5 for r in lab3_k(d, high=16))),
+    # the reference's extra pass over C against the fused kernel's time (the GEMM with its epilogue in registers)
+    ("lab3", "the unfused epilogue's extra read and write of C costs more than half as much as the GEMM itself",
+     lambda d: all(0.5 < r["unfused_us"] / r["fused_us"] - 1 < 1.0 for r in lab3_k(d, high=16))),
     ("lab3", "the measured speedup is largest at the smallest K (8 and 16) and falls as K grows past that",
      lambda d: all(
          min(r["speedup"] for r in lab3_k(d, high=16) if r["dtype"] == t)
@@ -646,6 +647,8 @@ def bend(data, path, factor):
     ("lab3", "the speedup stays under 3 % in every timing mode", ("lab3_sweep", "rows", "speedup"), 1.05),
     ("lab0", "The sweep shows *that* the fused kernel wins inside L2 and beyond it", ("lab0_sweep", "rows", "low"), 0.45),
     ("lab1", "moves 8 bytes per output in under 20 µs", ("lab1_conv", "times_us", "activation alone"), 1.5),
+    ("lab3", "the unfused epilogue's extra read and write of C costs more than half as much as the GEMM itself",
+     ("lab3_sweep", "k_rows", "fused_us"), 1.1),
     ("lab3", "What fusing saves is the second kernel's **launch**, ramp-up and tail: a fixed few microseconds",
      ("lab3_sweep", "rows", "unfused_us"), 1.1),
     ("lab3", "fused, it gains under 2 % (the K sweep below, at $K$ = 1024 and 4096)",
