@@ -454,6 +454,23 @@ def test_every_channel_with_channel_0s_weights_names_the_channel_index():
     assert "channel 0's weights and bias" in report and "`p % C`" in report, report
 
 
+def test_a_filter_read_transposed_is_told_by_the_filter_size_that_fails():
+    """Lab 1's conv with the filter read as w[s][r]: every 3×3 case fails and every 1×1 case passes (a 1×1 filter
+    is its own transpose). The report had no headline at all: `R > 1` counted as a size past which the code breaks,
+    which silenced the rule that names a choice of the cases. The filter size is a setting, like a flag."""
+    import torch.nn.functional as F
+
+    from fuselab.labs import lab1
+
+    def transposed(x, w, bias, stride, pad, act, slope, out):
+        out.copy_(F.conv2d(x, w.transpose(2, 3), bias, stride=stride, padding=pad))
+
+    report = check(transposed, lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                   lab1.SMALL_CONV_CASES, seeds=(0,), verbose=False, raise_on_fail=False).report()
+    assert "every case with R=3 fails, and every case with R=1 passes: look at what your code does with R" in report, \
+        report
+
+
 def test_compare_and_assert_close():
     expected = torch.arange(6, dtype=torch.float64).reshape(2, 3)
     assert isinstance(compare(expected.float(), expected), OutputComparison)

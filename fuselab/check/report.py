@@ -362,8 +362,8 @@ def _size_threshold(cases) -> str:
     if not failing or not passing:
         return ""
     for key in failing[0]:
-        if not all(key in sizes for sizes, _ in sized):
-            continue
+        if not all(key in sizes for sizes, _ in sized) or key in SETTINGS:
+            continue  # a setting (R: 1 or 3) is a choice, said by _separating_field, not a size past which code breaks
         below = max(sizes[key] for sizes in passing)
         if min(sizes[key] for sizes in failing) > below:
             return f"{key} > {below}" if not isinstance(key, int) else f"dimension {key} longer than {below}"
@@ -381,8 +381,8 @@ def _fields(shape) -> dict:
 def _separating_field(cases) -> str:
     """One sentence where a flag or a choice of the cases (``bias=True``, ``act='leaky_relu'``) tells every failing
     case from every passing one: the tiny cases shown first may hide it, and it points at the bug (the bias
-    ignored, the slope of LeakyReLU). Only bool and str fields, and at least two cases on each side, so that a
-    size that happens to differ is never offered as the cause; and nothing where a size past which every case
+    ignored, the slope of LeakyReLU). Only bool and str fields and settings (``R``, ``stride``, ``pad``), and at
+    least two cases on each side, so that a size that happens to differ is never offered as the cause; and nothing where a size past which every case
     fails separates the same cases (the only wide images all with act='leaky_relu'): the flag may only go with it."""
     failing = [_fields(c.shape) for c in cases if not c.passed]
     # a case with nothing to compute (an empty batch) passes whatever the code does with its flags
@@ -392,7 +392,9 @@ def _separating_field(cases) -> str:
     if _size_threshold(cases):
         return ""  # a size separates the same cases as well: the cases' own hints (a tail, a stop) speak for it
     for name, value in failing[0].items():
-        if not isinstance(value, (bool, str)):
+        # a setting (the filter's size, the stride, the padding) is a choice like a flag, not a size that happens
+        # to differ: Lab 1's filter read as w[s][r] fails every 3×3 case and passes every 1×1 one
+        if not isinstance(value, (bool, str)) and name not in SETTINGS:
             continue
         if all(f.get(name) == value for f in failing) and all(p.get(name) != value for p in passing):
             others = sorted({repr(p.get(name)) for p in passing})
