@@ -389,6 +389,88 @@ def test_a_missing_per_channel_bias_and_wrong_padding_get_hints():
     assert "only elements on the border" in str(border)
 
 
+def test_a_few_bad_elements_of_a_short_vector_that_happen_to_sit_at_its_ends_are_not_called_a_border_bug():
+    """Lab 0's fused kernel with `e[i]` typed as `b[i]`: under the ReLU about half the elements of every case are
+    wrong, scattered. In one 7-element case the two bad ones were out[0] and out[6], and the report's only hint was
+    "only elements on the border are wrong: check the padding", while the 4099-element cases were wrong everywhere.
+    Two of seven land on the ends by chance 8 % of the time: no hint is better than that one."""
+    from fuselab.labs import lab0
+
+    def typo(a, b, e, out):
+        out.copy_(torch.relu(a + b) * b)
+
+    report = str(failure_of(typo, lambda shape, seed: lab0.make_inputs(shape, seed, device="cpu"), lab0.SMALL_SHAPES,
+                            reference=lab0.reference))
+    assert "shape=(7,), seed=0  out: 2 of 7 bad" in report, report  # the case that drew the hint
+    assert "border" not in report, report
+    # a real border bug of a large enough output is still named
+    x = torch.arange(1.0, 50.0, dtype=torch.float64).reshape(7, 7)
+    got = x.clone()
+    got[0, :] += 1
+    got[:, -1] += 1
+    from fuselab.check.hints import Evidence, hint_for
+    bad = got != x
+    assert "only elements on the border" in hint_for(Evidence(got, x, bad, torch.zeros_like(bad), torch.zeros_like(x),
+                                                              "y", torch.float32))
+
+
+def test_an_extent_equal_to_a_setting_by_chance_is_not_offered_as_the_cause():
+    """Lab 1's conv with the bias added once per input channel: right where C == 1 or there is no bias. The report's
+    headline said "every case with K == stride passes … Somewhere one is used where the other belongs", an output
+    channel count against a stride, equal only by the case list's chance; the hint under it (a per-index term along
+    dimension 1) was the true one. Extents are compared with extents, settings with settings."""
+    import torch.nn.functional as F
+
+    from fuselab.labs import lab1
+
+    def bias_per_channel(x, w, bias, stride, pad, act, slope, out):
+        y = F.conv2d(x, w, None, stride=stride, padding=pad)
+        out.copy_(y if bias is None else y + x.shape[1] * bias.reshape(1, -1, 1, 1))
+
+    result = check(bias_per_channel, lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                   lab1.SMALL_CONV_CASES, seeds=(0,), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "== stride" not in report and "K == " not in report, report
+    assert "depends only on the index along dimension 1" in report, report
+
+
+def test_every_channel_with_channel_0s_weights_names_the_channel_index():
+    """Lab 1's depthwise kernel with `c = p / C` (the batch index) where `c = p % C` belongs: with N = 1 every plane
+    reads channel 0's filter and bias. Only `out[:, 0]` is right, every other channel written; the hint blamed the
+    offset of each item alone (a stride), which is right here. It now names the channel index of the parameters too."""
+    import torch.nn.functional as F
+
+    from fuselab.labs import lab1
+
+    def channel_zero(x, w, bias, act, slope, out):
+        c = x.shape[1]
+        y = F.conv2d(x, w[:1].expand(c, 1, 3, 3), None if bias is None else bias[:1].expand(c), padding=1, groups=c)
+        out.copy_(lab1.activate(y, act, slope))
+
+    result = check(channel_zero, lab1.depthwise_reference, lab1.make_depthwise_inputs,
+                   [lab1.DepthwiseCase(1, 4, 9, 8, True, "none")], seeds=(0,), verbose=False, raise_on_fail=False)
+    report = result.report()
+    assert "only `out[:, 0]` (index 0 along dimension 1) is right" in report, report
+    assert "channel 0's weights and bias" in report and "`p % C`" in report, report
+
+
+def test_a_filter_read_transposed_is_told_by_the_filter_size_that_fails():
+    """Lab 1's conv with the filter read as w[s][r]: every 3×3 case fails and every 1×1 case passes (a 1×1 filter
+    is its own transpose). The report had no headline at all: `R > 1` counted as a size past which the code breaks,
+    which silenced the rule that names a choice of the cases. The filter size is a setting, like a flag."""
+    import torch.nn.functional as F
+
+    from fuselab.labs import lab1
+
+    def transposed(x, w, bias, stride, pad, act, slope, out):
+        out.copy_(F.conv2d(x, w.transpose(2, 3), bias, stride=stride, padding=pad))
+
+    report = check(transposed, lab1.conv_only_reference, lambda c, seed: lab1.make_conv_inputs(c, seed),
+                   lab1.SMALL_CONV_CASES, seeds=(0,), verbose=False, raise_on_fail=False).report()
+    assert "every case with R=3 fails, and every case with R=1 passes: look at what your code does with R" in report, \
+        report
+
+
 def test_compare_and_assert_close():
     expected = torch.arange(6, dtype=torch.float64).reshape(2, 3)
     assert isinstance(compare(expected.float(), expected), OutputComparison)

@@ -129,3 +129,30 @@ def test_float_division_in_conv_output_size_fails_with_a_message_that_names_it(h
     with pytest.raises(AssertionError, match="//"):
         exec(cell, {"lab1": lab1, "conv_output_size": lambda size, kernel, stride, pad:
                     (size + 2 * pad - kernel) / stride + 1})
+
+
+def test_the_in_place_demo_shows_most_outputs_wrong_under_the_emulation():
+    """Lab 1's pitfall text says that under the CPU emulation "most outputs read a neighbour that an earlier thread
+    has already overwritten": the demo's own case, run with the solution's depthwise kernel in place, must print a
+    majority of wrong outputs (68 % when this test was written), and the ReLU in place must stay exact."""
+    import re
+
+    from fuselab import notebook as ipynb
+    from fuselab.notebook_sources import string_assignments
+    from .conftest import REPO
+    path = REPO / "solutions" / "lab1" / "lab1.ipynb"
+    notebook = ipynb.load(path)
+    words = "most outputs read a neighbour that an earlier thread has already overwritten"
+    markdown = " ".join(ipynb.source(c) for c in notebook["cells"] if c["cell_type"] == "markdown")
+    assert words in re.sub(r"\s+", " ", markdown)
+    demo = next(ipynb.source(c) for c in notebook["cells"] if ipynb.grade_id(c) == "in_place_demo")
+    case = eval(re.search(r"lab1\.DepthwiseCase\([^)]*\)", demo).group(0), {"lab1": lab1})
+    seed = int(re.search(r"make_depthwise\(case, seed=(\d+)\)", demo).group(1))
+    module = fuselab.build(string_assignments(path)["DEPTHWISE_SOURCE"], [lab1.DEPTHWISE_ACT], name="depthwise",
+                           backend="emulate")
+    x, w, bias, act, slope = lab1.make_depthwise_inputs(case, seed)
+    expected = lab1.depthwise_reference(x.double(), w.double(), bias.double(), act, slope)
+    clobbered = x.clone()
+    lab1.depthwise_fused(module)(clobbered, w, bias, act, slope, clobbered)
+    wrong = ((clobbered.double() - expected).abs() > 1e-4 * expected.abs().max()).double().mean().item()
+    assert wrong > 0.5, f"in place, only {wrong:.0%} of the outputs are wrong: the text says most"

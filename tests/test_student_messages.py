@@ -895,10 +895,16 @@ def test_a_race_between_blocks_is_not_called_a_race_between_the_threads_of_a_blo
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("blocks run at the same time only on two cores or more")
     shapes = [(random.Random(29).randint(1 << 19, 1 << 20),), (1 << 20,)]
-    mod, result = _shares_check("*total += x[i]", "cudaMemsetAsync(total, 0, sizeof(float), stream);",
-                                "msg_block_race", shapes)
+    # on a 2-core machine busy with other work the blocks' threads may never overlap, and no addition is lost: the
+    # race then did not happen, and there is nothing to report; a few tries, then a skip that says so
+    for _ in range(3):
+        mod, result = _shares_check("*total += x[i]", "cudaMemsetAsync(total, 0, sizeof(float), stream);",
+                                    "msg_block_race", shapes)
+        if not result.passed:
+            break
+    else:
+        pytest.skip("the blocks never ran at the same time in three tries (a loaded machine): no race to report")
     report = result.report()
-    assert not result.passed, report
     assert "the threads of a block" not in report and "__syncthreads" not in report, report
     assert "the result is not the same from run to run" in report and "`atomicAdd` belongs" in report, report
     assert mod.thread_order == ("forward", 0) and mod.os_threads == 0, (mod.thread_order, mod.os_threads)
@@ -1005,6 +1011,15 @@ def test_a_k_loop_over_whole_tiles_only_is_named_as_the_dropped_k_tail():
     assert report.index("tail of K") < report.index("✗"), report  # before the cases, not after them
 
 
+def test_a_load_guard_that_lets_k_reach_k_is_not_called_a_dropped_tail():
+    """`k0 + tx <= K` in the A tile's guard: the partial tile reads one element past each row of A (past the end of
+    A, NaN, on the last row), and only the cases with K a multiple of 16 pass. The headline said the loop stops
+    before a partial step and drops the tail of K: the loop ran every step; a dropped tail gives no NaN."""
+    report = _lab3_fused_with("(row < M && k0 + tx < K)", "(row < M && k0 + tx <= K)", "msg_k_guard")
+    assert "every case with K a multiple of 16 passes" in report and "some with NaN" in report, report
+    assert "`k0 + tx <= K` for `k0 + tx < K`" in report and "drops the tail" not in report, report
+
+
 def test_a_b_stride_of_k_is_named_as_k_against_n():
     # named M-vs-N (the output's two sides) where the mix-up is K-vs-N
     report = _lab3_fused_with("b[(int64_t)(k0 + ty) * N + col]", "b[(int64_t)(k0 + ty) * K + col]", "msg_b_stride")
@@ -1050,3 +1065,33 @@ def test_a_depthwise_kernel_without_the_loop_over_grid_z_fails_a_visible_test_th
     message = str(raised.value)
     assert "first 65535 planes are right" in message and "blockIdx.z alone" in message, message
     assert "p += gridDim.z" in message and "65 plane(s) past them are wrong (from plane 65535 on)" in message, message
+
+
+def test_blocks_that_race_because_a_bounds_check_is_missing_are_told_so():
+    """Lab 1's depthwise kernel without `if (ow >= W || oh >= H) return;`: the threads past the edge of a row write
+    into the next row or plane, which another block computes. The report's first words were the emulation's "the
+    result is not the same from run to run … blocks race … or the code keeps something from one call to the next",
+    with nothing tying it to the out-of-bounds writes the cases listed below it. Where the same run wrote past an
+    output's end, the note now says the race is that spill and names the bounds check. (Which block writes last
+    varies with the machine's load: the first call is made to differ from the reruns, so the note always comes.)"""
+    from fuselab.labs import lab1
+    from fuselab.check.races import _not_reproducible
+    text = _lab_source("lab1", "DEPTHWISE_SOURCE")
+    guard = "    if (ow >= W || oh >= H) return;\n"
+    assert guard in text
+    kernel = lab1.depthwise_fused(fuselab.build(text.replace(guard, ""), [lab1.DEPTHWISE_ACT],
+                                                name="msg_dw_no_guard", backend="emulate"))
+    calls = []
+
+    def op(x, w, bias, act, slope, out):
+        kernel(x, w, bias, act, slope, out)
+        calls.append(1)
+        if len(calls) == 1:
+            out.view(-1)[0] += 1.0  # the first run differs from the reruns, as a race's would
+
+    report = fuselab.check(op, lab1.depthwise_reference, lab1.make_depthwise_inputs,
+                           [lab1.DepthwiseCase(1, 3, 5, 7, True, "relu")], seeds=(0,), verbose=False,
+                           raise_on_fail=False).report()
+    assert "past the end of `out`" in report and "not the same from run to run" in report, report
+    assert "threads past the edge of a row or plane (no bounds check on their index)" in report, report
+    assert "Check each index against its own size" not in _not_reproducible("out", 1, 4, (0,), 0.0, 1.0, True)

@@ -149,7 +149,8 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
         case.emulation_notes += launched.barrier_notes
         if probe and outputs == "write" and any(not c.passed and not c.problem for c in case.comparisons):
             case.reran = bool(launched.modules)
-            race = order_dependence(candidate, originals, inputs, specs, got, output_names, launched.modules)
+            race = order_dependence(candidate, originals, inputs, specs, got, output_names, launched.modules,
+                                    wrote_outside=any(outside))
             if race:
                 case.emulation_notes.append(race)
     return case, device

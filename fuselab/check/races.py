@@ -23,10 +23,10 @@ from .tolerance import tolerance_for
 
 
 def order_dependence(candidate, originals: dict, inputs: tuple, specs: list, first: list, names: list,
-                     modules: list) -> str:
+                     modules: list, wrote_outside: bool = False) -> str:
     """A sentence when the reruns of ``candidate`` show that its result depends on the order of a block's threads,
     or that it is not the same from run to run, else "". ``first``: the outputs of the first run; ``originals``:
-    the inputs as they were before it."""
+    the inputs as they were before it; ``wrote_outside``: the first run wrote past an output's ends."""
     emulated = [m for m in modules if getattr(m, "emulated", False)]
     if not emulated or not first:
         return ""
@@ -56,7 +56,8 @@ def order_dependence(candidate, originals: dict, inputs: tuple, specs: list, fir
         control = rerun("same")
         differs = _first_difference(first, control, names)
         if differs:
-            return _not_reproducible(*differs, pinned=all(t is not None for _, _, t in saved))
+            return _not_reproducible(*differs, pinned=all(t is not None for _, _, t in saved),
+                                     wrote_outside=wrote_outside)
         reordered = rerun("other")
         differs = _first_difference(first, reordered, names)
         if not differs or _first_difference(first, rerun("same"), names):
@@ -100,15 +101,22 @@ def _first_difference(before: list, after: list, names: list):
     return None
 
 
-def _not_reproducible(name, count, numel, index, was, now, pinned: bool) -> str:
+def _not_reproducible(name, count, numel, index, was, now, pinned: bool, wrote_outside: bool = False) -> str:
     how = " (the blocks one after another)" if pinned else ""
+    # a kernel without its bounds check (Lab 1's depthwise without `if (ow >= W || oh >= H) return;`) lets the
+    # threads past the edge of a row or plane write the next one, which another block owns: that race is the
+    # missing check, and the same run wrote past the output's end
+    spill = (" Here the same run also wrote past the end of an output: threads past the edge of a row or plane "
+             "(no bounds check on their index) write into the next one, which another block computes, and whichever "
+             "block writes last wins. Check each index against its own size before the store."
+             if wrote_outside else "")
     return (f"the result is not the same from run to run: run again on the same inputs, with the threads of each "
             f"block in the same order{how}, `{name}` changes at {count} of {plural(numel, 'element')} (first "
             f"{format_index(name, index)}: {format_value(was)}, then {format_value(now)}). Either blocks race with "
             f"each other (they run at the same time, on a GPU as on the CPU's cores here): several blocks write "
             f"the same element, or add to it with `+=` where `atomicAdd` belongs. Or the code keeps something "
             f"from one call to the next: a buffer (from `torch.empty`, or made once and kept) read before this "
-            f"call writes it, an accumulator that is never reset to 0, a `static` or `__device__` variable.")
+            f"call writes it, an accumulator that is never reset to 0, a `static` or `__device__` variable.{spill}")
 
 
 def _changed(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:

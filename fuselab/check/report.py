@@ -213,6 +213,12 @@ def _sizes(case) -> dict:
     return {**named, **(dict(enumerate(case.comparisons[0].shape)) if case.comparisons else {})}
 
 
+# A case's settings rather than extents: the stride, the padding, a filter's size. An index can confuse one with
+# another (`p * pad` for `p * stride`), or one extent with another (H for W, K for C); an extent equal to a setting
+# (K == stride) is a coincidence of the case list, and called the cause it sent a student after the wrong variable.
+SETTINGS = frozenset({"stride", "pad", "padding", "dilation", "groups", "R", "S", "kernel"})
+
+
 def _separating_equality(cases) -> str:
     """One sentence where every case with two sizes equal passes (H == W: a square image) and every failing case
     has them different, nearly every such case failing: an index, a bound or a grid axis that uses one where the
@@ -230,6 +236,8 @@ def _separating_equality(cases) -> str:
         for second in keys[i + 1:]:
             if any(first not in f or second not in f or f[first] == f[second] for f in failing):
                 continue
+            if (first in SETTINGS) != (second in SETTINGS):
+                continue  # an extent and a setting: equal only by the case list's chance
             equal = [(sizes[first], passed) for sizes, passed in sized if sizes.get(first) == sizes.get(second)]
             unequal = [passed for sizes, passed in sized if sizes.get(first) != sizes.get(second)]
             squares = {size for size, _ in equal}
@@ -296,6 +304,16 @@ def _separating_multiple(cases) -> str:
                             f"passing cases also has {also}, and the failing ones mostly do not, so the cases do "
                             f"not tell which of the two matters. Add a case with {key} a multiple of {step} "
                             f"without {also} (or the reverse) to tell them apart.")
+                if any(c.n_nan for case in cases if not case.passed for c in case.comparisons):
+                    # a tail left out gives wrong numbers, never NaN: NaN is a read past an input's end (the
+                    # tests put NaN just past each one), here the partial step's load whose guard lets the index
+                    # reach the size (`k0 + tx <= K`)
+                    return (f"every case with {key} a multiple of {step} passes, and {fail}, some with NaN: the "
+                            f"last, partial step of {step} along {key} goes wrong. A loop that left it out would give "
+                            f"wrong numbers, not NaN; NaN comes from a read past the end of an input (the tests put "
+                            f"NaN just past each one): a load in the partial step whose guard lets the index reach "
+                            f"{key} (`k0 + tx <= {key}` for `k0 + tx < {key}`), or has none. Guard every load with "
+                            f"`< {key}` and store 0 outside.")
                 return (f"every case with {key} a multiple of {step} passes, and {fail}: a loop that steps {step} at "
                         f"a time along {key} and stops before a partial step (`k0 + {step} <= {key}`) drops the "
                         f"tail of {key}, the last {key} % {step} values. Run it while `k0 < {key}`, and let the "
@@ -344,8 +362,8 @@ def _size_threshold(cases) -> str:
     if not failing or not passing:
         return ""
     for key in failing[0]:
-        if not all(key in sizes for sizes, _ in sized):
-            continue
+        if not all(key in sizes for sizes, _ in sized) or key in SETTINGS:
+            continue  # a setting (R: 1 or 3) is a choice, said by _separating_field, not a size past which code breaks
         below = max(sizes[key] for sizes in passing)
         if min(sizes[key] for sizes in failing) > below:
             return f"{key} > {below}" if not isinstance(key, int) else f"dimension {key} longer than {below}"
@@ -363,8 +381,8 @@ def _fields(shape) -> dict:
 def _separating_field(cases) -> str:
     """One sentence where a flag or a choice of the cases (``bias=True``, ``act='leaky_relu'``) tells every failing
     case from every passing one: the tiny cases shown first may hide it, and it points at the bug (the bias
-    ignored, the slope of LeakyReLU). Only bool and str fields, and at least two cases on each side, so that a
-    size that happens to differ is never offered as the cause; and nothing where a size past which every case
+    ignored, the slope of LeakyReLU). Only bool and str fields and settings (``R``, ``stride``, ``pad``), and at
+    least two cases on each side, so that a size that happens to differ is never offered as the cause; and nothing where a size past which every case
     fails separates the same cases (the only wide images all with act='leaky_relu'): the flag may only go with it."""
     failing = [_fields(c.shape) for c in cases if not c.passed]
     # a case with nothing to compute (an empty batch) passes whatever the code does with its flags
@@ -374,7 +392,9 @@ def _separating_field(cases) -> str:
     if _size_threshold(cases):
         return ""  # a size separates the same cases as well: the cases' own hints (a tail, a stop) speak for it
     for name, value in failing[0].items():
-        if not isinstance(value, (bool, str)):
+        # a setting (the filter's size, the stride, the padding) is a choice like a flag, not a size that happens
+        # to differ: Lab 1's filter read as w[s][r] fails every 3×3 case and passes every 1×1 one
+        if not isinstance(value, (bool, str)) and name not in SETTINGS:
             continue
         if all(f.get(name) == value for f in failing) and all(p.get(name) != value for p in passing):
             others = sorted({repr(p.get(name)) for p in passing})
