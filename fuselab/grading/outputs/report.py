@@ -21,6 +21,7 @@ from ..records import term
 from ..records.handgrading import hand_graded, totals
 from ..records.intake import printable
 from ..records.results import SubmissionResult
+from .feedback import telling_line
 from .terminal import shown
 
 
@@ -73,19 +74,10 @@ def lost_points(result) -> str:
     reasons: dict = {}  # one reason, the tests it cost (a build error costs every test that needed it)
     for grade_id, cell in result.cells.items():
         if cell.points < cell.max_points:
-            line = _telling_line(cell.message or "")
+            line = telling_line(cell.message or "")
             reason = f"{cell.status}" + (f" ({line[:160]})" if line else "")
             reasons.setdefault(reason, []).append(grade_id)
     return "; ".join(f"{', '.join(tests)}: {reason}" for reason, tests in reasons.items())
-
-
-def _telling_line(message: str) -> str:
-    """The line of a test's message that says why: a compiler's own error (``file:line:col: error: ...``), else the
-    last line with words (an exception's type and text), never the caret or source line under a compiler error."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    compiler = next((line for line in lines if re.search(r":\d+(?::\d+)?:\s*(?:fatal )?error\b", line)), None)
-    worded = [line for line in lines if re.search(r"[A-Za-z]{2}", line) and not re.match(r"^\d*\s*\|", line)]
-    return compiler or (worded[-1] if worded else (lines[-1] if lines else ""))
 
 
 def write_grades_csv(results: list, path: Path, standings: list | None = None,
