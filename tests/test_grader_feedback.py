@@ -132,6 +132,20 @@ def test_a_build_error_in_the_pages_table_is_the_compilers_own_line(tmp_path):
         _result(tmp_path, _student_notebook(), cells=cells))).endswith("expected ';' before '}' token)")
 
 
+def test_a_test_a_ta_scored_is_not_called_automatically_graded(tmp_path):
+    """A test a TA re-scored in formgrader: its points count, and the page's headline says so instead of calling the
+    tests' points automatic; without such a score it stays "Automatically graded"."""
+    result = _result(tmp_path, _student_notebook())
+    result["cells"]["test_fused"].update(points=1.0, by_hand={"points": 1.0, "grader": 0.0})
+    path, _ = feedback.write_one(result, tmp_path / "fb", SOURCES)
+    text = _text_of(path.read_text())
+    assert "Automatically graded" not in text
+    assert "Tests: 5 of 10 points, a teaching assistant's score on test_fused included." in text
+    assert "points given by a teaching assistant" in text
+    plain, _ = feedback.write_one(_result(tmp_path, _student_notebook()), tmp_path / "plain", SOURCES)
+    assert "Automatically graded: 4 of 10 points." in _text_of(plain.read_text())
+
+
 def test_the_page_carries_nothing_of_the_grader_runs(tmp_path, monkeypatch):
     secret = "tok-" + "7f3a9c1e5d" * 2
     monkeypatch.setenv("FUSELAB_TEST_SECRET", secret)

@@ -421,7 +421,7 @@ def _summary(result, verdicts: _Verdicts, manual: dict, scrub) -> dict:
     total = sum(_points(c)[0] for c in verdicts.cells.values())
     maximum = sum(_points(c)[1] for c in verdicts.cells.values())
     summary = {"total": f"{total:g}", "maximum": f"{maximum:g}", "hand": None, "late": None, "rows": [],
-               "manual": []}
+               "manual": [], "by_hand": [g for g, c in verdicts.cells.items() if _dict(c.get("by_hand"))]}
     hand = {k: _dict(v) for k, v in _dict(result.get("hand_graded")).items()}
     given = sum(_number(h.get("points")) for h in hand.values())
     most = sum(_number(h.get("max_points")) for h in hand.values())

@@ -224,8 +224,10 @@ def main_grade(args) -> int:
         print(samplecheck.table(rows))
         failed = [r for r in rows if not r["ok"]]
     else:
-        # the autograded tests alone: a lab's maximum in grades.csv, the report and the export adds its written answers
-        print("autograded tests (grades.csv, the report and fuselab export add the written answers graded by hand):")
+        # the tests alone (a TA's score from formgrader counts): grades.csv, the report and the export add the written
+        # answers
+        print("tests (a score given in formgrader counts; grades.csv, the report and fuselab export add the written "
+              "answers graded by hand):")
         print(grade_table(result.results))
         failed = []
     retried = retry_lines(result.results)
