@@ -123,10 +123,13 @@ def _moodle_time(text: str) -> str | None:
 def worksheet_facts(people: list, entries: dict, lab: str) -> None:
     """A Moodle grading worksheet's late marks and times onto the entries of ``lab`` (the run's one lab) that
     have none of their own."""
+    from .term import WORKSHEET
     by_id = {p["student"]: p.get("worksheet") for p in people if p.get("worksheet")}
     for (student, entry_lab), entry in entries.items():
         facts = by_id.get(student)
         if entry_lab == lab and facts:
+            if (facts["late"] and not entry.late) or (facts["submitted"] and not entry.submitted):
+                entry.late_from = WORKSHEET  # kept by a later run of the lab without the worksheet
             entry.late = entry.late or facts["late"]
             entry.submitted = entry.submitted or facts["submitted"]
 

@@ -38,6 +38,10 @@ class Entry:
     submitted: str | None = None  # ISO 8601, where the LMS's download said
     lms_id: str | None = None
     lms: str | None = None        # "canvas" or "moodle": whose id ``lms_id`` is
+    late_from: str | None = None  # WORKSHEET: ``late``/``submitted`` came from a Moodle grading worksheet (--roster)
+
+
+WORKSHEET = "worksheet"
 
 
 @dataclass
@@ -116,6 +120,10 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
             new[key].lms_id, new[key].lms = sub.lms_id, sub.lms
     for key, entry in new.items():
         before = entries.get(key)
+        if before is not None and before.late_from == WORKSHEET and not entry.late and not entry.submitted:
+            # the worksheet given with an earlier run of this lab still says when they handed in: a later run of the
+            # lab without it (hand grades put in, a regrade) keeps that, as it keeps the roster
+            entry.late, entry.submitted, entry.late_from = before.late, before.submitted, WORKSHEET
         if before is not None and before.status == GRADED and entry.status == NOT_GRADED:
             entry.why += " (an earlier run graded a notebook of theirs for this lab: its result stays in work/)"
         entries[key] = entry
