@@ -184,6 +184,28 @@ def test_a_later_run_of_the_lab_without_the_worksheet_keeps_its_late_marks(tmp_p
     assert not later[("John_Smith_1234", "lab1")].late and later[("John_Smith_1234", "lab0")].late
 
 
+def test_a_student_graded_in_one_lab_and_not_on_the_roster_is_missing_in_the_next():
+    """A Canvas student the roster does not name (enrolled late) handed in lab 0 and not lab 1: lab 1 shows them
+    missing with 0, as it does the roster's, instead of a blank that grades.csv, the report and the export never
+    mention. A Moodle id is one assignment's (Moodle numbers a student anew in each): it is left to the worksheet."""
+    from fuselab.grading.records.results import SubmissionResult
+    entries = {("kimlee_1007", "lab0"): term.Entry("kimlee_1007", "lab0", term.GRADED, lms_id="1007", lms="canvas"),
+               ("doejane_1003", "lab1"): term.Entry("doejane_1003", "lab1", term.GRADED, lms_id="1003",
+                                                    lms="canvas"),
+               ("Ann_Lee_1235", "lab0"): term.Entry("Ann_Lee_1235", "lab0", term.GRADED, lms_id="1235", lms="moodle"),
+               (term.nobodys("lab0.ipynb"), "lab0"): term.Entry(term.nobodys("lab0.ipynb"), "lab0",
+                                                                term.NOT_GRADED, why="whose?")}
+    results = [SubmissionResult(s, lab, total=1.0, max_total=10.0)
+               for s, lab in [("kimlee_1007", "lab0"), ("doejane_1003", "lab1"), ("Ann_Lee_1235", "lab0")]]
+    people = [{"student": "doejane_1003", "lms_id": "1003", "lms": "canvas"}]
+    rows = {(s.student, s.lab): s for s in term.standings(results, entries, people)}
+    kim = rows[("kimlee_1007", "lab1")]
+    assert kim.status == term.MISSING and kim.lms_id == "1007" and kim.lms == "canvas"
+    assert rows[("doejane_1003", "lab0")].status == term.MISSING  # the roster's, as before
+    assert ("Ann_Lee_1235", "lab1") not in rows
+    assert not any(student.startswith(term.NOBODY) and lab == "lab1" for student, lab in rows)
+
+
 def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):
     """A notebook at the top of the class zip (whose, nobody can tell) and two zip members of one name (which copy
     is bob's, nobody can tell) are rows of grades.csv and the report, "not graded" and why, and stay rows when a

@@ -172,8 +172,9 @@ def course_results(out: Path, this_run: list, entries: dict) -> list:
 
 
 def standings(results: list, entries: dict, people: list, due: dict | None = None) -> list:
-    """One ``Standing`` per (student, lab): every result, every entry not graded, and for each roster student
-    with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
+    """One ``Standing`` per (student, lab): every result, every entry not graded, and for each student of the class
+    (the roster's, and any the course graded a lab of, but under a Moodle id) with nothing for a lab the course has
+    graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
     or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``)."""
     by_key: dict = {}
     for result in map(SubmissionResult.of, results):
@@ -188,11 +189,16 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
                                    submitted=entry.submitted, lms_id=entry.lms_id, lms=entry.lms)
     graded_labs = {lab for (_, lab), s in by_key.items() if s.status == GRADED}
     people_by_id = {p["student"]: p for p in people}
-    for student in people_by_id:
+    # the class: the roster, and whoever the course graded a lab of, under an id that is theirs in every lab (a
+    # Canvas id or a folder's name; Moodle numbers a student anew in each assignment, so an id of its download is
+    # one lab's: its worksheet, given as --roster, says who is missing there)
+    known = {s.student: (s.lms_id, s.lms) for s in by_key.values()
+             if s.status == GRADED and s.lms != "moodle" and not s.student.startswith(NOBODY)}
+    known.update({student: (p.get("lms_id"), p.get("lms")) for student, p in people_by_id.items()})
+    for student, (lms_id, lms) in known.items():
         for lab in graded_labs:
             by_key.setdefault((student, lab), Standing(student, lab, MISSING, why="missing: nothing submitted",
-                                                       lms_id=people_by_id[student].get("lms_id"),
-                                                       lms=people_by_id[student].get("lms")))
+                                                       lms_id=lms_id, lms=lms))
     for standing in by_key.values():
         when = (due or {}).get(standing.lab)
         if when is not None and standing.submitted:
