@@ -6,6 +6,7 @@ says (or refuses) whenever it cannot do what was asked, never changing what the 
 from __future__ import annotations
 
 import csv
+import html
 import os
 import re
 import sys
@@ -93,6 +94,14 @@ def test_what_to_look_at_comes_first_in_both_reports(tmp_path):
         assert "crashed in test_fused" in section                               # a crash
         assert "the grader failed" in section                                   # a grader failure
         assert "bo/lab0" in section and "not graded" in section                 # an earlier run's not-graded entry
+        assert "(not on the student's page: yours to decide): fused_source: patched timer" in html.unescape(section)
+    # the TA decides to show ann her flag (flags-shown.txt): the report says it is on her page now
+    (out / "flags-shown.txt").write_text("ann/lab0\n")
+    _outputs(out, problems=[failed])
+    for name in ("report.md", "report.html"):
+        text = html.unescape((out / name).read_text())
+        assert "(on the student's page: flags-shown.txt names them): fused_source: patched timer" in text, name
+        assert "yours to decide" not in text, name
 
 
 def test_a_lab_has_one_maximum_and_a_not_graded_reason_is_whole_in_the_report(tmp_path):

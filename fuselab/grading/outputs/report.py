@@ -21,7 +21,7 @@ from ..records import term
 from ..records.handgrading import hand_graded, totals
 from ..records.intake import printable
 from ..records.results import SubmissionResult
-from .feedback import telling_line
+from .feedback import shown_flags, telling_line
 from .terminal import shown
 
 
@@ -337,10 +337,13 @@ def _attention(class_result, standings, whole) -> list:
     page: the TA decides), the grader's notes, crashes and timeouts, tests run again alone, what could not be
     graded (this run's problems, and the course's entries an earlier run could not grade), feedback problems."""
     attention = []
+    out = getattr(class_result, "out", None)
+    shown_to_student = shown_flags(out) if out is not None else set()  # flags-shown.txt: the TA decided
     for r in [s.result for s in standings if s.result is not None]:
         who = f"{r.student}/{r.lab}: "
-        attention += [[_t(who), _b("flag"), _t(f" (not on the student's page: yours to decide): {_cut(f, 500)}")]
-                      for f in r.flags]
+        where = ("on the student's page: flags-shown.txt names them" if (r.student, r.lab) in shown_to_student
+                 else "not on the student's page: yours to decide")
+        attention += [[_t(who), _b("flag"), _t(f" ({where}): {_cut(f, 500)}")] for f in r.flags]
         # what the grader noticed about the run itself (a GPU other programs kept busy, which of two notebooks was
         # graded); flattened and cut
         attention += [[_t(f"{who}note: {_cut(n, 300)}")] for n in r.notes]
