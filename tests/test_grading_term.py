@@ -204,6 +204,11 @@ def test_a_student_graded_in_one_lab_and_not_on_the_roster_is_missing_in_the_nex
     assert rows[("doejane_1003", "lab0")].status == term.MISSING  # the roster's, as before
     assert ("Ann_Lee_1235", "lab1") not in rows
     assert not any(student.startswith(term.NOBODY) and lab == "lab1" for student, lab in rows)
+    # the run's own output names them too, for the labs it graded (a run of lab 1 here)
+    standings = list(rows.values())
+    assert cli.missing_line(standings, {"lab1"}) == "missing (nothing submitted, 0 in grades.csv): kimlee_1007/lab1"
+    assert cli.missing_line(standings, {"lab0", "lab1"}, most=1).endswith(" and 1 more (report.html)")
+    assert cli.missing_line(standings, {"lab2"}) == ""
 
 
 def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):
