@@ -205,6 +205,34 @@ def test_canvas_points_possible_are_never_changed_silently(tmp_path, capsys):
     assert by_id["1002"] == ""                                                  # not graded: left as it is
 
 
+def test_moodles_maximum_grade_is_never_exceeded_silently(tmp_path, capsys):
+    """The grading worksheet (--roster) says the Moodle assignment's maximum grade (10); the lab is worth 12: Moodle
+    would refuse a grade above its 10, so no moodle-lab0.csv is written until the TA decides (as for Canvas's
+    points), and --scale writes each grade on Moodle's 10."""
+    sheet = [{"student": s, "name": s, "lms_id": n, "lms": "moodle", "email": f"{s}@uni.edu",
+              "worksheet": {"late": False, "submitted": None, "maximum": 10.0}}
+             for s, n in (("ann", "1001"), ("bo", "1002"), ("cy", "1003"))]
+    out = _course(tmp_path, lms="moodle", people=sheet)
+    _outputs(out)
+    assert cli.main(["export", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no moodle-lab0.csv: lab0 is worth 12 points" in err and "10" in err and "--scale" in err
+    assert not (out / "export" / "moodle-lab0.csv").exists()
+    assert cli.main(["export", str(out), "--scale"]) == 0
+    said = capsys.readouterr().out
+    assert "scaled from 12 points to Moodle's maximum grade 10" in said and "grades out of 10" in said
+    header, *rows = list(csv.reader((out / "export" / "moodle-lab0.csv").open(encoding="utf-8")))
+    by_id = {row[0]: row[3:] for row in rows}
+    assert by_id["Participant 1001"] == [f"{round(7 * 10 / 12, 4):g}", "10"]
+    assert by_id["Participant 1002"] == ["", "10"] and by_id["Participant 1003"] == ["0", "10"]
+    # the same maximum in the worksheet as the lab's: written as it is
+    for person in sheet:
+        person["worksheet"]["maximum"] = 12.0
+    roster.save(out, sheet)
+    assert cli.main(["export", str(out)]) == 0
+    assert "grades out of 12" in capsys.readouterr().out
+
+
 def test_a_build_error_gives_the_compilers_own_line_as_the_reason():
     message = ("NameError: name 'fused' is not defined: cell build_fused, which defines it, failed with BuildError: "
                "fused.cu failed to compile (1 error):\n\nfused.cu: In function 'void k(const float*)':\n"

@@ -70,7 +70,7 @@ def read(path: Path) -> list:
         columns = {h: possible.get(h) for h in header[5:]}  # an assignment column: its points in Canvas
     elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
         at = {name: lower.index(name) for name in ("identifier", "full name", "email address", "status",
-                                                   "last modified (submission)") if name in lower}
+                                                   "last modified (submission)", "maximum grade") if name in lower}
         for row in rows[1:]:
             cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
             number = re.sub(r"\D", "", cell["identifier"])
@@ -80,7 +80,8 @@ def read(path: Path) -> list:
                            "lms_id": number, "lms": "moodle", "email": cell.get("email address", ""),
                            "identifier": cell["identifier"],
                            "worksheet": {"late": "late" in cell.get("status", "").lower(),
-                                         "submitted": _moodle_time(cell.get("last modified (submission)", ""))}})
+                                         "submitted": _moodle_time(cell.get("last modified (submission)", "")),
+                                         "maximum": _points(cell.get("maximum grade", ""))}})
         columns = {}
     elif "first name" in lower and "last name" in lower:  # Moodle's grade export, participants
         at = {name: lower.index(name) for name in ("first name", "last name", "email address", "id number")
