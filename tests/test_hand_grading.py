@@ -174,6 +174,8 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
         logged = server.log.read_text()
         assert "Unwritable directory" not in logged and "exchange" not in logged.lower(), logged[-3000:]
         assert "alembic" not in logged, logged[-3000:]
+        # what to run next, as the TA guide says it: each hand-graded lab's download, that lab, this course
+        assert f"that lab's download, as graded> --labs <lab> --out {out}" in " ".join(logged.split()), logged[:800]
 
     # the next `fuselab grade` of the run: nothing regraded (the fixture fails on a regrade)
     pipeline.grade(source, settings)

@@ -160,8 +160,9 @@ def main(target=None, port: int | None = None, ip: str = "127.0.0.1") -> int:
     token = secrets.token_hex(16)
     argv, env = server_command(course, port, token, ip)
     print(f"formgrader on {course}\n  open: {url(ip, port, token)}\n"
-          f"  then: fuselab grade <the same submissions> --out {course.parent} puts the hand grades in grades.csv, "
-          "the report and the feedback pages (nothing is regraded)\n  stop: Ctrl-C", flush=True)
+          f"  then, for each lab you graded by hand: fuselab grade <that lab's download, as graded> --labs <lab> "
+          f"--out {course.parent} puts the hand grades in grades.csv, the report and the feedback pages (nothing "
+          "is regraded)\n  stop: Ctrl-C", flush=True)
     # the server ends with this command however it ends: Ctrl-C, a closed terminal (SIGHUP), a script's SIGTERM,
     # even SIGKILL (the child's death signal); left behind, it would keep serving the gradebook on the port
     server = subprocess.Popen(argv, cwd=str(course), env=env, preexec_fn=_dies_with_parent)
