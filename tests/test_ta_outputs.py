@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import os
 import re
 import sys
@@ -231,6 +232,27 @@ def test_moodles_maximum_grade_is_never_exceeded_silently(tmp_path, capsys):
     roster.save(out, sheet)
     assert cli.main(["export", str(out)]) == 0
     assert "grades out of 12" in capsys.readouterr().out
+
+
+def test_a_later_weeks_report_still_says_how_the_instructors_solution_did(tmp_path):
+    """Week 2's run grades lab 1 only; lab 0's reference run, kept in the course folder, is still in the report's
+    "The instructor's solution on this machine" (it said only this run's labs), a broken one said as broken."""
+    out = _course(tmp_path, people=CANVAS)
+    (out / "reference" / "lab0").mkdir(parents=True)
+    (out / "reference" / "lab0" / "reference.json").write_text(json.dumps(
+        {"cells": {"test_fused": {"points": 10.0, "max_points": 10.0}}, "broken": []}))
+    _outputs(out)
+    for name in ("report.md", "report.html"):
+        text = html.unescape((out / name).read_text())
+        section = text[text.index("The instructor's solution on this machine"):]
+        assert "lab0: 10 / 10 (all correctness tests pass)" in section, name
+    (out / "reference" / "lab0" / "reference.json").write_text(json.dumps(
+        {"cells": {"test_fused": {"points": 0.0, "max_points": 10.0}}, "broken": ["test_fused"]}))
+    _outputs(out)
+    assert "BROKEN: test_fused failed" in (out / "report.md").read_text()
+    (out / "reference" / "lab0" / "reference.json").write_text('{"cells": 3}')  # unreadable: left out, no stop
+    _outputs(out)
+    assert "The instructor's solution on this machine" not in (out / "report.md").read_text()
 
 
 def test_a_build_error_gives_the_compilers_own_line_as_the_reason():

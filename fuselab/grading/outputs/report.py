@@ -21,7 +21,7 @@ from ..records import term
 from ..records.handgrading import hand_graded, totals
 from ..records.intake import printable
 from ..records.results import SubmissionResult
-from .feedback import shown_flags, telling_line
+from .feedback import reference_runs, shown_flags, telling_line
 from .terminal import shown
 
 
@@ -281,7 +281,7 @@ def view(class_result) -> dict:
         return [_t(" ("), ("link", "the whole reason", f"#{anchor}"), _t(")")] if anchor else []
 
     reference = []
-    for lab, ref in (class_result.reference or {}).items():
+    for lab, ref in sorted(_references(class_result, standings).items()):
         total = sum(c["points"] for c in ref["cells"].values())
         maximum = sum(c["max_points"] for c in ref["cells"].values())
         state = [_b("BROKEN: " + ", ".join(ref["broken"]) + " failed — fix the machine before trusting grades")] \
@@ -330,6 +330,21 @@ def view(class_result) -> dict:
     return {"summary": summary, "gpu": _gpu_line(results), "attention": _attention(class_result, standings, whole),
             "reference": reference, "labs": labs, "unknown": unknown, "reasons": reasons,
             "throughput": _throughput(class_result)}
+
+
+def _references(class_result, standings) -> dict:
+    """lab → the instructor's reference run: this run's, and for the course's other labs the one kept in its
+    folder (``reference/<lab>/reference.json``), so that a week's report still says how lab 0's went."""
+    found = dict(class_result.reference or {})
+    out = getattr(class_result, "out", None)
+    others = sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB} - set(found))
+    for lab, saved in (reference_runs(out, others) if out is not None else {}).items():
+        cells, broken = saved.get("cells"), saved.get("broken")
+        if (isinstance(cells, dict) and isinstance(broken, list) and all(isinstance(b, str) for b in broken)
+                and all(isinstance(c, dict) and isinstance(c.get("points"), (int, float))
+                        and isinstance(c.get("max_points"), (int, float)) for c in cells.values())):
+            found[lab] = saved
+    return found
 
 
 def _attention(class_result, standings, whole) -> list:
