@@ -121,10 +121,12 @@ def _moodle_time(text: str) -> str | None:
         return None
 
 
+WORKSHEET = "worksheet"  # an entry's ``late_from``: its late mark and time came from a grading worksheet
+
+
 def worksheet_facts(people: list, entries: dict, lab: str) -> None:
     """A Moodle grading worksheet's late marks and times onto the entries of ``lab`` (the run's one lab) that
     have none of their own."""
-    from .term import WORKSHEET
     by_id = {p["student"]: p.get("worksheet") for p in people if p.get("worksheet")}
     for (student, entry_lab), entry in entries.items():
         facts = by_id.get(student)

@@ -38,10 +38,7 @@ class Entry:
     submitted: str | None = None  # ISO 8601, where the LMS's download said
     lms_id: str | None = None
     lms: str | None = None        # "canvas" or "moodle": whose id ``lms_id`` is
-    late_from: str | None = None  # WORKSHEET: ``late``/``submitted`` came from a Moodle grading worksheet (--roster)
-
-
-WORKSHEET = "worksheet"
+    late_from: str | None = None  # roster.WORKSHEET: ``late``/``submitted`` came from a Moodle grading worksheet
 
 
 @dataclass
@@ -98,6 +95,7 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
     ``submissions``: intake's; ``graded``: the (student, lab) of those that have a result now; ``problems``:
     intake's and the grader's. A problem with no lab belongs to the run's lab where the run covers one lab; one
     with no student is an entry of its own (``nobodys``): every upload is accounted for."""
+    from .roster import WORKSHEET
     entries = load_entries(out)
     run_labs = sorted(run_labs)
     new: dict = {}
