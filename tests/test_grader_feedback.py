@@ -20,6 +20,7 @@ from fuselab import course
 from fuselab.course import sample_class as samples
 from fuselab.grading.outputs import feedback, report
 from fuselab.grading.records import intake
+from fuselab.grading.records.results import SubmissionResult
 from fuselab.grading.run import pipeline
 
 LAB = "lab0"
@@ -111,6 +112,38 @@ def test_verdicts_flags_and_notes_are_said_next_to_their_tests(tmp_path):
     assert "left out lab0-old.ipynb" in text
     # the student's own submitted outputs are shown
     assert "ran on my laptop" in text and "my kernel" in text
+
+
+def test_a_build_error_in_the_pages_table_is_the_compilers_own_line(tmp_path):
+    """A test that failed because the student's kernel did not compile: the table at the top of the page gives the
+    compiler's error on the student's line, not a cut that stops before it; the whole message is at the test."""
+    message = ("NameError: name 'fused' is not defined: cell build_fused, which defines it, failed with BuildError: "
+               "fused.cu failed to compile (1 error):\n\nfused.cu: In function 'void add_relu_mul_kernel(const "
+               "float*, const float*, const float*, float*, int64_t)':\nfused.cu:4:56: error: expected ';' before "
+               "'}' token\n    4 |     if (i < n) out[i] = a[i]\n      |                         ^")
+    cells = {"test_fused": {"points": 0.0, "max_points": 2.0, "status": "failed", "message": message}}
+    path, _ = feedback.write_one(_result(tmp_path, _student_notebook(), cells=cells), tmp_path / "fb", SOURCES)
+    text = _text_of(path.read_text())
+    table = text[: text.index("Your notebook")]
+    assert "fused.cu:4:56: error: expected ';' before '}' token (the whole message: at the test, below)" in table
+    assert "more characters not shown" not in table
+    assert "fused.cu:4:56" in _text_of(_verdict_block(path.read_text(), "test_fused"))
+    assert report.lost_points(SubmissionResult.from_json(
+        _result(tmp_path, _student_notebook(), cells=cells))).endswith("expected ';' before '}' token)")
+
+
+def test_a_test_a_ta_scored_is_not_called_automatically_graded(tmp_path):
+    """A test a TA re-scored in formgrader: its points count, and the page's headline says so instead of calling the
+    tests' points automatic; without such a score it stays "Automatically graded"."""
+    result = _result(tmp_path, _student_notebook())
+    result["cells"]["test_fused"].update(points=1.0, by_hand={"points": 1.0, "grader": 0.0})
+    path, _ = feedback.write_one(result, tmp_path / "fb", SOURCES)
+    text = _text_of(path.read_text())
+    assert "Automatically graded" not in text
+    assert "Tests: 5 of 10 points, a teaching assistant's score on test_fused included." in text
+    assert "points given by a teaching assistant" in text
+    plain, _ = feedback.write_one(_result(tmp_path, _student_notebook()), tmp_path / "plain", SOURCES)
+    assert "Automatically graded: 4 of 10 points." in _text_of(plain.read_text())
 
 
 def test_the_page_carries_nothing_of_the_grader_runs(tmp_path, monkeypatch):

@@ -154,6 +154,63 @@ def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, mon
     assert not (out / "export" / "canvas-grades.csv").exists()
 
 
+def test_a_later_run_of_the_lab_without_the_worksheet_keeps_its_late_marks(tmp_path):
+    """The guide's hand-grading step runs the lab again with the same download and no --roster: the worksheet's late
+    mark and time stay the lab's (they went, and with them nbgrader's late penalty). A later worksheet or an LMS
+    time of the submission's own still counts."""
+    root = tmp_path / "in"
+    _write(root / "John Smith_1234_assignsubmission_file_" / "lab0.ipynb")
+    _write(root / "Ann Lee_1235_assignsubmission_file_" / "lab0.ipynb")
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    out = tmp_path / "course"
+    out.mkdir()
+    sheet = _write(tmp_path / "worksheet.csv",
+                   "Identifier,Full name,Email address,Status,Grade,Last modified (submission)\n"
+                   "Participant 1234,John Smith,js@uni.edu,Submitted for grading - 2 hours late,,"
+                   "\"Tuesday, 15 September 2026, 1:59 AM\"\n"
+                   "Participant 1235,Ann Lee,al@uni.edu,Submitted for grading,,"
+                   "\"Monday, 14 September 2026, 9:00 PM\"\n")
+    graded = {("John_Smith_1234", "lab0"), ("Ann_Lee_1235", "lab0")}
+    term.record_course(out, subs, graded, problems, {"lab0"}, roster.read(sheet))
+    again = term.record_course(out, subs, graded, problems, {"lab0"})  # the same download, no --roster
+    john, ann = again[("John_Smith_1234", "lab0")], again[("Ann_Lee_1235", "lab0")]
+    assert john.late and john.submitted == "2026-09-15T01:59:00"
+    assert not ann.late and ann.submitted == "2026-09-14T21:00:00"
+    assert term.load_entries(out) == again
+    # a run of lab 1 (the worksheet was lab 0's) marks nothing of lab 1
+    _write(root / "John Smith_1234_assignsubmission_file_" / "lab1.ipynb")
+    subs1, problems1 = intake.collect(root, tmp_path / "staging1", LABS)
+    later = term.record_course(out, subs1, {("John_Smith_1234", "lab1")}, problems1, {"lab1"})
+    assert not later[("John_Smith_1234", "lab1")].late and later[("John_Smith_1234", "lab0")].late
+
+
+def test_a_student_graded_in_one_lab_and_not_on_the_roster_is_missing_in_the_next():
+    """A Canvas student the roster does not name (enrolled late) handed in lab 0 and not lab 1: lab 1 shows them
+    missing with 0, as it does the roster's, instead of a blank that grades.csv, the report and the export never
+    mention. A Moodle id is one assignment's (Moodle numbers a student anew in each): it is left to the worksheet."""
+    from fuselab.grading.records.results import SubmissionResult
+    entries = {("kimlee_1007", "lab0"): term.Entry("kimlee_1007", "lab0", term.GRADED, lms_id="1007", lms="canvas"),
+               ("doejane_1003", "lab1"): term.Entry("doejane_1003", "lab1", term.GRADED, lms_id="1003",
+                                                    lms="canvas"),
+               ("Ann_Lee_1235", "lab0"): term.Entry("Ann_Lee_1235", "lab0", term.GRADED, lms_id="1235", lms="moodle"),
+               (term.nobodys("lab0.ipynb"), "lab0"): term.Entry(term.nobodys("lab0.ipynb"), "lab0",
+                                                                term.NOT_GRADED, why="whose?")}
+    results = [SubmissionResult(s, lab, total=1.0, max_total=10.0)
+               for s, lab in [("kimlee_1007", "lab0"), ("doejane_1003", "lab1"), ("Ann_Lee_1235", "lab0")]]
+    people = [{"student": "doejane_1003", "lms_id": "1003", "lms": "canvas"}]
+    rows = {(s.student, s.lab): s for s in term.standings(results, entries, people)}
+    kim = rows[("kimlee_1007", "lab1")]
+    assert kim.status == term.MISSING and kim.lms_id == "1007" and kim.lms == "canvas"
+    assert rows[("doejane_1003", "lab0")].status == term.MISSING  # the roster's, as before
+    assert ("Ann_Lee_1235", "lab1") not in rows
+    assert not any(student.startswith(term.NOBODY) and lab == "lab1" for student, lab in rows)
+    # the run's own output names them too, for the labs it graded (a run of lab 1 here)
+    standings = list(rows.values())
+    assert cli.missing_line(standings, {"lab1"}) == "missing (nothing submitted, 0 in grades.csv): kimlee_1007/lab1"
+    assert cli.missing_line(standings, {"lab0", "lab1"}, most=1).endswith(" and 1 more (report.html)")
+    assert cli.missing_line(standings, {"lab2"}) == ""
+
+
 def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):
     """A notebook at the top of the class zip (whose, nobody can tell) and two zip members of one name (which copy
     is bob's, nobody can tell) are rows of grades.csv and the report, "not graded" and why, and stay rows when a

@@ -59,6 +59,7 @@ def graded_run(tmp_path, monkeypatch):
         folder.mkdir(parents=True)
         given = course.SOLUTIONS if student == "ann" else course.LABS
         shutil.copy(given / LAB / nbgrader_run.notebook_name(LAB), folder)
+    (source / "bob" / LAB / "timestamp.txt").write_text("2026-09-14 20:00:00 UTC")  # a time, as nbgrader's own
     out = tmp_path / "run"
     monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
     monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
@@ -146,6 +147,12 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     with formgrader_api.serving(out, tmp_path, FUSELAB_EXCHANGE=str(exchange)) as server:
         assignments = server.get("assignments")
         assert [a["name"] for a in assignments] == [LAB], assignments  # the run's gradebook, not the repository's
+        # formgrader's Manage Assignments and Manual Grading count the run's submissions (kept in autograded/ only),
+        # and list them graded, one with a submission time (which nbgrader would read from submitted/) included
+        assert assignments[0]["num_submissions"] == len(STUDENTS), assignments
+        listed = {s["student"]: s for s in server.get(f"submissions/{LAB}")}
+        assert sorted(listed) == sorted(STUDENTS) and all(s["autograded"] and s["score"] > 0 for s in listed.values())
+        assert listed["bob"]["timestamp"].startswith("2026-09-14T20:00"), listed["bob"]
         server.grade(LAB, LAB, "ann", "answer_sweep", 1.5, "Good sweep, but say why L2.")
         with urllib.request.urlopen(f"{server.base}/lab?token={server.token}", timeout=30) as response:
             page = response.read().decode()  # no student panels
@@ -167,6 +174,8 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
         logged = server.log.read_text()
         assert "Unwritable directory" not in logged and "exchange" not in logged.lower(), logged[-3000:]
         assert "alembic" not in logged, logged[-3000:]
+        # what to run next, as the TA guide says it: each hand-graded lab's download, that lab, this course
+        assert f"that lab's download, as graded> --labs <lab> --out {out}" in " ".join(logged.split()), logged[:800]
 
     # the next `fuselab grade` of the run: nothing regraded (the fixture fails on a regrade)
     pipeline.grade(source, settings)

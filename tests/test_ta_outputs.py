@@ -6,6 +6,8 @@ says (or refuses) whenever it cannot do what was asked, never changing what the 
 from __future__ import annotations
 
 import csv
+import html
+import json
 import os
 import re
 import sys
@@ -93,6 +95,14 @@ def test_what_to_look_at_comes_first_in_both_reports(tmp_path):
         assert "crashed in test_fused" in section                               # a crash
         assert "the grader failed" in section                                   # a grader failure
         assert "bo/lab0" in section and "not graded" in section                 # an earlier run's not-graded entry
+        assert "(not on the student's page: yours to decide): fused_source: patched timer" in html.unescape(section)
+    # the TA decides to show ann her flag (flags-shown.txt): the report says it is on her page now
+    (out / "flags-shown.txt").write_text("ann/lab0\n")
+    _outputs(out, problems=[failed])
+    for name in ("report.md", "report.html"):
+        text = html.unescape((out / name).read_text())
+        assert "(on the student's page: flags-shown.txt names them): fused_source: patched timer" in text, name
+        assert "yours to decide" not in text, name
 
 
 def test_a_lab_has_one_maximum_and_a_not_graded_reason_is_whole_in_the_report(tmp_path):
@@ -194,6 +204,55 @@ def test_canvas_points_possible_are_never_changed_silently(tmp_path, capsys):
     by_id = {row[1]: row[5] for row in rows}
     assert float(by_id["1001"]) == pytest.approx(7 * 10 / 12, abs=1e-3) and by_id["1003"] == "0"
     assert by_id["1002"] == ""                                                  # not graded: left as it is
+
+
+def test_moodles_maximum_grade_is_never_exceeded_silently(tmp_path, capsys):
+    """The grading worksheet (--roster) says the Moodle assignment's maximum grade (10); the lab is worth 12: Moodle
+    would refuse a grade above its 10, so no moodle-lab0.csv is written until the TA decides (as for Canvas's
+    points), and --scale writes each grade on Moodle's 10."""
+    sheet = [{"student": s, "name": s, "lms_id": n, "lms": "moodle", "email": f"{s}@uni.edu",
+              "worksheet": {"late": False, "submitted": None, "maximum": 10.0}}
+             for s, n in (("ann", "1001"), ("bo", "1002"), ("cy", "1003"))]
+    out = _course(tmp_path, lms="moodle", people=sheet)
+    _outputs(out)
+    assert cli.main(["export", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no moodle-lab0.csv: lab0 is worth 12 points" in err and "10" in err and "--scale" in err
+    assert not (out / "export" / "moodle-lab0.csv").exists()
+    assert cli.main(["export", str(out), "--scale"]) == 0
+    said = capsys.readouterr().out
+    assert "scaled from 12 points to Moodle's maximum grade 10" in said and "grades out of 10" in said
+    header, *rows = list(csv.reader((out / "export" / "moodle-lab0.csv").open(encoding="utf-8")))
+    by_id = {row[0]: row[3:] for row in rows}
+    assert by_id["Participant 1001"] == [f"{round(7 * 10 / 12, 4):g}", "10"]
+    assert by_id["Participant 1002"] == ["", "10"] and by_id["Participant 1003"] == ["0", "10"]
+    # the same maximum in the worksheet as the lab's: written as it is
+    for person in sheet:
+        person["worksheet"]["maximum"] = 12.0
+    roster.save(out, sheet)
+    assert cli.main(["export", str(out)]) == 0
+    assert "grades out of 12" in capsys.readouterr().out
+
+
+def test_a_later_weeks_report_still_says_how_the_instructors_solution_did(tmp_path):
+    """Week 2's run grades lab 1 only; lab 0's reference run, kept in the course folder, is still in the report's
+    "The instructor's solution on this machine" (it said only this run's labs), a broken one said as broken."""
+    out = _course(tmp_path, people=CANVAS)
+    (out / "reference" / "lab0").mkdir(parents=True)
+    (out / "reference" / "lab0" / "reference.json").write_text(json.dumps(
+        {"cells": {"test_fused": {"points": 10.0, "max_points": 10.0}}, "broken": []}))
+    _outputs(out)
+    for name in ("report.md", "report.html"):
+        text = html.unescape((out / name).read_text())
+        section = text[text.index("The instructor's solution on this machine"):]
+        assert "lab0: 10 / 10 (all correctness tests pass)" in section, name
+    (out / "reference" / "lab0" / "reference.json").write_text(json.dumps(
+        {"cells": {"test_fused": {"points": 0.0, "max_points": 10.0}}, "broken": ["test_fused"]}))
+    _outputs(out)
+    assert "BROKEN: test_fused failed" in (out / "report.md").read_text()
+    (out / "reference" / "lab0" / "reference.json").write_text('{"cells": 3}')  # unreadable: left out, no stop
+    _outputs(out)
+    assert "The instructor's solution on this machine" not in (out / "report.md").read_text()
 
 
 def test_a_build_error_gives_the_compilers_own_line_as_the_reason():

@@ -187,18 +187,40 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
             table(to / "canvas-grades.csv", header, rows)
     if "moodle" in asked and has["moodle"]:
         for lab in labs:
-            rows = []
+            rows, theirs = [], set()
+            ours = maxima.get(lab, 0.0)
             for student, p in sorted(people.items()):
                 number = p["ids"].get("moodle", {}).get(lab)
                 if number is None or (student, lab) not in cells:
                     continue
+                sheet = p["person"].get("worksheet") if p["person"].get("lms_id") == number else None
+                most = (sheet or {}).get("maximum")
+                if isinstance(most, (int, float)) and most > 0:
+                    theirs.add(float(most))  # the worksheet's Maximum Grade: the assignment's in Moodle
                 rows.append([f"Participant {number}", printable(p["name"]), p["person"].get("email", ""),
-                             grade(student, lab), _number(maxima.get(lab, 0))])
+                             student, lab])
+            factor = 1.0
+            if theirs and any(abs(t - ours) > 1e-9 for t in theirs):
+                moodle_most = max(theirs)
+                if scale and len(theirs) == 1 and ours > 0:
+                    factor = moodle_most / ours
+                    done.notes.append(f"moodle-{lab}.csv: {lab} scaled from {_number(ours)} points to Moodle's "
+                                      f"maximum grade {_number(moodle_most)}")
+                else:  # Moodle refuses a grade above its maximum: a decision for the TA, never a silent change
+                    (to / f"moodle-{lab}.csv").unlink(missing_ok=True)
+                    refused.append(f"no moodle-{lab}.csv: {lab} is worth {_number(ours)} points, the Moodle "
+                                   f"assignment's maximum grade (its grading worksheet) "
+                                   f"{', '.join(_number(t) for t in sorted(theirs))}. Set the maximum grade in "
+                                   "Moodle to the lab's and give its new grading worksheet as --roster of the lab's "
+                                   "next fuselab grade, or give fuselab export --scale to write the points scaled "
+                                   "to Moodle's")
+                    continue
+            rows = [row[:3] + [grade(row[3], row[4], factor), _number(ours * factor)] for row in rows]
             if rows:
                 table(to / f"moodle-{lab}.csv", ["Identifier", "Full name", "Email address", "Grade",
                                                  "Maximum Grade"], rows)
-                done.notes.append(f"moodle-{lab}.csv: grades out of {_number(maxima.get(lab, 0))}: the Moodle "
-                                  f"assignment's maximum grade must be {_number(maxima.get(lab, 0))} (Moodle keeps "
+                done.notes.append(f"moodle-{lab}.csv: grades out of {_number(ours * factor)}: the Moodle "
+                                  f"assignment's maximum grade must be {_number(ours * factor)} (Moodle keeps "
                                   "its own; a grade above it is refused)")
             else:
                 (to / f"moodle-{lab}.csv").unlink(missing_ok=True)

@@ -113,6 +113,29 @@ def clean_text(text, limit: int) -> str:
     return text
 
 
+_COMPILER_ERROR = re.compile(r":\d+(?::\d+)?:\s*(?:fatal )?error\b")  # file:line:col: error: ...
+
+
+def telling_line(message: str) -> str:
+    """The line of a test's message that says why: a compiler's own error (``file:line:col: error: ...``), else the
+    last line with words (an exception's type and text), never the caret or source line under a compiler error."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    compiler = next((line for line in lines if _COMPILER_ERROR.search(line)), None)
+    worded = [line for line in lines if re.search(r"[A-Za-z]{2}", line) and not re.match(r"^\d*\s*\|", line)]
+    return compiler or (worded[-1] if worded else (lines[-1] if lines else ""))
+
+
+def short_reason(message: str, limit: int) -> str:
+    """A test's message in one line of at most ``limit`` characters for the page's table: the whole message where
+    it fits, else, for a build that failed, the compiler's own error on the student's line (the whole message is
+    at the test, below), so that a cut never stops before it."""
+    flat = " ".join(message.split())
+    line = telling_line(message)
+    if len(flat) > limit and _COMPILER_ERROR.search(line):
+        return _flat(line, limit) + " (the whole message: at the test, below)"
+    return _flat(message, limit)
+
+
 def _has_surrogates(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -398,7 +421,7 @@ def _summary(result, verdicts: _Verdicts, manual: dict, scrub) -> dict:
     total = sum(_points(c)[0] for c in verdicts.cells.values())
     maximum = sum(_points(c)[1] for c in verdicts.cells.values())
     summary = {"total": f"{total:g}", "maximum": f"{maximum:g}", "hand": None, "late": None, "rows": [],
-               "manual": []}
+               "manual": [], "by_hand": [g for g, c in verdicts.cells.items() if _dict(c.get("by_hand"))]}
     hand = {k: _dict(v) for k, v in _dict(result.get("hand_graded")).items()}
     given = sum(_number(h.get("points")) for h in hand.values())
     most = sum(_number(h.get("max_points")) for h in hand.values())
@@ -416,7 +439,7 @@ def _summary(result, verdicts: _Verdicts, manual: dict, scrub) -> dict:
         why = []
         message = cell.get("message") if isinstance(cell.get("message"), str) else ""
         if message.strip() and points < most:
-            why.append(_flat(scrub(message), 160))
+            why.append(short_reason(scrub(message), 160))
         flags = verdicts.flags_for_test(grade_id)
         if flags:
             why.append(f"{len(flags)} note(s) from the grader about your code (see below)")

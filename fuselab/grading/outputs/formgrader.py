@@ -9,6 +9,8 @@ JupyterLab on that course alone: an ``nbgrader_config.py`` written into it (the 
 the run's gradebook; ``fuselab grade`` of the same ``--out`` then puts it in ``grades.csv``, the report and the
 feedback pages (``handgrading``) without regrading. Every step of nbgrader's exchange is replaced by one that
 refuses (``EXCHANGE_STEPS``): formgrader's release, collect and feedback-release buttons reach no student.
+The server runs through ``formgrader_server``, which has formgrader count the run's submissions (nbgrader would
+look for them in ``submitted/``, which a run leaves empty).
 """
 
 from __future__ import annotations
@@ -134,7 +136,8 @@ def server_command(course: Path, port: int, token: str, ip: str = "127.0.0.1") -
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""),
                JUPYTER_CONFIG_PATH=os.pathsep.join(filter(None, [str(write_lab_config(course)),
                                                                  os.environ.get("JUPYTER_CONFIG_PATH")])))
-    argv = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--ip={ip}", f"--port={port}",
+    # JupyterLab with formgrader counting the run's submissions (formgrader_server.py)
+    argv = [sys.executable, "-m", "fuselab.grading.outputs.formgrader_server", "--no-browser", f"--ip={ip}", f"--port={port}",
             "--ServerApp.port_retries=0", f"--ServerApp.root_dir={course}", f"--IdentityProvider.token={token}",
             *(f"--ServerApp.jpserver_extensions={name}=False" for name in STUDENT_EXTENSIONS)]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -157,8 +160,9 @@ def main(target=None, port: int | None = None, ip: str = "127.0.0.1") -> int:
     token = secrets.token_hex(16)
     argv, env = server_command(course, port, token, ip)
     print(f"formgrader on {course}\n  open: {url(ip, port, token)}\n"
-          f"  then: fuselab grade <the same submissions> --out {course.parent} puts the hand grades in grades.csv, "
-          "the report and the feedback pages (nothing is regraded)\n  stop: Ctrl-C", flush=True)
+          f"  then, for each lab you graded by hand: fuselab grade <that lab's download, as graded> --labs <lab> "
+          f"--out {course.parent} puts the hand grades in grades.csv, the report and the feedback pages (nothing "
+          "is regraded)\n  stop: Ctrl-C", flush=True)
     # the server ends with this command however it ends: Ctrl-C, a closed terminal (SIGHUP), a script's SIGTERM,
     # even SIGKILL (the child's death signal); left behind, it would keep serving the gradebook on the port
     server = subprocess.Popen(argv, cwd=str(course), env=env, preexec_fn=_dies_with_parent)

@@ -21,6 +21,7 @@ from ..records import term
 from ..records.handgrading import hand_graded, totals
 from ..records.intake import printable
 from ..records.results import SubmissionResult
+from .feedback import reference_runs, shown_flags, telling_line
 from .terminal import shown
 
 
@@ -73,19 +74,10 @@ def lost_points(result) -> str:
     reasons: dict = {}  # one reason, the tests it cost (a build error costs every test that needed it)
     for grade_id, cell in result.cells.items():
         if cell.points < cell.max_points:
-            line = _telling_line(cell.message or "")
+            line = telling_line(cell.message or "")
             reason = f"{cell.status}" + (f" ({line[:160]})" if line else "")
             reasons.setdefault(reason, []).append(grade_id)
     return "; ".join(f"{', '.join(tests)}: {reason}" for reason, tests in reasons.items())
-
-
-def _telling_line(message: str) -> str:
-    """The line of a test's message that says why: a compiler's own error (``file:line:col: error: ...``), else the
-    last line with words (an exception's type and text), never the caret or source line under a compiler error."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    compiler = next((line for line in lines if re.search(r":\d+(?::\d+)?:\s*(?:fatal )?error\b", line)), None)
-    worded = [line for line in lines if re.search(r"[A-Za-z]{2}", line) and not re.match(r"^\d*\s*\|", line)]
-    return compiler or (worded[-1] if worded else (lines[-1] if lines else ""))
 
 
 def write_grades_csv(results: list, path: Path, standings: list | None = None,
@@ -289,7 +281,7 @@ def view(class_result) -> dict:
         return [_t(" ("), ("link", "the whole reason", f"#{anchor}"), _t(")")] if anchor else []
 
     reference = []
-    for lab, ref in (class_result.reference or {}).items():
+    for lab, ref in sorted(_references(class_result, standings).items()):
         total = sum(c["points"] for c in ref["cells"].values())
         maximum = sum(c["max_points"] for c in ref["cells"].values())
         state = [_b("BROKEN: " + ", ".join(ref["broken"]) + " failed — fix the machine before trusting grades")] \
@@ -340,15 +332,33 @@ def view(class_result) -> dict:
             "throughput": _throughput(class_result)}
 
 
+def _references(class_result, standings) -> dict:
+    """lab → the instructor's reference run: this run's, and for the course's other labs the one kept in its
+    folder (``reference/<lab>/reference.json``), so that a week's report still says how lab 0's went."""
+    found = dict(class_result.reference or {})
+    out = getattr(class_result, "out", None)
+    others = sorted({s.lab for s in standings if s.lab != term.UNKNOWN_LAB} - set(found))
+    for lab, saved in (reference_runs(out, others) if out is not None else {}).items():
+        cells, broken = saved.get("cells"), saved.get("broken")
+        if (isinstance(cells, dict) and isinstance(broken, list) and all(isinstance(b, str) for b in broken)
+                and all(isinstance(c, dict) and isinstance(c.get("points"), (int, float))
+                        and isinstance(c.get("max_points"), (int, float)) for c in cells.values())):
+            found[lab] = saved
+    return found
+
+
 def _attention(class_result, standings, whole) -> list:
     """Everything a TA must look at, for the top of the report: flags (never on the student's
     page: the TA decides), the grader's notes, crashes and timeouts, tests run again alone, what could not be
     graded (this run's problems, and the course's entries an earlier run could not grade), feedback problems."""
     attention = []
+    out = getattr(class_result, "out", None)
+    shown_to_student = shown_flags(out) if out is not None else set()  # flags-shown.txt: the TA decided
     for r in [s.result for s in standings if s.result is not None]:
         who = f"{r.student}/{r.lab}: "
-        attention += [[_t(who), _b("flag"), _t(f" (not on the student's page: yours to decide): {_cut(f, 500)}")]
-                      for f in r.flags]
+        where = ("on the student's page: flags-shown.txt names them" if (r.student, r.lab) in shown_to_student
+                 else "not on the student's page: yours to decide")
+        attention += [[_t(who), _b("flag"), _t(f" ({where}): {_cut(f, 500)}")] for f in r.flags]
         # what the grader noticed about the run itself (a GPU other programs kept busy, which of two notebooks was
         # graded); flattened and cut
         attention += [[_t(f"{who}note: {_cut(n, 300)}")] for n in r.notes]

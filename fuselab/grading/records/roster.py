@@ -70,7 +70,7 @@ def read(path: Path) -> list:
         columns = {h: possible.get(h) for h in header[5:]}  # an assignment column: its points in Canvas
     elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
         at = {name: lower.index(name) for name in ("identifier", "full name", "email address", "status",
-                                                   "last modified (submission)") if name in lower}
+                                                   "last modified (submission)", "maximum grade") if name in lower}
         for row in rows[1:]:
             cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
             number = re.sub(r"\D", "", cell["identifier"])
@@ -80,7 +80,8 @@ def read(path: Path) -> list:
                            "lms_id": number, "lms": "moodle", "email": cell.get("email address", ""),
                            "identifier": cell["identifier"],
                            "worksheet": {"late": "late" in cell.get("status", "").lower(),
-                                         "submitted": _moodle_time(cell.get("last modified (submission)", ""))}})
+                                         "submitted": _moodle_time(cell.get("last modified (submission)", "")),
+                                         "maximum": _points(cell.get("maximum grade", ""))}})
         columns = {}
     elif "first name" in lower and "last name" in lower:  # Moodle's grade export, participants
         at = {name: lower.index(name) for name in ("first name", "last name", "email address", "id number")
@@ -120,6 +121,9 @@ def _moodle_time(text: str) -> str | None:
         return None
 
 
+WORKSHEET = "worksheet"  # an entry's ``late_from``: its late mark and time came from a grading worksheet
+
+
 def worksheet_facts(people: list, entries: dict, lab: str) -> None:
     """A Moodle grading worksheet's late marks and times onto the entries of ``lab`` (the run's one lab) that
     have none of their own."""
@@ -127,6 +131,8 @@ def worksheet_facts(people: list, entries: dict, lab: str) -> None:
     for (student, entry_lab), entry in entries.items():
         facts = by_id.get(student)
         if entry_lab == lab and facts:
+            if (facts["late"] and not entry.late) or (facts["submitted"] and not entry.submitted):
+                entry.late_from = WORKSHEET  # kept by a later run of the lab without the worksheet
             entry.late = entry.late or facts["late"]
             entry.submitted = entry.submitted or facts["submitted"]
 

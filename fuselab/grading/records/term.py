@@ -38,6 +38,7 @@ class Entry:
     submitted: str | None = None  # ISO 8601, where the LMS's download said
     lms_id: str | None = None
     lms: str | None = None        # "canvas" or "moodle": whose id ``lms_id`` is
+    late_from: str | None = None  # roster.WORKSHEET: ``late``/``submitted`` came from a Moodle grading worksheet
 
 
 @dataclass
@@ -94,6 +95,7 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
     ``submissions``: intake's; ``graded``: the (student, lab) of those that have a result now; ``problems``:
     intake's and the grader's. A problem with no lab belongs to the run's lab where the run covers one lab; one
     with no student is an entry of its own (``nobodys``): every upload is accounted for."""
+    from .roster import WORKSHEET
     entries = load_entries(out)
     run_labs = sorted(run_labs)
     new: dict = {}
@@ -116,6 +118,10 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
             new[key].lms_id, new[key].lms = sub.lms_id, sub.lms
     for key, entry in new.items():
         before = entries.get(key)
+        if before is not None and before.late_from == WORKSHEET and not entry.late and not entry.submitted:
+            # the worksheet given with an earlier run of this lab still says when they handed in: a later run of the
+            # lab without it (hand grades put in, a regrade) keeps that, as it keeps the roster
+            entry.late, entry.submitted, entry.late_from = before.late, before.submitted, WORKSHEET
         if before is not None and before.status == GRADED and entry.status == NOT_GRADED:
             entry.why += " (an earlier run graded a notebook of theirs for this lab: its result stays in work/)"
         entries[key] = entry
@@ -164,8 +170,9 @@ def course_results(out: Path, this_run: list, entries: dict) -> list:
 
 
 def standings(results: list, entries: dict, people: list, due: dict | None = None) -> list:
-    """One ``Standing`` per (student, lab): every result, every entry not graded, and for each roster student
-    with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
+    """One ``Standing`` per (student, lab): every result, every entry not graded, and for each student of the class
+    (the roster's, and any the course graded a lab of, but under a Moodle id) with nothing for a lab the course has
+    graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
     or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``)."""
     by_key: dict = {}
     for result in map(SubmissionResult.of, results):
@@ -180,11 +187,16 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
                                    submitted=entry.submitted, lms_id=entry.lms_id, lms=entry.lms)
     graded_labs = {lab for (_, lab), s in by_key.items() if s.status == GRADED}
     people_by_id = {p["student"]: p for p in people}
-    for student in people_by_id:
+    # the class: the roster, and whoever the course graded a lab of, under an id that is theirs in every lab (a
+    # Canvas id or a folder's name; Moodle numbers a student anew in each assignment, so an id of its download is
+    # one lab's: its worksheet, given as --roster, says who is missing there)
+    known = {s.student: (s.lms_id, s.lms) for s in by_key.values()
+             if s.status == GRADED and s.lms != "moodle" and not s.student.startswith(NOBODY)}
+    known.update({student: (p.get("lms_id"), p.get("lms")) for student, p in people_by_id.items()})
+    for student, (lms_id, lms) in known.items():
         for lab in graded_labs:
             by_key.setdefault((student, lab), Standing(student, lab, MISSING, why="missing: nothing submitted",
-                                                       lms_id=people_by_id[student].get("lms_id"),
-                                                       lms=people_by_id[student].get("lms")))
+                                                       lms_id=lms_id, lms=lms))
     for standing in by_key.values():
         when = (due or {}).get(standing.lab)
         if when is not None and standing.submitted:

@@ -224,8 +224,10 @@ def main_grade(args) -> int:
         print(samplecheck.table(rows))
         failed = [r for r in rows if not r["ok"]]
     else:
-        # the autograded tests alone: a lab's maximum in grades.csv, the report and the export adds its written answers
-        print("autograded tests (grades.csv, the report and fuselab export add the written answers graded by hand):")
+        # the tests alone (a TA's score from formgrader counts): grades.csv, the report and the export add the written
+        # answers
+        print("tests (a score given in formgrader counts; grades.csv, the report and fuselab export add the written "
+              "answers graded by hand):")
         print(grade_table(result.results))
         failed = []
     retried = retry_lines(result.results)
@@ -234,6 +236,10 @@ def main_grade(args) -> int:
               "alone:\n" + "\n".join(retried))
     for problem in result.problems:
         print(f"{'note' if problem.of_the_run else 'not graded'}: {shown(problem.where)}: {shown(problem.message)}")
+    if not args.students:  # a regrade of some students says nothing of the others
+        line = missing_line(result.standings, {r.lab for r in result.results} | set(args.labs or []))
+        if line:
+            print(line)
     print(f"\ngrades:   {shown(result.grades_csv)}\nreport:   {shown(result.out / 'report.html')}\n"
           f"feedback: {shown(result.out / 'feedback')}\ngradebook: {shown(result.out / 'course' / 'gradebook.db')}")
     broken = [p for p in result.problems if p.grader_failed]
@@ -263,6 +269,17 @@ def grade_table(results) -> str:
         lines.append(f"{shown(r.student + '/' + r.lab):<32} {r.total:>5g}/{r.max_total:<4g} {tests}"
                      f"{'  [' + str(flags) + ' flag(s)]' if flags else ''}")
     return "\n".join(lines)
+
+
+def missing_line(standings, labs, most: int = 20) -> str:
+    """The students with nothing for a lab of this run (the roster's, or graded in another lab): one line, as
+    grades.csv and the report have them ("missing", 0)."""
+    from ..records import term
+    missing = [f"{s.student}/{s.lab}" for s in standings if s.status == term.MISSING and s.lab in labs]
+    if not missing:
+        return ""
+    more = f" and {len(missing) - most} more (report.html)" if len(missing) > most else ""
+    return f"missing (nothing submitted, 0 in grades.csv): {', '.join(shown(m) for m in missing[:most])}{more}"
 
 
 def retry_lines(results) -> list:
