@@ -1,8 +1,16 @@
 # The students' nbgrader settings, read where JUPYTER_CONFIG_PATH=student (the README's `jupyter lab labs/`, and
 # `nbgrader validate` run with it): JupyterLab's Validate button and the command.
+import os
+
 from nbgrader.validator import Validator, strip_ansi
 
 c = get_config()  # noqa: F821 - nbgrader's config loader defines it
+
+# Validate starts a kernel of its own; over TCP, ipykernel warns on every start that the channel is not encrypted,
+# and the command printed that warning to the student above the result. A local socket (IPC, POSIX only) is what a
+# kernel on the student's own machine needs, and ipykernel says nothing about it.
+if os.name == "posix":
+    c.KernelManager.transport = "ipc"
 
 # Validate cuts each line of a failed test's output at Validator.width (90 by default), and draws its dividers
 # that wide. fuselab's reports explain a failure in lines of up to several hundred characters, and what the cut

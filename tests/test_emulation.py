@@ -517,6 +517,13 @@ SPACES_KERNEL = "__global__ void k(float* x, int n) {\n  int i = blockIdx.x * bl
     (SPACES_KERNEL % "x[i]" + "void launch(float* x, int n, cudaStream_t s) {\n  k<<<1, 32, 0, s>>>(x, n);\n"
      "  __syncthreads();\n}\n", 'calling a __device__ function("__syncthreads") from a __host__ function', 7),
     ("__global__ int k(float* x) {\n  x[0] = 1;\n  return 0;\n}\n", "a __global__ function must have a void return", 1),
+    # read through a macro that spells the space, and inside a loop macro's block (the kernel's own code)
+    ("#define DEV __device__\nDEV float twice(float v) { return 2 * v; }\n" + SPACES_KERNEL % "x[i]" +
+     "void launch(float* x, int n, cudaStream_t s) {\n  x[0] = twice(1.0f);\n}\n",
+     'calling a __device__ function("twice") from a __host__ function("launch")', 8),
+    ("#define LOOP(i, n) for (int i = threadIdx.x; i < (n); i += blockDim.x)\nfloat twice(float v) { return 2 * v; }\n"
+     "__global__ void k(float* x, int n) {\n  LOOP(i, n) {\n    x[i] = twice(x[i]);\n  }\n}\n",
+     'calling a __host__ function("twice") from a __global__ function("k")', 5),
 ])
 def test_a_call_across_execution_spaces_is_refused_as_nvcc_refuses_it(source, message, line):
     """g++ ignores __device__ and __global__: without this check the emulation ran what the GPU build refuses,
@@ -541,6 +548,13 @@ SPACES_OK = textwrap.dedent("""\
             if (n > 0) k<<<gridDim, blockDim, 0, stream>>>(x, n, Scale{on_host(1.0f)});
         }
         """)
+
+
+def test_valid_cuda_that_only_reads_like_a_call_across_spaces_builds():
+    """Macros that spell a space, loop macros, __device__ lambdas in host code, unevaluated operands, local names,
+    the standard library's names, #if 0, declarations that give the space: nvcc takes every one
+    (tests/test_kernels_compile_for_cuda.py), so the emulation must too."""
+    build("spaces_valid.cu", ["void spaces_valid_launch(float* a, int n, cudaStream_t stream)"])
 
 
 def test_calls_within_each_space_and_to_both_build():

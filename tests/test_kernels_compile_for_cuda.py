@@ -27,6 +27,10 @@ def test_calls_the_emulation_takes_across_execution_spaces_compile_with_nvcc():
     mod = fuselab.build(SPACES_OK, ["void launch(float* x, int n, cudaStream_t stream)"], name="spaces_ok",
                         backend="cuda")
     assert mod.backend == "cuda"
+    valid = fuselab.build((KERNELS / "spaces_valid.cu").read_text(),
+                          ["void spaces_valid_launch(float* a, int n, cudaStream_t stream)"], name="spaces_valid",
+                          backend="cuda")
+    assert valid.backend == "cuda"
 
 
 def test_static_shared_memory_beyond_the_limit_is_refused_by_nvcc_too():

@@ -108,3 +108,5 @@ def test_validate_without_a_gpu_says_how_many_points_it_did_not_measure(tmp_path
     assert "Success! Your notebook passes all the tests." in result.stdout, result.stdout
     assert "4 points not measured here (no GPU): test_speedup" in result.stdout, result.stdout
     assert result.stdout.count("points not measured here") == 1, result.stdout
+    # nothing of the kernel's own start reaches the student (ipykernel warns of every kernel over plain TCP)
+    assert "without encryption" not in result.stdout + result.stderr, result.stderr[-2000:]

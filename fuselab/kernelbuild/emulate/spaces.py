@@ -3,10 +3,17 @@ host function, a call from host code to a ``__device__`` function, and the threa
 ``__device__`` and ``__global__`` are nothing, compiles all three. Without this check a launcher that forgot a
 ``__device__`` passed every test under the emulation and failed to build on the grader's GPU.
 
-What is checked is what the student's own file defines: a call to a function defined in it only in the other space,
-by name (overloads of a name count together; a call through ``.``, ``->`` or ``::`` is not followed). Functions of
-headers (``std::``, the math library) are not: the GPU build compiles every kernel with nvcc too
-(tests/test_kernels_compile_for_cuda.py), and a function it does not know is not refused here.
+A refusal must never hit valid CUDA (a correct kernel would then fail to build without a GPU), so the check refuses
+only what it is sure of, and lets the GPU build's nvcc judge the rest:
+
+- only functions the student's file defines are followed, by name, with the spaces of every definition and
+  declaration of that name (overloads count together; macros that spell a space, ``#define HD __host__ __device__``,
+  are read through); a call through ``.``, ``->`` or ``::``, a name the caller also declares (a parameter, a local
+  lambda or variable), and a name the standard library also has (``swap``, ``fill``: argument-dependent lookup may
+  choose it) are not followed;
+- a brace block inside a function is that function's code (a grid-stride loop macro's body), except a lambda marked
+  ``__device__``, which is device code wherever it is written; ``sizeof``/``decltype`` operands and ``#if 0`` blocks
+  are not code; a template is checked only where the file uses it (nvcc checks a template where it is instantiated).
 """
 
 from __future__ import annotations
@@ -15,81 +22,177 @@ import re
 
 from ... import diagnostics
 from ...errors import BuildError
-from .lexer import IDENTIFIER
+from .lexer import IDENTIFIER, match_forward
 from .scanning import BARRIER_NAMES, CONTROL_WORDS, Function
 
 # blockDim and gridDim are left out: a launcher may name its own dim3 so (``dim3 blockDim(16, 16)``), which nvcc takes
 THREAD_INDEX = ("threadIdx", "blockIdx")
+ATOMICS = {f"atomic{op}{scope}" for op in ("Add", "Sub", "Exch", "Min", "Max", "Inc", "Dec", "CAS", "And", "Or", "Xor")
+           for scope in ("", "_block", "_system")}
 # CUDA's own device functions, as host code might call them by mistake
-DEVICE_BUILTINS = BARRIER_NAMES | {"__ldg", "__threadfence", "__threadfence_block", "__activemask"}
-DEVICE_PREFIXES = ("atomic", "__shfl")
+DEVICE_BUILTINS = BARRIER_NAMES | ATOMICS | {"__ldg", "__threadfence", "__threadfence_block", "__activemask"}
+# names the C++ library has too: a call may reach std's (argument-dependent lookup, ``using namespace std``)
+STD_NAMES = set("""swap fill fill_n copy copy_n move min max minmax sort stable_sort transform find find_if count
+    count_if accumulate reduce iota begin end size data abs exp exp2 log log2 log10 sqrt cbrt pow fabs floor ceil round
+    trunc sin cos tan tanh sinh cosh erf fma fmin fmax clamp lerp exchange for_each generate replace reverse unique
+    equal any_of all_of none_of distance advance next prev get""".split())
+# words after which a name followed by ``(`` is still a call (before any other word it is a declaration)
+CALL_AFTER = {"return", "else", "do", "case", "throw", "co_return", "co_yield", "new", "delete"}
+UNEVALUATED = re.compile(r"\b(sizeof|decltype|alignof|noexcept|typeid)\s*\(")
+DEVICE_LAMBDA = re.compile(r"\[[^\[\]]*\]\s*(?:__host__\s+)?__device__\b")
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>\s*)?\(")
 
 
-def _spaces(structure: str, function: Function) -> set:
-    header = set(IDENTIFIER.findall(structure[function.header_start:function.body_start]))
-    if function.is_kernel:
+def _blank(chars: list, start: int, end: int) -> None:
+    for k in range(max(start, 0), min(end, len(chars))):
+        if chars[k] != "\n":
+            chars[k] = " "
+
+
+def _without_disabled(text: str, structure: str) -> str:
+    """``structure`` with the code of ``#if 0`` blocks blanked (up to their ``#else``/``#elif`` or ``#endif``)."""
+    chars, depth, off_at, offset = list(structure), 0, None, 0
+    for line in text.split("\n"):
+        directive = re.match(r"\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)", line)
+        if directive:
+            word = directive.group(1)
+            if off_at is None and word == "if" and directive.group(2).strip() == "0":
+                off_at, depth = offset, 0
+            elif off_at is not None and word.startswith("if"):
+                depth += 1
+            elif off_at is not None and word in ("elif", "else", "endif") and depth == 0:
+                _blank(chars, off_at, offset)
+                off_at = None
+            elif off_at is not None and word == "endif":
+                depth -= 1
+        offset += len(line) + 1
+    if off_at is not None:
+        _blank(chars, off_at, len(chars))
+    return "".join(chars)
+
+
+def _macros(text: str) -> dict:
+    """name -> the identifiers of its ``#define`` body."""
+    found = {}
+    for match in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(.*(?:\\\n.*)*)", text, re.M):
+        found.setdefault(match.group(1), set()).update(IDENTIFIER.findall(match.group(2)))
+    return found
+
+
+def _words(text: str, macros: dict) -> set:
+    """The identifiers of ``text``, macros read through (two levels: a macro naming another)."""
+    words = set(IDENTIFIER.findall(text))
+    for _ in range(2):
+        words |= {w for name in words & macros.keys() for w in macros[name]}
+    return words
+
+
+def _spaces_of(words: set) -> set:
+    if "__global__" in words:
         return {"global"}
-    if "constexpr" in header:  # callable from device code too (--expt-relaxed-constexpr)
+    if "constexpr" in words:  # callable from device code too (--expt-relaxed-constexpr)
         return {"host", "device"}
-    return ({"device"} if "__device__" in header else set()) | (
-        {"host"} if "__host__" in header or "__device__" not in header else set())
+    return ({"device"} if "__device__" in words else set()) | (
+        {"host"} if "__host__" in words or "__device__" not in words else set())
 
 
-def _own_body(structure: str, function: Function, functions) -> str:
-    """The function's body with the bodies of functions defined inside it (a lambda's, a local class's) blanked."""
-    body = list(structure[function.body_start + 1:function.body_end])
-    for inner in functions:
-        if function.body_start < inner.header_start and inner.body_end < function.body_end:
-            for k in range(inner.header_start - function.body_start - 1, inner.body_end - function.body_start):
-                if body[k] != "\n":
-                    body[k] = " "
+def _declared_spaces(code: str, macros: dict) -> dict:
+    """name -> spaces, from declarations that name a space (``__device__ float f(float);``, an in-class
+    ``__host__ __device__ float len() const;``): a definition elsewhere without a mark takes them."""
+    marks = {"__host__", "__device__", "__global__"} | {n for n, body in macros.items()
+                                                        if body & {"__host__", "__device__", "__global__"}}
+    found = {}
+    for match in re.finditer(r"([A-Za-z_]\w*)\s*\([^;{}]*\)[^;{}()]*;", code):
+        start = max(code.rfind(c, 0, match.start()) for c in ";{}") + 1
+        words = _words(code[start:match.start()], macros)
+        if words & marks:
+            found.setdefault(match.group(1), set()).update(_spaces_of(words))
+    return found
+
+
+def _checked_body(code: str, function: Function) -> str:
+    """The function's body as the check reads it: ``__device__`` lambdas and unevaluated operands blanked."""
+    body = list(code[function.body_start + 1:function.body_end])
+    text = "".join(body)
+    for match in DEVICE_LAMBDA.finditer(text):
+        brace = text.find("{", match.end())
+        close = match_forward(text, brace) if brace >= 0 else -1
+        if close > 0:
+            _blank(body, match.start(), close + 1)
+    for match in UNEVALUATED.finditer(text):
+        close = match_forward(text, match.end() - 1)
+        if close > 0:
+            _blank(body, match.start(), close + 1)
     return "".join(body)
+
+
+def _own_names(code: str, function: Function, body: str) -> set:
+    """What the function declares itself: its parameters and the names its body assigns or declares."""
+    header = code[function.header_start:function.body_start]
+    names = set(IDENTIFIER.findall(header[header.find("("):])) if "(" in header else set()
+    names |= set(re.findall(r"\b([A-Za-z_]\w*)\s*=(?!=)", body))
+    names |= set(re.findall(r"\b[A-Za-z_]\w*[\s*&]+([A-Za-z_]\w*)\s*[;,{\[]", body))
+    return names
 
 
 def check(text: str, structure: str, functions, filename: str) -> None:
     """``BuildError`` (nvcc's words, the student's line and a caret) for the first call across execution spaces in
     ``text``; ``structure`` is its code view with preprocessor lines blanked, ``functions`` what it defines."""
-    by_name: dict = {}
-    for function in functions:
-        if not function.name.startswith("__"):
-            by_name.setdefault(function.name, set()).update(_spaces(structure, function))
-    for function in functions:
-        caller = _spaces(structure, function)
-        if function.is_kernel and "void" not in IDENTIFIER.findall(structure[function.header_start:function.body_start]):
-            _refuse(text, function.header_start + len(structure[function.header_start:function.body_start]) -
-                    len(structure[function.header_start:function.body_start].lstrip()), filename,
+    code = _without_disabled(text, structure)
+    macros = _macros(text)
+    # a function inside another's body is not one (C++ has none): a loop macro's block, a lambda, a local class
+    outer = [f for f in functions
+             if not any(g.body_start < f.header_start and f.body_end <= g.body_end for g in functions if g is not f)]
+    by_name = {}
+    for function in outer:
+        by_name.setdefault(function.name, set()).update(
+            _spaces_of(_words(code[function.header_start:function.body_start], macros)))
+    for name, declared in _declared_spaces(code, macros).items():
+        if name in by_name:
+            by_name[name] |= declared
+    using_std = re.search(r"\busing\s+namespace\s+std\b", code) is not None
+    for function in outer:
+        header = code[function.header_start:function.body_start]
+        words = _words(header, macros)
+        caller = _spaces_of(words)
+        if "template" in words and not re.search(r"\b" + re.escape(function.name) + r"\b",
+                                                  code[:function.header_start] + code[function.body_end + 1:]):
+            continue  # a template the file never uses: nvcc compiles none of it
+        if caller == {"global"} and "void" not in words:
+            _refuse(text, function.header_start + len(header) - len(header.lstrip()), filename,
                     f'a __global__ function must have a void return type ("{function.name}")',
                     "a kernel returns nothing: it writes its results through the pointers it is given")
         if "host" in caller and "device" in caller:
             continue  # __host__ __device__: nvcc checks each use where it is compiled for one side
-        body = _own_body(structure, function, functions)
+        body = _checked_body(code, function)
+        own = _own_names(code, function, body)
         base = function.body_start + 1
         for match in _CALL.finditer(body):
             name = match.group(1)
             before = body[:match.start()].rstrip()
-            if name in CONTROL_WORDS or before.endswith((".", "->", "::")):
+            word_before = re.search(r"([A-Za-z_]\w*)$", before)
+            if (name in CONTROL_WORDS or name in own or before.endswith((".", "->", "::", "~"))
+                    or (word_before and word_before.group(1) not in CALL_AFTER)):
+                continue  # a member, a qualified name, a name of its own, or a declaration (``float total(0.f)``)
+            if "host" in caller and (name in STD_NAMES or (using_std and name not in DEVICE_BUILTINS)):
                 continue
-            if caller == {"host"} and (name in DEVICE_BUILTINS or name.startswith(DEVICE_PREFIXES)) and \
-                    name not in by_name:
+            if caller == {"host"} and name in DEVICE_BUILTINS and name not in by_name:
                 _refuse(text, base + match.start(), filename,
                         f'calling a __device__ function("{name}") from a __host__ function("{function.name}") is '
                         f"not allowed", f"`{name}` is for the threads of a kernel: call it in the kernel")
-            if name not in by_name:
+            callee = by_name.get(name)
+            if callee is None:
                 continue
-            callee = by_name[name]
             if callee == {"global"}:
                 _refuse(text, base + match.start(), filename, f'a __global__ function call must be configured '
                         f'("{name}")', f"launch a kernel with its grid and block: "
                         f"{name}<<<blocks, threads, 0, stream>>>(...)")
-            kind = "global" if callee == {"global"} else "device" if callee <= {"device", "global"} else \
-                "host" if callee == {"host"} else None
-            if "host" in caller and kind == "device" and not body[match.end() - 1:].startswith("<<<"):
+            if "host" in caller and callee == {"device"}:
                 _refuse(text, base + match.start(), filename,
                         f'calling a __device__ function("{name}") from a __host__ function("{function.name}") is '
-                        f"not allowed", "a __device__ function runs on the GPU only: call it from a kernel, or mark "
+                        "not allowed", "a __device__ function runs on the GPU only: call it from a kernel, or mark "
                         "it __host__ __device__ to call it from both")
-            if "host" not in caller and kind == "host":
+            if "host" not in caller and callee == {"host"} and name not in STD_NAMES:
                 space = "__global__" if "global" in caller else "__device__"
                 _refuse(text, base + match.start(), filename,
                         f'calling a __host__ function("{name}") from a {space} function("{function.name}") is not '
@@ -97,7 +200,7 @@ def check(text: str, structure: str, functions, filename: str) -> None:
                         f"too): a function without a mark is host code, which a GPU thread cannot call")
         if caller == {"host"}:
             used = re.search(r"(?<![\w.>:])(" + "|".join(THREAD_INDEX) + r")\s*\.\s*[xyz]\b", body)
-            if used and not re.search(r"\b\w+[\s*&]+" + used.group(1) + r"\s*[;=({,\[]", body):
+            if used and used.group(1) not in own:
                 _refuse(text, base + used.start(), filename,
                         f'"{used.group(1)}" is device code\'s: the host function "{function.name}" has no thread '
                         f"or block index", "read it in a kernel; a launcher sizes its grid from the problem's sizes")
