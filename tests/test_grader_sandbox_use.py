@@ -727,3 +727,29 @@ def test_a_submissions_folder_holding_the_course_is_refused_before_grading(tmp_p
         pipeline.check_source(REPO, settings)
     pipeline.check_source(tmp_path, settings)  # a folder of its own: fine
     pipeline.check_source(REPO / "grader" / "examples", settings)  # inside the checkout, holding none of it: fine
+
+
+def test_a_run_folder_under_a_system_folder_the_sandbox_shows_is_hidden_too(tmp_path):
+    """``--out`` or the submissions under a system folder every sandbox shows read-only (``/usr/local/share``,
+    ``/etc``): the run folder was hidden only where a runtime folder (the venv, the checkout) showed it, so every
+    submission could read the others' notebooks, results and feedback there. Each is hidden wherever it lies."""
+    _sandbox_or_fail()
+    system = Path(tempfile.mkdtemp(prefix="fuselab-test-run-", dir="/usr/local/share"))
+    os.chmod(system, 0o755)  # as a course's folder would be: readable by the machine's users
+    try:
+        out, source = system / "out", system / "class"
+        for folder, name in ((out / "submissions" / "alice" / "lab0", "lab0.ipynb"),
+                             (out / "work" / "alice" / "lab0", "result.json"), (source / "alice", "lab0.ipynb")):
+            folder.mkdir(parents=True)
+            (folder / name).write_text("alice's work")
+        settings = pipeline.Settings(out=out, shared_builds=tmp_path / "shared")
+        own = tmp_path / "own"
+        probe = ("import os, sys\nfor top in sys.argv[1:]:\n    for folder, _, files in os.walk(top):\n"
+                 "        for name in files:\n            print(open(os.path.join(folder, name)).read())\n"
+                 "print('looked')")
+        command = isolate.sandboxed([sys.executable, "-c", probe, str(out), str(source)], own=[own],
+                                    hide=pipeline._hidden_folders(settings, source))
+        result = isolate.Child(command, limits=pipeline._limits(settings), cwd=str(own)).wait()
+        assert result.ok and result.stdout.split() == ["looked"], (result.stdout + result.stderr)[-2000:]
+    finally:
+        shutil.rmtree(system)

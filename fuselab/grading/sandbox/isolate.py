@@ -985,11 +985,14 @@ def sandboxed(command, *, own: list, hide: list, readonly=(), writable_tmp=True)
         for pattern in HIDDEN_IN_PACKAGE:
             for hidden in sorted(package.glob(pattern)):
                 args += ["--fuselab-empty", str(hidden)]
-    for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
-        if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
+    # hidden wherever a folder the sandbox shows holds it: a run folder inside the repository, or under a system
+    # folder (``--out /usr/local/share/course``: every sandbox read the class's notebooks and results there)
+    shown = [*runtime, *(Path(f) for f in SYSTEM_SHOWN if os.path.isdir(f))]
+    for folder in hide:
+        if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in shown):
             args += _tmpfs(str(folder), 4096)
             empty.append(str(folder))
-        elif Path(folder).is_file() and any(r in Path(folder).parents for r in runtime):
+        elif Path(folder).is_file() and any(r in Path(folder).parents for r in shown):
             args += ["--fuselab-empty", str(folder)]  # a class's zip in the checkout: an empty file inside
     for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():
