@@ -753,3 +753,30 @@ def test_a_run_folder_under_a_system_folder_the_sandbox_shows_is_hidden_too(tmp_
         assert result.ok and result.stdout.split() == ["looked"], (result.stdout + result.stderr)[-2000:]
     finally:
         shutil.rmtree(system)
+
+
+def test_the_folder_the_grader_was_started_in_is_not_shown(tmp_path):
+    """``python -m fuselab.cli grade`` (or ``python -m grader``) puts the working folder first on the grader's path,
+    and the sandbox showed every folder of that path, read-only: a TA grading from a Downloads folder or a project
+    showed each submission what lies there (tokens, other files). No graded child has it on its path; it is shown
+    only where ``PYTHONPATH`` names it."""
+    _sandbox_or_fail()
+    start = tmp_path / "downloads"
+    start.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(start, 0o755)
+    (start / "token.txt").write_text("the TA's token")
+    os.chmod(start / "token.txt", 0o644)
+    script = textwrap.dedent(f"""\
+        import os, sys
+        sys.path.insert(0, os.getcwd())  # what ``python -m`` puts first
+        from fuselab.grading.sandbox import isolate
+        command = isolate.sandboxed(["/bin/cat", {str(start / "token.txt")!r}], own=[{str(tmp_path / "own")!r}],
+                                    hide=[])
+        print("read:", isolate.Child(command, limits=isolate.Limits(wall_s=30)).wait().stdout)
+        """)
+    for pythonpath, shown in ((str(REPO), False), (os.pathsep.join([str(REPO), str(start)]), True)):
+        done = subprocess.run([sys.executable, "-c", script], cwd=start, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=pythonpath))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("the TA's token" in done.stdout) == shown, (pythonpath, done.stdout)

@@ -888,7 +888,7 @@ def runtime_folders() -> list:
     shown = [Path(p) for p in SYSTEM_SHOWN]
     never = {Path("/"), Path.home(), Path("/home"), Path("/root"), *map(Path, PRIVATE)}
     candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, course.REPO,
-                  *[Path(p) for p in sys.path if p and os.path.isabs(p)]]
+                  *[Path(p) for p in sys.path if p and os.path.isabs(p) and p not in _start_folders()]]
     # and where links among them lead (an environment linked into the checkout): the sandbox shows no link's target
     candidates += [Path(os.path.realpath(p)) for p in candidates]
     cuda = find_cuda_home()
@@ -905,6 +905,18 @@ def runtime_folders() -> list:
         folders.append(folder)
     folders = list(dict.fromkeys(folders))
     return [f for f in folders if not any(o in f.parents for o in folders)]
+
+
+def _start_folders() -> set:
+    """The folders Python put first on the grader's own path for how it was started (the working folder for
+    ``python -m fuselab.cli`` or ``-c``, a script's folder), unless ``PYTHONPATH`` names them too: no graded child
+    has them on its path (each starts with ``-m`` in its own folder), and they may be any folder of the TA's (a
+    Downloads folder, a project with its tokens), which the sandbox would have shown whole."""
+    named = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    started = {os.getcwd()}
+    if sys.argv and sys.argv[0] not in ("", "-c", "-m"):
+        started.add(os.path.dirname(os.path.abspath(sys.argv[0])))
+    return {folder for folder in started if folder not in named}
 
 
 def _packages_shown(runtime) -> list:
