@@ -780,3 +780,22 @@ def test_the_folder_the_grader_was_started_in_is_not_shown(tmp_path):
                               env=dict(os.environ, PYTHONPATH=pythonpath))
         assert done.returncode == 0, done.stderr[-2000:]
         assert ("the TA's token" in done.stdout) == shown, (pythonpath, done.stdout)
+
+
+def test_the_memory_limit_is_the_submissions_not_each_processs(tmp_path):
+    """``--memory-gb`` is per submission, but each of its three processes (the checker, the solution worker, the
+    kernel worker) had the whole limit: a solution cell holding 600 MiB and a kernel library whose static
+    initialiser holds 600 MiB more kept full marks under a 1.5 GiB limit. They share it now."""
+    _sandbox_or_fail()
+    from .test_grader_untrusted_paths import INSTRUCTOR, SOLUTION, _student
+    kernel = SOLUTION.split("SOURCE = r'''")[1].split("'''")[0]
+    hog = ("#include <cstring>\nstatic char* volatile held = [] { char* p = new char[600ull << 20]; "
+           "memset(p, 1, 600ull << 20); return p; }();\n" + kernel)
+    student = f"KEEP = b'\\x01' * (600 << 20)\ndef double(x):\n    return 2 * x\nSOURCE = {hog!r}\n"
+    env = dict(os.environ, FUSELAB_GRADING="1", MPLBACKEND="Agg")
+    result = recheck.run_clean(INSTRUCTOR, _student(student), tmp_path / "clean", cell_timeout=120, total_timeout=300,
+                               sandbox=True, hide=[], env=env, limits=isolate.Limits(memory_bytes=3 * 2**29))
+    points = {k: v.points for k, v in result.cells.items()}
+    assert points["test_kernel"] == 0, (points, {k: v.message for k, v in result.cells.items()})
+    assert any("processes grading it together" in v.message for v in result.cells.values()), \
+        {k: v.message for k, v in result.cells.items()}

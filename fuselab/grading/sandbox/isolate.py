@@ -442,9 +442,9 @@ def held_deleted_bytes(tree, counted_devices=()) -> int:
     return total
 
 
-def tree_unshared_rss(tree) -> int:
-    """Resident anonymous and file memory of ``tree`` (``RssAnon`` + ``RssFile``): the shared memory its processes
-    map is counted once per object instead (``shmem_bytes``, ``private_tmpfs_bytes``)."""
+def tree_unshared_rss(tree, fields=("RssAnon:", "RssFile:")) -> int:
+    """Resident anonymous and file memory of ``tree`` (``RssAnon`` + ``RssFile``, or ``fields``): the shared memory
+    its processes map is counted once per object instead (``shmem_bytes``, ``private_tmpfs_bytes``)."""
     total = 0
     for pid in tree:
         try:
@@ -452,7 +452,7 @@ def tree_unshared_rss(tree) -> int:
         except OSError:
             continue
         for line in status.splitlines():
-            if line.startswith(("RssAnon:", "RssFile:")):
+            if line.startswith(fields):
                 with contextlib.suppress(ValueError, IndexError):
                     total += int(line.split()[1]) * 1024
     return total
@@ -558,6 +558,50 @@ def _tail(handle) -> str:
     return handle.read().decode("utf-8", errors="replace")
 
 
+class MemoryBudget:
+    """One submission's memory, shared by the processes that grade it (the checker and its two workers):
+    ``--memory-gb`` is the submission's. Each child still has the whole limit for itself (its memory cgroup, or
+    the watchdog), and each child's watch reports here what its tree holds; once the sum is past the limit, every
+    child of the budget is stopped, saying so. Without it a submission held its limit in each of its three
+    processes (the solution worker's Python and the kernel worker's static initialiser, a limit apiece)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.over: str | None = None
+        self._used: dict = {}
+        self._children: list = []
+        self._lock = threading.Lock()
+
+    def join(self, child) -> None:
+        with self._lock:
+            self._children.append(child)
+
+    def leave(self, child) -> None:
+        """A child that ended holds nothing any more."""
+        with self._lock:
+            self._used.pop(id(child), None)
+            if child in self._children:
+                self._children.remove(child)
+
+    def report(self, child, used: int) -> str | None:
+        """``child``'s tree holds ``used`` bytes now; why the budget stopped them all, or None."""
+        with self._lock:
+            if child not in self._children:  # it ended while its watch was reading it
+                return self.over
+            self._used[id(child)] = used
+            total = sum(self._used.values())
+            if self.over is not None or total <= self.limit:
+                return self.over
+            self.over = (f"used more memory than allowed: {total / 2**20:.0f} MiB in the processes grading it "
+                         "together (the tests' and the workers')")
+            children = list(self._children)
+        for each in children:
+            each.out_of_memory = True
+            each.limit = each.limit or self.over
+            kill_tree(each.process.pid)
+        return self.over
+
+
 class SandboxFailed(RuntimeError):
     """A sandboxed child ended without its command ever starting inside the sandbox: whatever it would have
     graded is not graded (never a zero the student did not earn). ``detail``: what bubblewrap said."""
@@ -577,8 +621,9 @@ class Child:
     """
 
     def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
-                 pass_fds=()):
+                 pass_fds=(), budget: MemoryBudget | None = None):
         self.limits = limits
+        self.budget = budget  # the submission's memory, shared with its other processes (``MemoryBudget``)
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
         self.companions = ()  # children that run for this one (its kernel worker): never stopped for its timing
         self.started = time.monotonic()
@@ -629,6 +674,8 @@ class Child:
         self._diag: dict = {}  # the watchdog's sock_diag sockets, by network namespace (``_socket_bytes``)
         if registry is not None:
             registry.register(self)
+        if budget is not None:
+            budget.join(self)
         if limits.memory_bytes or limits.processes or (limits.disk_bytes and self.sandbox is not None):
             threading.Thread(target=self._watch, daemon=True).start()
 
@@ -658,9 +705,12 @@ class Child:
             return PROCESSES_STOPPED.format(limits.processes)
         if limits.memory_bytes and self.group is not None:
             # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
-            if self.group.oom_kills() or self.group.used() + self._socket_bytes(tree) > limits.memory_bytes:
+            used = self.group.used() + self._socket_bytes(tree)
+            if self.group.oom_kills() or used > limits.memory_bytes:
                 self.out_of_memory = True
                 return KERNEL_STOPPED
+            if self.budget is not None and self.budget.report(self, used):
+                return self.budget.over
         elif limits.memory_bytes:
             members = tree()
             private, devices = 0, set()
@@ -669,12 +719,16 @@ class Child:
                 devices = private_devices(members, self.sandbox.private)
             shared = shmem_bytes(members, devices)
             sockets = self._socket_bytes(tree) + pipe_bytes(members)
-            if tree_unshared_rss(members) + private + shared + sockets > limits.memory_bytes:
+            total = tree_unshared_rss(members) + private + shared + sockets
+            if total > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
                 held += f" (of it {shared / 2**20:.0f} MiB of shared memory)" if shared else ""
                 held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' and pipes' buffers)" if sockets else ""
                 return f"used more memory than allowed{held}"
+            # the budget, like a memory cgroup's count, leaves out file pages (the libraries all three map, once each)
+            if self.budget is not None and self.budget.report(self, total - tree_unshared_rss(members, ("RssFile:",))):
+                return self.budget.over
         if check_disk and limits.disk_bytes and self.sandbox is not None:
             devices = private_devices(tree(), self.sandbox.private)
             used = folders_bytes(self.sandbox.own, limits.disk_bytes) + held_deleted_bytes(tree(), devices)
@@ -741,6 +795,8 @@ class Child:
                     break
         self._done.set()
         kill_tree(self.process.pid)  # leftovers a finished child may have started (a kernel, a compiler)
+        if self.budget is not None:
+            self.budget.leave(self)
         sweep(self.marker)
         if self.group is not None:
             if self.group.oom_kills():  # the kernel stopped a process of it at the limit
