@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -317,3 +318,38 @@ def test_formgraders_copy_of_a_submission_runs_nothing_in_the_tas_browser(tmp_pa
     assert kept["cells"][0]["metadata"]["nbgrader"] == {"grade_id": "written", "grade": True, "solution": True,
                                                         "points": 2}
     assert kept["cells"][3]["outputs"][6]["data"]["image/png"] == "iVBORw0KGgo="
+
+
+def test_a_students_name_runs_nothing_in_formgrader(tmp_path, monkeypatch):
+    """formgrader's submission page writes the student's first and last name from the gradebook unescaped, and a
+    student sets their own name in many an LMS (Moodle's profile): the roster put ``<img onerror=...>`` there as
+    given. The gradebook keeps a name without the characters HTML reads as markup."""
+    from nbconvert import HTMLExporter
+    from nbgrader.api import Gradebook
+    from nbgrader.server_extensions.formgrader import handlers
+    from traitlets.config import Config
+    from fuselab.grading.records import roster
+    db = tmp_path / "gradebook.db"
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))  # alembic
+    with Gradebook(f"sqlite:///{db}"):
+        pass
+    roster.to_gradebook(db, [{"student": "mallory", "first_name": "<img src=x onerror=PWN1()>",
+                              "last_name": "O'Brien<script>PWN2()</script>", "email": "m@x\"><script>PWN3()</script>"}])
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        student = gradebook.find_student("mallory")
+        first, last, email = student.first_name, student.last_name, student.email
+    assert last.startswith("O'Brien") and "img src=x onerror=PWN1()" in first  # the words stay, as text
+    copy = tmp_path / "autograded.ipynb"
+    copy.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 4, "metadata": nbgrader_run.PYTHON_METADATA,
+                                "cells": []}))
+    config = Config()  # nbgrader's formgrader extension (FormgradeExtension.build_extra_config) renders so
+    config.HTMLExporter.template_name = "formgrade"
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    page, _ = HTMLExporter(config=config).from_filename(str(copy), resources={
+        "assignment_id": LAB, "notebook_id": "lab0", "submission_id": "1", "index": 0, "total": 1, "base_url": "",
+        "student": "mallory", "last_name": last, "first_name": first, "notebook_path": "autograded/lab0.ipynb"})
+    active = _Active()
+    active.feed(page)
+    assert not active.found, active.found
+    assert "PWN1()" in page
+    assert not set('<>&"`') & set(first + last + email), (first, last, email)  # nor where a page quotes them
