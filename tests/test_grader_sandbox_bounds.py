@@ -7,6 +7,7 @@ one and by the watchdog where not; the checkout shows only what a worker needs. 
 import contextlib
 import json
 import os
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from fuselab.grading.sandbox import cgroup, isolate
 
 from .conftest import REPO
-from .test_grader_sandbox_use import _as_plain_user, _sandbox_or_fail, _user_folder
+from .test_grader_sandbox_use import _as_plain_user, _plain_user, _sandbox_or_fail, _user_folder
 
 
 def _run(tmp_path, script, *args, limits=None, own=None):
@@ -103,7 +104,7 @@ PLAIN_WRITABLE = textwrap.dedent('''
     from pathlib import Path
     from fuselab.grading.sandbox import isolate
     work = Path(sys.argv[1])
-    own = work / "own"
+    own = Path((work / "own-path").read_text())
     command = isolate.sandboxed([sys.executable, "-c", (work / "attack.py").read_text(), str(own), "[]"],
                                 own=[own], hide=[])
     outcome = isolate.Child(command, limits=isolate.Limits(wall_s=120, memory_bytes=None), cwd=str(own)).wait()
@@ -112,13 +113,25 @@ PLAIN_WRITABLE = textwrap.dedent('''
 
 
 def test_nothing_is_writable_in_a_plain_users_sandbox_either(tmp_path):
-    with _user_folder() as work:
-        (work / "attack.py").write_text(WRITABLE)
-        done = _as_plain_user(PLAIN_WRITABLE, work)
-        assert done.returncode == 0, done.stderr[-3000:]
-        seen = json.loads(done.stdout.strip().splitlines()[-1])
-        assert "failed" not in seen, seen
-        _check_writable(seen, str(work / "own"), [])
+    # as the root test's: outside every tmpfs inside (a folder bubblewrap makes for a mount point in the private
+    # /tmp is the counted tmpfs's, and writable there)
+    top = Path("/var/lib") / f"fuselab-bounds-plain-{os.getpid()}"
+    own = top / "work" / "own"
+    try:
+        with _user_folder() as work:
+            own.mkdir(parents=True)
+            user = _plain_user()
+            for folder in (top, own.parent, own):
+                shutil.chown(folder, user, user)
+            (work / "own-path").write_text(str(own))
+            (work / "attack.py").write_text(WRITABLE)
+            done = _as_plain_user(PLAIN_WRITABLE, work)
+            assert done.returncode == 0, done.stderr[-3000:]
+            seen = json.loads(done.stdout.strip().splitlines()[-1])
+            assert "failed" not in seen, seen
+            _check_writable(seen, str(own), [])
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # --- of the checkout, only what a worker needs ------------------------------------------------------------------------

@@ -727,3 +727,75 @@ def test_a_submissions_folder_holding_the_course_is_refused_before_grading(tmp_p
         pipeline.check_source(REPO, settings)
     pipeline.check_source(tmp_path, settings)  # a folder of its own: fine
     pipeline.check_source(REPO / "grader" / "examples", settings)  # inside the checkout, holding none of it: fine
+
+
+def test_a_run_folder_under_a_system_folder_the_sandbox_shows_is_hidden_too(tmp_path):
+    """``--out`` or the submissions under a system folder every sandbox shows read-only (``/usr/local/share``,
+    ``/etc``): the run folder was hidden only where a runtime folder (the venv, the checkout) showed it, so every
+    submission could read the others' notebooks, results and feedback there. Each is hidden wherever it lies."""
+    _sandbox_or_fail()
+    system = Path(tempfile.mkdtemp(prefix="fuselab-test-run-", dir="/usr/local/share"))
+    os.chmod(system, 0o755)  # as a course's folder would be: readable by the machine's users
+    try:
+        out, source = system / "out", system / "class"
+        for folder, name in ((out / "submissions" / "alice" / "lab0", "lab0.ipynb"),
+                             (out / "work" / "alice" / "lab0", "result.json"), (source / "alice", "lab0.ipynb")):
+            folder.mkdir(parents=True)
+            (folder / name).write_text("alice's work")
+        settings = pipeline.Settings(out=out, shared_builds=tmp_path / "shared")
+        own = tmp_path / "own"
+        probe = ("import os, sys\nfor top in sys.argv[1:]:\n    for folder, _, files in os.walk(top):\n"
+                 "        for name in files:\n            print(open(os.path.join(folder, name)).read())\n"
+                 "print('looked')")
+        command = isolate.sandboxed([sys.executable, "-c", probe, str(out), str(source)], own=[own],
+                                    hide=pipeline._hidden_folders(settings, source))
+        result = isolate.Child(command, limits=pipeline._limits(settings), cwd=str(own)).wait()
+        assert result.ok and result.stdout.split() == ["looked"], (result.stdout + result.stderr)[-2000:]
+    finally:
+        shutil.rmtree(system)
+
+
+def test_the_folder_the_grader_was_started_in_is_not_shown(tmp_path):
+    """``python -m fuselab.cli grade`` (or ``python -m grader``) puts the working folder first on the grader's path,
+    and the sandbox showed every folder of that path, read-only: a TA grading from a Downloads folder or a project
+    showed each submission what lies there (tokens, other files). No graded child has it on its path; it is shown
+    only where ``PYTHONPATH`` names it."""
+    _sandbox_or_fail()
+    start = tmp_path / "downloads"
+    start.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(start, 0o755)
+    (start / "token.txt").write_text("the TA's token")
+    os.chmod(start / "token.txt", 0o644)
+    script = textwrap.dedent(f"""\
+        import os, sys
+        sys.path.insert(0, os.getcwd())  # what ``python -m`` puts first
+        from fuselab.grading.sandbox import isolate
+        command = isolate.sandboxed(["/bin/cat", {str(start / "token.txt")!r}], own=[{str(tmp_path / "own")!r}],
+                                    hide=[])
+        print("read:", isolate.Child(command, limits=isolate.Limits(wall_s=30)).wait().stdout)
+        """)
+    for pythonpath, shown in ((str(REPO), False), (os.pathsep.join([str(REPO), str(start)]), True)):
+        done = subprocess.run([sys.executable, "-c", script], cwd=start, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=pythonpath))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("the TA's token" in done.stdout) == shown, (pythonpath, done.stdout)
+
+
+def test_the_memory_limit_is_the_submissions_not_each_processs(tmp_path):
+    """``--memory-gb`` is per submission, but each of its three processes (the checker, the solution worker, the
+    kernel worker) had the whole limit: a solution cell holding 600 MiB and a kernel library whose static
+    initialiser holds 600 MiB more kept full marks under a 1.5 GiB limit. They share it now."""
+    _sandbox_or_fail()
+    from .test_grader_untrusted_paths import INSTRUCTOR, SOLUTION, _student
+    kernel = SOLUTION.split("SOURCE = r'''")[1].split("'''")[0]
+    hog = ("#include <cstring>\nstatic char* volatile held = [] { char* p = new char[600ull << 20]; "
+           "memset(p, 1, 600ull << 20); return p; }();\n" + kernel)
+    student = f"KEEP = b'\\x01' * (600 << 20)\ndef double(x):\n    return 2 * x\nSOURCE = {hog!r}\n"
+    env = dict(os.environ, FUSELAB_GRADING="1", MPLBACKEND="Agg")
+    result = recheck.run_clean(INSTRUCTOR, _student(student), tmp_path / "clean", cell_timeout=120, total_timeout=300,
+                               sandbox=True, hide=[], env=env, limits=isolate.Limits(memory_bytes=3 * 2**29))
+    points = {k: v.points for k, v in result.cells.items()}
+    assert points["test_kernel"] == 0, (points, {k: v.message for k, v in result.cells.items()})
+    assert any("processes grading it together" in v.message for v in result.cells.values()), \
+        {k: v.message for k, v in result.cells.items()}

@@ -501,3 +501,43 @@ def test_a_fifo_planted_as_a_log_never_holds_the_grader_up(tmp_path):
     assert stat.S_ISFIFO(os.lstat(tmp_path / "work" / "clean" / "solution-process" / "output-1.txt").st_mode)
     assert result.restarts >= 1 and result.cells["test_kernel"].points == 0, result
     assert result.cells["test_python"].points == 2, result.cells["test_python"]
+
+
+def test_the_shared_builds_show_a_sandbox_no_instructors_source(tmp_path):
+    """The reference run builds the instructor's solution kernels into the shared builds, which every sandbox is
+    shown read-only: their build folders held the source word for word (``main.cpp``, the ``.cu``), the build
+    file and the compiler's log, so a student's solution cell could read the instructor's kernel and hand it in.
+    Once recorded, a shared build holds its library alone, and still loads from there."""
+    _sandbox_or_fail()
+    shared = tmp_path / "shared-builds"
+    marker = "fuselab-instructor-solution-text"
+    source = REFERENCE_KERNEL.replace("{\n", "{ // " + marker + "\n", 1)
+    build = (f"import fuselab\nm = fuselab.build({source!r}, [{PROTO!r}], name='fused', backend='emulate')\n"
+             "print(m.backend)")
+    made = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, FUSELAB_CACHE_DIR=str(shared)))
+    assert made.returncode == 0 and made.stdout.split() == ["emulate"], made.stderr[-2000:]
+    assert any(marker in p.read_text(errors="replace") for p in shared.rglob("*") if p.is_file())  # the attack
+    digests, changed = shared_builds.record(shared)
+    assert digests and not changed
+    env = dict(os.environ, FUSELAB_SHARED_BUILDS=str(shared / "builds"), PYTHONPATH=str(REPO))
+    probe = textwrap.dedent(f"""\
+        import os
+        from fuselab.kernelbuild import shared
+        top = os.environ["FUSELAB_SHARED_BUILDS"]
+        found, names = [], sorted(os.listdir(top))
+        for folder, _, files in os.walk(os.path.dirname(top)):
+            for name in files:
+                with open(os.path.join(folder, name), "rb") as handle:
+                    if {marker.encode()!r} in handle.read():
+                        found.append(name)
+        print("found", found)
+        print("loadable", [shared.status(n) for n in names if not n.endswith(".lock")])
+        """)
+    own = tmp_path / "own"
+    command = isolate.sandboxed([sys.executable, "-c", probe], own=[own], hide=[tmp_path],
+                                readonly=shared_builds.readonly(env))
+    result = isolate.Child(command, limits=isolate.Limits(wall_s=60), env=env, cwd=str(own)).wait()
+    assert result.ok, (result.stdout + result.stderr)[-2000:]
+    assert "found []" in result.stdout, result.stdout
+    assert "loadable ['ok', 'ok']" in result.stdout, result.stdout  # the kernel and the emulation's runtime

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -232,3 +233,132 @@ def test_stopping_the_formgrader_command_stops_its_server(tmp_path):
         command.kill()
         for pid in alive():
             os.kill(int(pid), signal.SIGKILL)
+
+
+def _hostile_notebook() -> dict:
+    """A submission whose every part nbconvert could write into formgrader's page as markup tries to run script
+    there: each attempt calls a function named ``PWN<n>``."""
+    def code(outputs, **extra):
+        return {"cell_type": "code", "metadata": extra.pop("metadata", {}), "source": "x = 1", "outputs": outputs,
+                "execution_count": extra.pop("execution_count", 1), **extra}
+
+    def shown(data, **metadata):
+        return {"output_type": "display_data", "data": data, "metadata": metadata}
+
+    return {"nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"title": "</title><script>PWN1()</script>",
+                         "widgets": {"application/vnd.jupyter.widget-state+json": {
+                             "state": {}, "version_major": 2, "version_minor": 0,
+                             "x": "</script><script>PWN2()</script>"}}},
+            "cells": [
+                {"cell_type": "markdown", "metadata": {"nbgrader": {"grade_id": "written", "grade": True,
+                                                                    "solution": True, "points": 2}},
+                 "source": "My answer <img src=x onerror=PWN3()> <script>PWN4()</script> [see](javascript:PWN5()) "
+                           "<javascript:PWN6()> ```` ~~~"},
+                {"cell_type": "markdown", "metadata": {"tags": ['"><script>PWN7()</script>']},
+                 "attachments": {"a.svg": {"image/svg+xml": "<svg onload='PWN8()'></svg>"}},
+                 "source": "![a](attachment:a.svg)"},
+                {"cell_type": "raw", "metadata": {"raw_mimetype": "text/html", "format": "text/html"},
+                 "source": "<script>PWN10()</script>"},
+                code([shown({"text/html": "<script>PWN11()</script>"}),
+                      shown({"application/javascript": "PWN12()"}),
+                      shown({"image/svg+xml": "<svg onload='PWN13()'></svg>"}),
+                      shown({"text/markdown": "<img src=x onerror=PWN14()>"}),
+                      shown({"text/latex": "$\\href{javascript:PWN15()}{x}$"}),
+                      shown({"image/png": "\"><script>PWN16()</script>"}),
+                      shown({"image/png": "iVBORw0KGgo="}, **{"image/png": {"width": '"><script>PWN17()</script>'}}),
+                      {"output_type": "stream", "name": "stdout", "text": "<script>PWN18()</script>"},
+                      {"output_type": "error", "ename": "E", "evalue": "<script>PWN19()</script>",
+                       "traceback": ["<script>PWN20()</script>"]}],
+                     metadata={"nbgrader": {"grade_id": 'x"><script>PWN22()</script>', "grade": True,
+                                            "points": '"><script>PWN23()</script>'},
+                               "tags": ['"><script>PWN24()</script>']})]}
+
+
+class _Active(__import__("html.parser").parser.HTMLParser):
+    """Where ``PWN`` reaches a page as anything but text: an attribute, a script or style, a ``javascript:``
+    link."""
+
+    def __init__(self):
+        super().__init__()
+        self.found, self._in = [], []
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            value = value or ""
+            if "PWN" in value or "PWN" in name or value.strip().lower().startswith("javascript:"):
+                self.found.append(f"<{tag} {name}={value[:80]!r}>")
+        if tag in ("script", "style"):
+            self._in.append(tag)
+
+    def handle_endtag(self, tag):
+        if self._in and tag == self._in[-1]:
+            self._in.pop()
+
+    def handle_data(self, data):
+        if self._in and "PWN" in data:
+            self.found.append(f"in <{self._in[-1]}>: {data.strip()[:80]!r}")
+
+
+def test_formgraders_copy_of_a_submission_runs_nothing_in_the_tas_browser(tmp_path):
+    """formgrader renders ``autograded/`` with nbconvert, unsanitised, at the Jupyter server's own address: a
+    student's HTML, JavaScript or SVG output, the raw HTML or ``javascript:`` link of a markdown answer, an image's
+    data, or metadata (tags, ids, a grade id) would run as script in the TA's formgrader, with their server's
+    rights. The copy the grader keeps shows all of it as text, and keeps what a TA grades."""
+    from nbconvert import HTMLExporter
+    from nbgrader.server_extensions.formgrader import handlers
+    from traitlets.config import Config
+    submitted = tmp_path / "lab0.ipynb"
+    submitted.write_text(json.dumps(_hostile_notebook()))
+    copy = tmp_path / "autograded.ipynb"
+    nbgrader_run.write_without_hidden_tests(submitted, copy)
+    config = Config()  # nbgrader's formgrader extension (FormgradeExtension.build_extra_config) renders so
+    config.HTMLExporter.template_name = "formgrade"
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    page, _ = HTMLExporter(config=config).from_filename(str(copy), resources={
+        "assignment_id": LAB, "notebook_id": "lab0", "submission_id": "1", "index": 0, "total": 1, "base_url": "",
+        "student": "mallory", "last_name": "", "first_name": "", "notebook_path": "autograded/lab0.ipynb"})
+    active = _Active()
+    active.feed(page)
+    assert not active.found, active.found
+    kept = json.loads(copy.read_text())
+    # what a TA grades is still there, as text: the answer, the outputs, the graded cell's nbgrader metadata
+    assert "My answer" in page and "PWN11()" in page and "PWN18()" in page
+    assert kept["cells"][0]["metadata"]["nbgrader"] == {"grade_id": "written", "grade": True, "solution": True,
+                                                        "points": 2}
+    assert kept["cells"][3]["outputs"][6]["data"]["image/png"] == "iVBORw0KGgo="
+
+
+def test_a_students_name_runs_nothing_in_formgrader(tmp_path, monkeypatch):
+    """formgrader's submission page writes the student's first and last name from the gradebook unescaped, and a
+    student sets their own name in many an LMS (Moodle's profile): the roster put ``<img onerror=...>`` there as
+    given. The gradebook keeps a name without the characters HTML reads as markup."""
+    from nbconvert import HTMLExporter
+    from nbgrader.api import Gradebook
+    from nbgrader.server_extensions.formgrader import handlers
+    from traitlets.config import Config
+    from fuselab.grading.records import roster
+    db = tmp_path / "gradebook.db"
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))  # alembic
+    with Gradebook(f"sqlite:///{db}"):
+        pass
+    roster.to_gradebook(db, [{"student": "mallory", "first_name": "<img src=x onerror=PWN1()>",
+                              "last_name": "O'Brien<script>PWN2()</script>", "email": "m@x\"><script>PWN3()</script>"}])
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        student = gradebook.find_student("mallory")
+        first, last, email = student.first_name, student.last_name, student.email
+    assert last.startswith("O'Brien") and "img src=x onerror=PWN1()" in first  # the words stay, as text
+    copy = tmp_path / "autograded.ipynb"
+    copy.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 4, "metadata": nbgrader_run.PYTHON_METADATA,
+                                "cells": []}))
+    config = Config()  # nbgrader's formgrader extension (FormgradeExtension.build_extra_config) renders so
+    config.HTMLExporter.template_name = "formgrade"
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    page, _ = HTMLExporter(config=config).from_filename(str(copy), resources={
+        "assignment_id": LAB, "notebook_id": "lab0", "submission_id": "1", "index": 0, "total": 1, "base_url": "",
+        "student": "mallory", "last_name": last, "first_name": first, "notebook_path": "autograded/lab0.ipynb"})
+    active = _Active()
+    active.feed(page)
+    assert not active.found, active.found
+    assert "PWN1()" in page
+    assert not set('<>&"`') & set(first + last + email), (first, last, email)  # nor where a page quotes them

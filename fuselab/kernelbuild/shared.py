@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -141,6 +142,7 @@ def record(shared_root: Path) -> tuple:
         name = folder.name
         if folder.is_symlink() or not (folder / COMPLETE).is_file():
             continue
+        only_the_library(folder, name)
         digest = file_digest(library_of(builds, name))
         if digest is None:
             continue
@@ -154,6 +156,26 @@ def record(shared_root: Path) -> tuple:
     temporary.write_text(json.dumps(recorded, indent=1, sort_keys=True))
     os.replace(temporary, manifest_path)
     return recorded, sorted(changed)
+
+
+def only_the_library(folder: Path, name: str) -> None:
+    """Of the finished build ``name`` in ``folder``, keep what loading it needs (its library or object, and an
+    empty ``COMPLETE``) and remove the rest: every sandbox is shown the shared builds, and a build folder holds
+    its source (``main.cpp``, the ``.cu``: the instructor's solution kernels, built by the reference run, word
+    for word), its build file and its compiler's log. A finished build is never written again, so nothing
+    that builds is disturbed."""
+    keep = {library_of(folder.parent, name).name, COMPLETE}
+    for entry in os.scandir(folder):
+        if entry.name in keep and entry.is_file(follow_symlinks=False):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    marker = folder / COMPLETE
+    if marker.stat().st_size:  # the build's log, which may quote the source: the marker alone is kept
+        marker.unlink()
+        marker.touch()
 
 
 def changed(shared_root: Path, recorded: dict) -> list:

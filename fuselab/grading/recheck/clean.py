@@ -441,11 +441,13 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         grants = _Grants() if lease is not None else None  # the GPU's grants to this checker, where it is shared
         grant_fds = (grants.read_fd,) if grants is not None else ()
         spawned = time.time()
-        worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease)
+        # --memory-gb is the submission's: its three processes share it (each may still use it all alone)
+        budget = isolate.MemoryBudget(limits.memory_bytes) if limits.memory_bytes else None
+        worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease, budget)
         kernel_worker, kernel_fds = None, ()
         try:
             if not env.get(KERNELS_HERE_ENV):
-                kernel_worker, kernel_fds = _start_worker("kernel", box, env, limits, sandbox, hide, lease)
+                kernel_worker, kernel_fds = _start_worker("kernel", box, env, limits, sandbox, hide, lease, budget)
             child_env = dict(env, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
             if kernel_fds:
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
@@ -453,7 +455,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             if grants is not None:
                 child_env[LEASE_FD_ENV] = str(grants.read_fd)
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w, *grant_fds))
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w, *grant_fds), budget=budget)
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
@@ -633,7 +635,7 @@ def _transfer_file(workdir: Path) -> Path:
     return workdir / TRANSFER
 
 
-def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease):
+def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease, budget=None):
     """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
     out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
     tests or the checker's records, nor the other worker's folder; its builds go to its own cache there. What it prints goes
@@ -652,7 +654,7 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
         worker_env[transfer.ENV] = str(_transfer_file(workdir))
         box.remove(TRANSFER)  # whatever the last worker left there is never mapped
     worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
-                           pass_fds=(to_worker_r, from_worker_w))
+                           pass_fds=(to_worker_r, from_worker_w), budget=budget)
     return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
 
 

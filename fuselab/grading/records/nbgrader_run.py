@@ -10,6 +10,8 @@ as submitted, hidden tests cut, in ``autograded/`` (``record``), where formgrade
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -136,23 +138,25 @@ HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader'
 
 
 def write_without_hidden_tests(notebook: Path, target: Path) -> None:
-    """``notebook`` into ``target`` (formgrader's ``autograded/``) with no hidden test in it: nbgrader's own
-    "Generate feedback" renders that copy as it is (its feedback converter has no ClearHiddenTests), and
-    "Release feedback" hands the page to the student. A hidden-test region is cut the way ClearHiddenTests cuts
-    it (an unclosed one to the cell's end, never an error: the notebook is the student's), and the outputs of a
-    cell that had one go with it. A notebook that is not JSON is copied as it is (nbgrader cannot show it)."""
+    """``notebook`` into ``target`` (formgrader's ``autograded/``) with no hidden test in it and nothing that runs
+    in a browser (``inert``): nbgrader's formgrader and "Generate feedback" render that copy with nbconvert as it
+    is, at the Jupyter server's own address (its feedback converter has no ClearHiddenTests, and neither
+    sanitises a notebook: a student's HTML output, markdown or cell metadata would run as script in the teaching
+    assistant's formgrader, with their server's rights). A hidden-test region is cut the way ClearHiddenTests
+    cuts it (an unclosed one to the cell's end, never an error: the notebook is the student's), and the outputs
+    of a cell that had one go with it. A notebook that is not JSON is written as an empty notebook (nbgrader
+    could not show it anyway)."""
     try:
         nb = json.loads(notebook.read_text())
         cells = nb["cells"]
         assert isinstance(cells, list)
     except (OSError, ValueError, KeyError, TypeError, AssertionError, RecursionError):
-        shutil.copy(notebook, target)
-        return
+        nb, cells = {"cells": []}, []
     for cell in cells:
         if not isinstance(cell, dict):
             continue
         text = cell.get("source", "")
-        text = "".join(text) if isinstance(text, list) else str(text)
+        text = "".join(str(t) for t in text) if isinstance(text, list) else str(text)
         kept, hidden, cut = [], False, False
         for line in text.split("\n"):
             if HIDDEN_BEGIN in line:
@@ -166,7 +170,102 @@ def write_without_hidden_tests(notebook: Path, target: Path) -> None:
             if "outputs" in cell:
                 cell["outputs"] = []
     target.unlink(missing_ok=True)
-    target.write_text(json.dumps(nb, indent=1))
+    target.write_text(json.dumps(inert(nb), indent=1))
+
+
+# what of a student's notebook nbconvert may put into formgrader's page: text it escapes, and images it can only
+# show (a PNG or JPEG as base64, which it writes into an attribute unescaped: checked to be base64)
+SHOWN_IMAGES = ("image/png", "image/jpeg")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+_GRADE_ID = re.compile(r"[A-Za-z0-9_\-]{1,200}")  # nbgrader's own rule for a grade id
+_NBGRADER_FLAGS = ("grade", "solution", "locked", "task")
+PYTHON_METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                   "language_info": {"name": "python"}}
+
+
+def inert(nb: dict) -> dict:
+    """A student's notebook as formgrader may render it: nothing in it becomes markup, script or a link.
+
+    nbconvert (formgrader's page, "Generate feedback") writes into the page unescaped a markdown cell's HTML and
+    links (``javascript:``), HTML, SVG, JavaScript, markdown and LaTeX outputs, an image's data and size, a cell's
+    tags, id and grade id, and the widget state in the notebook's metadata. So every cell is rebuilt from what
+    is allowed: a code cell's source (highlighted, escaped) and its outputs as text (``text/plain``, streams,
+    tracebacks: escaped) and PNG/JPEG images whose data is base64; a markdown or raw cell's source as text (a
+    code block: a written answer reads as the student typed it); nbgrader's metadata with a grade id of
+    nbgrader's own characters, its flags as booleans and its points as a number. Nothing else is kept."""
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    return {"nbformat": 4, "nbformat_minor": 4, "metadata": dict(PYTHON_METADATA),
+            "cells": [_inert_cell(c) if isinstance(c, dict) else c for c in cells or [] if isinstance(cells, list)]}
+
+
+def _text(value) -> str:
+    return "".join(str(v) for v in value) if isinstance(value, list) else ("" if value is None else str(value))
+
+
+def _as_text_block(text: str) -> str:
+    """``text`` as a markdown code block that nothing in it can close: shown as written, never parsed."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _inert_cell(cell: dict) -> dict:
+    kind = cell.get("cell_type")
+    source = _text(cell.get("source", ""))
+    metadata = {}
+    grading = cell.get("metadata", {}).get("nbgrader") if isinstance(cell.get("metadata"), dict) else None
+    if isinstance(grading, dict):
+        kept = {flag: grading[flag] for flag in _NBGRADER_FLAGS if isinstance(grading.get(flag), bool)}
+        if isinstance(grading.get("grade_id"), str) and _GRADE_ID.fullmatch(grading["grade_id"]):
+            kept["grade_id"] = grading["grade_id"]
+        points = grading.get("points")
+        if isinstance(points, (int, float)) and not isinstance(points, bool) and math.isfinite(points):
+            kept["points"] = points
+        elif kept.get("grade") or kept.get("task"):
+            kept["points"] = 0  # nbgrader's page needs a graded cell's points (the gradebook holds the real ones)
+        if isinstance(grading.get("schema_version"), int) and not isinstance(grading["schema_version"], bool):
+            kept["schema_version"] = grading["schema_version"]
+        metadata["nbgrader"] = kept
+    if kind != "code":
+        return {"cell_type": "markdown", "metadata": metadata, "source": _as_text_block(source)}
+    count = cell.get("execution_count")
+    outputs = cell.get("outputs") if isinstance(cell.get("outputs"), list) else []
+    return {"cell_type": "code", "metadata": metadata, "source": source,
+            "execution_count": count if isinstance(count, int) and not isinstance(count, bool) else None,
+            "outputs": [shown for shown in map(_inert_output, outputs) if shown is not None]}
+
+
+def _inert_output(output) -> dict | None:
+    if not isinstance(output, dict):
+        return None
+    kind = output.get("output_type")
+    if kind == "stream":
+        name = output.get("name") if output.get("name") in ("stdout", "stderr") else "stdout"
+        return {"output_type": "stream", "name": name, "text": _text(output.get("text"))}
+    if kind == "error":
+        lines = output.get("traceback") if isinstance(output.get("traceback"), list) else []
+        return {"output_type": "error", "ename": _text(output.get("ename")), "evalue": _text(output.get("evalue")),
+                "traceback": [_text(line) for line in lines]}
+    if kind not in ("display_data", "execute_result"):
+        return None
+    data = output.get("data") if isinstance(output.get("data"), dict) else {}
+    shown = {}
+    for image in SHOWN_IMAGES:
+        encoded = _text(data.get(image))
+        if encoded and _BASE64.fullmatch(encoded):
+            shown[image] = encoded
+    # HTML, SVG, JavaScript, markdown, LaTeX: as their text (the feedback page shows them so too)
+    text = data.get("text/plain")
+    if text is None:
+        text = next((data[kind] for kind in sorted(data) if kind not in SHOWN_IMAGES and
+                     isinstance(data[kind], (str, list))), None)
+    if text is not None or not shown:
+        shown["text/plain"] = _text(text)
+    made = {"output_type": kind, "data": shown, "metadata": {}}
+    if kind == "execute_result":
+        count = output.get("execution_count")
+        made["execution_count"] = count if isinstance(count, int) and not isinstance(count, bool) else None
+    return made
 
 
 def export(course_root: Path, to: Path) -> str | None:

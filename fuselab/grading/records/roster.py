@@ -166,6 +166,18 @@ def first_and_last(person: dict) -> tuple:
     return first, last
 
 
+# what HTML reads as markup: formgrader's submission page writes a student's first and last name from the gradebook
+# into the page unescaped (nbconvert's templates), and a student sets their own name in many an LMS (Moodle's
+# profile): ``<img src=x onerror=...>`` as a name ran script in the TA's formgrader
+MARKUP = re.compile(r"[<>&\"`]")
+
+
+def _no_markup(text) -> str:
+    """``text`` as the gradebook keeps a roster's name or email: printable, at most 128 characters, without the
+    characters HTML reads as markup (an apostrophe stays: O'Brien)."""
+    return MARKUP.sub("", printable(text))[:128]
+
+
 def to_gradebook(db: Path, people: list) -> None:
     """Every roster person as a student of nbgrader's gradebook with their first name, last name and email, so
     formgrader and nbgrader's own export show who they are; a roster student who submitted nothing is added too
@@ -176,10 +188,10 @@ def to_gradebook(db: Path, people: list) -> None:
     with Gradebook(f"sqlite:///{db}") as gradebook:
         for person in people:
             first, last = first_and_last(person)
-            details = {"first_name": printable(first)[:128] or None, "last_name": printable(last)[:128] or None,
-                       "email": printable(person.get("email") or "")[:128] or None}
+            details = {"first_name": _no_markup(first) or None, "last_name": _no_markup(last) or None,
+                       "email": _no_markup(person.get("email") or "") or None}
             if person.get("lms_id"):
-                details["lms_user_id"] = printable(str(person["lms_id"]))[:128]
+                details["lms_user_id"] = _no_markup(str(person["lms_id"]))
             gradebook.update_or_create_student(person["student"], **{k: v for k, v in details.items() if v})
 
 

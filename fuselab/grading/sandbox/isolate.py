@@ -442,9 +442,9 @@ def held_deleted_bytes(tree, counted_devices=()) -> int:
     return total
 
 
-def tree_unshared_rss(tree) -> int:
-    """Resident anonymous and file memory of ``tree`` (``RssAnon`` + ``RssFile``): the shared memory its processes
-    map is counted once per object instead (``shmem_bytes``, ``private_tmpfs_bytes``)."""
+def tree_unshared_rss(tree, fields=("RssAnon:", "RssFile:")) -> int:
+    """Resident anonymous and file memory of ``tree`` (``RssAnon`` + ``RssFile``, or ``fields``): the shared memory
+    its processes map is counted once per object instead (``shmem_bytes``, ``private_tmpfs_bytes``)."""
     total = 0
     for pid in tree:
         try:
@@ -452,7 +452,7 @@ def tree_unshared_rss(tree) -> int:
         except OSError:
             continue
         for line in status.splitlines():
-            if line.startswith(("RssAnon:", "RssFile:")):
+            if line.startswith(fields):
                 with contextlib.suppress(ValueError, IndexError):
                     total += int(line.split()[1]) * 1024
     return total
@@ -558,6 +558,50 @@ def _tail(handle) -> str:
     return handle.read().decode("utf-8", errors="replace")
 
 
+class MemoryBudget:
+    """One submission's memory, shared by the processes that grade it (the checker and its two workers):
+    ``--memory-gb`` is the submission's. Each child still has the whole limit for itself (its memory cgroup, or
+    the watchdog), and each child's watch reports here what its tree holds; once the sum is past the limit, every
+    child of the budget is stopped, saying so. Without it a submission held its limit in each of its three
+    processes (the solution worker's Python and the kernel worker's static initialiser, a limit apiece)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.over: str | None = None
+        self._used: dict = {}
+        self._children: list = []
+        self._lock = threading.Lock()
+
+    def join(self, child) -> None:
+        with self._lock:
+            self._children.append(child)
+
+    def leave(self, child) -> None:
+        """A child that ended holds nothing any more."""
+        with self._lock:
+            self._used.pop(id(child), None)
+            if child in self._children:
+                self._children.remove(child)
+
+    def report(self, child, used: int) -> str | None:
+        """``child``'s tree holds ``used`` bytes now; why the budget stopped them all, or None."""
+        with self._lock:
+            if child not in self._children:  # it ended while its watch was reading it
+                return self.over
+            self._used[id(child)] = used
+            total = sum(self._used.values())
+            if self.over is not None or total <= self.limit:
+                return self.over
+            self.over = (f"used more memory than allowed: {total / 2**20:.0f} MiB in the processes grading it "
+                         "together (the tests' and the workers')")
+            children = list(self._children)
+        for each in children:
+            each.out_of_memory = True
+            each.limit = each.limit or self.over
+            kill_tree(each.process.pid)
+        return self.over
+
+
 class SandboxFailed(RuntimeError):
     """A sandboxed child ended without its command ever starting inside the sandbox: whatever it would have
     graded is not graded (never a zero the student did not earn). ``detail``: what bubblewrap said."""
@@ -577,8 +621,9 @@ class Child:
     """
 
     def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
-                 pass_fds=()):
+                 pass_fds=(), budget: MemoryBudget | None = None):
         self.limits = limits
+        self.budget = budget  # the submission's memory, shared with its other processes (``MemoryBudget``)
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
         self.companions = ()  # children that run for this one (its kernel worker): never stopped for its timing
         self.started = time.monotonic()
@@ -629,6 +674,8 @@ class Child:
         self._diag: dict = {}  # the watchdog's sock_diag sockets, by network namespace (``_socket_bytes``)
         if registry is not None:
             registry.register(self)
+        if budget is not None:
+            budget.join(self)
         if limits.memory_bytes or limits.processes or (limits.disk_bytes and self.sandbox is not None):
             threading.Thread(target=self._watch, daemon=True).start()
 
@@ -658,9 +705,12 @@ class Child:
             return PROCESSES_STOPPED.format(limits.processes)
         if limits.memory_bytes and self.group is not None:
             # a cgroup v1 charges no TCP buffers (and its ``used`` reads no socket's): the sockets are asked too
-            if self.group.oom_kills() or self.group.used() + self._socket_bytes(tree) > limits.memory_bytes:
+            used = self.group.used() + self._socket_bytes(tree)
+            if self.group.oom_kills() or used > limits.memory_bytes:
                 self.out_of_memory = True
                 return KERNEL_STOPPED
+            if self.budget is not None and self.budget.report(self, used):
+                return self.budget.over
         elif limits.memory_bytes:
             members = tree()
             private, devices = 0, set()
@@ -669,12 +719,16 @@ class Child:
                 devices = private_devices(members, self.sandbox.private)
             shared = shmem_bytes(members, devices)
             sockets = self._socket_bytes(tree) + pipe_bytes(members)
-            if tree_unshared_rss(members) + private + shared + sockets > limits.memory_bytes:
+            total = tree_unshared_rss(members) + private + shared + sockets
+            if total > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
                 held += f" (of it {shared / 2**20:.0f} MiB of shared memory)" if shared else ""
                 held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' and pipes' buffers)" if sockets else ""
                 return f"used more memory than allowed{held}"
+            # the budget, like a memory cgroup's count, leaves out file pages (the libraries all three map, once each)
+            if self.budget is not None and self.budget.report(self, total - tree_unshared_rss(members, ("RssFile:",))):
+                return self.budget.over
         if check_disk and limits.disk_bytes and self.sandbox is not None:
             devices = private_devices(tree(), self.sandbox.private)
             used = folders_bytes(self.sandbox.own, limits.disk_bytes) + held_deleted_bytes(tree(), devices)
@@ -741,6 +795,8 @@ class Child:
                     break
         self._done.set()
         kill_tree(self.process.pid)  # leftovers a finished child may have started (a kernel, a compiler)
+        if self.budget is not None:
+            self.budget.leave(self)
         sweep(self.marker)
         if self.group is not None:
             if self.group.oom_kills():  # the kernel stopped a process of it at the limit
@@ -888,7 +944,7 @@ def runtime_folders() -> list:
     shown = [Path(p) for p in SYSTEM_SHOWN]
     never = {Path("/"), Path.home(), Path("/home"), Path("/root"), *map(Path, PRIVATE)}
     candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, course.REPO,
-                  *[Path(p) for p in sys.path if p and os.path.isabs(p)]]
+                  *[Path(p) for p in sys.path if p and os.path.isabs(p) and p not in _start_folders()]]
     # and where links among them lead (an environment linked into the checkout): the sandbox shows no link's target
     candidates += [Path(os.path.realpath(p)) for p in candidates]
     cuda = find_cuda_home()
@@ -905,6 +961,18 @@ def runtime_folders() -> list:
         folders.append(folder)
     folders = list(dict.fromkeys(folders))
     return [f for f in folders if not any(o in f.parents for o in folders)]
+
+
+def _start_folders() -> set:
+    """The folders Python put first on the grader's own path for how it was started (the working folder for
+    ``python -m fuselab.cli`` or ``-c``, a script's folder), unless ``PYTHONPATH`` names them too: no graded child
+    has them on its path (each starts with ``-m`` in its own folder), and they may be any folder of the TA's (a
+    Downloads folder, a project with its tokens), which the sandbox would have shown whole."""
+    named = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    started = {os.getcwd()}
+    if sys.argv and sys.argv[0] not in ("", "-c", "-m"):
+        started.add(os.path.dirname(os.path.abspath(sys.argv[0])))
+    return {folder for folder in started if folder not in named}
 
 
 def _packages_shown(runtime) -> list:
@@ -983,11 +1051,14 @@ def sandboxed(command, *, own: list, hide: list, readonly=()) -> list:
         for pattern in HIDDEN_IN_PACKAGE:
             for hidden in sorted(package.glob(pattern)):
                 args += ["--fuselab-empty", str(hidden)]
-    for folder in hide:  # hidden where a runtime folder shows it (a run folder inside the repository)
-        if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in runtime):
+    # hidden wherever a folder the sandbox shows holds it: a run folder inside the repository, or under a system
+    # folder (``--out /usr/local/share/course``: every sandbox read the class's notebooks and results there)
+    shown = [*runtime, *(Path(f) for f in SYSTEM_SHOWN if os.path.isdir(f))]
+    for folder in hide:
+        if Path(folder).is_dir() and any(r in Path(folder).parents or r == Path(folder) for r in shown):
             args += _tmpfs(str(folder), 4096)
             empty.append(str(folder))
-        elif Path(folder).is_file() and any(r in Path(folder).parents for r in runtime):
+        elif Path(folder).is_file() and any(r in Path(folder).parents for r in shown):
             args += ["--fuselab-empty", str(folder)]  # a class's zip in the checkout: an empty file inside
     for folder in readonly:  # last: shown even inside a hidden folder (the shared builds in the run folder)
         if folder and Path(folder).exists():
