@@ -912,7 +912,7 @@ def test_results_mds_lab0_sweep_is_the_shipped_file():
 def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     """docs/ta-guide.md and docs/RESULTS.md quote the 2-core throughput run: the numbers must be that file's."""
     root = Path(__file__).resolve().parents[1]
-    saved = json.loads((root / "docs" / "results" / "throughput-cpu2-30eea4b.json").read_text())
+    saved = json.loads((root / "docs" / "results" / "throughput-cpu2-4c6dc5e.json").read_text())
     phases = saved["phases"]
     each, fixed = f"{phases['submissions']['seconds_each']:.2f} s", f"{phases['fixed']['seconds']:.1f} s"
     regrade = f"{saved['one_student_regrade']['phases']['wall_seconds']:.1f} s"
@@ -922,6 +922,8 @@ def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     for text in (guide, results):
         assert each in text and fixed in text and regrade in text, (each, fixed, regrade)
     assert f"{cpu:.1f} core-s" in results and "2 CPU workers" in saved["headline"]
+    design = squash((root / "docs" / "design.md").read_text())
+    assert f"{each} each on the CPU emulation of an idle 2-core machine" in design, each
 
 
 def test_results_quotes_the_saved_h100_runs_of_806dfe0():
