@@ -101,17 +101,26 @@ def test_nbgraders_timestamp_is_kept_and_the_roster_reads_both_lmss(tmp_path):
         roster.read(_write(tmp_path / "other.csv", "name,score\nx,1\n"))
 
 
-def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, monkeypatch):
+def _moodle_download(tmp_path, ann, ann_text=NB):
+    """Moodle's download of lab 0 (John's folder, and ``ann``), taken in; and an empty course folder."""
     root = tmp_path / "in"
     _write(root / "John Smith_1234_assignsubmission_file_" / "lab0.ipynb")
-    _write(root / "Ann Lee_1235_assignsubmission_file_lab0.html", "<html>")
+    _write(root / ann, ann_text)
     subs, problems = intake.collect(root, tmp_path / "staging", LABS)
-    out = tmp_path / "course"
-    out.mkdir()
+    (tmp_path / "course").mkdir()
+    return subs, problems, tmp_path / "course"
+
+
+# a Moodle grading worksheet's header, and its row of a submission two hours late
+WORKSHEET_HEADER = "Identifier,Full name,Email address,Status,Grade,Last modified (submission)\n"
+JOHN_TWO_HOURS_LATE = ("Participant 1234,John Smith,js@uni.edu,Submitted for grading - 2 hours late,,"
+                       "\"Tuesday, 15 September 2026, 1:59 AM\"\n")
+
+
+def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, monkeypatch):
+    subs, problems, out = _moodle_download(tmp_path, "Ann Lee_1235_assignsubmission_file_lab0.html", "<html>")
     sheet = _write(tmp_path / "worksheet.csv",
-                   "Identifier,Full name,Email address,Status,Grade,Last modified (submission)\n"
-                   "Participant 1234,John Smith,js@uni.edu,Submitted for grading - 2 hours late,,"
-                   "\"Tuesday, 15 September 2026, 1:59 AM\"\n"
+                   WORKSHEET_HEADER + JOHN_TWO_HOURS_LATE +
                    "Participant 1235,Ann Lee,al@uni.edu,Submitted for grading,,-\n"
                    "Participant 1236,Bo Park,bp@uni.edu,No submission,,-\n")
     entries = term.record_course(out, subs, {("John_Smith_1234", "lab0")}, problems, {"lab0"}, roster.read(sheet))
@@ -158,16 +167,9 @@ def test_a_later_run_of_the_lab_without_the_worksheet_keeps_its_late_marks(tmp_p
     """The guide's hand-grading step runs the lab again with the same download and no --roster: the worksheet's late
     mark and time stay the lab's (they went, and with them nbgrader's late penalty). A later worksheet or an LMS
     time of the submission's own still counts."""
-    root = tmp_path / "in"
-    _write(root / "John Smith_1234_assignsubmission_file_" / "lab0.ipynb")
-    _write(root / "Ann Lee_1235_assignsubmission_file_" / "lab0.ipynb")
-    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
-    out = tmp_path / "course"
-    out.mkdir()
+    subs, problems, out = _moodle_download(tmp_path, "Ann Lee_1235_assignsubmission_file_/lab0.ipynb")
     sheet = _write(tmp_path / "worksheet.csv",
-                   "Identifier,Full name,Email address,Status,Grade,Last modified (submission)\n"
-                   "Participant 1234,John Smith,js@uni.edu,Submitted for grading - 2 hours late,,"
-                   "\"Tuesday, 15 September 2026, 1:59 AM\"\n"
+                   WORKSHEET_HEADER + JOHN_TWO_HOURS_LATE +
                    "Participant 1235,Ann Lee,al@uni.edu,Submitted for grading,,"
                    "\"Monday, 14 September 2026, 9:00 PM\"\n")
     graded = {("John_Smith_1234", "lab0"), ("Ann_Lee_1235", "lab0")}
@@ -178,6 +180,7 @@ def test_a_later_run_of_the_lab_without_the_worksheet_keeps_its_late_marks(tmp_p
     assert not ann.late and ann.submitted == "2026-09-14T21:00:00"
     assert term.load_entries(out) == again
     # a run of lab 1 (the worksheet was lab 0's) marks nothing of lab 1
+    root = tmp_path / "in"
     _write(root / "John Smith_1234_assignsubmission_file_" / "lab1.ipynb")
     subs1, problems1 = intake.collect(root, tmp_path / "staging1", LABS)
     later = term.record_course(out, subs1, {("John_Smith_1234", "lab1")}, problems1, {"lab1"})
