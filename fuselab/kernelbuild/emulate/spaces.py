@@ -22,8 +22,8 @@ import re
 
 from ... import diagnostics
 from ...errors import BuildError
-from .lexer import IDENTIFIER, match_forward
-from .scanning import BARRIER_NAMES, CONTROL_WORDS, Function
+from .lexer import IDENTIFIER, line_of, match_forward
+from .scanning import BARRIER_NAMES, CONTROL_WORDS, Function, _identifier_ending_at, _skip_space_back, blank_spans
 
 # blockDim and gridDim are left out: a launcher may name its own dim3 so (``dim3 blockDim(16, 16)``), which nvcc takes
 THREAD_INDEX = ("threadIdx", "blockIdx")
@@ -43,15 +43,9 @@ DEVICE_LAMBDA = re.compile(r"\[[^\[\]]*\]\s*(?:__host__\s+)?__device__\b")
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>\s*)?\(")
 
 
-def _blank(chars: list, start: int, end: int) -> None:
-    for k in range(max(start, 0), min(end, len(chars))):
-        if chars[k] != "\n":
-            chars[k] = " "
-
-
 def _without_disabled(text: str, structure: str) -> str:
     """``structure`` with the code of ``#if 0`` blocks blanked (up to their ``#else``/``#elif`` or ``#endif``)."""
-    chars, depth, off_at, offset = list(structure), 0, None, 0
+    disabled, depth, off_at, offset = [], 0, None, 0
     for line in text.split("\n"):
         directive = re.match(r"\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)", line)
         if directive:
@@ -61,22 +55,14 @@ def _without_disabled(text: str, structure: str) -> str:
             elif off_at is not None and word.startswith("if"):
                 depth += 1
             elif off_at is not None and word in ("elif", "else", "endif") and depth == 0:
-                _blank(chars, off_at, offset)
+                disabled.append((off_at, offset))
                 off_at = None
             elif off_at is not None and word == "endif":
                 depth -= 1
         offset += len(line) + 1
     if off_at is not None:
-        _blank(chars, off_at, len(chars))
-    return "".join(chars)
-
-
-def _macros(text: str) -> dict:
-    """name -> the identifiers of its ``#define`` body."""
-    found = {}
-    for match in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(.*(?:\\\n.*)*)", text, re.M):
-        found.setdefault(match.group(1), set()).update(IDENTIFIER.findall(match.group(2)))
-    return found
+        disabled.append((off_at, len(structure)))
+    return blank_spans(structure, disabled)
 
 
 def _words(text: str, macros: dict) -> set:
@@ -112,18 +98,17 @@ def _declared_spaces(code: str, macros: dict) -> dict:
 
 def _checked_body(code: str, function: Function) -> str:
     """The function's body as the check reads it: ``__device__`` lambdas and unevaluated operands blanked."""
-    body = list(code[function.body_start + 1:function.body_end])
-    text = "".join(body)
+    text, spans = code[function.body_start + 1:function.body_end], []
     for match in DEVICE_LAMBDA.finditer(text):
         brace = text.find("{", match.end())
         close = match_forward(text, brace) if brace >= 0 else -1
         if close > 0:
-            _blank(body, match.start(), close + 1)
+            spans.append((match.start(), close + 1))
     for match in UNEVALUATED.finditer(text):
         close = match_forward(text, match.end() - 1)
         if close > 0:
-            _blank(body, match.start(), close + 1)
-    return "".join(body)
+            spans.append((match.start(), close + 1))
+    return blank_spans(text, spans)
 
 
 def _own_names(code: str, function: Function, body: str) -> set:
@@ -135,11 +120,11 @@ def _own_names(code: str, function: Function, body: str) -> set:
     return names
 
 
-def check(text: str, structure: str, functions, filename: str) -> None:
+def check(text: str, structure: str, functions, macros: dict, filename: str) -> None:
     """``BuildError`` (nvcc's words, the student's line and a caret) for the first call across execution spaces in
-    ``text``; ``structure`` is its code view with preprocessor lines blanked, ``functions`` what it defines."""
+    ``text``; ``structure`` is its code view with preprocessor lines blanked, ``functions`` what it defines,
+    ``macros`` its ``#define``s (``scanning.macro_definitions``)."""
     code = _without_disabled(text, structure)
-    macros = _macros(text)
     # a function inside another's body is not one (C++ has none): a loop macro's block, a lambda, a local class
     outer = [f for f in functions
              if not any(g.body_start < f.header_start and f.body_end <= g.body_end for g in functions if g is not f)]
@@ -169,10 +154,10 @@ def check(text: str, structure: str, functions, filename: str) -> None:
         base = function.body_start + 1
         for match in _CALL.finditer(body):
             name = match.group(1)
-            before = body[:match.start()].rstrip()
-            word_before = re.search(r"([A-Za-z_]\w*)$", before)
-            if (name in CONTROL_WORDS or name in own or before.endswith((".", "->", "::", "~"))
-                    or (word_before and word_before.group(1) not in CALL_AFTER)):
+            last = _skip_space_back(body, match.start() - 1)  # what stands before the name, read back from it
+            word_before, _ = _identifier_ending_at(body, last)
+            if (name in CONTROL_WORDS or name in own or body[max(last - 1, 0):last + 1].endswith((".", "->", "::", "~"))
+                    or (word_before and word_before not in CALL_AFTER)):
                 continue  # a member, a qualified name, a name of its own, or a declaration (``float total(0.f)``)
             if "host" in caller and (name in STD_NAMES or (using_std and name not in DEVICE_BUILTINS)):
                 continue
@@ -207,7 +192,7 @@ def check(text: str, structure: str, functions, filename: str) -> None:
 
 
 def _refuse(text: str, offset: int, filename: str, message: str, hint: str) -> None:
-    line = text.count("\n", 0, offset) + 1
+    line = line_of(text, offset)
     column = offset - (text.rfind("\n", 0, offset) + 1) + 1
     quoted = [f"{filename}:{line}:{column}: error: {message}",
               *diagnostics.quote_line(text.split("\n")[line - 1], line, column)]

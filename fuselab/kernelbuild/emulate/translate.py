@@ -2,7 +2,7 @@
 
 from .lexer import code_view, preprocessor_spans
 from .rewrite import Rewriter
-from .scanning import BarrierAnalysis, blank_spans, find_functions
+from .scanning import BarrierAnalysis, blank_spans, find_functions, macro_definitions
 from .spaces import check as check_execution_spaces
 from .unsupported import find_unsupported
 
@@ -26,7 +26,7 @@ def translate_with_map(source: str, filename: str = "kernel.cu"):
     find_unsupported(text, code, pp_spans, filename)
 
     functions = find_functions(structure)
-    check_execution_spaces(text, structure, functions, filename)
+    check_execution_spaces(text, structure, functions, macro_definitions(code, pp_spans), filename)
     analysis = BarrierAnalysis(structure, code, functions, pp_spans)
     rewriter = Rewriter(text, code, structure, pp_spans, functions, analysis, filename)
     rewriter.pragmas()
