@@ -12,6 +12,8 @@ column of the translated line (a rewritten launch is longer than what the studen
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import re
 import unicodedata
 
@@ -236,17 +238,32 @@ def build_error(filename: str, log: str, source: str | None = None, source_map=N
     return BuildError(f"{filename} failed to compile{count}:\n\n{diag}", diagnostics=diag, log=log)
 
 
-def demangle(symbol: str) -> str:
-    """A C++ symbol as the student wrote it (``c10::cuda::c10_cuda_check_implementation(int, ...)``), through
-    binutils' ``c++filt`` (installed with the ``nm`` the native check reads symbols with); the raw name where it is
-    missing or the name is not C++."""
-    import shutil
-    import subprocess
-    tool = shutil.which("c++filt")
-    if tool is None or not symbol.startswith("_Z"):
-        return symbol
+
+@functools.lru_cache(maxsize=1)
+def _demangler():
     try:
-        done = subprocess.run([tool, symbol], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return symbol
-    return done.stdout.strip() or symbol if done.returncode == 0 else symbol
+        demangle = getattr(ctypes.CDLL("libstdc++.so.6"), "__cxa_demangle")
+        free = ctypes.CDLL(None).free
+    except (OSError, AttributeError):
+        return None
+    demangle.restype = ctypes.c_void_p
+    demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    free.argtypes = [ctypes.c_void_p]
+    return demangle, free
+
+
+def demangled(name: str) -> str:
+    """A C++ symbol as its source wrote it (``fused(float const*, float*, int)``, as the profiler shows a kernel),
+    through the C++ runtime's own demangler; a name that is not C++, or that it cannot read, unchanged."""
+    tools = _demangler() if name.startswith("_Z") else None
+    if tools is None:
+        return name
+    demangle, free = tools
+    status = ctypes.c_int(1)
+    text = demangle(name.encode(), None, None, ctypes.byref(status))
+    if not text or status.value != 0:
+        return name
+    try:
+        return ctypes.string_at(text).decode(errors="replace")
+    finally:
+        free(text)

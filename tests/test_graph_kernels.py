@@ -4,6 +4,7 @@ profiler gives, and the profiler's list wherever a capture cannot tell what real
 import pytest
 import torch
 
+from fuselab import diagnostics
 from fuselab.speed import graded, graph_kernels
 from fuselab.timing.capture import capture
 
@@ -11,9 +12,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 
 
 def test_names_are_demangled_as_the_profiler_shows_them():
-    assert graph_kernels.demangled("_Z10fused_reluPKfPfi") == "fused_relu(float const*, float*, int)"
-    assert graph_kernels.demangled("relu_kernel") == "relu_kernel"        # extern "C": no mangling
-    assert graph_kernels.demangled("_Znot a name") == "_Znot a name"      # what cannot be demangled stays
+    # the one demangler, diagnostics.demangled: the kernel list's names and the build's undefined symbols
+    assert diagnostics.demangled("_Z10fused_reluPKfPfi") == "fused_relu(float const*, float*, int)"
+    assert diagnostics.demangled("relu_kernel") == "relu_kernel"        # extern "C": no mangling
+    assert diagnostics.demangled("_Znot a name") == "_Znot a name"      # what cannot be demangled stays
 
 
 def test_a_kernel_is_foreign_unless_named_after_one_of_the_students_own():

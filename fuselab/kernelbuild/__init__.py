@@ -353,7 +353,7 @@ def _missing_launcher_error(exc, protos, filename):
     if undefined and not any(p.name == undefined.group(1) for p in protos):
         # the loader names the first symbol the library uses and nothing defines (a function declared, never
         # written; or one of a library the build does not link): not a missing launcher
-        symbol = diagnostics.demangle(undefined.group(1))
+        symbol = diagnostics.demangled(undefined.group(1))
         builtin = symbol.removeprefix("__device_builtin_variable_")
         if builtin != symbol:  # threadIdx and the like, read in host code: nvcc compiles it, nothing defines it
             return BuildError(f"{filename} compiled, but host code (a launcher, or a function it calls) reads "

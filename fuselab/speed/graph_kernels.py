@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from .. import diagnostics
 from ..timing.capture import capture
 
 _KERNEL, _MEMCPY, _MEMSET, _CHILD_GRAPH, _EMPTY = 0, 1, 2, 4, 5
@@ -52,44 +53,15 @@ def _driver():
     return calls
 
 
-@functools.lru_cache(maxsize=1)
-def _demangler():
-    try:
-        demangle = getattr(ctypes.CDLL("libstdc++.so.6"), "__cxa_demangle")
-        free = ctypes.CDLL(None).free
-    except (OSError, AttributeError):
-        return None
-    demangle.restype = ctypes.c_void_p
-    demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-    free.argtypes = [ctypes.c_void_p]
-    return demangle, free
-
-
-def demangled(name: str) -> str:
-    """A C++ kernel's name as the profiler shows it (``fused(float const*, float*, int)``); others unchanged."""
-    tools = _demangler() if name.startswith("_Z") else None
-    if tools is None:
-        return name
-    demangle, free = tools
-    status = ctypes.c_int(1)
-    text = demangle(name.encode(), None, None, ctypes.byref(status))
-    if not text or status.value != 0:
-        return name
-    try:
-        return ctypes.string_at(text).decode(errors="replace")
-    finally:
-        free(text)
-
-
 def _kernel_name(driver, node) -> str:
     params = _KernelNodeParams()
     if driver["params"](node, ctypes.byref(params)) != 0:
         raise Unlisted("a kernel the driver could not describe")
     name = ctypes.c_char_p()
     if params.func and driver["func_name"](ctypes.byref(name), ctypes.c_void_p(params.func)) == 0 and name.value:
-        return demangled(name.value.decode(errors="replace"))
+        return diagnostics.demangled(name.value.decode(errors="replace"))
     if params.kern and driver["kernel_name"](ctypes.byref(name), ctypes.c_void_p(params.kern)) == 0 and name.value:
-        return demangled(name.value.decode(errors="replace"))
+        return diagnostics.demangled(name.value.decode(errors="replace"))
     raise Unlisted("a kernel with no name")
 
 
