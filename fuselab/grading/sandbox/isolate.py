@@ -442,20 +442,21 @@ def held_deleted_bytes(tree, counted_devices=()) -> int:
     return total
 
 
-def tree_unshared_rss(tree, fields=("RssAnon:", "RssFile:")) -> int:
-    """Resident anonymous and file memory of ``tree`` (``RssAnon`` + ``RssFile``, or ``fields``): the shared memory
-    its processes map is counted once per object instead (``shmem_bytes``, ``private_tmpfs_bytes``)."""
-    total = 0
+def tree_rss(tree) -> tuple:
+    """``(anonymous, file)`` resident memory of ``tree`` (``RssAnon``, ``RssFile``), from one read of each process's
+    status: the shared memory its processes map is counted once per object instead (``shmem_bytes``,
+    ``private_tmpfs_bytes``)."""
+    held = {"RssAnon:": 0, "RssFile:": 0}
     for pid in tree:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         for line in status.splitlines():
-            if line.startswith(fields):
+            if line[:8] in held:
                 with contextlib.suppress(ValueError, IndexError):
-                    total += int(line.split()[1]) * 1024
-    return total
+                    held[line[:8]] += int(line.split()[1]) * 1024
+    return held["RssAnon:"], held["RssFile:"]
 
 
 def private_devices(tree, folders) -> set:
@@ -719,7 +720,8 @@ class Child:
                 devices = private_devices(members, self.sandbox.private)
             shared = shmem_bytes(members, devices)
             sockets = self._socket_bytes(tree) + pipe_bytes(members)
-            total = tree_unshared_rss(members) + private + shared + sockets
+            anon, files = tree_rss(members)
+            total = anon + files + private + shared + sockets
             if total > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
@@ -727,7 +729,7 @@ class Child:
                 held += f" (of it {sockets / 2**20:.0f} MiB in its sockets' and pipes' buffers)" if sockets else ""
                 return f"used more memory than allowed{held}"
             # the budget, like a memory cgroup's count, leaves out file pages (the libraries all three map, once each)
-            if self.budget is not None and self.budget.report(self, total - tree_unshared_rss(members, ("RssFile:",))):
+            if self.budget is not None and self.budget.report(self, total - files):
                 return self.budget.over
         if check_disk and limits.disk_bytes and self.sandbox is not None:
             devices = private_devices(tree(), self.sandbox.private)
