@@ -50,8 +50,8 @@ ASKS_THE_GRADER = """
 import os
 from fuselab.grading.recheck import channel
 from fuselab.speed import lease as _lease
-_lease.talk_to_grader(channel.LeaseAsker(channel.Sender(int(os.environ["TEST_CHANNEL_FD"])),
-                                         int(os.environ[channel.LEASE_FD_ENV])))
+_lease.talk_to_grader(channel.Asker(channel.Sender(int(os.environ["TEST_CHANNEL_FD"])),
+                                         int(os.environ[channel.ANSWERS_FD_ENV])))
 """
 
 
@@ -60,11 +60,11 @@ def leased_child(script, args, shared, env=None, limits=None):
     pipe the grader opened for it: ``(child, its LeaseServer, serve)``, where ``serve()`` hands its asks to the
     server and polls it once, as the clean recheck's loop does."""
     import os
-    from fuselab.grading.recheck.channel import LEASE_FD_ENV, Receiver
+    from fuselab.grading.recheck.channel import ANSWERS_FD_ENV, Receiver
     channel, channel_w = Receiver.open()
     grants = recheck._Grants()
     env = dict(env if env is not None else os.environ, TEST_CHANNEL_FD=str(channel_w),
-               **{LEASE_FD_ENV: str(grants.read_fd)})
+               **{ANSWERS_FD_ENV: str(grants.read_fd)})
     child = isolate.Child([sys.executable, "-c", ASKS_THE_GRADER + script, *map(str, args)],
                           limits=limits or _limits(), env=env, registry=shared, pass_fds=(channel_w, grants.read_fd))
     os.close(channel_w)

@@ -36,7 +36,7 @@ def asks_a_checker() -> bool:
 
 def talk_to_grader(asker) -> None:
     """Ask the grader for the GPU and for speed test slots through ``asker(GPU or SLOT)``, a context manager
-    factory (the checker's channel, ``fuselab.grading.recheck.channel.LeaseAsker``); None: ask nobody."""
+    factory (the checker's channel, ``fuselab.grading.recheck.channel.Asker``); None: ask nobody."""
     global _grader
     _grader = asker
 

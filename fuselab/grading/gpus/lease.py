@@ -8,7 +8,7 @@ seconds of wall time and nothing else.
 
 The timing runs in the clean recheck's child (its checker), which asks on its channel to the grader and reads the
 grant from a pipe the grader opened for it before it started (``recheck.channel``: ``Ask``, ``GiveBack``,
-``LeaseAsker``): no file, so nothing a sandboxed child could plant in the grader's way, and a child's asks end
+``Asker``): no file, so nothing a sandboxed child could plant in the grader's way, and a child's asks end
 with its channel. ``fuselab.speed.lease`` is the child's side (``exclusive_gpu``, ``speed_test_slot``);
 ``recheck.run_clean`` hands each ask to the parent's side (``LeaseServer``) and polls it. The child is untrusted:
 the grader holds a lease for it at most ``max_hold_s`` (then the child is killed and its test fails), and gives

@@ -175,10 +175,11 @@ def main(plan_path, channel_fd: int) -> int:
     worker = _solution_process()
     host = _kernel_host()
     to_grader = channel.Sender(channel_fd)
-    grants = os.environ.pop(channel.LEASE_FD_ENV, "")
-    if grants:  # the grader shares this GPU: graded timings and speed tests ask it over the channel
-        from ...speed import lease
-        lease.talk_to_grader(channel.LeaseAsker(to_grader, int(grants)))
+    answers = os.environ.pop(channel.ANSWERS_FD_ENV, "")
+    asker = channel.Asker(to_grader, int(answers)) if answers else None
+    if asker is not None and os.environ.pop(channel.SHARED_GPU_ENV, ""):
+        from ...speed import lease  # the grader shares this GPU: graded timings and speed tests ask it for it
+        lease.talk_to_grader(asker)
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
     grade_log = os.environ.get("FUSELAB_GRADE_LOG")
@@ -211,6 +212,9 @@ def main(plan_path, channel_fd: int) -> int:
             if error is None:
                 error = failures.verdict_message(failures.host_wrote(host.host_writes[host_writes]), cell,
                                                  plan["cells"], MAX_TEXT)
+        if asker is not None and cell["graded"]:
+            with asker(channel.MEMORY):  # what the submission holds as its test ends, checked before its verdict
+                pass
         records, seen = _new_grade_records(grade_log, seen)
         number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
         stdout, stderr = output["stdout"][-MAX_TEXT:], output["stderr"][-MAX_TEXT:]

@@ -4,9 +4,10 @@ The checker (``cellrunner``) says what it does as records, one JSON object a lin
 runs, ``CellEnd`` after, ``Poisoned`` when its processes cannot run another cell, ``Done`` at the end. The grader
 (``clean``) reads them as it polls the checker's time limits, and once more after the checker ended.
 
-Where the grader shares the GPU, the checker also asks on it for the GPU to itself or a speed test slot (``Ask``)
-and says when it is done with it (``GiveBack``); the grader's grant comes back on a second pipe it opened for
-this checker (``LeaseAsker``: the checker's side; ``fuselab.grading.gpus.lease.LeaseServer``: the grader's).
+The checker also asks on it (``Ask``) and waits for the grader's answer on a second pipe the grader opened for it
+(``Asker``: the checker's side): at each test's end, for the submission's memory to be checked (``MEMORY``,
+``fuselab.grading.sandbox.isolate.MemoryBudget.check_now``), and, where the grader shares the GPU, for the GPU to
+itself or a speed test slot (``fuselab.grading.gpus.lease.LeaseServer``), saying when it is done (``GiveBack``).
 
 The checker may have loaded what a submission built, so what arrives is data from an untrusted side: read
 without blocking, at most ``LIMIT`` bytes in all and ``LINE_LIMIT`` a record; a line that does not decode into
@@ -19,12 +20,15 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import time
 from dataclasses import asdict, dataclass, field, fields
 
 LIMIT = 64 * 2**20       # a checker sends a few KiB per cell
 LINE_LIMIT = 2**20       # a record: a cell's output is cut to a few KiB before it is sent
-LEASE_FD_ENV = "FUSELAB_GPU_LEASE_FD"  # the checker's read end of the grader's grant pipe, where it shares the GPU
+ANSWERS_FD_ENV = "FUSELAB_GRADER_ANSWERS_FD"  # the checker's read end of the grader's grant pipe
+SHARED_GPU_ENV = "FUSELAB_GPU_SHARED"  # set where the grader shares the GPU: timings ask it for the GPU
+MEMORY = "memory check"  # what a checker asks at each test's end (``MemoryBudget.check_now``)
 
 
 @dataclass
@@ -135,10 +139,10 @@ def grant_line(what: str, number: int) -> bytes:
     return f"{what} {number}\n".encode()
 
 
-class LeaseAsker:
-    """The checker's side of the grader's lease (``fuselab.speed.lease.talk_to_grader``): ``Ask`` on the channel,
-    wait for the grant on ``grant_fd`` (the grader's pipe, ``FUSELAB_GPU_LEASE_FD``), ``GiveBack`` at the end of the
-    ``with`` block."""
+class Asker:
+    """The checker's side of the grader's answers (its memory check; its lease, ``fuselab.speed.lease.
+    talk_to_grader``): ``Ask`` on the channel, wait for the grant on ``grant_fd`` (the grader's pipe,
+    ``ANSWERS_FD_ENV``), ``GiveBack`` at the end of the ``with`` block."""
 
     def __init__(self, sender: Sender, grant_fd: int):
         self.sender = sender
@@ -171,6 +175,7 @@ class Receiver:
         self.file = open(fd, "rb", buffering=0)  # closed with this object, should the caller fail before ``close``
         self._partial = b""
         self._read = 0
+        self._ended = False       # every writer closed its end
         self._skipping = False    # inside a line longer than LINE_LIMIT: dropped to its end
 
     @classmethod
@@ -181,12 +186,20 @@ class Receiver:
         os.set_blocking(read_fd, False)
         return cls(read_fd), write_fd
 
+    def wait(self, timeout: float) -> None:
+        """Until something arrives (or the checker's end), at most ``timeout`` seconds."""
+        if self.file.closed or self._ended:  # a pipe at its end is always "ready": a sleep, not a spin
+            time.sleep(timeout)
+        else:
+            select.select([self.file], [], [], timeout)
+
     def poll(self) -> list:
         """The records that arrived since the last call."""
         new = []
         while not self.file.closed:
             chunk = self.file.read(1 << 16)
             if not chunk:  # None: nothing more for now; b"": every writer closed its end
+                self._ended = self._ended or chunk is not None
                 break
             self._read += len(chunk)
             if self._read > LIMIT:  # past the limit: read and dropped, so the writer never blocks on it

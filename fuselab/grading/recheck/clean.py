@@ -54,7 +54,7 @@ from ..sandbox import isolate
 from . import transfer
 from ..gpus.lease import LeaseServer
 from ..sandbox.untrusted import Folder
-from .channel import LEASE_FD_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned, Receiver, grant_line
+from .channel import ANSWERS_FD_ENV, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned, Receiver, grant_line
 from .demos import demo_problems
 from .sanitize import sanitize_cell
 
@@ -438,8 +438,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=shared_builds.readonly(env))
-        grants = _Grants() if lease is not None else None  # the GPU's grants to this checker, where it is shared
-        grant_fds = (grants.read_fd,) if grants is not None else ()
+        grants = _Grants()  # the grader's answers to this checker's asks (its memory checks, the GPU's grants)
+        grant_fds = (grants.read_fd,)
         spawned = time.time()
         # --memory-gb is the submission's: its three processes share it (each may still use it all alone)
         budget = isolate.MemoryBudget(limits.memory_bytes) if limits.memory_bytes else None
@@ -452,8 +452,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             if kernel_fds:
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
                 child_env[transfer.ENV] = str(_transfer_file(workdir))
-            if grants is not None:
-                child_env[LEASE_FD_ENV] = str(grants.read_fd)
+            child_env[ANSWERS_FD_ENV] = str(grants.read_fd)
+            if lease is not None:
+                child_env[SHARED_GPU_ENV] = "1"
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
                                   pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w, *grant_fds), budget=budget)
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
@@ -461,7 +462,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         finally:
             for fd in (*fds, *kernel_fds, channel_w, *grant_fds):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
-        server = LeaseServer(lease, child, grants if grants is not None else (lambda what, number: False))
+        server = LeaseServer(lease, child, grants)
         # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
         stop_reason, cell_started, ran_over = None, None, False
         records: list = []  # this process's records, of the plan's cells
@@ -470,11 +471,18 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         roles = {child.process.pid: "checker", worker.process.pid: "solution worker",
                  **({kernel_worker.process.pid: "kernel worker"} if kernel_worker is not None else {})}
         charged = CpuCharges(meter, roles)
+
+        def check_memory(number, budget=budget, grants=grants):
+            """At a test's end, before its verdict: what the submission's processes hold then, all of them read at
+            once (a watch's look every half second could miss a worker holding it for less). Over: all stopped."""
+            if budget is None or budget.check_now() is None:
+                grants(MEMORY, number)
+
         try:
             while child.alive():
-                time.sleep(0.05)
+                channel.wait(0.05)  # woken by the checker's record: its asks are answered at once
                 pauses.sample(server.paused_s())
-                records += _receive(channel, by_index, on_cell, server)  # asks for the GPU, served just below
+                records += _receive(channel, by_index, on_cell, server, check_memory)  # the GPU's: served below
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
@@ -506,8 +514,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             raise
         finally:
             server.close()  # the GPU and its slot go back to the others whatever happened here
-            if grants is not None:
-                grants.close()
+            grants.close()
             for helper in (worker, kernel_worker):
                 if helper is not None:
                     helper.stop(timed_out=False)
@@ -685,7 +692,7 @@ def speed_needs_correctness(verdicts: dict, policy=None, among=None) -> None:
 
 
 class _Grants:
-    """The grader's end of one checker's grant pipe (``channel.LeaseAsker`` reads it): a grant is written whole or
+    """The grader's end of one checker's grant pipe (``channel.Asker`` reads it): a grant is written whole or
     not at all, never blocking the grader (a checker that reads none fills the pipe, and is stopped)."""
 
     def __init__(self):
@@ -702,12 +709,15 @@ class _Grants:
         os.close(self.write_fd)
 
 
-def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | None = None) -> list:
-    """The checker's new records that are of the plan's cells (its asks for the GPU go to ``server``); each cell
-    start's grade_id goes to ``on_cell``."""
+def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | None = None, memory=None) -> list:
+    """The checker's new records that are of the plan's cells (its asks for the GPU go to ``server``, for a memory
+    check to ``memory``); each cell start's grade_id goes to ``on_cell``."""
     new = []
     for record in channel.poll():
-        if isinstance(record, Ask) and server is not None:
+        if isinstance(record, Ask) and record.what == MEMORY:
+            if memory is not None:
+                memory(record.number)
+        elif isinstance(record, Ask) and server is not None:
             server.ask(record.what, record.number)
         elif isinstance(record, GiveBack) and server is not None:
             server.given_back(record.what, record.number)

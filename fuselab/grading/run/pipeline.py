@@ -183,7 +183,8 @@ def _base_env(settings: Settings, workdir: Path, device) -> dict:
     env.update(FUSELAB_GRADING="1", FUSELAB_CACHE_DIR=str(workdir / "cache"),
                FUSELAB_SHARED_BUILDS=str(settings.shared_builds / "builds"), MPLBACKEND="Agg")
     env.pop("FUSELAB_GRADE_LOG", None)
-    env.pop("FUSELAB_GPU_LEASE_FD", None)  # only the checker gets one: the pipe its grader opened for it
+    env.pop("FUSELAB_GRADER_ANSWERS_FD", None)  # only the checker gets one: the pipe its grader opened for it
+    env.pop("FUSELAB_GPU_SHARED", None)
     _share_cpus(env, settings.cpu_threads)
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(device)

@@ -586,15 +586,27 @@ class MemoryBudget:
 
     def report(self, child, used: int) -> str | None:
         """``child``'s tree holds ``used`` bytes now; why the budget stopped them all, or None."""
+        return self._judge({child: used})
+
+    def check_now(self) -> str | None:
+        """Every child read now, together (``Child.held``), and judged on that sum: a test's end asks it before
+        its verdict (``fuselab.grading.recheck.clean``), so what a submission holds across a test's end is judged
+        the same on every run, whatever the watches' half-second looks happened to see. Why it stopped them, or
+        None."""
         with self._lock:
-            if child not in self._children:  # it ended while its watch was reading it
-                return self.over
-            self._used[id(child)] = used
+            children = list(self._children)
+        return self._judge({child: child.held() for child in children if child.alive()})
+
+    def _judge(self, fresh: dict) -> str | None:
+        with self._lock:
+            for child, used in fresh.items():
+                if child in self._children:  # not one that ended while it was read
+                    self._used[id(child)] = used
             total = sum(self._used.values())
             if self.over is not None or total <= self.limit:
                 return self.over
             self.over = (f"used more memory than allowed: {total / 2**20:.0f} MiB in the processes grading it "
-                         "together (the tests' and the workers')")
+                         f"together (the tests' and the workers'), past its {self.limit / 2**20:.0f} MiB")
             children = list(self._children)
         for each in children:
             each.out_of_memory = True
@@ -713,15 +725,7 @@ class Child:
             if self.budget is not None and self.budget.report(self, used):
                 return self.budget.over
         elif limits.memory_bytes:
-            members = tree()
-            private, devices = 0, set()
-            if self.sandbox is not None:
-                private = private_tmpfs_bytes(members, self.sandbox.private)
-                devices = private_devices(members, self.sandbox.private)
-            shared = shmem_bytes(members, devices)
-            sockets = self._socket_bytes(tree) + pipe_bytes(members)
-            anon, files = tree_rss(members)
-            total = anon + files + private + shared + sockets
+            total, files, private, shared, sockets = self._counted(tree(), self._socket_bytes(tree))
             if total > limits.memory_bytes:
                 self.out_of_memory = True
                 held = f" (of it {private / 2**20:.0f} MiB in /tmp, /var/tmp, /dev/shm)" if private else ""
@@ -738,6 +742,29 @@ class Child:
                 return (f"wrote more than {limits.disk_bytes / 2**20:.0f} MiB to its folders "
                         "(the disk budget; or more files than allowed, or a folder hidden from the grader)")
         return None
+
+    def _counted(self, members: list, socket_bytes: int) -> tuple:
+        """The watchdog's count of ``members`` (the tree's pids): ``(total, of it file pages, private tmpfs,
+        shared memory, sockets' and pipes' buffers)``."""
+        private, devices = 0, set()
+        if self.sandbox is not None:
+            private = private_tmpfs_bytes(members, self.sandbox.private)
+            devices = private_devices(members, self.sandbox.private)
+        shared = shmem_bytes(members, devices)
+        sockets = socket_bytes + pipe_bytes(members)
+        anon, files = tree_rss(members)
+        return anon + files + private + shared + sockets, files, private, shared, sockets
+
+    def held(self) -> int:
+        """What the tree holds now as the submission's budget counts it (``MemoryBudget``): its memory cgroup's
+        count, or the watchdog's less the file pages; its sockets as its watch last read them (their
+        ``sock_diag`` sockets are the watch thread's own)."""
+        sockets = getattr(self, "_sockets", 0)
+        if self.group is not None:
+            return self.group.used() + sockets
+        total, files, *_ = self._counted([self.process.pid] + children_of(self.process.pid, recent_parents()),
+                                         sockets)
+        return total - files
 
     def _watch(self):
         rounds = 0
@@ -868,7 +895,7 @@ WORKER_ENV = frozenset("""
     CUDA_CACHE_PATH CUDA_CACHE_DISABLE NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES
     TORCH_EXTENSIONS_DIR TORCH_CUDA_ARCH_LIST TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR MAX_JOBS
     FUSELAB_GRADING FUSELAB_NATIVE_POLICY FUSELAB_CACHE_DIR FUSELAB_SHARED_BUILDS FUSELAB_GRADE_LOG
-    FUSELAB_GPU_LEASE_FD FUSELAB_SOLUTION_FDS FUSELAB_KERNEL_FDS FUSELAB_KERNEL_TRANSFER
+    FUSELAB_GRADER_ANSWERS_FD FUSELAB_GPU_SHARED FUSELAB_SOLUTION_FDS FUSELAB_KERNEL_FDS FUSELAB_KERNEL_TRANSFER
     FUSELAB_KERNELS_IN_CHECKER FUSELAB_SOLUTION_CELL_S
     FUSELAB_BACKEND FUSELAB_BUILD_TIMEOUT FUSELAB_POLICY FUSELAB_EMU_SEED FUSELAB_EMU_ORDER FUSELAB_EMU_GUARD
     FUSELAB_EMU_ASSERT FUSELAB_EMU_STACK_KB FUSELAB_CHILD_MARKER
