@@ -270,6 +270,34 @@ def test_a_build_error_gives_the_compilers_own_line_as_the_reason():
     assert "test_fused: failed (AssertionError: out[7] differs)" in report.lost_points(result)
 
 
+def test_a_test_of_many_cases_is_reasoned_by_its_headline_and_first_failing_case():
+    """A check over many cases fails with a headline, its first failing case in detail, then one line per later
+    case, then the cases that passed: the report's reason says the headline and that first case, not the
+    message's last line (a passing case, or the largest failing one)."""
+    import fuselab
+    from fuselab.grading.outputs import feedback
+    from fuselab.grading.recheck import failures
+    from fuselab.labs import lab0
+
+    def all_but_the_last(a, b, e, out):  # the edge bug: a bound that leaves out the last element
+        n = out.numel()
+        out[: n - 1 if n > 1 else n] = lab0.reference(a, b, e)[: n - 1 if n > 1 else n]
+
+    with pytest.raises(AssertionError) as raised:
+        fuselab.check(all_but_the_last, lab0.reference, lambda shape, seed: lab0.make_inputs(shape, seed),
+                      [(1,), (7,), (255,), (4099,)], seeds=(0,), name="fused", verbose=False)
+    message = failures.verdict_message(raised.value, {"source": "fuselab.check(...)"}, [], 10_000)
+    assert message.splitlines()[-1] == "passed: shape=(1,), seed=0"  # what the reason used to quote
+    result = SubmissionResult.of({"student": "jo", "lab": "lab0", "cells": {"test_fused": {
+        "points": 0.0, "max_points": 2.0, "status": "failed", "message": message, "speed": []}}})
+    reason = report.lost_points(result)
+    assert reason.startswith("test_fused: failed (CheckFailed: fused: 3 of 4 cases failed. — ✗ fused, shape=(7,), "
+                             "seed=0 out (float32, shape (7,)): 1 of 7 element"), reason
+    assert "4099" not in reason and len(reason) < 200
+    assert feedback.short_reason(message, 160).startswith("CheckFailed: fused: 3 of 4 cases failed. ✗ fused, "
+                                                          "shape=(7,), seed=0")
+
+
 def test_the_score_histogram_counts_written_answers_on_the_labs_whole_scale(tmp_path):
     out = _course(tmp_path)
     from nbgrader.api import Gradebook

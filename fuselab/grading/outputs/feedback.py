@@ -117,12 +117,36 @@ _COMPILER_ERROR = re.compile(r":\d+(?::\d+)?:\s*(?:fatal )?error\b")  # file:lin
 
 
 def telling_line(message: str) -> str:
-    """The line of a test's message that says why: a compiler's own error (``file:line:col: error: ...``), else the
-    last line with words (an exception's type and text), never the caret or source line under a compiler error."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    compiler = next((line for line in lines if _COMPILER_ERROR.search(line)), None)
-    worded = [line for line in lines if re.search(r"[A-Za-z]{2}", line) and not re.match(r"^\d*\s*\|", line)]
-    return compiler or (worded[-1] if worded else (lines[-1] if lines else ""))
+    """The line of a test's message that says why: a compiler's own error (``file:line:col: error: ...``), never
+    the caret or source line under it; else the headline, the message's first line with words (``Type: what
+    failed``), followed, where more follows, by what the message says next up to its next blank line (a check's
+    first failing case, or the pattern its cases show), as one line: a test of many cases says what failed and
+    its first failing case, not whichever case came last. A Python traceback's headline is its exception's line,
+    the first one after its last frame."""
+    lines = message.strip().splitlines()
+    compiler = next((line.strip() for line in lines if _COMPILER_ERROR.search(line)), None)
+    if compiler:
+        return compiler
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if starts:  # the frames are indented; the exception's own text is not
+        lines = lines[starts[-1] + 1:]
+        lines = lines[next((i for i, line in enumerate(lines) if line.strip() and not line[:1].isspace()), 0):]
+    worded = [i for i, line in enumerate(lines) if _worded(line)]
+    if not worded:
+        return next((line.strip() for line in lines if line.strip()), "")
+    headline, rest = lines[worded[0]].strip(), lines[worded[0] + 1:]
+    rest = rest[next((i for i, line in enumerate(rest) if _worded(line)), len(rest)):]
+    detail = " ".join(line.strip() for line in rest[:next((i for i, line in enumerate(rest) if not line.strip()),
+                                                          len(rest))] if _worded(line))
+    return f"{headline} {_DETAIL} {detail}" if detail else headline
+
+
+_DETAIL = "—"  # between a headline and what the message says after it
+
+
+def _worded(line: str) -> bool:
+    """A line with words, not a compiler's source line (``  4 |  code``) or caret line."""
+    return bool(re.search(r"[A-Za-z]{2}", line)) and not re.match(r"^\s*\d*\s*\|", line)
 
 
 def short_reason(message: str, limit: int) -> str:

@@ -75,7 +75,7 @@ def lost_points(result) -> str:
     for grade_id, cell in result.cells.items():
         if cell.points < cell.max_points:
             line = telling_line(cell.message or "")
-            reason = f"{cell.status}" + (f" ({line[:160]})" if line else "")
+            reason = f"{cell.status}" + (f" ({_cut(line, 160)})" if line else "")
             reasons.setdefault(reason, []).append(grade_id)
     return "; ".join(f"{', '.join(tests)}: {reason}" for reason, tests in reasons.items())
 
