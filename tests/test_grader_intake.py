@@ -2,6 +2,7 @@
 become problems with a clear message, never a crash."""
 
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -103,6 +104,46 @@ def test_lms_ids_keep_students_with_one_name_apart_and_one_id_is_never_two_names
     _write(clash / "Zo_" / "lab0.ipynb")
     subs, problems = intake.collect(clash, tmp_path / "s3", LABS)
     assert subs == [] and "become student id 'Zo'" in problems[0].message  # both refused, never merged
+
+
+def test_canvas_takes_the_latest_upload_by_its_numbering_and_lists_the_earlier_ones(tmp_path):
+    """Canvas renames a notebook uploaded again (lab0.ipynb, lab0-1.ipynb, lab0-2.ipynb): the one graded is the
+    highest -N, whatever the files' times, and the others are named on it as not graded."""
+    canvas = tmp_path / "canvas"  # the zip unpacked: the files' times are the unpacker's, never the uploads'
+    _write(canvas / "smithjohn_1002_9001_lab0.ipynb")
+    _write(canvas / "smithjohn_1002_9007_lab0-2.ipynb", NB.replace('"metadata": {}', '"metadata": {"latest": 1}'))
+    _write(canvas / "smithjohn_1002_9003_lab0-1.ipynb")
+    _write(canvas / "doejane_1003_9101_lab0.ipynb")
+    os.utime(canvas / "smithjohn_1002_9001_lab0.ipynb", (2e9, 2e9))  # the first upload, the newest file time
+    subs, problems = intake.collect(canvas, tmp_path / "s", LABS)
+    assert problems == [] and _found(subs) == [("doejane_1003", "lab0"), ("smithjohn_1002", "lab0")]
+    john = next(s for s in subs if s.student == "smithjohn_1002")
+    assert john.origin == "smithjohn_1002_9007_lab0-2.ipynb" and json.loads(john.notebook.read_text())["metadata"]
+    assert john.warnings == ["Canvas's latest upload for lab0 was graded: smithjohn_1002_9007_lab0-2.ipynb; not "
+                             "graded, as earlier uploads: smithjohn_1002_9001_lab0.ipynb, "
+                             "smithjohn_1002_9003_lab0-1.ipynb"]
+    assert [s.warnings for s in subs if s.student == "doejane_1003"] == [[]]
+
+
+def test_canvas_uploads_that_are_not_one_notebook_uploaded_again_are_all_listed_and_none_graded(tmp_path):
+    canvas = tmp_path / "canvas.zip"
+    with zipfile.ZipFile(canvas, "w") as zf:
+        zf.writestr("aa_1_11_lab0.ipynb", NB)  # two names: which is the submission is the student's to say
+        zf.writestr("aa_1_12_lab0_final.ipynb", NB)
+        zf.writestr("bb_2_22_lab0.ipynb", NB)  # -1 uploaded before the plain name: Canvas's numbers disagree
+        zf.writestr("bb_2_21_lab0-1.ipynb", NB)
+        zf.writestr("cc_3_31_lab0.ipynb", "{not json")  # the latest cannot be read: the earlier one is named
+        zf.writestr("cc_3_32_lab0-1.ipynb", "{not json")
+        zf.writestr("cc_3_30_lab1.ipynb", NB)
+    subs, problems = intake.collect(canvas, tmp_path / "s", LABS)
+    assert _found(subs) == [("cc_3", "lab1")]
+    said = {p.student: (p.where, p.message) for p in problems}
+    assert said["aa_1"] == ("aa_1_11_lab0.ipynb, aa_1_12_lab0_final.ipynb", "2 notebooks for lab0: keep exactly one")
+    assert said["bb_2"] == ("bb_2_21_lab0-1.ipynb, bb_2_22_lab0.ipynb", "2 notebooks for lab0: keep exactly one")
+    where, message = said["cc_3"]
+    assert where == "cc_3_32_lab0-1.ipynb" and message.startswith("not a valid notebook")
+    assert message.endswith("; it is Canvas's latest upload for lab0, so the earlier uploads were not graded "
+                            "either: cc_3_31_lab0.ipynb")
 
 
 def test_a_class_zip_of_one_student_is_that_student(tmp_path):

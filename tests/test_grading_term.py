@@ -9,6 +9,7 @@ that does not compile, Lab 1 as released); the reference runs are the session's 
 """
 
 import csv
+import html
 import io
 import json
 import os
@@ -280,7 +281,8 @@ def term_folder(tmp_path_factory, instructor_references):
     out = base / "fall"
     week1 = base / "lab0-submissions.zip"
     with zipfile.ZipFile(week1, "w") as zf:
-        zf.write(EXAMPLES / "correct" / "lab0" / "lab0.ipynb", "smithjohn_1002_9001_lab0-1.ipynb")
+        zf.write(EXAMPLES / "compile_error" / "lab0" / "lab0.ipynb", "smithjohn_1002_9000_lab0.ipynb")  # replaced:
+        zf.write(EXAMPLES / "correct" / "lab0" / "lab0.ipynb", "smithjohn_1002_9001_lab0-1.ipynb")  # Canvas's -1
         zf.write(EXAMPLES / "compile_error" / "lab0" / "lab0.ipynb", "doejane_LATE_1003_9002_lab0.ipynb")
         zf.writestr("nguyenbao_1005_5005_lab0.html", "<html><body>my notebook</body></html>")
     roster_csv = _write(base / "canvas-roster.csv", CANVAS_ROSTER)
@@ -320,6 +322,11 @@ def test_week_one_accounts_for_everyone_on_the_roster(term_folder):
     assert "late" in doe and "test_fused" in doe and "[page](feedback/doejane_1003/lab0.html)" in doe
     assert "wrong file type" in next(line for line in report.splitlines() if line.startswith("| nguyenbao_1005 |"))
     assert (term_folder["out"] / "feedback" / "doejane_1003" / "lab0.html").exists()
+    # the re-upload is graded (6 above, the correct sample's), and the TA and the student are told which
+    taken = ("Canvas's latest upload for lab0 was graded: smithjohn_1002_9001_lab0-1.ipynb; not graded, as "
+             "earlier uploads: smithjohn_1002_9000_lab0.ipynb")
+    assert f"smithjohn_1002/lab0: note: {taken}" in report
+    assert taken in html.unescape((term_folder["out"] / "feedback" / "smithjohn_1002" / "lab0.html").read_text())
 
 
 def test_a_second_lab_a_week_later_adds_to_the_course(term_folder):

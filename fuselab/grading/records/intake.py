@@ -13,7 +13,9 @@ participant number), late (Canvas's ``LATE_``), and the time it was handed in wh
 (nbgrader's ``<student>/<lab>/timestamp.txt``).
 
 The lab a notebook belongs to is the nearest folder named after a lab, else its file name (``lab0.ipynb``,
-``lab0-1.ipynb``, ``Lab0 (2).ipynb``). A malformed submission (not a notebook, an unknown lab, two notebooks
+``lab0-1.ipynb``, ``Lab0 (2).ipynb``). Canvas's download of a notebook uploaded again (``lab0.ipynb``,
+``lab0-1.ipynb``) is graded from the latest upload by Canvas's numbering (``canvas_uploads_in_order``), the earlier
+ones named in a note on it. A malformed submission (not a notebook, an unknown lab, two notebooks
 for one lab, an unsafe zip, a zip member that cannot be unpacked, a link that leads out of the student's folder,
 a hidden folder) becomes a ``Problem`` listed in the report; it never stops the others, whatever its file names
 (any length, any bytes) or JSON (any shape, any depth). Every entry is accounted for: a file that is not a notebook
@@ -50,7 +52,8 @@ MAX_CLASS_UNZIPPED_BYTES = 4 * 2**30  # all archives of one intake together (a c
 _IGNORED = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store")
 _CANVAS = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?\d+_\d+_(?P<rest>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_\w*?_?$")
-_CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?P<late>LATE_)?(?P<id>\d+)_\d+_(?P<rest>.+)$")
+_CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?P<late>LATE_)?(?P<id>\d+)_(?P<file>\d+)_(?P<rest>.+)$")
+_CANVAS_COPY = re.compile(r"^(?P<base>.+?)(?:-(?P<copy>\d+))?(?P<ext>\.ipynb)$", re.IGNORECASE)  # lab0-1.ipynb
 _MOODLE_FILE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_(?:file|onlinetext)_(?P<rest>.+)$")
 MAX_TIMESTAMP_BYTES = 200
 
@@ -505,14 +508,21 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
         for lab, candidates in sorted(per_lab.items()):
             if only_labs and lab not in only_labs:
                 continue
+            earlier = []  # Canvas's earlier uploads of the notebook graded: listed on it, never dropped unsaid
             if len(candidates) > 1:
-                problems.append(Problem(", ".join(o for _, o in candidates),
-                                        f"{len(candidates)} notebooks for {lab}: keep exactly one",
-                                        student=student, lab=lab))
-                continue
+                ordered = canvas_uploads_in_order(candidates)
+                if ordered is None:
+                    problems.append(Problem(", ".join(o for _, o in candidates),
+                                            f"{len(candidates)} notebooks for {lab}: keep exactly one",
+                                            student=student, lab=lab))
+                    continue
+                candidates, earlier = ordered[-1:], [printable(o) for _, o in ordered[:-1]]
             path, origin = candidates[0]
             why = check_notebook(path)
             if why:
+                if earlier:  # the student's latest word stands: an earlier upload is never graded in its place
+                    why += (f"; it is Canvas's latest upload for {lab}, so the earlier uploads were not graded "
+                            f"either: {', '.join(earlier)}")
                 problems.append(Problem(origin, why, student=student, lab=lab))
                 continue
             target = staging / student / lab / labs[lab]
@@ -523,6 +533,9 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                           lms_id=facts.get(student, {}).get("lms_id"),
                                           lms=facts.get(student, {}).get("lms"),
                                           submitted=_timestamp(path, root)))
+            if earlier:
+                submissions[-1].warnings.append(f"Canvas's latest upload for {lab} was graded: {printable(origin)}; "
+                                                f"not graded, as earlier uploads: {', '.join(earlier)}")
     # a file beside notebooks: a note on the notebook graded for its lab, else a problem of its own
     graded = {(s.student, s.lab): s for s in submissions}
     beside: dict = {}
@@ -539,6 +552,25 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                     ": not a notebook, not graded")
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems
+
+
+def canvas_uploads_in_order(candidates: list):
+    """A student's notebooks for one lab in Canvas's download, oldest first, or None where they are not one
+    notebook uploaded again. Canvas renames a file uploaded again under a name it has (``lab0.ipynb``,
+    ``lab0-1.ipynb``, ``lab0-2.ipynb``) and numbers every upload (``<student>_<id>_<upload>_<name>``, a later
+    upload a larger number): the order is the ``-N`` (none: 0), and only where the upload numbers agree with it;
+    other names (``lab0_final.ipynb``), files from a zip or folder, or orders that disagree give None."""
+    uploads = []
+    for path, origin in candidates:
+        canvas = _CANVAS_ID.match(origin) if "/" not in origin and ":" not in origin else None
+        copy = _CANVAS_COPY.match(canvas["rest"]) if canvas and not _MOODLE_FILE.match(origin) else None
+        if copy is None:
+            return None
+        uploads.append((int(copy["copy"] or 0), int(canvas["file"]), copy["base"].lower(), (path, origin)))
+    by_copy, by_upload = sorted(uploads, key=lambda u: u[0]), sorted(uploads, key=lambda u: u[1])
+    if len({u[2] for u in uploads}) > 1 or len({u[0] for u in uploads}) < len(uploads) or by_copy != by_upload:
+        return None
+    return [u[3] for u in by_copy]
 
 
 def _wrong_type(relative: Path) -> str:
