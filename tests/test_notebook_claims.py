@@ -41,6 +41,16 @@ def load_data() -> dict:
 
 
 # ------------------------------------------------------------------------------------------- readings of the data
+def lab2_network_saved_runs(d):
+    """(batch, timing, model) of every time the saved whole-network file holds: a run at another batch, or of
+    another model (torch.compile), would be a key of its own, or a list of rows per batch."""
+    saved = d["lab2_network"]
+    if "rows" in saved or not isinstance(saved.get("batch"), int):
+        return {(row.get("batch"), timing, model) for row in saved.get("rows", [])
+                for timing, models in row.get("median_ms", {}).items() for model in models}
+    return {(saved["batch"], timing, model) for timing, models in saved["median_ms"].items() for model in models}
+
+
 def lab0_ratio(d):
     from fuselab.labs import lab0
     moved = lab0.bytes_moved(1)
@@ -316,6 +326,13 @@ CLAIMS = [
     ("lab2", "at batch 1 (launch-bound) and batch 64",
      lambda d: d["lab2_network"]["batch"] == 1
      and d["lab2_network"]["median_ms"]["stream"]["unfolded"] > 2 * d["lab2_network"]["median_ms"]["device"]["unfolded"]),
+    # what a student without a GPU sees of that cell: the saved file holds batch 1 alone, eager only (unfolded and
+    # folded), timed both ways; the words said batch 64 beside it as if saved too
+    ("lab2", "what the course saved from its H200: the eager network at batch 1 alone, timed both ways, with no "
+             "batch-64 run and no compiled one",
+     lambda d: lab2_network_saved_runs(d) == {(1, "device", "unfolded"), (1, "device", "folded"),
+                                              (1, "stream", "unfolded"), (1, "stream", "folded")}
+     and d["lab2_network"]["gpu"] == "NVIDIA H200"),
     ("lab2", "a stem and 7 depthwise-separable blocks, 224×224 images", lambda d: lab2_timed_network_blocks() == 7),
     # Part C's kernels, at the context cell's small shape
     ("lab2", "one small and launch-bound", lambda d: launch_bound(d, "lab2", (1, 32, 112, 112), (64, 96, 112, 112))),
@@ -864,6 +881,21 @@ def test_launch_bound_fails_when_the_small_size_is_bytes_bound(lab, row):
         saved = data["lab2_context"]["rows"][row]
         assert saved["shape"][:2] == [1, 32]
         saved["median_us"]["lab reference (3 kernels)"] /= 6
+    assert not check(data)
+
+
+def test_the_networks_saved_batches_words_fail_when_a_batch_64_or_compiled_run_is_saved():
+    """Lab 2 said its whole network was timed "at batch 1 (launch-bound) and batch 64", and a student without a GPU
+    saw batch 1 alone: the words now say what the saved file holds, and must fail once it holds more."""
+    phrase = next(p for w, p, _ in CLAIMS if w == "lab2" and "at batch 1 alone" in p)
+    check = next(c for w, p, c in CLAIMS if w == "lab2" and p == phrase)
+    assert check(load_data())
+    data = load_data()
+    data["lab2_network"]["median_ms"]["device"]["torch.compile, unfolded"] = 1.0
+    assert not check(data)
+    data = load_data()
+    saved = data["lab2_network"]
+    data["lab2_network"] = {"gpu": saved["gpu"], "rows": [dict(saved), dict(saved, batch=64)]}
     assert not check(data)
 
 
