@@ -437,7 +437,9 @@ def test_an_extent_equal_to_a_setting_by_chance_is_not_offered_as_the_cause():
 def test_every_channel_with_channel_0s_weights_names_the_channel_index():
     """Lab 1's depthwise kernel with `c = p / C` (the batch index) where `c = p % C` belongs: with N = 1 every plane
     reads channel 0's filter and bias. Only `out[:, 0]` is right, every other channel written; the hint blamed the
-    offset of each item alone (a stride), which is right here. It now names the channel index of the parameters too."""
+    offset of each item alone (a stride), which is right here. It now names the channel index of the parameters, and
+    leads with it: rerunning the reference with channel 0's filter and bias in every channel gives every wrong value,
+    which no stride explains."""
     import torch.nn.functional as F
 
     from fuselab.labs import lab1
@@ -450,8 +452,8 @@ def test_every_channel_with_channel_0s_weights_names_the_channel_index():
     result = check(channel_zero, lab1.depthwise_reference, lab1.make_depthwise_inputs,
                    [lab1.DepthwiseCase(1, 4, 9, 8, True, "none")], seeds=(0,), verbose=False, raise_on_fail=False)
     report = result.report()
-    assert "only `out[:, 0]` (index 0 along dimension 1) is right" in report, report
-    assert "channel 0's weights and bias" in report and "`p % C`" in report, report
+    assert "every wrong element holds what channel 0's values give" in report, report
+    assert "applied from the wrong channel" in report and "`p % C`" in report and "stride" not in report, report
 
 
 def test_a_filter_read_transposed_is_told_by_the_filter_size_that_fails():

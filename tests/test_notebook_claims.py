@@ -41,6 +41,16 @@ def load_data() -> dict:
 
 
 # ------------------------------------------------------------------------------------------- readings of the data
+def lab2_network_saved_runs(d):
+    """(batch, timing, model) of every time the saved whole-network file holds: a run at another batch, or of
+    another model (torch.compile), would be a key of its own, or a list of rows per batch."""
+    saved = d["lab2_network"]
+    if "rows" in saved or not isinstance(saved.get("batch"), int):
+        return {(row.get("batch"), timing, model) for row in saved.get("rows", [])
+                for timing, models in row.get("median_ms", {}).items() for model in models}
+    return {(saved["batch"], timing, model) for timing, models in saved["median_ms"].items() for model in models}
+
+
 def lab0_ratio(d):
     from fuselab.labs import lab0
     moved = lab0.bytes_moved(1)
@@ -316,6 +326,13 @@ CLAIMS = [
     ("lab2", "at batch 1 (launch-bound) and batch 64",
      lambda d: d["lab2_network"]["batch"] == 1
      and d["lab2_network"]["median_ms"]["stream"]["unfolded"] > 2 * d["lab2_network"]["median_ms"]["device"]["unfolded"]),
+    # what a student without a GPU sees of that cell: the saved file holds batch 1 alone, eager only (unfolded and
+    # folded), timed both ways; the words said batch 64 beside it as if saved too
+    ("lab2", "what the course saved from its H200: the eager network at batch 1 alone, timed both ways, with no "
+             "batch-64 run and no compiled one",
+     lambda d: lab2_network_saved_runs(d) == {(1, "device", "unfolded"), (1, "device", "folded"),
+                                              (1, "stream", "unfolded"), (1, "stream", "folded")}
+     and d["lab2_network"]["gpu"] == "NVIDIA H200"),
     ("lab2", "a stem and 7 depthwise-separable blocks, 224×224 images", lambda d: lab2_timed_network_blocks() == 7),
     # Part C's kernels, at the context cell's small shape
     ("lab2", "one small and launch-bound", lambda d: launch_bound(d, "lab2", (1, 32, 112, 112), (64, 96, 112, 112))),
@@ -751,10 +768,11 @@ def test_readme_claims_path_exists():
 
 
 # ------------------------------------------------------------------ numbers in the code comments a student reads
-def student_comments(lab) -> str:
+def student_comments(lab, notebooks="labs") -> str:
     """The comments of the student's notebook's code cells (``labs/``: what is left once the solutions are cut),
-    whitespace squashed, comment markers gone."""
-    cells = json.loads((ROOT / "labs" / lab / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]
+    whitespace squashed, comment markers gone; with ``notebooks="solutions"``, those of the solution notebook, the
+    instructor's comments inside the solutions included."""
+    cells = json.loads((ROOT / notebooks / lab / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]
     found = []
     for cell in cells:
         if cell["cell_type"] != "code":
@@ -786,11 +804,15 @@ def test_student_visible_comments_state_the_saved_numbers(index):
     assert squash(wanted) in student_comments(lab), f"{lab}'s code comments should say {wanted!r} (saved data)"
 
 
+@pytest.mark.parametrize("notebooks", ["labs", "solutions"])
 @pytest.mark.parametrize("lab", LABS)
-def test_every_measured_number_in_a_student_visible_comment_is_checked(lab):
+def test_every_measured_number_in_a_student_visible_comment_is_checked(lab, notebooks):
     """Lab 3's tuned source told students the split-K and column-strip times on the H200 in a comment, which no test
-    tied to the saved sweep. Every measured number in a comment that ``labs/`` keeps is a CODE_COMMENT_CLAIMS entry."""
-    data, text = load_data(), student_comments(lab)
+    tied to the saved sweep. Every measured number in a comment that ``labs/`` keeps is a CODE_COMMENT_CLAIMS entry.
+    So is every one in the solutions' own comments, which instructors read and the solutions are the source of:
+    Lab 3's small-K launcher gave block-height times (the fp16 CUDA-core path, 64-row blocks) that no saved file
+    holds."""
+    data, text = load_data(), student_comments(lab, notebooks)
     covered = [(m.start(), m.end()) for where, expected in CODE_COMMENT_CLAIMS if where == lab
                for m in re.finditer(re.escape(squash(expected(data))), text)]
     loose = [text[max(0, m.start() - 60):m.end() + 5] for m in COMMENT_NUMBER.finditer(text)
@@ -864,6 +886,21 @@ def test_launch_bound_fails_when_the_small_size_is_bytes_bound(lab, row):
         saved = data["lab2_context"]["rows"][row]
         assert saved["shape"][:2] == [1, 32]
         saved["median_us"]["lab reference (3 kernels)"] /= 6
+    assert not check(data)
+
+
+def test_the_networks_saved_batches_words_fail_when_a_batch_64_or_compiled_run_is_saved():
+    """Lab 2 said its whole network was timed "at batch 1 (launch-bound) and batch 64", and a student without a GPU
+    saw batch 1 alone: the words now say what the saved file holds, and must fail once it holds more."""
+    phrase = next(p for w, p, _ in CLAIMS if w == "lab2" and "at batch 1 alone" in p)
+    check = next(c for w, p, c in CLAIMS if w == "lab2" and p == phrase)
+    assert check(load_data())
+    data = load_data()
+    data["lab2_network"]["median_ms"]["device"]["torch.compile, unfolded"] = 1.0
+    assert not check(data)
+    data = load_data()
+    saved = data["lab2_network"]
+    data["lab2_network"] = {"gpu": saved["gpu"], "rows": [dict(saved), dict(saved, batch=64)]}
     assert not check(data)
 
 

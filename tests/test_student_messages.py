@@ -795,6 +795,68 @@ def test_eps_outside_the_square_root_in_registers_says_the_error_grows_where_the
     assert "eps outside the square root" in report, report
 
 
+# ------------------------------------------------------------------------------------------ Lab 2: channel index
+@pytest.mark.parametrize("variable", ["FUSED_SOURCE", "IN_REGISTERS_SOURCE"])
+@pytest.mark.parametrize("bug", ["int c = (int)(plane / C);", "int c = (int)(i % C);",
+                                 "int c = (int)((plane + 1) % C);"])
+def test_a_wrong_channel_index_says_the_per_channel_values_came_from_another_channel(variable, bug):
+    """Lab 2's kernels with the channel of a plane p = n * C + c taken as `p / C` (the batch index), as `i % C` of
+    the flat index, or off by one channel: the visible test's first hint said every output was 0 and asked whether
+    the values before the ReLU were NaN (an input read out of bounds), which pointed away from the index. The
+    report now says that each wrong value is what another channel's per-channel values give there, which the check
+    tests by rerunning the reference, and names the channel index; the N = 1 case whose channel 0 gives only
+    negative values before the ReLU (an all-zero output) names it first, before the NaN guess."""
+    from fuselab.labs import lab2
+    text = _lab_source("lab2", variable)
+    old = "int c = (int)(plane % C);"
+    assert old in text
+    mod = fuselab.build(text.replace(old, bug), lab2.SOLUTION_SOURCES[variable],
+                        name=f"msg_channel_{variable[:3].lower()}_{len(bug)}", backend="emulate")
+    candidate = lab2.fused(mod) if variable == "FUSED_SOURCE" else lab2.in_registers(mod)
+    seeds = (0, 1, 2) if "plane / C" in bug else (random.Random(33).randint(0, 99),)  # the visible test's seeds
+    result = fuselab.check(candidate, lab2.reference, lab2.make_inputs, lab2.SMALL_SHAPES, seeds=seeds,
+                           verbose=False, raise_on_fail=False)
+    report = result.report()
+    hints = [line.strip() for line in report.splitlines() if line.strip().startswith("hint:")]
+    assert not result.passed and hints, report
+    assert all("applied from the wrong channel" in hint and "`p % C`" in hint for hint in hints), report
+    assert "another channel's per-channel values" in report, report
+    assert "NaN" not in hints[0].split("applied from the wrong channel")[0], report  # the index first, any guess after
+    said = {"int c = (int)(plane / C);": "`p / C`", "int c = (int)(i % C);": "changes from element to element",
+            "int c = (int)((plane + 1) % C);": "each (n, c) plane holds another channel's values"}[bug]
+    assert said in report, report
+
+
+def test_the_channel_hint_stays_silent_where_no_other_channels_values_fit():
+    """The channel rule reruns the reference with each channel's per-channel values: a wrong value no channel's
+    values give (a missing bias, a constant shift) is not blamed on the channel index."""
+    from fuselab.check.hints import Evidence, _channel_index_wrong
+    from fuselab.labs import lab2
+    made = lab2.make_inputs((2, 3, 5, 7), seed=4, dtype=torch.float64)
+    x, w_f = made[0], made[7]
+    inputs = dict(zip(["x", "w", "b", "mean", "var", "gamma", "beta", "w_folded", "b_folded"], made))
+
+    def recompute(changed):
+        return lab2.reference(*[changed.get(n, v) for n, v in inputs.items()])
+
+    expected = recompute({})
+    for got in (torch.nn.functional.conv2d(x, w_f.unsqueeze(1), None, padding=1, groups=3).relu(),  # no bias
+                expected + 0.5):
+        bad = (got - expected).abs() > 1e-9
+        assert int(bad.sum()) >= 4
+        ev = Evidence(got, expected, bad, torch.zeros_like(bad), torch.full_like(got, 1e-9), "out", torch.float32,
+                      inputs, recompute=recompute)
+        assert _channel_index_wrong(ev) == ""
+    # and where one channel's values were read for another's, it speaks
+    got = expected.clone()
+    swapped = recompute({n: v[[1, 0, 2]] for n, v in inputs.items() if n != "x"})
+    got[:, 0] = swapped[:, 0]
+    bad = (got - expected).abs() > 1e-9
+    ev = Evidence(got, expected, bad, torch.zeros_like(bad), torch.full_like(got, 1e-9), "out", torch.float32, inputs,
+                  recompute=recompute)
+    assert "holds what channel 1's values give there" in _channel_index_wrong(ev)
+
+
 # ------------------------------------------------------------------------------------------ template errors
 def test_a_template_error_is_reported_once_with_the_instantiations_it_came_from():
     """Lab 3's template compiled for float and __half: a mistake in it was reported twice, as two errors."""

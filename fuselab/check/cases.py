@@ -141,10 +141,12 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
         got, problems = _returned_outputs(returned, specs, device)
         case.problems += problems
     named_inputs = {n: item for n, item in zip(input_names, inputs) if isinstance(item, torch.Tensor)}
-    for got_tensor, expected_tensor, out_name, wrote_outside in zip(got, expected, output_names, outside):
+    for position, (got_tensor, expected_tensor, out_name, wrote_outside) in enumerate(
+            zip(got, expected, output_names, outside)):
         if got_tensor is not None:
             case.comparisons.append(compare(got_tensor, expected_tensor, atol, rtol, name=out_name,
-                                            inputs=named_inputs, wrote_outside=wrote_outside))
+                                            inputs=named_inputs, wrote_outside=wrote_outside,
+                                            recompute=_recompute(reference, inputs, input_names, position, device)))
     if not case.passed:
         case.emulation_notes += launched.barrier_notes
         if probe and outputs == "write" and any(not c.passed and not c.problem for c in case.comparisons):
@@ -154,6 +156,14 @@ def _run_case(candidate, reference, make_inputs, shape, seed, atol, rtol, name, 
             if race:
                 case.emulation_notes.append(race)
     return case, device
+
+
+def _recompute(reference, inputs, input_names, position, device):
+    """The reference's output ``position`` with some inputs replaced by name: what a hint tests a bug against."""
+    def recompute(changed: dict) -> torch.Tensor:
+        replaced = tuple(changed.get(name, item) for name, item in zip(input_names, inputs))
+        return run_reference(reference, replaced, device)[position]
+    return recompute
 
 
 def _case_hint(shape) -> str:

@@ -7,10 +7,12 @@ and ``allowed`` is the per-element tolerance.
 """
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from .formatting import format_index, format_value, plural
+from .tolerance import tolerance_for
 
 
 @dataclass
@@ -24,6 +26,9 @@ class Evidence:
     dtype: torch.dtype
     inputs: dict = field(default_factory=dict)  # the inputs by name, for hints that relate the error to them
     wrote_outside: int = 0  # elements written out of bounds, in the guard bands around the output
+    # the reference's value of this output from changed inputs, ``recompute({name: tensor})`` (float64), for hints
+    # that test what a bug would have computed; None where there is no reference to rerun (``compare`` alone)
+    recompute: Callable | None = None
 
     def close(self, got, expected, allowed) -> bool:
         return bool(((got - expected).abs() <= allowed).all())
@@ -120,6 +125,99 @@ def _only_the_first_along_a_dimension(ev: Evidence) -> str:
                 f"index from the grid (`blockIdx.z` for a grid whose z dimension has one block per item, as "
                 f"`dim3 grid(x, y, N)` gives), and launch that many blocks along it.")
     return ""
+
+
+# Rerunning the reference once per channel costs channels × elements: beyond this, no hint is worth the wait.
+_CHANNEL_RERUN_BUDGET = 5e7
+
+
+def _channel_index_wrong(ev: Evidence) -> str:
+    """Every wrong element of an (N, C, ...) output is what the reference gives at that position with the per-channel
+    inputs (weights, bias, BN's scale and shift: a tensor whose first dimension is C) of *another* channel: the
+    kernel reads them with a wrong channel index (``p / C`` for ``p % C`` with a plane p = n * C + c, the flat index
+    where the plane's belongs). Tested, not guessed: the reference reruns with each channel's values in every
+    channel, and a wrong value must equal one of those, in values the ReLU did not cut to 0."""
+    got, bad = ev.got, ev.bad
+    if ev.recompute is None or got.dim() < 3 or got.shape[1] < 2 or got.shape[0] < 1:
+        return ""
+    channels = got.shape[1]
+    per_channel = {name: t for name, t in ev.inputs.items()
+                   if isinstance(t, torch.Tensor) and t.is_floating_point() and 1 <= t.dim() <= got.dim()
+                   and t.shape[0] == channels and tuple(t.shape) != tuple(got.shape)
+                   and (t.dim() < got.dim() or t.shape[0] != got.shape[0])}
+    wrong = bad & ~ev.not_written & torch.isfinite(got)
+    if not per_channel or int(wrong.sum()) < _FEW or channels * got.numel() > _CHANNEL_RERUN_BUDGET:
+        return ""
+    own = torch.arange(channels, device=got.device).reshape((1, channels) + (1,) * (got.dim() - 2)).expand_as(got)
+    tolerance = tolerance_for(ev.dtype)
+    explained = torch.zeros_like(wrong)
+    source = torch.full(got.shape, -1, dtype=torch.long, device=got.device)  # the other channel that fits best
+    fit = torch.full(got.shape, float("inf"), dtype=torch.float64, device=got.device)  # its error / allowed
+    whole = []  # channels whose values give got at every element (an all-zero output under a ReLU)
+    planes = (got.shape[0], channels, -1)
+    for s in range(channels):
+        changed = {name: t[s:s + 1].expand(t.shape).contiguous() for name, t in per_channel.items()}
+        try:
+            value = ev.recompute(changed).to(got.device, torch.float64)
+        except Exception:  # noqa: BLE001 - a reference that cannot take these inputs: no hint, never an error
+            return ""
+        if tuple(value.shape) != tuple(got.shape):
+            return ""
+        # each (n, c) plane's own scale: one channel's large values (a tiny variance) loosen no other plane's
+        scale = torch.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0).abs().reshape(planes).amax(dim=2)
+        scale = scale.reshape(planes[:2] + (1,) * (got.dim() - 2)).expand_as(got)
+        absolute = (tolerance.atol_scale * scale).clamp_min(tolerance.atol_floor)
+        allowed = torch.maximum(ev.allowed, 4 * (absolute + tolerance.rtol * value.abs()))
+        ratio = ((got - value).abs() / allowed.clamp_min(1e-300)).nan_to_num(nan=float("inf"))
+        close = ratio <= 1
+        if bool(close.all()):
+            whole.append(s)
+        other = close & (own != s)
+        explained |= other
+        better = other & (got != 0) & (ratio < fit)
+        source, fit = torch.where(better, s, source), torch.where(better, ratio, fit)
+    if not bool(explained[wrong].all()):
+        return ""
+    told = wrong & (source >= 0)  # wrong values the ReLU did not cut to 0: the evidence
+    names = ", ".join(f"`{name}`" for name in per_channel)
+    fix = ("The per-channel values (weights, bias, a BN's scale and shift) were applied from the wrong channel: "
+           "check the channel index they are read with. For a plane index p = n * C + c (one (n, c) plane of "
+           "H * W elements), the channel is `p % C`; `p / C` is the batch index n. From a flat index i, the "
+           "channel is `(i / (H * W)) % C`, not `i % C`.")
+    if int(told.sum()) < _FEW:
+        zero = _all_zero(ev) if bool((got == 0).all()) and whole else ""
+        if zero:
+            # a ReLU cut every value: the whole output is the only evidence, and it fits two causes; the rerun
+            # shows that one of them computes exactly this, so it comes first, and the usual guess follows
+            said = f"every element of `{ev.name}` is 0"
+            for joint in (", and ", ": "):
+                zero = zero[len(said + joint):] if zero.startswith(said + joint) else zero
+            return (f"{said}, and so is what channel {whole[0]}'s per-channel values ({names}) give at every "
+                    f"position of this case. Is every channel computed with channel {whole[0]}'s values? {fix} "
+                    f"Otherwise: {zero}")
+        return ""
+    index = torch.nonzero(told)
+    s = source[told]
+    n, c = index[:, 0], index[:, 1]
+    first = tuple(int(v) for v in index[0])
+    example = (f"`{format_index(ev.name, first)}` (n = {first[0]}, channel {first[1]}) holds what channel "
+               f"{int(s[0])}'s values give there")
+    if got.shape[0] > 1 and bool((s == n).all()):
+        pattern = ("every wrong element holds what channel n's values give, n its batch index: the channel index "
+                   "is the batch index (`p / C` where `p % C` belongs?)")
+    elif bool((s == s[0]).all()):
+        batch = (" (with N = 1 the batch index n is 0 too: `p / C`, where `p % C` belongs, gives it)"
+                 if got.shape[0] == 1 and int(s[0]) == 0 else "")
+        pattern = (f"every wrong element holds what channel {int(s[0])}'s values give: the channel index is the "
+                   f"same for every thread{batch}")
+    else:
+        planes = n * channels + c
+        varies = any(len(set(s[planes == p].tolist())) > 1 for p in planes.unique().tolist()[:64])
+        pattern = ("within one (n, c) plane the channel changes from element to element: the channel index comes "
+                   "from the element's position (`i % C` of a flat index?), not from its plane" if varies else
+                   "each (n, c) plane holds another channel's values")
+    return (f"every wrong element of `{ev.name}` is what the reference gives at that position with another "
+            f"channel's per-channel values ({names}): {example}; {pattern}. {fix}")
 
 
 def _tail_start(bad: torch.Tensor, dim: int):
@@ -572,6 +670,7 @@ _RULES = (
     _nothing_written,
     _wrong_far_edge_read,
     _nan,
+    _channel_index_wrong,
     _only_the_first_along_a_dimension,
     _two_indices_swapped,
     _one_block_in_every_plane,

@@ -111,14 +111,16 @@ class OutputComparison:
 
 
 def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None, rtol: float | None = None, *,
-            name: str = "out", inputs: dict | None = None, wrote_outside: int = 0) -> OutputComparison:
+            name: str = "out", inputs: dict | None = None, wrote_outside: int = 0,
+            recompute=None) -> OutputComparison:
     """Judge ``got`` against ``expected`` (ideally a float64 reference) with ``got.dtype``'s tolerance.
 
     ``atol`` (absolute) and ``rtol`` override the defaults of ``fuselab.check.tolerance``. NaN or inf in ``got``
     pass only where ``expected`` has NaN, or the same infinity once rounded to ``got.dtype``. Elements that
     still hold fuselab's poison are reported as never written, not as wrong values. ``inputs`` (name -> tensor),
     the inputs that computed ``expected``, let a hint relate where the error is to an input's values;
-    ``wrote_outside``, the elements the candidate wrote around ``got`` (its guard bands), what an unwritten one means.
+    ``wrote_outside``, the elements the candidate wrote around ``got`` (its guard bands), what an unwritten one means;
+    ``recompute({name: tensor})``, ``expected`` from some inputs changed, lets a hint test what a bug computed.
     """
     got = torch.as_tensor(got)
     expected = torch.as_tensor(expected).to(got.device)
@@ -129,10 +131,10 @@ def compare(got: torch.Tensor, expected: torch.Tensor, atol: float | None = None
         )
     with torch.no_grad():
         return _compare_values(got, expected, tolerance_for(got.dtype, atol, rtol), name, inputs or {},
-                               wrote_outside)
+                               wrote_outside, recompute)
 
 
-def _compare_values(got, expected, tolerance, name, inputs, wrote_outside) -> OutputComparison:
+def _compare_values(got, expected, tolerance, name, inputs, wrote_outside, recompute=None) -> OutputComparison:
     poisoned = poison_mask(got)
     exact = not (got.dtype.is_floating_point or got.dtype.is_complex)
     wide = torch.complex128 if got.is_complex() or expected.is_complex() else torch.float64
@@ -188,7 +190,8 @@ def _compare_values(got, expected, tolerance, name, inputs, wrote_outside) -> Ou
     if bool(finite_bad.any()):
         result.worst = element(int(torch.where(finite_bad, error, -1.0).reshape(-1).argmax()))
     if not got.is_complex():
-        result.hint = hint_for(Evidence(g, e, bad, not_written, allowed, name, got.dtype, inputs, wrote_outside))
+        result.hint = hint_for(Evidence(g, e, bad, not_written, allowed, name, got.dtype, inputs, wrote_outside,
+                                        recompute))
     return result
 
 
