@@ -356,6 +356,26 @@ def test_a_course_folder_of_participant_numbers_keeps_its_one_lab(tmp_path, monk
     assert (out / "entries.json").read_bytes() == before and not list(out.glob("work/*/lab1"))
 
 
+def test_a_moodle_lab_again_keeps_its_numbers_and_a_number_off_the_worksheet_is_refused(tmp_path):
+    """A worksheet row without an email address keeps its participant number's id: the lab graded again is the same
+    student, not a second one. A number of the download that the worksheet does not name (another lab's worksheet)
+    is refused, saying which."""
+    lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True),
+                                                  ("Cy Ray", "", "1237", True)])
+    out = tmp_path / "course"
+    out.mkdir()
+    settings = pipeline.Settings(out=out, labs=["lab0"], roster=sheet0, progress=False)
+    pipeline.check_identities(lab0, settings)  # an empty folder
+    john = roster.email_id("js@uni.edu")
+    term.save_entries(out, {(john, "lab0"): term.Entry(john, "lab0", term.GRADED, lms_id="1234", lms="moodle"),
+                            ("Cy_Ray_1237", "lab0"): term.Entry("Cy_Ray_1237", "lab0", term.GRADED, lms_id="1237",
+                                                                lms="moodle")})
+    pipeline.check_identities(lab0, settings)  # the folder that run leaves, graded again
+    other = _write(tmp_path / "other.csv", WORKSHEET_HEADER + "Participant 1234,John Smith,js@uni.edu,,,-\n")
+    with pytest.raises(pipeline.GradingRefused, match="1237 of the download are not on the grading worksheet"):
+        pipeline.check_identities(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=other, progress=False))
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"

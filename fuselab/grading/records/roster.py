@@ -172,9 +172,11 @@ def by_email(people: list) -> dict:
     return numbers
 
 
-def worksheet_numbers(people: list) -> set:
-    """Every participant number a grading worksheet names (with an email address or not)."""
-    return {p["lms_id"] for p in people if p.get("lms") == "moodle" and p.get("identifier") and p.get("lms_id")}
+def worksheet_numbers(people: list, lab: str | None = None) -> set:
+    """Every participant number a grading worksheet names (with an email address or not); ``lab``: of the roster
+    kept, those of that lab's worksheet."""
+    return {p["lms_id"] for p in people if p.get("lms") == "moodle" and p.get("identifier") and p.get("lms_id")
+            and (lab is None or (p.get("worksheet") or {}).get("lab") == lab)}
 
 
 def with_lab_ids(people: list, kept: list, lab: str) -> list:
@@ -184,13 +186,13 @@ def with_lab_ids(people: list, kept: list, lab: str) -> list:
     earlier = {p["student"]: p for p in kept if p.get("identity") == EMAIL}
     merged = []
     for person in people:
+        if isinstance(person.get("worksheet"), dict):
+            person = {**person, "worksheet": {**person["worksheet"], "lab": lab}}
         if person.get("identity") != EMAIL:
             merged.append(person)
             continue
         before = earlier.pop(person["student"], {})
         person = {**person, "lab_ids": {**(before.get("lab_ids") or {}), lab: person["lms_id"]}}
-        if isinstance(person.get("worksheet"), dict):
-            person["worksheet"] = {**person["worksheet"], "lab": lab}
         merged.append(person)
     return merged + list(earlier.values())
 

@@ -732,7 +732,8 @@ def check_identities(source: Path, settings: Settings) -> None:
                                         students=settings.students, only_labs=settings.labs, moodle_ids=moodle_ids)
     numbered = [s for s in submissions if s.lms == "moodle" and s.lms_id not in moodle_ids]
     labs = sorted({s.lab for s in numbered})
-    named = roster.worksheet_numbers(people) if people else set(moodle_ids)
+    named = roster.worksheet_numbers(people) if people else \
+        set(moodle_ids) | roster.worksheet_numbers(roster.load(settings.out), next(iter(settings.labs or []), None))
     absent = sorted({s.lms_id for s in numbered} - named, key=int)
     if moodle_ids and absent:
         sheet = "the grading worksheet given (--roster)" if people else \
@@ -740,8 +741,11 @@ def check_identities(source: Path, settings: Settings) -> None:
         raise GradingRefused(f"participant number(s) {', '.join(absent[:5])} of the download are not on {sheet}: "
                              f"give {', '.join(labs)}'s own grading worksheet (Assignment > Download grading "
                              "worksheet, after the last submission) with --roster")
+    known = {e.student for e in entries}
+    numbered = [s for s in numbered if s.student not in known]  # the lab again: the same numbers, the same ids
     if not numbered:
         return
+    labs = sorted({s.lab for s in numbered})
     others = sorted({e.lab for e in entries} - set(labs))
     by_email = [e for e in entries if e.lms == "moodle" and not term.by_participant_number(e)]
     if not others and not by_email:
