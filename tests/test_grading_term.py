@@ -256,6 +256,127 @@ def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_p
     check("ann", "carol")
 
 
+def _fake_grade_lab(sub, out):
+    """What a grading run saves for one submission of any lab (full marks on its autograded tests), without
+    grading: the intake, ids, entries and outputs around it are the real ones."""
+    from fuselab import notebook as ipynb
+    from fuselab.grading.records.results import CellResult, SubmissionResult
+    instructor = json.loads((course.SOLUTIONS / sub.lab / nbgrader_run.notebook_name(sub.lab)).read_text())
+    cells = {ipynb.grade_id(c): CellResult(points=float(ipynb.points(c)), max_points=float(ipynb.points(c)),
+                                           status="passed")
+             for c in instructor["cells"] if ipynb.grade_id(c) and ipynb.is_graded(c) and not ipynb.is_hand_graded(c)}
+    result = SubmissionResult(student=sub.student, lab=sub.lab, cells=cells,
+                              total=sum(c.points for c in cells.values()),
+                              max_total=sum(c.max_points for c in cells.values()),
+                              manual_cells=pipeline.hand_graded(instructor), notebook=str(sub.notebook),
+                              notebook_sha=pipeline._sha(Path(sub.notebook)), sandbox=True)
+    (out / "work" / sub.student / sub.lab).mkdir(parents=True, exist_ok=True)
+    pipeline._write_result(out / "work" / sub.student / sub.lab / "result.json", result)
+    return result
+
+
+def _moodle_lab(base, lab, people, sheet=True):
+    """Moodle's download of ``lab`` (``people``: (name, email, participant number, submitted?)) and its grading
+    worksheet."""
+    root = base / f"{lab}-download"
+    for name, _, number, submitted in people:
+        if submitted:
+            _write(root / f"{name}_{number}_assignsubmission_file_" / f"{lab}.ipynb",
+                   (course.LABS / lab / nbgrader_run.notebook_name(lab)).read_text())
+    rows = "".join(f"Participant {number},{name},{email},Submitted for grading,,-\n"
+                   for name, email, number, _ in people)
+    return root, _write(base / f"{lab}-worksheet.csv", WORKSHEET_HEADER + rows)
+
+
+def test_a_moodle_term_in_one_course_folder(tmp_path, monkeypatch, capsys):
+    """Two Moodle labs, each graded with its grading worksheet, into one course folder: Moodle numbers everyone anew
+    in lab 1, yet each student is one row of grades.csv and one student of the gradebook (their id is their email
+    address's), who handed in nothing is missing, and the export writes each lab's worksheet with that lab's
+    numbers. A lab's download without its worksheet is refused, saying what to give; nothing is written."""
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True),
+                                                  ("Ann Lee", "al@uni.edu", "1235", True),
+                                                  ("Bo Park", "bp@uni.edu", "1236", False)])
+    lab1, sheet1 = _moodle_lab(tmp_path, "lab1", [("John Smith", "js@uni.edu", "2201", True),
+                                                  ("Ann Lee", "AL@uni.edu", "2202", False),
+                                                  ("Bo Park", "bp@uni.edu", "2203", True)])
+    john, ann, bo = (roster.email_id(e) for e in ("js@uni.edu", "al@uni.edu", "bp@uni.edu"))
+    assert len({john, ann, bo}) == 3 and all(intake.student_id(s) == s for s in (john, ann, bo))
+    pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=sheet0, progress=False))
+    # lab 1's download alone: its numbers are new, so it is refused until its worksheet is given
+    before = {p: p.read_bytes() for p in (out / "entries.json", out / "grades.csv", out / "roster.json")}
+    assert cli.main(["grade", str(lab1), "--out", str(out), "--labs", "lab1"]) != 0
+    err = capsys.readouterr().err
+    assert "--roster" in err and "worksheet" in err and "--out" in err and "John_Smith_2201" in err, err
+    assert {p: p.read_bytes() for p in before} == before and not list(out.glob("work/*/lab1"))
+    second = pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], roster=sheet1, progress=False))
+    rows = _rows(out / "grades.csv")
+    assert sorted(rows) == sorted([john, ann, bo])
+    assert rows[john]["lab0 status"] == rows[john]["lab1 status"] == "graded"
+    assert rows[ann]["lab0 status"] == "graded" and rows[ann]["lab1 status"] == "missing"
+    assert rows[bo]["lab0 status"] == "missing" and rows[bo]["lab1 status"] == "graded"
+    assert cli.missing_line(second.standings, {"lab1"}) == f"missing (nothing submitted, 0 in grades.csv): {ann}/lab1"
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        assert sorted(s.id for s in gradebook.students) == sorted([john, ann, bo])
+        assert gradebook.find_student(bo).email == "bp@uni.edu"
+    # the lab again without its worksheet (after hand grading): the numbers kept for lab 0 still say who is who
+    pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    assert sorted(_rows(out / "grades.csv")) == sorted([john, ann, bo])
+    export.write(out)
+    for lab, numbers in (("lab0", {"1234": "John Smith", "1235": "Ann Lee", "1236": "Bo Park"}),
+                         ("lab1", {"2201": "John Smith", "2202": "Ann Lee", "2203": "Bo Park"})):
+        with open(out / "export" / f"moodle-{lab}.csv", encoding="utf-8") as handle:
+            sheet = {row["Identifier"]: row for row in csv.DictReader(handle)}
+        assert {k: row["Full name"] for k, row in sheet.items()} == {f"Participant {n}": name
+                                                                     for n, name in numbers.items()}
+        missing = "1236" if lab == "lab0" else "2202"
+        assert sheet[f"Participant {missing}"]["Grade"] == "0"
+
+
+def test_a_course_folder_of_participant_numbers_keeps_its_one_lab(tmp_path, monkeypatch, capsys):
+    """A course folder whose Moodle students are under participant numbers (a lab graded without its worksheet,
+    as every Moodle lab was before ids by email) grades that lab again as before, worksheet or not; another lab there
+    is refused, saying to give it its own folder, nothing written."""
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True)])
+    lab1, sheet1 = _moodle_lab(tmp_path, "lab1", [("John Smith", "js@uni.edu", "2201", True)])
+    pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=sheet0, progress=False))
+    assert sorted(_rows(out / "grades.csv")) == ["John_Smith_1234"]
+    before = (out / "entries.json").read_bytes()
+    assert cli.main(["grade", str(lab1), "--out", str(out), "--labs", "lab1", "--roster", str(sheet1)]) != 0
+    err = capsys.readouterr().err
+    assert "participant numbers" in err and "own --out" in err and "new course folder" in err, err
+    assert (out / "entries.json").read_bytes() == before and not list(out.glob("work/*/lab1"))
+
+
+def test_a_moodle_lab_again_keeps_its_numbers_and_a_number_off_the_worksheet_is_refused(tmp_path):
+    """A worksheet row without an email address keeps its participant number's id: the lab graded again is the same
+    student, not a second one. A number of the download that the worksheet does not name (another lab's worksheet)
+    is refused, saying which."""
+    lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True),
+                                                  ("Cy Ray", "", "1237", True)])
+    out = tmp_path / "course"
+    out.mkdir()
+    settings = pipeline.Settings(out=out, labs=["lab0"], roster=sheet0, progress=False)
+    pipeline.check_identities(lab0, settings)  # an empty folder
+    john = roster.email_id("js@uni.edu")
+    term.save_entries(out, {(john, "lab0"): term.Entry(john, "lab0", term.GRADED, lms_id="1234", lms="moodle"),
+                            ("Cy_Ray_1237", "lab0"): term.Entry("Cy_Ray_1237", "lab0", term.GRADED, lms_id="1237",
+                                                                lms="moodle")})
+    pipeline.check_identities(lab0, settings)  # the folder that run leaves, graded again
+    other = _write(tmp_path / "other.csv", WORKSHEET_HEADER + "Participant 1234,John Smith,js@uni.edu,,,-\n")
+    with pytest.raises(pipeline.GradingRefused, match="1237 of the download are not on the grading worksheet"):
+        pipeline.check_identities(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=other, progress=False))
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"

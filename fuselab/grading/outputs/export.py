@@ -194,6 +194,8 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
                 if number is None or (student, lab) not in cells:
                     continue
                 sheet = p["person"].get("worksheet") if p["person"].get("lms_id") == number else None
+                if not isinstance(sheet, dict) or sheet.get("lab", lab) != lab:
+                    sheet = None  # the worksheet kept is another lab's (ids by email keep the latest)
                 most = (sheet or {}).get("maximum")
                 if isinstance(most, (int, float)) and most > 0:
                     theirs.add(float(most))  # the worksheet's Maximum Grade: the assignment's in Moodle

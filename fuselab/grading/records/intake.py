@@ -23,7 +23,8 @@ a hidden folder) becomes a ``Problem`` listed in the report; it never stops the 
 a notebook that is graded for the same lab, a note on it.
 
 Identity: an LMS's student id is part of the student id (Canvas ``smithjane_123``, Moodle ``John_Smith_1234``), so
-two students with one display name stay two; two folders whose names clean up to one id are both refused, never
+two students with one display name stay two; a Moodle download graded with its grading worksheet gives each
+student the id of their email address instead (``roster.email_id``), since Moodle's number is one assignment's; two folders whose names clean up to one id are both refused, never
 merged. A zip holding one folder is that folder's content only when what is inside looks like students (a zip of
 ``alice/lab0/...`` is alice's).
 """
@@ -387,11 +388,14 @@ def _class_folder(root: Path, labs: dict) -> Path:
     return single if any(p.is_dir() for p in inside) and not looks_like_a_student else root
 
 
-def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None, seen: set | None = None):
+def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None, seen: set | None = None,
+            moodle_ids: dict | None = None):
     """Find every submission under ``source`` (a folder or a zip) and copy it to ``staging/<student>/<lab>/``.
 
     ``labs``: ``{lab: notebook file name}`` of the course. Returns ``(submissions, problems)``; ``seen``, where
-    given, gets the id of every student in ``source`` (whatever ``students`` picks).
+    given, gets the id of every student in ``source`` (whatever ``students`` picks). ``moodle_ids``: ``{participant
+    number: student id}`` from the lab's grading worksheet (``roster.by_email``): a Moodle entry whose number is
+    there gets that id, the same in every lab, instead of ``<Full Name>_<number>``.
     """
     source = Path(source)
     staging = Path(staging)
@@ -414,10 +418,16 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     on_disk: dict = {}      # student id → the first folder or file of theirs, by its name on disk
     others: list = []       # (student id or None, path below the root, path below the student): not notebooks
     facts: dict = {}        # student id → what the LMS's names say (lms_id, late)
+    renamed: dict = {}      # a Moodle entry's <Full Name>_<number> → its id by email (``moodle_ids``)
     unreadable: list = []
     for relative in _files(root, unreadable):
         path = root / relative
         owner, below = _owner(relative)
+        if moodle_ids and owner is not None:
+            said = _lms_facts(relative)
+            if said.get("lms") == "moodle" and said["lms_id"] in moodle_ids:
+                renamed[student_id(owner)] = moodle_ids[said["lms_id"]]
+                owner = moodle_ids[said["lms_id"]]
         hidden = _hidden(relative)
         if hidden == "junk":
             continue
@@ -550,6 +560,8 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     for key, names in beside.items():  # one note, however many files
         graded[key].warnings.append(f"also uploaded {', '.join(names[:5])}{' and more' if len(names) > 5 else ''}"
                                     ": not a notebook, not graded")
+    for problem in problems:  # a problem told by the name on disk (a zip member, an unreadable folder)
+        problem.student = renamed.get(problem.student, problem.student)
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems
 

@@ -17,11 +17,16 @@ Read as it comes out of the LMS (``fuselab grade --roster FILE``):
 Each person gets the student id intake gives their submissions (matched by the LMS's id, else by name), so a
 roster student with nothing submitted is one row, not two. The roster is saved in the course folder
 (``roster.json``) and kept by later runs until another ``--roster`` replaces it.
+
+Moodle numbers each student anew in every assignment, so a grading worksheet's people get the id of their email
+address (``email_id``, the same in every lab of the term; ``by_email``), and each keeps the participant number of
+every lab whose worksheet named them (``lab_ids``): a later lab's worksheet adds its numbers to the people kept.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -137,12 +142,75 @@ def worksheet_facts(people: list, entries: dict, lab: str) -> None:
             entry.submitted = entry.submitted or facts["submitted"]
 
 
+EMAIL = "email"  # a person's ``identity``: their student id is their email address's (``email_id``)
+
+
+def email_id(email: str) -> str:
+    """The student id of an email address, the same in every lab: its name before the ``@`` (cleaned as every
+    student id is) and 8 hex digits of its hash, so two addresses never share one."""
+    normal = email.strip().lower()
+    digest = hashlib.sha256(normal.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{student_id(normal.rsplit('@', 1)[0])[:40]}_{digest}"
+
+
+def by_email(people: list) -> dict:
+    """A grading worksheet's people with an email address under ``email_id`` (in place); returns ``{participant
+    number: student id}`` for intake (``intake.collect``'s ``moodle_ids``). Raises ``RosterError`` for one address
+    given to two participants (which of them is whose, nobody can tell)."""
+    numbers, owners = {}, {}
+    for person in people:
+        email = str(person.get("email") or "")
+        if person.get("lms") != "moodle" or not person.get("identifier") or "@" not in email:
+            continue
+        student = email_id(email)
+        if owners.setdefault(student, person["lms_id"]) != person["lms_id"]:
+            raise RosterError(f"participants {owners[student]} and {person['lms_id']} of the grading worksheet "
+                              f"have one email address ({printable(email)}): correct it in Moodle and download "
+                              "the worksheet again")
+        person["student"], person["identity"] = student, EMAIL
+        numbers[person["lms_id"]] = student
+    return numbers
+
+
+def worksheet_numbers(people: list, lab: str | None = None) -> set:
+    """Every participant number a grading worksheet names (with an email address or not); ``lab``: of the roster
+    kept, those of that lab's worksheet."""
+    return {p["lms_id"] for p in people if p.get("lms") == "moodle" and p.get("identifier") and p.get("lms_id")
+            and (lab is None or (p.get("worksheet") or {}).get("lab") == lab)}
+
+
+def with_lab_ids(people: list, kept: list, lab: str) -> list:
+    """The roster to keep after ``lab``'s grading worksheet (``people``, ids by email): its people, each with the
+    participant numbers of the earlier labs (``kept``) and ``lab``'s, and the kept people it does not name (their
+    earlier labs stay theirs)."""
+    earlier = {p["student"]: p for p in kept if p.get("identity") == EMAIL}
+    merged = []
+    for person in people:
+        if isinstance(person.get("worksheet"), dict):
+            person = {**person, "worksheet": {**person["worksheet"], "lab": lab}}
+        if person.get("identity") != EMAIL:
+            merged.append(person)
+            continue
+        before = earlier.pop(person["student"], {})
+        person = {**person, "lab_ids": {**(before.get("lab_ids") or {}), lab: person["lms_id"]}}
+        merged.append(person)
+    return merged + list(earlier.values())
+
+
+def lab_numbers(people: list, lab: str) -> dict:
+    """``{participant number: student id}`` of ``lab`` from the roster kept (the worksheets given for it)."""
+    return {p["lab_ids"][lab]: p["student"] for p in people
+            if p.get("identity") == EMAIL and isinstance(p.get("lab_ids"), dict) and lab in p["lab_ids"]}
+
+
 def match(people: list, entries: dict) -> list:
     """Each person under the student id intake gave their submissions: the same LMS id, else (no id: Moodle's
     grade export) an id that is their name followed by a number."""
     by_lms = {e.lms_id: e.student for e in entries.values() if e.lms_id}
     students = {e.student for e in entries.values()}
     for person in people:
+        if person.get("identity") == EMAIL:
+            continue  # their id is their email's already, whatever number another lab gave someone
         if person.get("lms_id") and person["lms_id"] in by_lms:
             person["student"] = by_lms[person["lms_id"]]
         elif not person.get("lms_id"):

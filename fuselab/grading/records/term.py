@@ -131,12 +131,22 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
     return entries
 
 
+def by_participant_number(entry: Entry) -> bool:
+    """A Moodle entry under ``<Full Name>_<participant number>`` (graded without its lab's grading worksheet, or by
+    a fuselab before ids by email): that id is its lab's alone."""
+    return entry.lms == "moodle" and bool(entry.lms_id) and entry.student.endswith(f"_{entry.lms_id}")
+
+
 def record_course(out: Path, submissions: list, graded: set, problems: list, run_labs, people=None) -> dict:
     """``record_run``, and the roster: this run's (``people``, read from ``--roster``) or the one kept, matched
-    to the entries' ids and saved; a Moodle grading worksheet's late marks and times go to the run's one lab."""
+    to the entries' ids and saved; a Moodle grading worksheet's late marks and times go to the run's one lab, and
+    its participant numbers are kept as that lab's (``roster.with_lab_ids``)."""
     from . import roster
+    before = roster.load(out)
     entries = record_run(out, submissions, graded, problems, run_labs)
-    kept = people if people is not None else roster.load(out)
+    kept = people if people is not None else before
+    if people and len(set(run_labs)) == 1:
+        kept = roster.with_lab_ids(people, before, next(iter(run_labs)))
     if kept:
         roster.save(out, roster.match(kept, entries))
     if people and len(set(run_labs)) == 1:  # a grading worksheet is one assignment's: this run's lab
@@ -190,13 +200,19 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
     # the class: the roster, and whoever the course graded a lab of, under an id that is theirs in every lab (a
     # Canvas id or a folder's name; Moodle numbers a student anew in each assignment, so an id of its download is
     # one lab's: its worksheet, given as --roster, says who is missing there)
+    # a Moodle student with an id by email (their worksheets') is of the class in each lab whose worksheet named
+    # them, with that lab's participant number
     known = {s.student: (s.lms_id, s.lms) for s in by_key.values()
              if s.status == GRADED and s.lms != "moodle" and not s.student.startswith(NOBODY)}
     known.update({student: (p.get("lms_id"), p.get("lms")) for student, p in people_by_id.items()})
     for student, (lms_id, lms) in known.items():
+        lab_ids = _lab_ids(people_by_id.get(student, {}))
         for lab in graded_labs:
+            if lab_ids is not None and lab not in lab_ids:
+                continue
             by_key.setdefault((student, lab), Standing(student, lab, MISSING, why="missing: nothing submitted",
-                                                       lms_id=lms_id, lms=lms))
+                                                       lms_id=lab_ids[lab] if lab_ids is not None else lms_id,
+                                                       lms=lms))
     for standing in by_key.values():
         when = (due or {}).get(standing.lab)
         if when is not None and standing.submitted:
@@ -204,5 +220,14 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
             standing.late = standing.late or parse_utc(standing.submitted) > when
         standing.person = people_by_id.get(standing.student, {})
         if standing.lms_id is None:
-            standing.lms_id, standing.lms = standing.person.get("lms_id"), standing.person.get("lms")
+            lab_ids = _lab_ids(standing.person)
+            standing.lms_id = lab_ids.get(standing.lab) if lab_ids is not None else standing.person.get("lms_id")
+            standing.lms = standing.person.get("lms")
     return [by_key[k] for k in sorted(by_key)]
+
+
+def _lab_ids(person: dict) -> dict | None:
+    """A Moodle person's participant number in each lab whose worksheet named them (``roster.with_lab_ids``);
+    None for anyone else (one LMS id for the term)."""
+    lab_ids = person.get("lab_ids")
+    return lab_ids if isinstance(lab_ids, dict) else None

@@ -493,6 +493,7 @@ def grade(source, settings: Settings) -> ClassResult:
     check_out(settings.out, Path(source))
     check_source(Path(source), settings)
     check_names(Path(source), settings)  # a misspelled name is said first: before a sandbox that may not work
+    check_identities(Path(source), settings)  # a Moodle lab that would make its students new ones
     check_sandbox(settings)
     settings.out = Path(settings.out).resolve()
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -565,6 +566,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     due = _due_dates(settings.due)
     try:  # a roster that cannot be read stops the run before anything is graded
         people = roster.read(settings.roster) if settings.roster else None
+        moodle_ids = _moodle_ids(settings, people)
     except (OSError, roster.RosterError) as exc:
         raise GradingRefused(f"--roster: {exc}") from None
     notebook_names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}  # to recognise all
@@ -576,7 +578,8 @@ def _grade(source, settings: Settings) -> ClassResult:
     with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
         with run_progress.phase("course set-up", 2, "step", settings.progress) as bar:
             submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
-                                                   students=settings.students, only_labs=labs, seen=seen)
+                                                   students=settings.students, only_labs=labs, seen=seen,
+                                                   moodle_ids=moodle_ids)
             bar.update()
             _check_students(settings.students, seen, source)
             if settings.students:  # a run over some students changes nobody else's rows
@@ -683,11 +686,81 @@ def check_names(source: Path, settings: Settings) -> None:
         return
     import tempfile
     seen: set = set()
+    try:
+        moodle_ids = _moodle_ids(settings, roster.read(settings.roster) if settings.roster else None)
+    except (OSError, roster.RosterError):
+        moodle_ids = {}  # said by the run, before anything is graded
     with tempfile.TemporaryDirectory(prefix="fuselab-names-") as scratch:
         intake.collect(Path(source), Path(scratch) / "submissions",
                        {lab: nbgrader_run.notebook_name(lab) for lab in known}, students=settings.students,
-                       only_labs=settings.labs, seen=seen)
+                       only_labs=settings.labs, seen=seen, moodle_ids=moodle_ids)
     _check_students(settings.students, seen, source)
+
+
+def _moodle_ids(settings: Settings, people: list | None) -> dict:
+    """``{participant number: student id}`` for intake: a Moodle grading worksheet's (``--roster``; its people
+    get their ids by email, in place), else the kept one of the run's one lab (``--labs``). None for a course
+    folder whose Moodle students are all under participant numbers (graded without worksheets, or by a fuselab
+    before ids by email): it goes on as it began, one lab per folder (``check_identities``)."""
+    entries = [e for e in term.load_entries(settings.out).values() if e.lms == "moodle"]
+    if any(map(term.by_participant_number, entries)) and all(map(term.by_participant_number, entries)):
+        return {}
+    if people is not None:
+        return roster.by_email(people)
+    if settings.labs and len(set(settings.labs)) == 1:
+        return roster.lab_numbers(roster.load(settings.out), next(iter(settings.labs)))
+    return {}
+
+
+def check_identities(source: Path, settings: Settings) -> None:
+    """Refuse (before anything is written) a Moodle download that would give students already in the course folder
+    a second id: Moodle's participant numbers are one assignment's, so without the lab's grading worksheet (its
+    email addresses) a student of another lab there cannot be told from a new one."""
+    try:
+        people = roster.read(settings.roster) if settings.roster else None
+        moodle_ids = _moodle_ids(settings, people)
+    except (OSError, roster.RosterError):
+        return  # said by the run, before anything is graded
+    entries = [e for e in term.load_entries(settings.out).values()
+               if not e.student.startswith(term.NOBODY) and e.lab != term.UNKNOWN_LAB]
+    if not entries and not moodle_ids:
+        return  # a first lab: nobody to tell apart
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="fuselab-ids-") as scratch:
+        submissions, _ = intake.collect(Path(source), Path(scratch) / "submissions",
+                                        {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()},
+                                        students=settings.students, only_labs=settings.labs, moodle_ids=moodle_ids)
+    numbered = [s for s in submissions if s.lms == "moodle" and s.lms_id not in moodle_ids]
+    labs = sorted({s.lab for s in numbered})
+    named = roster.worksheet_numbers(people) if people else \
+        set(moodle_ids) | roster.worksheet_numbers(roster.load(settings.out), next(iter(settings.labs or []), None))
+    absent = sorted({s.lms_id for s in numbered} - named, key=int)
+    if moodle_ids and absent:
+        sheet = "the grading worksheet given (--roster)" if people else \
+            f"the grading worksheet of {', '.join(labs)} kept in {settings.out}"
+        raise GradingRefused(f"participant number(s) {', '.join(absent[:5])} of the download are not on {sheet}: "
+                             f"give {', '.join(labs)}'s own grading worksheet (Assignment > Download grading "
+                             "worksheet, after the last submission) with --roster")
+    known = {e.student for e in entries}
+    numbered = [s for s in numbered if s.student not in known]  # the lab again: the same numbers, the same ids
+    if not numbered:
+        return
+    labs = sorted({s.lab for s in numbered})
+    others = sorted({e.lab for e in entries} - set(labs))
+    by_email = [e for e in entries if e.lms == "moodle" and not term.by_participant_number(e)]
+    if not others and not by_email:
+        return  # the lab again, in its own folder: the same numbers
+    examples = ", ".join(sorted({s.student for s in numbered})[:3])
+    if any(map(term.by_participant_number, entries)) and not by_email:
+        raise GradingRefused(f"{settings.out} holds Moodle students under {', '.join(sorted({e.lab for e in entries}))}"
+                             f"'s participant numbers, and Moodle numbers them anew in {', '.join(labs)}: its "
+                             f"students ({examples}, ...) would be counted a second time. Grade {', '.join(labs)} "
+                             "into its own --out, or start a new course folder and grade each lab there with its "
+                             "grading worksheet (--roster)")
+    raise GradingRefused(f"{settings.out} already holds the course's students, and Moodle's download names them by "
+                         f"participant numbers of {', '.join(labs)} alone ({examples}, ...): they would be new "
+                         f"students there. Give {', '.join(labs)}'s grading worksheet (Assignment > Download grading "
+                         "worksheet, with the Email address column) with --roster, or grade it into its own --out")
 
 
 def _check_students(students, seen: set, source) -> None:
