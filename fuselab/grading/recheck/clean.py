@@ -54,7 +54,8 @@ from ..sandbox import isolate
 from . import transfer
 from ..gpus.lease import LeaseServer
 from ..sandbox.untrusted import Folder
-from .channel import ANSWERS_FD_ENV, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned, Receiver, grant_line
+from .channel import (ANSWERS_FD_ENV, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned,
+                      Receiver, grant_line)
 from .demos import demo_problems
 from .sanitize import sanitize_cell
 

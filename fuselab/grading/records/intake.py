@@ -24,8 +24,8 @@ a notebook that is graded for the same lab, a note on it.
 
 Identity: an LMS's student id is part of the student id (Canvas ``smithjane_123``, Moodle ``John_Smith_1234``), so
 two students with one display name stay two; a Moodle download graded with its grading worksheet gives each
-student the id of their email address instead (``roster.email_id``), since Moodle's number is one assignment's; two folders whose names clean up to one id are both refused, never
-merged. A zip holding one folder is that folder's content only when what is inside looks like students (a zip of
+student the id of their email address instead (``roster.email_id``), since Moodle's number is one assignment's;
+two folders whose names clean up to one id are both refused, never merged. A zip holding one folder is that folder's content only when what is inside looks like students (a zip of
 ``alice/lab0/...`` is alice's).
 """
 
