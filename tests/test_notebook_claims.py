@@ -963,35 +963,52 @@ def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     assert f"{each} each on the CPU emulation of an idle 2-core machine" in design, each
 
 
-def test_results_quotes_the_saved_h100_runs_of_806dfe0():
-    """docs/RESULTS.md's "Today" throughput and sample-class lines on the H100 are the saved files' numbers."""
+def test_results_quotes_the_saved_h200_runs_of_5798945():
+    """docs/RESULTS.md's "Today" throughput and sample-class lines on the H200 are the saved files' numbers."""
     results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
-    saved = json.loads((ROOT / "docs" / "results" / "throughput-h100-806dfe0.json").read_text())["throughput"]
+    saved = json.loads((ROOT / "docs" / "results" / "throughput-h200-5798945.json").read_text())
+    assert saved["env"]["gpu"] == "NVIDIA H200" and saved["env"]["commit"] == "5798945"
+    saved = saved["throughput"]
     phases, regrade = saved["phases"], saved["one_student_regrade"]["phases"]
     count = phases["submissions"]["count"]
     cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
-    quoted = [f"{saved['full_marks']}/{count} full marks",
+    by_process = saved["cpu_by_process"]
+    quoted = [f"{saved['full_marks']}/{count} full marks", f"**{count} submission-labs**",
               f"Submissions phase **{phases['submissions']['seconds']:.1f} s = {phases['submissions']['seconds_each']:.2f} s each**",
               f"**{cpu:.1f} core-s each** counted by process",
               f"reaped: {phases['submissions']['cpu_seconds_each']:.2f})",
               f"**{phases['wall_seconds']:.1f} s all-in**",
               f"Fixed: **{phases['fixed']['seconds']:.1f} s**",
               f"intake and course {phases['fixed']['intake and course']['seconds']:.1f} s",
+              f"the four reference runs {phases['fixed']['reference runs']['seconds']:.1f} s / "
+              f"{phases['fixed']['reference runs']['cpu_seconds']:.1f} s CPU",
               f"outputs {phases['outputs']['seconds']:.1f} s",
               f"**{regrade['wall_seconds']:.1f} s all-in**, references reused",
+              f"submissions {regrade['submissions']['seconds']:.1f} s, outputs {regrade['outputs']['seconds']:.1f} s",
               f"GPU memory peak {saved['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB",
               f"CPU {saved['load_while_grading']['cpu_busy'] * 100:.0f} % busy",
-              f"**{saved['jobs']} sharing the GPU**"]
+              f"**{saved['jobs']} sharing the GPU**",
+              f"short processes no scan saw {by_process['missed']:.1f}", f"compilers {by_process['compiler']:.1f}",
+              f"the class of {count} {phases['wall_seconds']:.1f} s (≤ 300: missed)",
+              f"regrade {regrade['wall_seconds']:.1f} s (< 30: missed)"]
     quoted += [f"{step} {seconds:.2f}" for step, seconds in phases["per_submission_median"].items()
-               if step in ("start", "build", "tests")]
-    quoted += [f"{name} {seconds:.1f}" for name, seconds in saved["cpu_by_process"].items()
+               if step in ("start", "build", "tests", "timing waits", "GPU held")]
+    quoted += [f"{name} {seconds:.1f}" for name, seconds in by_process.items()
                if name in ("checker", "kernel worker", "solution worker")]
+    steps = phases["cpu_per_submission_mean"]
+    quoted += [" + ".join(f"{steps[f'start, {p}']:.2f}" for p in ("solution worker", "checker", "kernel worker")),
+               f"tests {steps['tests, checker']:.2f}",
+               f"builds {steps['build, kernel worker']:.2f} and tests {steps['tests, kernel worker']:.2f}"]
     for text in quoted:
         assert text in results, text
     assert regrade["references_reused"] and saved["full_marks"] == count
-    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-806dfe0.json").read_text())["samples"]
+    assert not any(t["met"] for t in saved["targets"] if t["measured"] is not None)  # "missed" above, each of them
+    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h200-samples-5798945.json").read_text())
+    assert samples["env"]["gpu"] == "NVIDIA H200" and samples["env"]["commit"] == "5798945"
+    samples = samples["samples"]
     ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
-    assert samples["headline"].startswith("40/40 samples graded as they deserve")
+    assert samples["headline"].startswith("40/40 samples graded as they deserve") and samples["problems"] == []
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40
     assert f"**40/40 samples got the grade they deserve**, {samples['seconds']:.0f} s" in results
     assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
     assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
