@@ -818,13 +818,13 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
         lab_pages = {**lab_pages, **(feedback.lab_sources(missing_pages) if missing_pages else {})}
     late = {(s.student, s.lab): s for s in class_result.standings}
     bar = run_progress.phase("gradebook", len(ordered), "submission", getattr(settings, "progress", False))
-    for result in ordered:
-        # formgrader's copy is the notebook as submitted, its hidden tests cut (``nbgrader_run.record``):
-        # nbgrader's feedback buttons render it
-        standing = late.get((result.student, result.lab))
-        nbgrader_run.record(course_root, result.student, result.lab, result.points, result.notebook,
-                            timestamp=standing.submitted if standing else None)
-        bar.update()
+    # formgrader's copy is the notebook as submitted, its hidden tests cut (``nbgrader_run.record``): nbgrader's
+    # feedback buttons render it
+    nbgrader_run.record(course_root, [
+        nbgrader_run.Recorded(result.student, result.lab, result.points, result.notebook,
+                              late[(result.student, result.lab)].submitted
+                              if (result.student, result.lab) in late else None)
+        for result in ordered], progress=bar.update)
     bar.close()
     # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
     ordered = handgrading.apply(ordered, course_root / "gradebook.db")
