@@ -184,6 +184,30 @@ def test_a_device_lambda_builds_on_every_backend(backend):
         torch.testing.assert_close(out, x * 2.5)
 
 
+def test_nvcc_is_asked_for_extended_lambdas_only_where_the_text_writes_one():
+    """``--extended-lambda`` costs a third of a small build's CPU: given where a lambda is marked for the device."""
+    from fuselab import prototypes
+    from fuselab.kernelbuild import cuda
+    protos = prototypes.parse_all([PROTO])
+    plain = cuda.job(scale_source("plain"), protos, "plain.cu", [])
+    with_lambda = cuda.job(LAMBDA_SOURCE, protos, "lambda.cu", [])
+    assert cuda.EXTENDED_LAMBDA not in plain.cuda_cflags and cuda.EXTENDED_LAMBDA in with_lambda.cuda_cflags
+    for text in ("[=] __device__ (int i) { }", "[&](int i) __device__ { }", "[=](float a) mutable __device__ {}",
+                 "[]__host__ __device__(){}", "[=](const float* (p)) __host__ __device__ { }"):
+        assert cuda.DEVICE_LAMBDA.search(text), text
+
+
+def test_a_device_lambda_the_text_hides_behind_a_macro_still_builds():
+    """A lambda whose ``__device__`` comes from a macro is not seen in the text: the build that fails without
+    extended lambdas is compiled again with them, so the student's kernel builds and runs."""
+    source = "#define ON_GPU __host__ __device__\n" + LAMBDA_SOURCE.replace("__host__ __device__", "ON_GPU")
+    from fuselab import prototypes
+    from fuselab.kernelbuild import cuda
+    assert cuda.EXTENDED_LAMBDA not in cuda.job(source, prototypes.parse_all([PROTO]), "m.cu", []).cuda_cflags
+    mod = fuselab.build(source, [PROTO], name="device_lambda_macro", backend="cuda")
+    assert mod.backend == "cuda"
+
+
 @pytest.mark.parametrize("backend", ["cuda", "emulate"])
 def test_a_function_declared_and_never_written_is_named_not_blamed_on_the_launchers(backend):
     source = scale_source(f"undefined {backend}").replace("void scale(", "void helper(int);\nvoid scale(", 1)
