@@ -287,3 +287,23 @@ def test_zips_inside_a_zip_write_only_notebooks_and_the_class_has_one_budget(tmp
     assert "bob: " in text and "too large to grade" in text, text
     assert "would pass what the whole class may unpack" in text, text
     assert written < 3_000_000 + 100_000, written  # the zeros and the refused notebooks never reached the disk
+
+
+def test_only_a_download_with_moodle_names_or_inner_zips_may_hold_moodle(tmp_path):
+    """``may_hold_moodle`` lets the Moodle identity check skip unpacking a Canvas download or a class folder a
+    second time; any Moodle name, in a folder or a zip, at any depth, and any zip inside say it may."""
+    canvas = tmp_path / "canvas.zip"
+    with zipfile.ZipFile(canvas, "w") as zf:
+        zf.writestr("smithjohn_1002_5002_lab0.ipynb", NB)
+        zf.writestr("jonesmary_LATE_1003_5003_lab0-1.ipynb", NB)
+    folder = tmp_path / "class"
+    _write(folder / "alice" / "lab0" / "lab0.ipynb")
+    assert not intake.may_hold_moodle(canvas) and not intake.may_hold_moodle(folder)
+    moodle = tmp_path / "moodle.zip"
+    with zipfile.ZipFile(moodle, "w") as zf:
+        zf.writestr("lab0/John Smith_1234_assignsubmission_file_/lab0.ipynb", NB)
+    flat = tmp_path / "flat"
+    _write(flat / "wrapper" / "John Smith_1234_assignsubmission_file_lab0.ipynb")
+    inner = tmp_path / "inner"
+    _write(inner / "alice.zip", "")
+    assert intake.may_hold_moodle(moodle) and intake.may_hold_moodle(flat) and intake.may_hold_moodle(inner)

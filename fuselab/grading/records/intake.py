@@ -374,6 +374,29 @@ def _escapes(path: Path, within: Path) -> bool:
         return True
 
 
+def may_hold_moodle(source: Path, max_names: int = 200_000) -> bool:
+    """Whether ``source`` (a folder or a zip) may hold a Moodle download: a name anywhere in it that Moodle writes
+    (``<Full Name>_<number>_assignsubmission_...``), or a zip inside it (not opened here). Names only: nothing
+    is unpacked, no link is followed; past ``max_names`` names, True."""
+    def moodle(name: str) -> bool:
+        return bool(_MOODLE.match(name) or _MOODLE_FILE.match(name)) or name.lower().endswith(".zip")
+
+    source = Path(source)
+    try:
+        if source.is_file():
+            with zipfile.ZipFile(source) as zf:
+                names = zf.namelist()
+            return len(names) > max_names or any(moodle(part) for n in names for part in n.split("/") if part)
+        seen = 0
+        for _folder, dirs, files in os.walk(source):
+            seen += len(dirs) + len(files)
+            if seen > max_names or any(moodle(name) for name in dirs + files):
+                return True
+        return False
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError):
+        return True  # the intake says what is wrong with it
+
+
 def _class_folder(root: Path, labs: dict) -> Path:
     """The folder the students are in: a zip of the class folder itself holds one folder of students; a zip of
     one student's folder (``alice/lab0/...``) is not that."""

@@ -725,6 +725,8 @@ def check_identities(source: Path, settings: Settings) -> None:
                if not e.student.startswith(term.NOBODY) and e.lab != term.UNKNOWN_LAB]
     if not entries and not moodle_ids:
         return  # a first lab: nobody to tell apart
+    if not intake.may_hold_moodle(Path(source)):
+        return  # no Moodle name in it (a Canvas download, a class folder): nobody to number
     import tempfile
     with tempfile.TemporaryDirectory(prefix="fuselab-ids-") as scratch:
         submissions, _ = intake.collect(Path(source), Path(scratch) / "submissions",
