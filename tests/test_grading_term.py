@@ -162,6 +162,8 @@ def test_a_moodle_worksheet_gives_late_marks_times_and_the_missing(tmp_path, mon
                           ["Participant 1234", "John Smith", "js@uni.edu", "4.5", "12"]]
     assert [(s, lab) for s, lab, _ in done.not_graded] == [("Ann_Lee_1235", "lab0")]
     assert not (out / "export" / "canvas-grades.csv").exists()
+    # the LMS it has no ids of is said, not skipped in silence (docs/ta-guide.md)
+    assert [p for p in done.problems if p.startswith("no Canvas file: no student of")] == done.problems != []
 
 
 def test_a_later_run_of_the_lab_without_the_worksheet_keeps_its_late_marks(tmp_path):

@@ -117,7 +117,8 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
         if s.lms_id:
             person["ids"].setdefault(s.lms or s.person.get("lms") or "", {})[s.lab] = s.lms_id
     has = {name: any(name in p["ids"] for p in people.values()) for name in LMSS}
-    asked = list(lms) if lms else [name for name in LMSS if has[name]]
+    # every LMS unless one was named: one the course has no ids of is a line of the output, never left unsaid
+    asked = list(lms) if lms else list(LMSS) if any(has.values()) else []
     problems = []  # a file that could not be written and what to do: an error where it was asked for by name
     refused = []   # a file the export will not write until the TA decides: always an error
     for name in asked:
