@@ -142,6 +142,9 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     ann = next(r for r in before if r["student"] == "ann")
     assert ann["lab0/answer_sweep"] == ""  # not yet graded by hand
     auto_total, maximum = float(ann["lab0 total"]), float(ann["lab0 max"])
+    # the report's "To look at" says whose written answers wait for a person, one line for the lab
+    [waiting] = [line for line in (out / "report.md").read_text().splitlines() if "to grade by hand" in line]
+    assert f"written answers of {len(STUDENTS)} submission(s)" in waiting and all(s in waiting for s in STUDENTS)
 
     # `fuselab formgrader RUN` from the venv's own bin, with a PATH that does not hold it
     exchange = tmp_path / "exchange"  # where nbgrader's exchange would be (grader/nbgrader_config.py reads this)
@@ -187,6 +190,11 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     assert float(after["bob"]["lab0 total"]) == auto_total
     report = (out / "report.md").read_text()
     assert f"**{auto_total + 1.5:g}** / {maximum:g}" in report
+    hand_columns = [k for k in after["ann"] if k.startswith("lab0/") and not k.endswith(" speedup")
+                    and after["bob"][k] == ""]  # bob graded by nobody: his blanks are the written answers
+    ann_waits = any(after["ann"][k] == "" for k in hand_columns)
+    [waiting] = [line for line in report.splitlines() if "to grade by hand" in line]
+    assert "bob" in waiting and ("ann" in waiting) == ann_waits, (waiting, hand_columns)
     page = (out / "feedback" / "ann" / "lab0.html").read_text()
     assert "Good sweep, but say why L2." in page and f"Total: {auto_total + 1.5:g} of {maximum:g}" in page
 

@@ -382,7 +382,22 @@ def _attention(class_result, standings, whole) -> list:
                               _t(f" (an earlier run): {_cut(s.why, 300)}")] + whole(s.student, s.lab))
     attention += [[_t(f"{student}/{lab}: feedback: {_cut(problem, 300)}")]
                   for student, lab, problem in getattr(class_result, "feedback_problems", [])]
-    return attention
+    return attention + _to_grade_by_hand(standings)
+
+
+def _to_grade_by_hand(standings) -> list:
+    """One line per lab whose written answers wait for a person (formgrader): how many submissions, who first."""
+    waiting: dict = {}
+    for r in [s.result for s in standings if s.result is not None]:
+        if any(h.get("points") is None for h in hand_graded(r).values()):
+            waiting.setdefault(r.lab, []).append(r.student)
+    lines = []
+    for lab, students in sorted(waiting.items()):
+        named = ", ".join(sorted(students)[:5]) + (f" and {len(students) - 5} more" if len(students) > 5 else "")
+        lines.append([_t(f"{lab}: "), _b("to grade by hand"),
+                      _t(f": written answers of {len(students)} submission(s) still to be graded in formgrader "
+                         f"(docs/ta-guide.md): {named}")])
+    return lines
 
 
 def _environment(kind: str):
