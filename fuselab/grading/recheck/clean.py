@@ -435,7 +435,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start}))  # a planted link is removed
         # the checker's records come through a pipe opened here before it starts: no sandbox can name it
         channel, channel_w = Receiver.open()
-        command = [sys.executable, "-m", "fuselab.grading.recheck.cellrunner", str(plan_path), str(channel_w)]
+        command = python_module("fuselab.grading.recheck.cellrunner", str(plan_path), str(channel_w))
         if sandbox:
             command = isolate.sandboxed(command, own=[workdir], hide=list(hide),
                                         readonly=shared_builds.readonly(env))
@@ -643,6 +643,20 @@ def _transfer_file(workdir: Path) -> Path:
     return workdir / TRANSFER
 
 
+# ``-m`` puts the working folder first on ``sys.path``, and a worker's is its own folder, which its submission can
+# write: a ``fuselab/`` planted there (by native code of the kernel worker, say) would be what the next worker of
+# that folder imports. ``-P`` (Python 3.11+) leaves it off; before 3.11 the bootstrap takes it off first.
+_SAFE_PATH_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; import runpy; "
+                   "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def python_module(module: str, *args: str) -> list:
+    """The command that runs ``python -m module args`` without importing anything from its working folder."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *args]
+    return [sys.executable, "-c", _SAFE_PATH_BOOT, module, *args]
+
+
 def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease, budget=None):
     """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
     out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
@@ -652,7 +666,7 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
     folder = box.make_folder(f"{kind}-process")  # a link the checker left in its place is removed, not followed
     to_worker_r, to_worker_w = os.pipe()
     from_worker_r, from_worker_w = os.pipe()
-    command = [sys.executable, "-m", f"fuselab.grading.recheck.{kind}_worker", str(to_worker_r), str(from_worker_w)]
+    command = python_module(f"fuselab.grading.recheck.{kind}_worker", str(to_worker_r), str(from_worker_w))
     if sandbox:
         command = isolate.sandboxed(command, own=[folder], hide=[*hide, workdir],
                                     readonly=shared_builds.readonly(env))
