@@ -541,3 +541,72 @@ def test_the_shared_builds_show_a_sandbox_no_instructors_source(tmp_path):
     assert result.ok, (result.stdout + result.stderr)[-2000:]
     assert "found []" in result.stdout, result.stdout
     assert "loadable ['ok', 'ok']" in result.stdout, result.stdout  # the kernel and the emulation's runtime
+
+
+@pytest.mark.parametrize("boot", ["this python", "the bootstrap before 3.11"])
+def test_a_package_planted_in_a_workers_folder_is_never_what_the_next_worker_imports(tmp_path, boot):
+    """Each worker starts as ``python -m`` in its own folder, which its submission can write (native code of the
+    kernel worker, say): a ``json/`` planted there must not be the ``json`` the next process of that folder runs."""
+    planted = tmp_path / "json"
+    planted.mkdir()
+    for name in ("__init__.py", "tool.py"):
+        (planted / name).write_text("open('PLANTED_RAN', 'w').write('yes')\n")
+    command = recheck.python_module("json.tool", "--help")
+    if boot != "this python":
+        command = [sys.executable, "-c", recheck._SAFE_PATH_BOOT, "json.tool", "--help"]
+    ran = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and "usage" in ran.stdout.lower(), ran.stderr
+    assert not (tmp_path / "PLANTED_RAN").exists()
+    plain = subprocess.run([sys.executable, "-m", "json.tool", "--help"], cwd=tmp_path, capture_output=True,
+                           timeout=60)
+    assert (tmp_path / "PLANTED_RAN").exists() and plain is not None  # the plain ``-m`` this replaces imports it
+
+
+def test_both_workers_start_with_the_safe_path(tmp_path, monkeypatch):
+    """The workers' commands are ``python_module``'s, not a bare ``-m`` in a folder their submission can write."""
+    started = []
+
+    class Recorded(Exception):
+        pass
+
+    def record(command, **_):
+        started.append(list(command))
+        raise Recorded
+
+    monkeypatch.setattr(isolate, "Child", record)
+    box = recheck.Folder(tmp_path)
+    with pytest.raises(Recorded):
+        recheck._start_worker("kernel", box, {}, isolate.Limits(), False, [], None)
+    with pytest.raises(Recorded):
+        recheck._start_worker("solution", box, {}, isolate.Limits(), False, [], None)
+    safe = recheck.python_module("m")[:-1]
+    assert all(command[:len(safe)] == safe for command in started), started
+
+
+def _nest(root: Path, depth: int) -> None:
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def test_a_tree_nested_past_any_recursion_is_given_and_removed(tmp_path):
+    """A submission nests thousands of folders in its own folder and crashes: the worker's restart gives the
+    folder to the sandbox's user again, and the next run removes it; neither may fail (a grader failure would
+    leave the student ungraded on every rerun) or follow the link beside it."""
+    root = tmp_path / "kernel-process"
+    root.mkdir()
+    _nest(root, 3000)
+    target = tmp_path / "host-file"
+    target.write_text("the host's")
+    (root / "link").symlink_to(target)
+    uid = isolate.SANDBOX_UID if os.geteuid() == 0 else os.getuid()
+    gid = isolate.SANDBOX_GID if os.geteuid() == 0 else os.getgid()
+    isolate._give(root, uid, gid)
+    assert os.stat(root / "d").st_uid == uid and os.lstat(root / "link").st_uid == uid
+    assert os.stat(target).st_uid == os.geteuid()  # the link's target is never given
+    untrusted.remove_tree(root)
+    assert not root.exists() and target.read_text() == "the host's"

@@ -30,7 +30,7 @@ from ... import course, locks
 from ... import notebook as ipynb
 from ...kernelbuild import shared as shared_builds
 from ...labs import registry
-from ..outputs import feedback, report
+from ..outputs import feedback, report, terminal
 from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term, unsandboxed
 from ..sandbox import isolate
 from ..recheck import clean as recheck
@@ -39,7 +39,7 @@ from ..gpus import schedule
 from ..gpus.lease import grading_lease
 from ..records.results import CellResult, SubmissionResult
 from ..outputs.terminal import shown
-from ..sandbox.untrusted import Folder
+from ..sandbox.untrusted import Folder, remove_tree
 
 RUNS = course.GRADER / "runs"
 
@@ -236,8 +236,9 @@ def prepare(run: SubmissionRun) -> None:
     unchanged), the limits and hidden folders, the grader's notes so far, the instructor's notebook."""
     run.workdir = run.settings.out / "work" / run.sub.student / run.sub.lab
     run.graded_sha = _sha(run.sub.notebook)
-    shutil.rmtree(run.workdir, ignore_errors=True)
-    run.workdir.mkdir(parents=True)
+    run.workdir.parent.mkdir(parents=True, exist_ok=True)
+    remove_tree(run.workdir)  # an earlier run's: what a submission left there may be of any depth or kind
+    run.workdir.mkdir()
     run.started = time.monotonic()
     run.limits = _limits(run.settings)
     run.hide = _hidden_folders(run.settings, run.source) if run.settings.sandbox else []
@@ -843,6 +844,8 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     if export_failed:
         class_result.problems.append(intake.Problem(str(settings.out / "nbgrader-grades.csv"), export_failed,
                                                     of_the_run=True))
+    else:  # nbgrader writes the roster's names as they are: a name that is a formula is made text
+        terminal.defuse_csv_file(settings.out / "nbgrader-grades.csv")
     bar.update()
     class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
                                                       standings=class_result.standings)

@@ -1110,16 +1110,38 @@ def sandboxed(command, *, own: list, hide: list, readonly=()) -> list:
     return SandboxCommand(enter + args + ["--", *started, *command], own=own, private=PRIVATE)
 
 
+GIVE_DEPTH = 256  # as deep as ``folders_bytes`` counts: below it, only what the sandbox itself made
+
+
 def _give(folder: Path, uid: int, gid: int) -> None:
     """``folder`` and everything in it to the sandbox's user: links themselves, never what they point to, and
-    never a file with a second name elsewhere (a hard link to a file of the host's)."""
+    never a file with a second name elsewhere (a hard link to a file of the host's). Walked by descriptors, one
+    per level, down to ``GIVE_DEPTH`` folders (what lies deeper a sandbox made, and is its user's already): a
+    submission can nest folders deeper than any recursion or path goes."""
     os.lchown(folder, uid, gid)
-    for parent, dirs, files in os.walk(folder, followlinks=False):
-        for name in dirs + files:
-            path = os.path.join(parent, name)
-            info = os.lstat(path)
-            if info.st_uid != uid and (name in dirs or info.st_nlink == 1):
-                os.lchown(path, uid, gid)
+    held = [[os.open(folder, _FOLDER), None]]  # [descriptor, names of its folders left to enter]
+    try:
+        while held:
+            fd, left = held[-1]
+            if left is None:
+                left = held[-1][1] = []
+                with os.scandir(fd) as listing:
+                    for entry in listing:
+                        with contextlib.suppress(OSError):
+                            info = entry.stat(follow_symlinks=False)
+                            is_dir = stat.S_ISDIR(info.st_mode)
+                            if info.st_uid != uid and (is_dir or info.st_nlink == 1):
+                                os.chown(entry.name, uid, gid, dir_fd=fd, follow_symlinks=False)
+                            if is_dir:
+                                left.append(entry.name)
+            if not left or len(held) >= GIVE_DEPTH:
+                os.close(held.pop()[0])
+                continue
+            with contextlib.suppress(OSError):  # a link swapped in since the listing is refused, not followed
+                held.append([os.open(left.pop(), _FOLDER, dir_fd=fd), None])
+    finally:
+        for fd, _ in held:
+            os.close(fd)
 
 
 PROBE = ("import os\nopen('probe', 'w').write('written')\n"

@@ -221,13 +221,36 @@ def _remove_at(parent: int, name: str) -> None:
 
 def remove_tree_at(parent: int, name: str) -> None:
     """Remove the folder ``name`` in ``parent`` and everything in it without following any link (the fd-based
-    ``rmtree``); folders a sandbox made unreadable (``chmod 000``) are opened up first."""
+    ``rmtree``); folders a sandbox made unreadable (``chmod 000``) are opened up first. A tree deeper than
+    Python's stack (a submission can nest thousands of folders) goes through coreutils' ``rm``, whose walk is
+    by descriptors too and has no depth limit."""
     assert shutil.rmtree.avoids_symlink_attacks  # Linux: rmtree walks by descriptors
     try:
-        shutil.rmtree(name, dir_fd=parent)
-    except PermissionError:
-        _open_up(parent, name)
-        shutil.rmtree(name, dir_fd=parent)
+        try:
+            shutil.rmtree(name, dir_fd=parent)
+        except PermissionError:
+            _open_up(parent, name)
+            shutil.rmtree(name, dir_fd=parent)
+    except RecursionError:
+        _remove_deep_at(parent, name)
+
+
+def _remove_deep_at(parent: int, name: str) -> None:
+    """``rm -rf`` of ``name`` in ``parent``, reached through the grader's own descriptor (``/proc/self/fd``), so no
+    path a submission could change is resolved above it; ``chmod -R`` first (it never follows a link below its
+    argument, which is a folder: checked here without following it)."""
+    import subprocess
+    if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+        os.unlink(name, dir_fd=parent)
+        return
+    path = f"/proc/self/fd/{parent}/{name}"
+    subprocess.run(["chmod", "-R", "-P", "u+rwx", "--", path], pass_fds=(parent,), stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=600)
+    removed = subprocess.run(["rm", "-rf", "--one-file-system", "--", path], pass_fds=(parent,),
+                             capture_output=True, text=True, timeout=600)
+    with contextlib.suppress(FileNotFoundError):
+        os.stat(name, dir_fd=parent, follow_symlinks=False)
+        raise OSError(errno.ENOTEMPTY, f"{name}: not removed ({removed.stderr.strip()[:200]})")
 
 
 def _open_up(parent: int, name: str) -> None:
