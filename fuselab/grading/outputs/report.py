@@ -22,7 +22,7 @@ from ..records.handgrading import hand_graded, totals
 from ..records.intake import printable
 from ..records.results import SubmissionResult
 from .feedback import reference_runs, shown_flags, telling_line
-from .terminal import shown
+from .terminal import shown, spreadsheet_cell
 
 
 def _md(text, limit: int | None = None) -> str:
@@ -148,7 +148,8 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None,
             row = rows[student]
             row["total"], row["max"] = f"{row['total']:g}", f"{row['max']:g}"
             # a folder name's escape sequence or right-to-left override never reaches a terminal or a spreadsheet
-            writer.writerow({key: shown(value) if isinstance(value, str) else value for key, value in row.items()})
+            writer.writerow({key: spreadsheet_cell(shown(value)) if isinstance(value, str) else value
+                             for key, value in row.items()})
     return path
 
 
