@@ -351,3 +351,17 @@ def test_a_name_that_is_a_formula_is_text_in_every_csv(tmp_path):
     [row] = list(csv.DictReader(nbgrader_csv.open()))
     assert row["last_name"] == "'" + evil and row["score"] == "-1.5"
     assert spreadsheet_cell("-2") == "-2" and spreadsheet_cell(3) == 3 and spreadsheet_cell("+x") == "'+x"
+
+
+def test_a_test_a_ta_rescored_says_so_in_the_report(tmp_path):
+    """A score changed in formgrader shows in the report as the TA's, beside the grader's, not as the grader's
+    "failed"."""
+    out = _course(tmp_path)
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        gradebook.find_grade("test_fused", "lab0", "lab0", "ann").manual_score = 9
+        gradebook.db.commit()
+    rows = _outputs(out)
+    assert rows["ann"]["lab0/test_fused"] == "9"
+    md = (out / "report.md").read_text()
+    assert "9 *by a TA (grader: 7)*" in md and "9 *failed*" not in md, md

@@ -314,7 +314,9 @@ def view(class_result) -> dict:
                     continue
                 measured = c.measured_speedup()
                 cell = [_t(f"{c.points:g}" + (f" ({measured['speedup']:.2f}x)" if measured else ""))]
-                if c.status not in ("passed",):
+                if c.by_hand:  # a teaching assistant's score in formgrader: the grader's status is not its
+                    cell += [_t(" "), ("em", f"by a TA (grader: {_number(c.by_hand.get('grader')):g})")]
+                elif c.status not in ("passed",):
                     cell += [_t(" "), ("em", c.status)]
                 cells.append(cell)
             page = pages.get(lab, {}).get(r.student)
@@ -384,6 +386,10 @@ def _attention(class_result, standings, whole) -> list:
     attention += [[_t(f"{student}/{lab}: feedback: {_cut(problem, 300)}")]
                   for student, lab, problem in getattr(class_result, "feedback_problems", [])]
     return attention + _to_grade_by_hand(standings)
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _to_grade_by_hand(standings) -> list:
