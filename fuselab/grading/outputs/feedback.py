@@ -457,6 +457,7 @@ def _summary(result, verdicts: _Verdicts, manual: dict, scrub) -> dict:
     if penalty > 0:  # nbgrader's late penalty (handgrading.apply): the total the LMS gets is after it
         summary["late"] = {"penalty": f"{penalty:g}", "total": f"{max(0.0, total + given - penalty):g}",
                            "maximum": f"{maximum + most:g}"}
+    summary["marked_late"] = result.get("lms_late") is True and penalty <= 0  # the LMS's mark, no penalty here
     for grade_id, cell in verdicts.cells.items():
         points, most = _points(cell)
         status = cell.get("status") if isinstance(cell.get("status"), str) else "?"

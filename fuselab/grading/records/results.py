@@ -78,6 +78,7 @@ class SubmissionResult:
     sandbox: bool | None = None
     hand_graded: dict = field(default_factory=dict)      # set by ``handgrading.apply``: the written answers' grades
     late_penalty: float = 0.0                            # set by ``handgrading.apply``: nbgrader's, for late work
+    lms_late: bool = False                               # set by ``pipeline.write_outputs``: the LMS marked it late
     extra: dict = field(default_factory=dict)            # keys of a result.json this grader does not know
 
     @property
@@ -98,7 +99,7 @@ class SubmissionResult:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         # written only when there is something to say, so a result.json of a run without them reads back the same
         # a TA's grades and nbgrader's late penalty applied; the CPU sampler's steps
-        for optional in ("hand_graded", "late_penalty", "clean_cpu"):
+        for optional in ("hand_graded", "late_penalty", "lms_late", "clean_cpu"):
             if not data[optional]:
                 del data[optional]
         data["cells"] = {k: c.to_json() if isinstance(c, CellResult) else c for k, c in self.cells.items()}

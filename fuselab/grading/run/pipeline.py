@@ -831,6 +831,8 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     bar.close()
     # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
     ordered = handgrading.apply(ordered, course_root / "gradebook.db")
+    for result in ordered:  # what the LMS said (Canvas's LATE_, a worksheet's status), for the student's page
+        result.lms_late = bool(getattr(late.get((result.student, result.lab)), "late", False))
     bar = run_progress.phase("feedback and report", 4, "step", getattr(settings, "progress", False))
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
