@@ -307,3 +307,17 @@ def test_only_a_download_with_moodle_names_or_inner_zips_may_hold_moodle(tmp_pat
     inner = tmp_path / "inner"
     _write(inner / "alice.zip", "")
     assert intake.may_hold_moodle(moodle) and intake.may_hold_moodle(flat) and intake.may_hold_moodle(inner)
+
+
+def test_a_zip_member_nested_past_any_layout_is_said_and_the_class_is_graded(tmp_path):
+    """A student's zip holding a file 1500 folders deep made Python's mkdir recurse past its limit, and nobody in
+    the class was graded, on every run: such a member is now skipped with a problem, the rest of the zip kept."""
+    root = tmp_path / "in"
+    _write(root / "alice" / "lab0" / "lab0.ipynb")
+    with zipfile.ZipFile(root / "mallory.zip", "w") as zf:
+        zf.writestr("lab0/lab0.ipynb", NB)
+        zf.writestr("b/" * 1500 + "x.txt", "x")
+        zf.writestr("c/" * 1500 + "lab0.ipynb", NB)
+    subs, problems = intake.collect(root, tmp_path / "s", LABS)
+    assert _found(subs) == [("alice", "lab0"), ("mallory", "lab0")]
+    assert len(problems) == 2 and all("1501 folders deep (at most 64)" in str(p) for p in problems), problems

@@ -57,6 +57,8 @@ _CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?P<late>LATE_)?(?P<id>\d+)_(?P<fi
 _CANVAS_COPY = re.compile(r"^(?P<base>.+?)(?:-(?P<copy>\d+))?(?P<ext>\.ipynb)$", re.IGNORECASE)  # lab0-1.ipynb
 _MOODLE_FILE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_(?:file|onlinetext)_(?P<rest>.+)$")
 MAX_TIMESTAMP_BYTES = 200
+MAX_MEMBER_PARTS = 64  # folders deep a zip's member may be: deeper is no submission's layout, and Python's walks
+                       # and ``mkdir(parents=True)`` recurse once per level
 
 
 @dataclass
@@ -134,6 +136,10 @@ def _wanted(name: str) -> bool:
     return name.lower().endswith((".ipynb", ".zip"))
 
 
+def _too_deep(name: str) -> str:
+    return f"{name[:120]!r}...: {len(Path(name).parts)} folders deep (at most {MAX_MEMBER_PARTS})"
+
+
 def _name_only(members: list, target: Path, archive: Path) -> list:
     """An empty file for each member that is not a notebook or zip, where its name is a safe path: its bytes are
     never unpacked, its name is accounted for. Returns problems for names the disk cannot hold."""
@@ -142,6 +148,9 @@ def _name_only(members: list, target: Path, archive: Path) -> list:
         name = member.filename
         parts = Path(name).parts
         if member.is_dir() or not parts or name.startswith("/") or ".." in parts or ":" in parts[0]:
+            continue
+        if len(parts) > MAX_MEMBER_PARTS:
+            problems.append(_about(name, f"{archive.name}: skipped {_too_deep(name)}"))
             continue
         try:
             destination = target.joinpath(*parts)
@@ -199,6 +208,9 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                     continue
                 if name.startswith("/") or ".." in Path(name).parts or ":" in Path(name).parts[0]:
                     problems.append(_about(name, f"{archive.name}: skipped unsafe path {name!r}"))
+                    continue
+                if len(Path(name).parts) > MAX_MEMBER_PARTS:
+                    problems.append(_about(name, f"{archive.name}: skipped {_too_deep(name)}"))
                     continue
                 if (member.external_attr >> 16) & 0o170000 == 0o120000:
                     problems.append(_about(name, f"{archive.name}: skipped symbolic link {name!r}"))
