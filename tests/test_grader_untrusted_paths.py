@@ -610,3 +610,12 @@ def test_a_tree_nested_past_any_recursion_is_given_and_removed(tmp_path):
     assert os.stat(target).st_uid == os.geteuid()  # the link's target is never given
     untrusted.remove_tree(root)
     assert not root.exists() and target.read_text() == "the host's"
+
+
+def test_the_workers_python_path_never_names_their_working_folder(tmp_path):
+    """``PYTHONPATH=/wheels:`` (an unset variable exported with a colon) has an empty entry, Python's name for the
+    working folder, which ``-P`` keeps: the workers' path holds absolute folders only."""
+    env = recheck.runner_env({"PYTHONPATH": f"/wheels{os.pathsep}{os.pathsep}.{os.pathsep}rel{os.pathsep}"},
+                             tmp_path, None)
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    assert entries == [str(REPO), "/wheels"], entries

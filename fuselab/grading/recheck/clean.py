@@ -353,8 +353,11 @@ def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     env = isolate.worker_env(base_env)
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
-    repo = str(course.REPO)
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # absolute folders only: an empty entry (``PYTHONPATH=/wheels:`` from ``export PYTHONPATH=/wheels:$PYTHONPATH``)
+    # or a relative one means the working folder, a worker's own, which its submission can write (``-P`` does not
+    # drop those)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(course.REPO), *kept]))
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     return env
