@@ -619,3 +619,24 @@ def test_the_workers_python_path_never_names_their_working_folder(tmp_path):
                              tmp_path, None)
     entries = env["PYTHONPATH"].split(os.pathsep)
     assert entries == [str(REPO), "/wheels"], entries
+
+
+def test_the_deep_removal_opens_locked_folders_and_never_touches_a_links_target(tmp_path, monkeypatch):
+    """Where Python's walk gives up (a RecursionError), coreutils removes the tree: folders a sandbox locked
+    (``chmod 000``) are opened first, and neither step changes what a link inside names."""
+    root = tmp_path / "kernel-process"
+    (root / "locked" / "inner").mkdir(parents=True)
+    target = tmp_path / "host-file"
+    target.write_text("the host's")
+    target.chmod(0o600)
+    (root / "locked" / "inner" / "link").symlink_to(target)
+    (root / "locked").chmod(0)
+
+    def too_deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    too_deep.avoids_symlink_attacks = True
+    monkeypatch.setattr(untrusted.shutil, "rmtree", too_deep)
+    untrusted.remove_tree(root)
+    assert not root.exists() and target.read_text() == "the host's"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600

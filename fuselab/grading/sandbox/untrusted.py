@@ -237,14 +237,14 @@ def remove_tree_at(parent: int, name: str) -> None:
 
 def _remove_deep_at(parent: int, name: str) -> None:
     """``rm -rf`` of ``name`` in ``parent``, reached through the grader's own descriptor (``/proc/self/fd``), so no
-    path a submission could change is resolved above it; ``chmod -R`` first (it never follows a link below its
-    argument, which is a folder: checked here without following it)."""
+    path a submission could change is resolved above it; ``chmod -R`` first, for folders a sandbox locked (it
+    ignores the links it meets below its argument, which is a folder: checked here without following it)."""
     import subprocess
     if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
         os.unlink(name, dir_fd=parent)
         return
     path = f"/proc/self/fd/{parent}/{name}"
-    subprocess.run(["chmod", "-R", "-P", "u+rwx", "--", path], pass_fds=(parent,), stdout=subprocess.DEVNULL,
+    subprocess.run(["chmod", "-R", "u+rwx", "--", path], pass_fds=(parent,), stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=600)
     removed = subprocess.run(["rm", "-rf", "--one-file-system", "--", path], pass_fds=(parent,),
                              capture_output=True, text=True, timeout=600)
