@@ -321,3 +321,4 @@ def test_a_zip_member_nested_past_any_layout_is_said_and_the_class_is_graded(tmp
     subs, problems = intake.collect(root, tmp_path / "s", LABS)
     assert _found(subs) == [("alice", "lab0"), ("mallory", "lab0")]
     assert len(problems) == 2 and all("1501 folders deep (at most 64)" in str(p) for p in problems), problems
+    assert all(len(str(p)) < 600 for p in problems)  # the 3 KB name cut to its start and end

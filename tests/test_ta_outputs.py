@@ -351,6 +351,9 @@ def test_a_name_that_is_a_formula_is_text_in_every_csv(tmp_path):
     [row] = list(csv.DictReader(nbgrader_csv.open()))
     assert row["last_name"] == "'" + evil and row["score"] == "-1.5"
     assert spreadsheet_cell("-2") == "-2" and spreadsheet_cell(3) == 3 and spreadsheet_cell("+x") == "'+x"
+    for spaced in (" =1+1", "\u00a0=1+1", "\uff1d1+1", "\u3000@SUM(1)"):  # after spaces, or full-width
+        assert spreadsheet_cell(spaced) == "'" + spaced, spaced
+    assert spreadsheet_cell("Ann =1") == "Ann =1"
 
 
 def test_a_test_a_ta_rescored_says_so_in_the_report(tmp_path):

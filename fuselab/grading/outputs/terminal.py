@@ -25,14 +25,14 @@ def shown(text) -> str:
     return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), printable(text))
 
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")  # and full-width
 
 
 def spreadsheet_cell(value):
     """``value`` as a CSV cell a spreadsheet shows as written: text that a spreadsheet would read as a formula (a
-    student's name from the LMS, ``=HYPERLINK(...)``) gets a leading ``'``; numbers, and text that is a number
-    (``-1.5``), stay as they are."""
-    if not isinstance(value, str) or not value.startswith(_FORMULA_START):
+    student's name from the LMS, ``=HYPERLINK(...)``, after spaces too) gets a leading ``'``; numbers, and text
+    that is a number (``-1.5``), stay as they are."""
+    if not isinstance(value, str) or not value.lstrip(" \u00a0\u3000").startswith(_FORMULA_START):
         return value
     try:
         float(value)

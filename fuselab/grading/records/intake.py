@@ -136,8 +136,14 @@ def _wanted(name: str) -> bool:
     return name.lower().endswith((".ipynb", ".zip"))
 
 
+def _cut_name(name: str, most: int = 200) -> str:
+    """A member's name (or a message quoting its path) as the problem shows it: whole up to ``most`` characters,
+    else its start and end (a name of 15 KB is no one's to read)."""
+    return repr(name) if len(name) <= most else f"{name[:most // 2]!r}...{name[-most // 2:]!r}"
+
+
 def _too_deep(name: str) -> str:
-    return f"{name[:120]!r}...: {len(Path(name).parts)} folders deep (at most {MAX_MEMBER_PARTS})"
+    return f"{_cut_name(name)}: {len(Path(name).parts)} folders deep (at most {MAX_MEMBER_PARTS})"
 
 
 def _name_only(members: list, target: Path, archive: Path) -> list:
@@ -158,8 +164,8 @@ def _name_only(members: list, target: Path, archive: Path) -> list:
             if not destination.exists() and not destination.is_symlink():
                 destination.touch()
         except (OSError, ValueError) as exc:  # a name too long for the disk: said, as a notebook's would be
-            problems.append(_about(name, f"{archive.name}: {name!r} is not a notebook, and its name cannot be "
-                                         f"unpacked here ({exc})"))
+            problems.append(_about(name, f"{archive.name}: {_cut_name(name)} is not a notebook, and its name "
+                                         f"cannot be unpacked here ({_cut_name(str(exc))})"))
     return problems
 
 
@@ -228,7 +234,8 @@ def safe_extract(archive: Path, target: Path, budget: UnpackBudget | None = None
                 except (OSError, RuntimeError, NotImplementedError, ValueError, EOFError, zlib.error,
                         zipfile.BadZipFile) as exc:
                     # a name too long for the disk, a path that is a file and a folder, a broken member
-                    problems.append(_about(name, f"{archive.name}: could not unpack {name!r}: {exc}"))
+                    problems.append(_about(name, f"{archive.name}: could not unpack {_cut_name(name)}: "
+                                                 f"{_cut_name(str(exc))}"))
             problems += _name_only(others, target, archive)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         problems.append(f"{archive.name}: not a readable zip file ({exc})")

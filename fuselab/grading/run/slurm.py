@@ -52,6 +52,7 @@ from . import pipeline
 from ..gpus import schedule
 from ..gpus.lease import grading_lease
 from ..records.results import SubmissionResult
+from ..sandbox.untrusted import remove_tree
 
 SUBMISSIONS_PER_SHARD = 40   # default shard size: ~4 min on an H200 at 10 sharing it (5 s each, docs/RESULTS.md)
 MAX_ATTEMPTS = 3             # tasks per shard (the first and two resubmissions) before the merge gives up on it
@@ -534,7 +535,7 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
             return "this folder's jobs are still queued or running; nothing submitted\n" + status_text(out)
         if plan and force:
             for index in range(plan["shards"]):
-                shutil.rmtree(shard_dir(out, index), ignore_errors=True)
+                remove_tree(shard_dir(out, index))  # a shard's work: what its submissions left, of any depth
                 for path in (shard_zip(out, index), done_file(out, index), attempts_file(out, index)):
                     path.unlink(missing_ok=True)
             shutil.rmtree(slurm_dir(out) / "references", ignore_errors=True)  # as on one host: run again
