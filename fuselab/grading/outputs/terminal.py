@@ -10,6 +10,8 @@ A spreadsheet reads a cell that starts with ``=``, ``+``, ``-`` or ``@`` as a fo
 
 from __future__ import annotations
 
+import csv
+import os
 import re
 
 from ..records.intake import printable
@@ -44,8 +46,6 @@ def spreadsheet_cell(value):
 def defuse_csv_file(path) -> None:
     """Rewrite the CSV at ``path`` (one the grader wrote, nbgrader's export) with every cell ``spreadsheet_cell``
     makes safe; untouched where none needs it."""
-    import csv
-    import os
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
         rows = list(csv.reader(handle))
     safe = [[spreadsheet_cell(cell) for cell in row] for row in rows]

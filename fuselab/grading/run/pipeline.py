@@ -825,8 +825,7 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     # feedback buttons render it
     nbgrader_run.record(course_root, [
         nbgrader_run.Recorded(result.student, result.lab, result.points, result.notebook,
-                              late[(result.student, result.lab)].submitted
-                              if (result.student, result.lab) in late else None)
+                              getattr(late.get((result.student, result.lab)), "submitted", None))
         for result in ordered], progress=bar.update)
     bar.close()
     # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
