@@ -8,6 +8,8 @@ import os
 
 GRADING_ENV = "FUSELAB_GRADING"
 VALIDATING_ENV = "NBGRADER_VALIDATING"  # nbgrader validate (and JupyterLab's Validate button) sets it in the kernel
+# the grader's run of the instructor's own notebook (the reference run, calibration): its kernels load in the checker
+INSTRUCTORS_RUN_ENV = "FUSELAB_KERNELS_IN_CHECKER"
 
 
 def grading_mode() -> bool:
@@ -24,3 +26,9 @@ def graded_by_the_course() -> bool:
 def validating() -> bool:
     """True under ``nbgrader validate``: a student's check, whose scores count for nothing."""
     return os.environ.get(VALIDATING_ENV, "") not in ("", "0")
+
+
+def instructors_run() -> bool:
+    """True while the grader runs the instructor's own notebook (the reference run before any student, or
+    ``fuselab calibrate``): the speed test then also times the course's tuned solution for the feedback pages."""
+    return graded_by_the_course() and os.environ.get(INSTRUCTORS_RUN_ENV, "") not in ("", "0")

@@ -425,8 +425,9 @@ def _speed_record(speedup=1.9, gpu=GPU, **extra):
             "shape": [67108864], "status": "measured", "reference_s": 6.7e-4, "student_s": 6.7e-4 / speedup, **extra}
 
 
-def _reference_run(gpu=GPU, copy=4.4e12, plain=2.397, reference_s=6.69e-4):
-    record = _speed_record(plain, gpu, reference_s=reference_s, copy_bytes_per_s=copy)
+def _reference_run(gpu=GPU, copy=4.4e12, plain=2.397, reference_s=6.69e-4, tuned=2.561):
+    record = _speed_record(plain, gpu, reference_s=reference_s, copy_bytes_per_s=copy,
+                           **({"tuned_speedup": tuned, "tuned_status": "measured"} if tuned else {}))
     return {"cells": {"test_speedup": {"points": 4.0, "max_points": 4.0, "status": "passed", "speed": [record]}}}
 
 
@@ -462,7 +463,15 @@ def test_the_page_draws_the_students_kernel_among_the_runs_measurements(tmp_path
     floor = 6.69e-4 / (floors.min_bytes("lab0.add_relu_mul", [67108864], "float32") / 4.4e12)
     assert "1.90x faster" in words and "full marks from 1.84x" in words and "NVIDIA H200" in words
     assert "plain solution, measured in the same grading run, ran 2.40x" in words
+    assert "tuned solution (the lab's optional part; full marks do not need it) ran 2.56x" in words
     assert f"No kernel can pass {floor:.2f}x" in words
+    # a reference run that could not time the tuned solution: a picture of one bar fewer, and a word why
+    untuned, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.9)), tmp_path / "fb-untuned",
+                                    SOURCES, references={LAB: _reference_run(tuned=None)})
+    untuned_block = _standing_block(untuned.read_text())
+    assert "tuned solution was not measured in this grading run" in _text_of(untuned_block)
+    assert "ran 2.56x" not in _text_of(untuned_block)
+    assert _pictures(untuned_block) != pictures
     # the floor moves with the copy bandwidth the run measured, not with saved course data
     slower = _reference_run(copy=2.2e12)
     again, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.9)), tmp_path / "fb2", SOURCES,
@@ -480,7 +489,7 @@ def test_without_a_gpu_the_page_says_so_instead_of_a_picture(tmp_path):
 
 def test_the_picture_leaves_out_what_this_run_did_not_measure_on_this_gpu(tmp_path):
     """A reference run on another GPU model (or none: a run without its reference.json) draws neither the plain
-    solution nor the floor, and says so."""
+    and tuned solutions nor the floor, and says so."""
     for name, references in (("other", {LAB: _reference_run(gpu="NVIDIA A100")}), ("none", {}),
                              ("no bandwidth", {LAB: _reference_run(copy=None)})):
         path, _ = feedback.write_one(_measured_result(tmp_path, _speed_record(1.5)), tmp_path / name, SOURCES,
@@ -489,7 +498,7 @@ def test_the_picture_leaves_out_what_this_run_did_not_measure_on_this_gpu(tmp_pa
         words = _text_of(block)
         assert len(_pictures(block)) == 1 and "1.50x faster" in words, name
         assert "No kernel can pass" not in words and "floor (the fewest bytes" in words, name
-        assert ("ran 2.40x" in words) == (name == "no bandwidth"), name
+        assert ("ran 2.40x" in words) == ("ran 2.56x" in words) == (name == "no bandwidth"), name
 
 
 def test_the_picture_is_drawn_from_numbers_only(tmp_path):

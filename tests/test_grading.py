@@ -50,6 +50,43 @@ def test_policy_threshold_follows_the_rule_and_falls_back_to_the_h200():
         speed.policy_entry("no.such.test", "NVIDIA H200")
 
 
+def test_the_instructors_run_builds_and_checks_the_courses_tuned_solution(tmp_path, monkeypatch):
+    """The grader's run of the instructor's notebook times the course's tuned solution too (for the feedback
+    picture): ``_course_tuned`` builds it from the instructor's notebook through the lab's ``tuned_op`` and checks
+    it on the timed inputs before any timing. A tuned source that fails to build or is wrong is said in the
+    record's words and returns no op: the plain solution's record stands. Only that run does it."""
+    from fuselab.runmode import GRADING_ENV, INSTRUCTORS_RUN_ENV, instructors_run
+    from fuselab.speed import graded
+    inputs = lab0.make_inputs((4099,), seed=5, device="cuda" if torch.cuda.is_available() else "cpu")
+    out = torch.empty_like(inputs[0])
+    op, why = graded._course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference)
+    assert op is not None and why == ""
+    torch.testing.assert_close(out.double(), lab0.reference(*[x.double() for x in inputs]))
+
+    broken = tmp_path / "lab0.ipynb"
+    notebook = json.loads((course.SOLUTIONS / "lab0" / "lab0.ipynb").read_text())
+    for cell in notebook["cells"]:
+        text = "".join(cell["source"])
+        if text.startswith("TUNED_SOURCE"):  # the tuned kernel writes the wrong value
+            cell["source"] = text.replace("fmaxf(x.x + y.x, 0.0f) * z.x", "fmaxf(x.x - y.x, 0.0f) * z.x")
+            assert cell["source"] != text
+    broken.write_text(json.dumps(notebook))
+    monkeypatch.setattr(type(lab0.LAB), "solution_notebook", lambda self: broken)
+    op, why = graded._course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference)
+    assert op is None and why.startswith("not measured (CheckFailed: out") and "\n" not in why
+    monkeypatch.setattr(type(lab0.LAB), "solution_notebook", lambda self: tmp_path / "none.ipynb")
+    assert graded._course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference) == (
+        None, "the lab has no tuned solution here")
+
+    monkeypatch.delenv(INSTRUCTORS_RUN_ENV, raising=False)
+    monkeypatch.setenv(GRADING_ENV, "1")
+    assert not instructors_run()  # a student's graded run
+    monkeypatch.setenv(INSTRUCTORS_RUN_ENV, "1")
+    assert instructors_run()
+    monkeypatch.delenv(GRADING_ENV)
+    assert not instructors_run()  # a student's own run, whatever its environment says
+
+
 def test_own_kernel_names_are_read_from_the_source():
     source = """
     // __global__ void commented_out(

@@ -146,3 +146,17 @@ def test_the_authoring_checklist_names_every_file_of_a_lab():
     for step in ("LAB = Lab(", "GradedTest(", "LAB_NAMES", "fuselab release", "fuselab samples", "fuselab calibrate",
                  "tests/test_registry.py"):
         assert step in text, f"docs/LAB_AUTHORING.md does not say {step!r}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_tuned_solution_each_speed_test_declares_is_the_notebooks(lab):
+    """A graded test's ``tuned_op`` (what the reference run times for the feedback pages' picture) is a function of
+    its lab's package, and the instructor's notebook holds the ``TUNED_SOURCE`` it builds, with the launchers the
+    speed test's op calls."""
+    declared = registry.lab(lab)
+    assert declared.solution_notebook() == course.SOLUTIONS / declared.notebook
+    sources = string_assignments(declared.solution_notebook())
+    for test in declared.graded_tests:
+        assert test.tuned_op, f"{lab}: {test.id} declares no tuned solution (every lab has one)"
+        assert callable(getattr(declared.module(), test.tuned_op))
+        assert "TUNED_SOURCE" in sources and "TUNED_SOURCE" in declared.launchers

@@ -17,6 +17,7 @@ here, when a declaration disagrees with its notebook, or when ``fuselab/speed/po
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from dataclasses import dataclass, field
 
 # Every lab of the course, in order: the package fuselab/labs/<name>/ and the notebook solutions/<name>/<name>.ipynb.
@@ -33,6 +34,9 @@ class GradedTest:
     mode, shape, dtype: the fixed timing settings (the policy file's copy must agree).
     speed_requires: the graded test cells the timed kernel must pass in the same clean recheck for the speed test
         to score at all.
+    tuned_op: the lab package's function that builds the course's tuned solution from the instructor notebook's
+        ``TUNED_SOURCE`` and returns it as the speed test's op; the reference run times it for the feedback pages'
+        picture ("" where the lab has none).
     """
 
     id: str
@@ -41,6 +45,7 @@ class GradedTest:
     shape: tuple
     dtype: str
     speed_requires: tuple = ()
+    tuned_op: str = ""
 
     def settings(self) -> dict:
         """The policy file's per-test settings of this test (its GPU entries aside)."""
@@ -88,6 +93,10 @@ class Lab:
     def speed_grade_ids(self) -> set:
         """The grade_ids of the graded speedup test cells (0 points without a GPU)."""
         return {test.grade_id for test in self.graded_tests}
+
+    def solution_notebook(self) -> Path:
+        """The instructor's notebook, ``solutions/<notebook>`` of the checkout holding this package."""
+        return Path(__file__).resolve().parents[2] / "solutions" / self.notebook
 
     def graded_test(self, test_id: str) -> GradedTest:
         found = [test for test in self.graded_tests if test.id == test_id]

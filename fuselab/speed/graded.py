@@ -37,7 +37,7 @@ import torch
 from .. import timing
 from ..check import assert_close, check
 from ..quiet import captured_output
-from ..runmode import graded_by_the_course, validating
+from ..runmode import graded_by_the_course, instructors_run, validating
 from ..timing.capture import capture
 from .graph_kernels import captured_kernels
 from .lease import asks_a_checker, exclusive_gpu, speed_test_slot
@@ -193,6 +193,14 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
                 op(*sets[k], outs[name][k])
             return call
 
+        # the grader's run of the instructor's own notebook: the course's tuned solution too, for the feedback
+        # pages' picture; built and checked here, before the GPU is taken (a student's kernel worker never does)
+        tuned = None
+        if instructors_run() and not asks_a_checker():
+            phase("tuned solution")
+            outs["tuned"] = [torch.empty_like(out) for out in outs["student"]]
+            tuned, record["tuned_status"] = _course_tuned(test_id, sets[0], outs["tuned"][0], reference)
+
         global LAST_TIMED
         phase("timing")
         LAST_TIMED = rotating(candidate, "student")  # the grader's checker times a batch of it from outside
@@ -205,6 +213,12 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
                 # worker): this GPU's copy bandwidth, now, the feedback page's yardstick for the floor
                 from ..timing.roofline import measure_copy_bandwidth
                 record["copy_bytes_per_s"] = measure_copy_bandwidth(budget_s=0.5)
+            if tuned is not None:  # timed apart from the plain solution's comparison, which it leaves unchanged
+                tuned_result = timing.compare({"reference": rotating(reference_op, "reference"),
+                                               "tuned": rotating(tuned, "tuned")},
+                                              baseline="reference", mode=mode, budget_s=budget_s)
+                record.update(tuned_speedup=tuned_result.graded_speedup("tuned"),
+                              tuned_s=tuned_result["tuned"].median, tuned_status="measured")
         speedup = result.graded_speedup("student")
         record.update(student_s=result["student"].median, reference_s=result["reference"].median)
 
@@ -234,6 +248,27 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         finally:
             phase(None)
             _let_go_of_timed_sets()
+
+
+def _course_tuned(test_id, inputs, out, reference):
+    """``(op, "")``: the course's tuned solution of ``test_id`` (built from the instructor's notebook by its lab's
+    ``tuned_op``), right on ``inputs`` at the timed shape; or ``(None, why not)``. Nothing it raises reaches the
+    speed test: the plain solution's record stands whatever happens here."""
+    from ..labs import registry
+    from ..notebook_sources import string_assignments
+    try:
+        lab = registry.lab(test_id.partition(".")[0])
+        name, notebook = lab.graded_test(test_id).tuned_op, lab.solution_notebook()
+        source = string_assignments(notebook).get("TUNED_SOURCE") if name and notebook.is_file() else None
+        if not source:
+            return None, "the lab has no tuned solution here"
+        with captured_output():  # a build's or a check's words must not reach the run's stderr
+            op = getattr(lab.module(), name)(source)
+            op(*inputs, out)
+            assert_close(out, reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
+        return op, ""
+    except Exception as exc:  # noqa: BLE001 - a broken tuned solution is said in the record, never a verdict
+        return None, f"not measured ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
 def _refill(inputs, fresh) -> None:

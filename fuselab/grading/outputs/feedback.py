@@ -10,10 +10,10 @@ The page has three sources, and nothing else reaches it:
    speed records' numbers, the flags and notes of that submission, and the written answers' scores and comments
    a teaching assistant entered in formgrader;
 3. the grader's own **reference run** of the lab's solution in the same grading run (``reference/<lab>/
-   reference.json``, written before any student's code ran): the plain solution's speedup and the copy bandwidth
-   measured on that GPU. With the speed record's numbers they draw each measured speed test as a picture (PNG,
-   ``plots.plot_standing``): the student's kernel beside the lab's unfused reference, the plain solution, the
-   threshold for full marks and the floor (the op's fewest bytes, ``labs/floors.py``, at that copy bandwidth). The
+   reference.json``, written before any student's code ran): the plain and tuned solutions' speedups and the copy
+   bandwidth measured on that GPU. With the speed record's numbers they draw each measured speed test as a picture
+   (PNG, ``plots.plot_standing``): the student's kernel beside the lab's unfused reference, the plain and tuned
+   solutions, the threshold for full marks and the floor (the op's fewest bytes, ``labs/floors.py``, at that copy bandwidth). The
    picture is drawn from numbers alone; a speed test not measured (no GPU) says so instead.
 
 The page is rendered by ``templates/feedback.html`` (Jinja2, autoescaping on): the code here gathers text and
@@ -638,7 +638,7 @@ def _record_of(records, test_id) -> dict:
 
 def _standing(grade_id, cell: dict, reference: dict) -> dict | None:
     """What the page says of a graded speed test's kernel: a picture of it beside the lab's unfused reference, the
-    plain solution and the floor, every number measured in this grading run; or, when its speed was not measured,
+    plain and tuned solutions and the floor, every number measured in this grading run; or, when its speed was not measured,
     why there is no picture. None for a cell that is not a speed test."""
     records = [_dict(r) for r in _list(cell.get("speed")) if isinstance(_dict(r).get("test"), str)]
     if not records:
@@ -665,12 +665,18 @@ def _standing(grade_id, cell: dict, reference: dict) -> dict | None:
     else:
         standing["said"].append("The course's plain solution was not measured on this GPU in this grading run, so "
                                 "it is not drawn.")
+    tuned = _measured(plain_record.get("tuned_speedup")) if same_gpu else None
+    if tuned is not None:
+        kernels["the course's tuned solution"] = tuned
+    elif plain is not None:
+        standing["said"].append("The course's tuned solution was not measured in this grading run, so it is not "
+                                "drawn.")
     kernels["your kernel"] = speedup
     floor = _floor(test_id, record, plain_record if same_gpu else {})
     if floor is None:
         standing["said"].append("The floor (the fewest bytes at this GPU's copy bandwidth) was not measured in this "
                                 "grading run, so it is not drawn.")
-    standing["said"].insert(0, _standing_words(speedup, threshold, plain, floor, gpu))
+    standing["said"].insert(0, _standing_words(speedup, threshold, plain, tuned, floor, gpu))
     standing["picture"] = _picture(kernels, threshold, floor)
     return standing
 
@@ -692,12 +698,15 @@ def _floor(test_id, record, plain_record) -> float | None:
     return reference_s / (moved / copy) if moved else None
 
 
-def _standing_words(speedup, threshold, plain, floor, gpu) -> str:
+def _standing_words(speedup, threshold, plain, tuned, floor, gpu) -> str:
     words = [f"Your kernel ran {speedup:.2f}x faster than the lab's unfused reference"
              + (f" on the grading machine's {_flat(gpu, 80)}" if gpu else "")
              + f"; full marks from {threshold:.2f}x."]
     if plain is not None:
         words.append(f"The course's plain solution, measured in the same grading run, ran {plain:.2f}x.")
+    if tuned is not None:
+        words.append(f"The course's tuned solution (the lab's optional part; full marks do not need it) ran "
+                     f"{tuned:.2f}x.")
     if floor is not None:
         words.append(f"No kernel can pass {floor:.2f}x here: the time of its fewest bytes at this GPU's copy "
                      "bandwidth (measured in the same run).")

@@ -50,6 +50,7 @@ from ... import course, proctree
 from ... import notebook as ipynb
 from ...kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from ...kernelbuild import shared as shared_builds
+from ...runmode import INSTRUCTORS_RUN_ENV
 from ..sandbox import isolate
 from . import transfer
 from ..gpus.lease import LeaseServer
@@ -111,7 +112,6 @@ class CleanResult:
                    timeline=data.get("timeline", {}), cpu_timeline=data.get("cpu_timeline", {}))
 
 
-KERNELS_HERE_ENV = "FUSELAB_KERNELS_IN_CHECKER"  # the reference run: the instructor's kernels load in the checker
 
 
 def _one_cell(found: list) -> dict:
@@ -425,7 +425,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         build_timeout = 300.0
     env["FUSELAB_BUILD_TIMEOUT"] = str(max(build_timeout, wall_timeout + 60))
     if not kernels_in_worker:
-        env[KERNELS_HERE_ENV] = "1"
+        env[INSTRUCTORS_RUN_ENV] = "1"
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
@@ -450,7 +450,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         worker, fds = _start_worker("solution", box, env, limits, sandbox, hide, lease, budget)
         kernel_worker, kernel_fds = None, ()
         try:
-            if not env.get(KERNELS_HERE_ENV):
+            if not env.get(INSTRUCTORS_RUN_ENV):
                 kernel_worker, kernel_fds = _start_worker("kernel", box, env, limits, sandbox, hide, lease, budget)
             child_env = dict(env, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
             if kernel_fds:

@@ -86,6 +86,12 @@ def fused(module):
     return run
 
 
+def tuned_op(source):
+    """The course's tuned kernel (the instructor notebook's ``TUNED_SOURCE``) as the speed test's op."""
+    from ... import build
+    return fused(build(source, [FUSED], name="tuned"))
+
+
 def bytes_moved(n, dtype_size=4):
     """Minimum DRAM traffic: unfused reads 2+1+2 and writes 1+1+1 tensors; fused reads 3 and writes 1."""
     return {"unfused": 8 * n * dtype_size, "fused": 4 * n * dtype_size}
@@ -173,6 +179,6 @@ LAB = Lab(
     graded_cells={"test_dram_bytes": 1, "test_unfused": 3, "test_fused": 2, "test_speedup": 4},
     written_answers={"answer_naive_timing": 1, "answer_sweep": 1},
     graded_tests=(GradedTest(GRADED_TEST, "test_speedup", mode="device", shape=TIMED_SHAPE, dtype="float32",
-                             speed_requires=("test_fused",)),),
+                             speed_requires=("test_fused",), tuned_op="tuned_op"),),
 )
 GRADED_SETTINGS = LAB.graded_test(GRADED_TEST).timed()  # {mode, shape, dtype}, as declared

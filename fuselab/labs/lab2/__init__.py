@@ -17,7 +17,7 @@ from .kernels import (
     HIDDEN_SMALL_SHAPES, IN_REGISTERS, LAUNCH_BOUND_SHAPE, NETWORK_RESULTS, NOTEBOOK, REFERENCE_SOURCES,
     REFERENCE_UNFUSED_SOURCE, RELU, SMALL_SHAPES, SOLUTION_SOURCES, STARTER_SOURCE, TIMED_SHAPE, UNFUSED_LAUNCHERS,
     build_reference, build_starter, bytes_moved, conv_bn, eager, fused, in_registers, make_inputs,
-    reference, unfused, VarianceSpread,
+    reference, tuned_op, unfused, VarianceSpread,
 )
 from .fold import (
     FOLD_CASES, HIDDEN_FOLD_CASES, check_fold_module, check_fold_weights, check_pair_refusals, conv_bn_tensors,
@@ -54,5 +54,5 @@ LAB = Lab(
                   "test_fused": 2, "test_in_registers": 1, "test_speedup": 4},
     written_answers={"answer_train_mode": 1, "answer_in_registers": 1},
     graded_tests=(GradedTest(GRADED_TEST, "test_speedup", mode="device", shape=TIMED_SHAPE, dtype="float32",
-                             speed_requires=("test_fused",)),),
+                             speed_requires=("test_fused",), tuned_op="tuned_op"),),
 )

@@ -202,6 +202,12 @@ def fused(module):
     return run
 
 
+def tuned_op(source):
+    """The course's tuned kernel (the instructor notebook's ``TUNED_SOURCE``) as the speed test's op."""
+    from ... import build
+    return fused(build(source, [FOLDED], name="tuned"))
+
+
 def in_registers(module):
     """One kernel that applies BN to each conv output in registers, from the unfolded parameters."""
     def run(x, w, b, mean, var, gamma, beta, w_folded, b_folded, out):

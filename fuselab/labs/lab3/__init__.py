@@ -321,6 +321,13 @@ def fused(module):
     return run
 
 
+def tuned_op(source):
+    """The course's tuned kernel (the instructor notebook's ``TUNED_SOURCE``, its tensor-core path ahead of it, as
+    the notebook's Part D builds it) as the speed test's op."""
+    from ... import build
+    return fused(build(tuned_source(source), FUSED_LAUNCHERS, name="tuned"))
+
+
 def unfused(gemm_module, bias_act_module=None):
     """The two-kernel pipeline: GEMM into a temporary C, then bias + activation from it into ``out``."""
     bias_act_module = bias_act_module or gemm_module
@@ -426,5 +433,5 @@ LAB = Lab(
                   "test_speedup_small_k": 4},
     written_answers={"answer_cublas": 1, "answer_where": 1},
     graded_tests=(GradedTest(GRADED_TEST, "test_speedup_small_k", mode="device", shape=SMALL_K, dtype="float16",
-                             speed_requires=("test_template",)),),
+                             speed_requires=("test_template",), tuned_op="tuned_op"),),
 )
