@@ -27,6 +27,8 @@ the README's trust model and ``docs/grading.md`` say what that leaves.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
 import subprocess
@@ -87,8 +89,23 @@ class NativeCodeRefused(BuildError):
     """A student's library the grader will not load (see the module doc)."""
 
 
+_COURSE_CODE = contextvars.ContextVar("fuselab_course_code", default=False)
+
+
 def enabled() -> bool:
-    return os.environ.get(POLICY_ENV) == "1"
+    return os.environ.get(POLICY_ENV) == "1" and not _COURSE_CODE.get()
+
+
+@contextlib.contextmanager
+def course_code():
+    """Builds in this thread, for its duration, are the course's own code (the instructor's tuned solution, built
+    by the grader's run of the instructor's notebook: ``fuselab.speed.tuned``), not a student's: not checked.
+    A student's library is loaded where no student Python runs (the kernel worker), so no student reaches this."""
+    token = _COURSE_CODE.set(True)
+    try:
+        yield
+    finally:
+        _COURSE_CODE.reset(token)
 
 
 def _without_comments(source: str) -> str:

@@ -52,14 +52,14 @@ def test_policy_threshold_follows_the_rule_and_falls_back_to_the_h200():
 
 def test_the_instructors_run_builds_and_checks_the_courses_tuned_solution(tmp_path, monkeypatch):
     """The grader's run of the instructor's notebook times the course's tuned solution too (for the feedback
-    picture): ``_course_tuned`` builds it from the instructor's notebook through the lab's ``tuned_op`` and checks
+    picture): ``tuned.course_tuned`` builds it from the instructor's notebook through the lab's ``tuned_op`` and checks
     it on the timed inputs before any timing. A tuned source that fails to build or is wrong is said in the
     record's words and returns no op: the plain solution's record stands. Only that run does it."""
     from fuselab.runmode import GRADING_ENV, INSTRUCTORS_RUN_ENV, instructors_run
-    from fuselab.speed import graded
+    from fuselab.speed import tuned
     inputs = lab0.make_inputs((4099,), seed=5, device="cuda" if torch.cuda.is_available() else "cpu")
     out = torch.empty_like(inputs[0])
-    op, why = graded._course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference)
+    op, why = tuned.course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference)
     assert op is not None and why == ""
     torch.testing.assert_close(out.double(), lab0.reference(*[x.double() for x in inputs]))
 
@@ -72,11 +72,17 @@ def test_the_instructors_run_builds_and_checks_the_courses_tuned_solution(tmp_pa
             assert cell["source"] != text
     broken.write_text(json.dumps(notebook))
     monkeypatch.setattr(type(lab0.LAB), "solution_notebook", lambda self: broken)
-    op, why = graded._course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference)
+    op, why = tuned.course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference)
     assert op is None and why.startswith("not measured (CheckFailed: out") and "\n" not in why
     monkeypatch.setattr(type(lab0.LAB), "solution_notebook", lambda self: tmp_path / "none.ipynb")
-    assert graded._course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference) == (
+    assert tuned.course_tuned("lab0.add_relu_mul", inputs, out, lab0.reference) == (
         None, "the lab has no tuned solution here")
+
+    # the grader starts the same build beside the reference run, in a process of its own
+    import subprocess
+    import sys
+    assert subprocess.run([sys.executable, "-m", "fuselab.speed.tuned", "lab0"], cwd=course.REPO,
+                          capture_output=True, timeout=600).returncode == 0
 
     monkeypatch.delenv(INSTRUCTORS_RUN_ENV, raising=False)
     monkeypatch.setenv(GRADING_ENV, "1")
@@ -85,6 +91,21 @@ def test_the_instructors_run_builds_and_checks_the_courses_tuned_solution(tmp_pa
     assert instructors_run()
     monkeypatch.delenv(GRADING_ENV)
     assert not instructors_run()  # a student's own run, whatever its environment says
+
+
+def test_the_native_check_spares_only_the_course_code_built_in_its_own_thread(monkeypatch):
+    """The course's tuned solution (inline PTX: ``asm``) is built by the instructor's run under
+    ``native_check.course_code``; the check still holds for every other build, in any other thread."""
+    import threading
+    from fuselab import native_check
+    monkeypatch.setenv(native_check.POLICY_ENV, "1")
+    seen = {}
+    with native_check.course_code():
+        seen["inside"] = native_check.enabled()
+        thread = threading.Thread(target=lambda: seen.update(other_thread=native_check.enabled()))
+        thread.start()
+        thread.join()
+    assert seen == {"inside": False, "other_thread": True} and native_check.enabled()
 
 
 def test_own_kernel_names_are_read_from_the_source():

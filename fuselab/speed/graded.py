@@ -42,6 +42,7 @@ from ..timing.capture import capture
 from .graph_kernels import captured_kernels
 from .lease import asks_a_checker, exclusive_gpu, speed_test_slot
 from .policy import REFERENCE_GPU, policy_entry
+from .tuned import course_tuned
 
 LAST_TIMED = None   # the last graded timing's rotating call of the student's op
 LAST_RECORD = None  # the last speed test's record
@@ -199,7 +200,7 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         if instructors_run() and not asks_a_checker():
             phase("tuned solution")
             outs["tuned"] = [torch.empty_like(out) for out in outs["student"]]
-            tuned, record["tuned_status"] = _course_tuned(test_id, sets[0], outs["tuned"][0], reference)
+            tuned, record["tuned_status"] = course_tuned(test_id, sets[0], outs["tuned"][0], reference)
 
         global LAST_TIMED
         phase("timing")
@@ -248,27 +249,6 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         finally:
             phase(None)
             _let_go_of_timed_sets()
-
-
-def _course_tuned(test_id, inputs, out, reference):
-    """``(op, "")``: the course's tuned solution of ``test_id`` (built from the instructor's notebook by its lab's
-    ``tuned_op``), right on ``inputs`` at the timed shape; or ``(None, why not)``. Nothing it raises reaches the
-    speed test: the plain solution's record stands whatever happens here."""
-    from ..labs import registry
-    from ..notebook_sources import string_assignments
-    try:
-        lab = registry.lab(test_id.partition(".")[0])
-        name, notebook = lab.graded_test(test_id).tuned_op, lab.solution_notebook()
-        source = string_assignments(notebook).get("TUNED_SOURCE") if name and notebook.is_file() else None
-        if not source:
-            return None, "the lab has no tuned solution here"
-        with captured_output():  # a build's or a check's words must not reach the run's stderr
-            op = getattr(lab.module(), name)(source)
-            op(*inputs, out)
-            assert_close(out, reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
-        return op, ""
-    except Exception as exc:  # noqa: BLE001 - a broken tuned solution is said in the record, never a verdict
-        return None, f"not measured ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
 def _refill(inputs, fresh) -> None:

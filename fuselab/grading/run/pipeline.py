@@ -30,6 +30,7 @@ from ... import course, locks
 from ... import notebook as ipynb
 from ...kernelbuild import shared as shared_builds
 from ...labs import registry
+from ...speed import tuned
 from ..outputs import feedback, report, terminal
 from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term, unsandboxed
 from ..sandbox import isolate
@@ -466,9 +467,17 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
                CUDA_DEVICE_ORDER="PCI_BUS_ID")
     _share_cpus(env, settings.cpu_threads)
     env.pop("FUSELAB_SHARED_BUILDS", None)
-    clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
-                              total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
-                              lease=lease, kernels_in_worker=False)  # the instructor's: they fill the shared builds
+    # the course's tuned solutions, which the run's speed tests time for the feedback picture, built beside it
+    prebuild = tuned.start_build(lab, {**env, "CUDA_VISIBLE_DEVICES": str(device)}) if device is not None else None
+    try:
+        clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
+                                  total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
+                                  lease=lease, kernels_in_worker=False)  # the instructor's: fill the shared builds
+    finally:
+        if prebuild is not None and prebuild.poll() is None:  # the run built it itself meanwhile
+            prebuild.kill()
+        if prebuild is not None:
+            prebuild.wait()
     cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")

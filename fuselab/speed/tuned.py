@@ -1,0 +1,84 @@
+"""The course's tuned solution of a graded speed test, for the feedback pages' picture.
+
+The grader's run of the instructor's notebook (the reference run) times it beside the plain solution
+(``graded.speedup_test``): ``course_tuned`` builds the instructor notebook's ``TUNED_SOURCE`` through its lab's
+declared ``tuned_op`` and checks it on the timed inputs. Its build (seconds: Lab 3's tensor-core path) would add
+to the reference run's time, so the grader starts one in a process of its own beside the run
+(``python -m fuselab.speed.tuned LAB``, ``start_build``); the run's build then finds it done, or waits for it
+under the build's lock. That process's failure costs nothing: the run builds it again and says why it failed.
+
+The tuned solution is the course's own code (inline PTX and all): the native-code check that refuses ``asm`` in a
+student's library does not apply to its build (``native_check.course_code``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from ..check import assert_close
+from ..native_check import course_code
+from ..quiet import captured_output
+
+
+def _tuned_source(test_id: str):
+    """``(lab, builder name, TUNED_SOURCE text)``, or None where the lab declares no tuned solution or this checkout
+    has no instructor's notebook."""
+    from ..labs import registry
+    from ..notebook_sources import string_assignments
+    lab = registry.lab(test_id.partition(".")[0])
+    name, notebook = lab.graded_test(test_id).tuned_op, lab.solution_notebook()
+    source = string_assignments(notebook).get("TUNED_SOURCE") if name and notebook.is_file() else None
+    return (lab, name, source) if source else None
+
+
+def course_tuned(test_id, inputs, out, reference):
+    """``(op, "")``: the course's tuned solution of ``test_id``, right on ``inputs`` (written into ``out``); or
+    ``(None, why not)``. Nothing it raises reaches the speed test: the plain solution's record stands whatever
+    happens here."""
+    try:
+        found = _tuned_source(test_id)
+        if found is None:
+            return None, "the lab has no tuned solution here"
+        lab, name, source = found
+        with captured_output(), course_code():  # a build's or a check's words must not reach the run's stderr
+            op = getattr(lab.module(), name)(source)
+            op(*inputs, out)
+            assert_close(out, reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
+        return op, ""
+    except Exception as exc:  # noqa: BLE001 - a broken tuned solution is said in the record, never a verdict
+        return None, f"not measured ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+
+
+def start_build(lab_name: str, env: dict) -> subprocess.Popen | None:
+    """Build ``lab_name``'s tuned solutions in a process of its own with ``env`` (the reference run's: its build
+    cache and GPU), its output discarded; None where it cannot start."""
+    try:
+        return subprocess.Popen([sys.executable, "-m", __name__, lab_name], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def build_all(lab_name: str) -> int:
+    """Build (and load, as the run will) the tuned solution of each of ``lab_name``'s speed tests; 1 if any
+    failed (the run says why when it builds it again)."""
+    from ..labs import registry
+    failed = 0
+    for test in registry.lab(lab_name).graded_tests:
+        found = _tuned_source(test.id)
+        if found is None:
+            continue
+        lab, name, source = found
+        try:
+            with course_code():
+                getattr(lab.module(), name)(source)
+        except Exception:  # noqa: BLE001 - the run builds it again and says why
+            failed = 1
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(build_all(sys.argv[1]))
