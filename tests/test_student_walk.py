@@ -78,6 +78,26 @@ def test_lab1s_rate_list_prints_times_so_its_only_fractions_are_the_ones_its_sen
     assert next(check for lab, words, check in CLAIMS if lab == "lab1" and words == claim)(load_data())
 
 
+def test_lab2s_context_text_names_the_only_fractions_the_cell_prints():
+    """Lab 2's context text said the cell "prints each version's fraction of the copy bandwidth": it prints each
+    version's time in µs and its time against the folded kernel's, and one line with two fractions, the plain fused
+    kernel's and the reference's. The text now says so; the printout must keep to it."""
+    from fuselab.labs import lab2
+
+    from .test_notebook_claims import markdown, squash
+    assert "prints each version's fraction" not in squash(markdown("lab2"))
+    assert squash("the cell prints each version's time, then two fractions of the copy bandwidth, the plain fused "
+                  "kernel's and the reference's (each on its own bytes)") in squash(markdown("lab2"))
+    printed = run_saved_result_cells("lab2")
+    for row in lab2.saved_results(lab2.CONTEXT_RESULTS)["rows"]:
+        for name, us in row["median_us"].items():
+            assert f"{name} {us:.1f} µs" in printed, (name, printed)
+    fractions = _printed_fractions(printed, "the copy bandwidth")
+    assert len(fractions) == 1 and fractions[0][0] < fractions[0][1], (fractions, printed)
+    assert len(re.findall(r"\d+% of the copy bandwidth", printed)) == 1 and "GB/s" not in printed, printed
+    assert "plain fused (folded): " in printed, printed
+
+
 def test_lab1s_roofline_without_a_gpu_does_not_call_the_courses_conv_yours():
     printed = run_saved_result_cells("lab1")
     assert "your conv" not in printed and "the course's naive conv" in printed, printed
