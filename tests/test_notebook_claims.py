@@ -592,7 +592,8 @@ NOT_MEASURED = {
     ("lab2", "Graded: the speedup of your fused kernel"): "a heading and what the test does",
     ("lab2", "partial credit between 1.0× and it"): "the grading rule",
     ("lab2", "how close to the hardware?"): "a heading",
-    ("lab2", "pays for two 64-bit divisions"): "what the kernel's code does",
+    ("lab2", "pays for five 64-bit divisions and remainders"): "a count of the starter kernel's code "
+        "(tests/test_student_walk.py counts them)",
     ("lab2", "where the epilogue meets a compute-bound operator"): "the next lab's outline",
     ("lab3", "where fusing the epilogue pays A fully connected layer"): "the title",
     ("lab3", "the **graded speedup** at a small-$K$ shape"): "the lab's outline",

@@ -391,3 +391,20 @@ def test_lab3s_span_prints_one_value_where_both_ends_print_the_same():
     from fuselab.labs import lab3
     assert lab3.span([1.011, 1.009]) == "1.01" and lab3.span([1.0, 1.62]) == "1.00–1.62"
     assert lab3.span([40.2, 39.9], ".0f") == "40"
+
+
+# ------------------------------------------------------------------------- Lab 2: the plain kernel's index cost
+def test_lab2s_count_of_the_plain_kernels_divisions_is_the_starters():
+    """Part C's "going further" said the plain fused kernel "pays for two 64-bit divisions to find its (row, column,
+    channel)", a few cells below the starter it copies, which prints five: `i % W`, `i / W`, `% H`, `i / (H * W)`
+    and `plane % C`, each on the 64-bit index. The number the text gives is the starter's count."""
+    from fuselab.labs import lab2
+
+    from .test_notebook_claims import markdown, squash
+    kernel = lab2.STARTER_SOURCE.split("__global__", 1)[1]
+    index = kernel[:kernel.index("const float* xp")]
+    code = "\n".join(line.split("//")[0] for line in index.splitlines()[1:])  # the index arithmetic, no comments
+    count = len(re.findall(r"[/%]", code))
+    words = {4: "four", 5: "five", 6: "six"}[count]
+    assert f"pays for {words} 64-bit divisions and remainders" in squash(markdown("lab2")), (count, code)
+    assert "int64_t i =" in index and "two 64-bit divisions" not in squash(markdown("lab2"))
