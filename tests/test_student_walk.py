@@ -408,3 +408,22 @@ def test_lab2s_count_of_the_plain_kernels_divisions_is_the_starters():
     words = {4: "four", 5: "five", 6: "six"}[count]
     assert f"pays for {words} 64-bit divisions and remainders" in squash(markdown("lab2")), (count, code)
     assert "int64_t i =" in index and "two 64-bit divisions" not in squash(markdown("lab2"))
+
+
+# ------------------------------------------------------------------------------------ Lab 0: whose sweep it is
+def test_lab0s_sweep_text_says_whose_kernels_a_student_without_a_gpu_sees():
+    """Section 5 said "The sweep below times your unfused and fused versions ... against the copy ceiling measured
+    on this GPU"; without a GPU the cell draws the saved H200 run, of the lab's unfused reference against the course's
+    plain fused kernel. The text says which is which, and the saved file is that run."""
+    from fuselab.labs import lab0
+
+    from .test_notebook_claims import markdown, squash
+    said = squash(markdown("lab0"))
+    assert "The sweep below times your unfused" not in said
+    assert squash("On a GPU the sweep below times your unfused and fused versions") in said
+    assert squash("without one it shows the course's H200 run instead, of the lab's unfused reference against the "
+                  "plain fused solution") in said
+    saved = lab0.saved_results(lab0.SWEEP_RESULTS)
+    assert saved["gpu"] == "NVIDIA H200" and saved["note"].startswith("plain fused kernel vs the lab's unfused reference")
+    printed = run_saved_result_cells("lab0")
+    assert "your" not in printed.lower(), printed
