@@ -210,6 +210,15 @@ CLAIMS = [
     # Lab 0's hardware counters (section 5.2)
     ("lab0", "one where every tensor fits in L2 at once, and two where they do not",
      lambda d: len(counter_rows(d, True)) == 1 and len(counter_rows(d, False)) == 2),
+    # beyond L2 the measured DRAM bytes against section 2's count: never over it, short of it by the writes that
+    # are still in L2 when the profiled kernel ends (the fused kernel reads its three inputs whole)
+    ("lab0", "Beyond L2, the DRAM bytes come within a tenth of the ones you counted",
+     lambda d: all(0.9 <= r[side]["dram_bytes"] / r["computed_bytes"][side] <= 1.01
+                   for r in counter_rows(d, False) for side in ("unfused", "fused"))),
+    ("lab0", "a little under them where some of the last writes are still in L2 when the kernel ends",
+     lambda d: all(r["fused"]["dram_bytes"] < r["computed_bytes"]["fused"]
+                   and abs(counter_sum(r, "fused", "dram_read_bytes") / (3 * r["tensor_bytes"]) - 1) < 0.02
+                   and counter_sum(r, "fused", "dram_write_bytes") < r["tensor_bytes"] for r in counter_rows(d, False))),
     ("lab0", "the unfused chain moves about twice the fused kernel's bytes, as your count says",
      lambda d: all(1.8 <= r["dram_ratio"] <= 2.2 for r in counter_rows(d, False))),
     ("lab0", "Both versions read the three inputs from DRAM once and write nothing back while they run",
@@ -725,6 +734,25 @@ def test_the_cache_hit_verdict_fails_when_fusion_would_hit_twice_as_often():
         else:
             row["fused"]["kernels"][0]["l1_hit_pct"] = 40.0
         assert not check(data), level
+
+
+def test_the_counted_bytes_words_fail_when_dram_moves_more_or_much_less_than_the_count():
+    """Lab 0 said "Beyond L2, the DRAM bytes are the ones you counted" beside a printout of 123.0 MB measured against
+    134.2 MB counted (the fused kernel at 32 MiB a tensor): the words now give the bound the counters keep, and say
+    why the bytes come out under the count. Were a kernel to move more than it must, or far less, they fail."""
+    words = ["Beyond L2, the DRAM bytes come within a tenth of the ones you counted",
+             "a little under them where some of the last writes are still in L2 when the kernel ends"]
+    checks = [next(c for w, p, c in CLAIMS if w == "lab0" and p == phrase) for phrase in words]
+    assert all(check(load_data()) for check in checks)
+    for factor in (0.85, 1.05):
+        data = load_data()
+        row = counter_rows(data, False)[0]
+        row["fused"]["dram_bytes"] = factor * row["computed_bytes"]["fused"]
+        assert not checks[0](data), factor
+    data = load_data()
+    kernel = counter_rows(data, False)[0]["fused"]["kernels"][0]
+    kernel["dram_write_bytes"] = 1.02 * counter_rows(data, False)[0]["tensor_bytes"]
+    assert not checks[1](data)
 
 
 def test_results_md_states_the_counters_l1_hit_rate_and_the_verdict_of_the_saved_file():
