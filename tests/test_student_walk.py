@@ -427,3 +427,19 @@ def test_lab0s_sweep_text_says_whose_kernels_a_student_without_a_gpu_sees():
     assert saved["gpu"] == "NVIDIA H200" and saved["note"].startswith("plain fused kernel vs the lab's unfused reference")
     printed = run_saved_result_cells("lab0")
     assert "your" not in printed.lower(), printed
+
+
+def test_lab0s_timed_tensor_is_sized_in_the_unit_the_counters_print():
+    """Section 7 gave the timed tensor as "256 MB per tensor" while the counters cell above it prints the same tensor
+    as "256 MiB a tensor" (64M fp32 elements are 268 MB). The text's size is the counters' own, in MiB."""
+    from fuselab.labs import lab0
+
+    from .test_notebook_claims import markdown, squash
+    tensor_bytes = 4 * lab0.TIMED_SHAPE[0]
+    counted = lab0.saved_results(lab0.COUNTER_RESULTS)["rows"]
+    assert tensor_bytes in [r["tensor_bytes"] for r in counted]
+    printed = run_saved_result_cells("lab0")
+    assert f"{tensor_bytes / 2**20:4.0f} MiB a tensor" in printed, printed
+    said = squash(markdown("lab0"))
+    assert f"({tensor_bytes // 2**20} MiB per tensor, far beyond" in said
+    assert f"{tensor_bytes // 2**20} MB" not in said
