@@ -443,3 +443,27 @@ def test_lab0s_timed_tensor_is_sized_in_the_unit_the_counters_print():
     said = squash(markdown("lab0"))
     assert f"({tensor_bytes // 2**20} MiB per tensor, far beyond" in said
     assert f"{tensor_bytes // 2**20} MB" not in said
+
+
+# --------------------------------------------------------------------------- Lab 1: what the Part B cell shows
+def test_lab1s_part_b_text_names_every_version_the_saved_cell_shows():
+    """Without a GPU, Part B's cell shows "the lab's versions: the unfused pipeline split three ways ..., the plain
+    fused solution and the tuned one", the text said; its list and its two panels show PyTorch eager and
+    torch.compile too, and the batch-1 panel none of the split pipelines. Every version the saved rows hold is
+    named, and the batch-1 panel's as it has them."""
+    from .test_notebook_claims import markdown, squash
+    said = squash(markdown("lab1"))
+    named = {"conv+bias -> relu (graded)": "`conv+bias -> relu`, the graded reference", "conv -> bias+relu":
+             "`conv -> bias+relu`", "conv -> bias -> relu": "`conv -> bias -> relu`",
+             "plain fused": "the plain fused solution", "tuned fused": "the tuned one",
+             "PyTorch eager": "with PyTorch eager", "torch.compile": "and `torch.compile` beside them"}
+    saved = lab1.saved_results(lab1.DEPTHWISE_RESULTS)
+    shown = [saved["rows"][0], saved["rows"][3]]  # what the cell draws without a GPU
+    assert shown[1]["shape"][:2] == [1, 32]
+    for row in shown:
+        for name in row["speedups"]:
+            assert squash(named[name]) in said, name
+    batch1 = {"conv+bias -> relu (graded)": "the graded reference", "PyTorch eager": "eager",
+              "plain fused": "the plain fused", "tuned fused": "the tuned one"}
+    assert set(shown[1]["speedups"]) == set(batch1)
+    assert "(at batch 1: the graded reference, eager, the plain fused and the tuned one)" in said
