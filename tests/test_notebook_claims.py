@@ -899,6 +899,29 @@ def test_lab3_prints_one_plain_speedup_or_names_each_apart():
     assert calibrated in "".join(v for w, v in found if w in graded)
 
 
+def test_lab2_prints_one_plain_speedup_or_names_each_apart():
+    """Lab 2 printed the plain solution's speedup at the graded shape twice without a GPU, 1.82x in the context cell
+    (the saved context run) and 1.80x in the speed test (the calibration that set the threshold), as if one
+    measurement. As in Lab 3, a plain speedup that is not the calibration's names the run it comes from, and is
+    that run's."""
+    from fuselab.speed.graded import would_grade
+
+    from .test_notebook_text import run_saved_result_cells
+    d = load_data()
+    calibrated = f"{policy(d, 'lab2.conv_bn_relu', 'plain_speedup'):.2f}"
+    t = lab2_graded(d)["median_us"]
+    saved = f"{t['lab reference (3 kernels)'] / t['plain fused (folded)']:.2f}"
+    printed, graded = run_saved_result_cells("lab2"), would_grade("lab2.conv_bn_relu", 4)
+    found = [(m.group(0), m.group(1)) for text in (printed, graded) for m in PLAIN_SPEEDUP.finditer(text)]
+    assert len(found) >= 2, (printed, graded)
+    for words, value in found:
+        if "another run than the calibration's" in words:
+            assert value == saved and d["lab2_context"]["date"] in words, f"{words!r}: the saved run's is {saved}x"
+        else:
+            assert value == calibrated, f"{words!r} is not the calibration's {calibrated}x, and names no other run"
+    assert any("another run" in w for w, _ in found) and calibrated in "".join(v for w, v in found if w in graded)
+
+
 @pytest.mark.parametrize("lab,row", [("lab1", 3), ("lab2", 2)])
 def test_launch_bound_fails_when_the_small_size_is_bytes_bound(lab, row):
     """Called "what the cell times" before, "launch-bound" is a claim about the saved times: were the batch-1

@@ -95,7 +95,7 @@ def test_lab2s_context_text_names_the_only_fractions_the_cell_prints():
     fractions = _printed_fractions(printed, "the copy bandwidth")
     assert len(fractions) == 1 and fractions[0][0] < fractions[0][1], (fractions, printed)
     assert len(re.findall(r"\d+% of the copy bandwidth", printed)) == 1 and "GB/s" not in printed, printed
-    assert "plain fused (folded): " in printed, printed
+    assert "plain fused (folded) in the saved run (" in printed, printed
 
 
 def test_lab1s_roofline_without_a_gpu_does_not_call_the_courses_conv_yours():
