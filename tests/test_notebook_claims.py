@@ -210,6 +210,15 @@ CLAIMS = [
     # Lab 0's hardware counters (section 5.2)
     ("lab0", "one where every tensor fits in L2 at once, and two where they do not",
      lambda d: len(counter_rows(d, True)) == 1 and len(counter_rows(d, False)) == 2),
+    # beyond L2 the measured DRAM bytes against section 2's count: never over it, short of it by the writes that
+    # are still in L2 when the profiled kernel ends (the fused kernel reads its three inputs whole)
+    ("lab0", "Beyond L2, the DRAM bytes come within a tenth of the ones you counted",
+     lambda d: all(0.9 <= r[side]["dram_bytes"] / r["computed_bytes"][side] <= 1.01
+                   for r in counter_rows(d, False) for side in ("unfused", "fused"))),
+    ("lab0", "a little under them where some of the last writes are still in L2 when the kernel ends",
+     lambda d: all(r["fused"]["dram_bytes"] < r["computed_bytes"]["fused"]
+                   and abs(counter_sum(r, "fused", "dram_read_bytes") / (3 * r["tensor_bytes"]) - 1) < 0.02
+                   and counter_sum(r, "fused", "dram_write_bytes") < r["tensor_bytes"] for r in counter_rows(d, False))),
     ("lab0", "the unfused chain moves about twice the fused kernel's bytes, as your count says",
      lambda d: all(1.8 <= r["dram_ratio"] <= 2.2 for r in counter_rows(d, False))),
     ("lab0", "Both versions read the three inputs from DRAM once and write nothing back while they run",
@@ -592,7 +601,8 @@ NOT_MEASURED = {
     ("lab2", "Graded: the speedup of your fused kernel"): "a heading and what the test does",
     ("lab2", "partial credit between 1.0× and it"): "the grading rule",
     ("lab2", "how close to the hardware?"): "a heading",
-    ("lab2", "pays for two 64-bit divisions"): "what the kernel's code does",
+    ("lab2", "pays for five 64-bit divisions and remainders"): "a count of the starter kernel's code "
+        "(tests/test_student_walk.py counts them)",
     ("lab2", "where the epilogue meets a compute-bound operator"): "the next lab's outline",
     ("lab3", "where fusing the epilogue pays A fully connected layer"): "the title",
     ("lab3", "the **graded speedup** at a small-$K$ shape"): "the lab's outline",
@@ -724,6 +734,25 @@ def test_the_cache_hit_verdict_fails_when_fusion_would_hit_twice_as_often():
         else:
             row["fused"]["kernels"][0]["l1_hit_pct"] = 40.0
         assert not check(data), level
+
+
+def test_the_counted_bytes_words_fail_when_dram_moves_more_or_much_less_than_the_count():
+    """Lab 0 said "Beyond L2, the DRAM bytes are the ones you counted" beside a printout of 123.0 MB measured against
+    134.2 MB counted (the fused kernel at 32 MiB a tensor): the words now give the bound the counters keep, and say
+    why the bytes come out under the count. Were a kernel to move more than it must, or far less, they fail."""
+    words = ["Beyond L2, the DRAM bytes come within a tenth of the ones you counted",
+             "a little under them where some of the last writes are still in L2 when the kernel ends"]
+    checks = [next(c for w, p, c in CLAIMS if w == "lab0" and p == phrase) for phrase in words]
+    assert all(check(load_data()) for check in checks)
+    for factor in (0.85, 1.05):
+        data = load_data()
+        row = counter_rows(data, False)[0]
+        row["fused"]["dram_bytes"] = factor * row["computed_bytes"]["fused"]
+        assert not checks[0](data), factor
+    data = load_data()
+    kernel = counter_rows(data, False)[0]["fused"]["kernels"][0]
+    kernel["dram_write_bytes"] = 1.02 * counter_rows(data, False)[0]["tensor_bytes"]
+    assert not checks[1](data)
 
 
 def test_results_md_states_the_counters_l1_hit_rate_and_the_verdict_of_the_saved_file():
@@ -868,6 +897,29 @@ def test_lab3_prints_one_plain_speedup_or_names_each_apart():
             assert value == calibrated, f"{words!r} is not the calibration's {calibrated}x, and names no other run"
     assert calibrated in "".join(v for w, v in found if "sweep" not in w and w in settings)
     assert calibrated in "".join(v for w, v in found if w in graded)
+
+
+def test_lab2_prints_one_plain_speedup_or_names_each_apart():
+    """Lab 2 printed the plain solution's speedup at the graded shape twice without a GPU, 1.82x in the context cell
+    (the saved context run) and 1.80x in the speed test (the calibration that set the threshold), as if one
+    measurement. As in Lab 3, a plain speedup that is not the calibration's names the run it comes from, and is
+    that run's."""
+    from fuselab.speed.graded import would_grade
+
+    from .test_notebook_text import run_saved_result_cells
+    d = load_data()
+    calibrated = f"{policy(d, 'lab2.conv_bn_relu', 'plain_speedup'):.2f}"
+    t = lab2_graded(d)["median_us"]
+    saved = f"{t['lab reference (3 kernels)'] / t['plain fused (folded)']:.2f}"
+    printed, graded = run_saved_result_cells("lab2"), would_grade("lab2.conv_bn_relu", 4)
+    found = [(m.group(0), m.group(1)) for text in (printed, graded) for m in PLAIN_SPEEDUP.finditer(text)]
+    assert len(found) >= 2, (printed, graded)
+    for words, value in found:
+        if "another run than the calibration's" in words:
+            assert value == saved and d["lab2_context"]["date"] in words, f"{words!r}: the saved run's is {saved}x"
+        else:
+            assert value == calibrated, f"{words!r} is not the calibration's {calibrated}x, and names no other run"
+    assert any("another run" in w for w, _ in found) and calibrated in "".join(v for w, v in found if w in graded)
 
 
 @pytest.mark.parametrize("lab,row", [("lab1", 3), ("lab2", 2)])

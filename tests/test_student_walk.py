@@ -78,6 +78,26 @@ def test_lab1s_rate_list_prints_times_so_its_only_fractions_are_the_ones_its_sen
     assert next(check for lab, words, check in CLAIMS if lab == "lab1" and words == claim)(load_data())
 
 
+def test_lab2s_context_text_names_the_only_fractions_the_cell_prints():
+    """Lab 2's context text said the cell "prints each version's fraction of the copy bandwidth": it prints each
+    version's time in µs and its time against the folded kernel's, and one line with two fractions, the plain fused
+    kernel's and the reference's. The text now says so; the printout must keep to it."""
+    from fuselab.labs import lab2
+
+    from .test_notebook_claims import markdown, squash
+    assert "prints each version's fraction" not in squash(markdown("lab2"))
+    assert squash("the cell prints each version's time, then two fractions of the copy bandwidth, the plain fused "
+                  "kernel's and the reference's (each on its own bytes)") in squash(markdown("lab2"))
+    printed = run_saved_result_cells("lab2")
+    for row in lab2.saved_results(lab2.CONTEXT_RESULTS)["rows"]:
+        for name, us in row["median_us"].items():
+            assert f"{name} {us:.1f} µs" in printed, (name, printed)
+    fractions = _printed_fractions(printed, "the copy bandwidth")
+    assert len(fractions) == 1 and fractions[0][0] < fractions[0][1], (fractions, printed)
+    assert len(re.findall(r"\d+% of the copy bandwidth", printed)) == 1 and "GB/s" not in printed, printed
+    assert "plain fused (folded) in the saved run (" in printed, printed
+
+
 def test_lab1s_roofline_without_a_gpu_does_not_call_the_courses_conv_yours():
     printed = run_saved_result_cells("lab1")
     assert "your conv" not in printed and "the course's naive conv" in printed, printed
@@ -371,3 +391,79 @@ def test_lab3s_span_prints_one_value_where_both_ends_print_the_same():
     from fuselab.labs import lab3
     assert lab3.span([1.011, 1.009]) == "1.01" and lab3.span([1.0, 1.62]) == "1.00–1.62"
     assert lab3.span([40.2, 39.9], ".0f") == "40"
+
+
+# ------------------------------------------------------------------------- Lab 2: the plain kernel's index cost
+def test_lab2s_count_of_the_plain_kernels_divisions_is_the_starters():
+    """Part C's "going further" said the plain fused kernel "pays for two 64-bit divisions to find its (row, column,
+    channel)", a few cells below the starter it copies, which prints five: `i % W`, `i / W`, `% H`, `i / (H * W)`
+    and `plane % C`, each on the 64-bit index. The number the text gives is the starter's count."""
+    from fuselab.labs import lab2
+
+    from .test_notebook_claims import markdown, squash
+    kernel = lab2.STARTER_SOURCE.split("__global__", 1)[1]
+    index = kernel[:kernel.index("const float* xp")]
+    code = "\n".join(line.split("//")[0] for line in index.splitlines()[1:])  # the index arithmetic, no comments
+    count = len(re.findall(r"[/%]", code))
+    words = {4: "four", 5: "five", 6: "six"}[count]
+    assert f"pays for {words} 64-bit divisions and remainders" in squash(markdown("lab2")), (count, code)
+    assert "int64_t i =" in index and "two 64-bit divisions" not in squash(markdown("lab2"))
+
+
+# ------------------------------------------------------------------------------------ Lab 0: whose sweep it is
+def test_lab0s_sweep_text_says_whose_kernels_a_student_without_a_gpu_sees():
+    """Section 5 said "The sweep below times your unfused and fused versions ... against the copy ceiling measured
+    on this GPU"; without a GPU the cell draws the saved H200 run, of the lab's unfused reference against the course's
+    plain fused kernel. The text says which is which, and the saved file is that run."""
+    from fuselab.labs import lab0
+
+    from .test_notebook_claims import markdown, squash
+    said = squash(markdown("lab0"))
+    assert "The sweep below times your unfused" not in said
+    assert squash("On a GPU the sweep below times your unfused and fused versions") in said
+    assert squash("without one it shows the course's H200 run instead, of the lab's unfused reference against the "
+                  "plain fused solution") in said
+    saved = lab0.saved_results(lab0.SWEEP_RESULTS)
+    assert saved["gpu"] == "NVIDIA H200" and saved["note"].startswith("plain fused kernel vs the lab's unfused reference")
+    printed = run_saved_result_cells("lab0")
+    assert "your" not in printed.lower(), printed
+
+
+def test_lab0s_timed_tensor_is_sized_in_the_unit_the_counters_print():
+    """Section 7 gave the timed tensor as "256 MB per tensor" while the counters cell above it prints the same tensor
+    as "256 MiB a tensor" (64M fp32 elements are 268 MB). The text's size is the counters' own, in MiB."""
+    from fuselab.labs import lab0
+
+    from .test_notebook_claims import markdown, squash
+    tensor_bytes = 4 * lab0.TIMED_SHAPE[0]
+    counted = lab0.saved_results(lab0.COUNTER_RESULTS)["rows"]
+    assert tensor_bytes in [r["tensor_bytes"] for r in counted]
+    printed = run_saved_result_cells("lab0")
+    assert f"{tensor_bytes / 2**20:4.0f} MiB a tensor" in printed, printed
+    said = squash(markdown("lab0"))
+    assert f"({tensor_bytes // 2**20} MiB per tensor, far beyond" in said
+    assert f"{tensor_bytes // 2**20} MB" not in said
+
+
+# --------------------------------------------------------------------------- Lab 1: what the Part B cell shows
+def test_lab1s_part_b_text_names_every_version_the_saved_cell_shows():
+    """Without a GPU, Part B's cell shows "the lab's versions: the unfused pipeline split three ways ..., the plain
+    fused solution and the tuned one", the text said; its list and its two panels show PyTorch eager and
+    torch.compile too, and the batch-1 panel none of the split pipelines. Every version the saved rows hold is
+    named, and the batch-1 panel's as it has them."""
+    from .test_notebook_claims import markdown, squash
+    said = squash(markdown("lab1"))
+    named = {"conv+bias -> relu (graded)": "`conv+bias -> relu`, the graded reference", "conv -> bias+relu":
+             "`conv -> bias+relu`", "conv -> bias -> relu": "`conv -> bias -> relu`",
+             "plain fused": "the plain fused solution", "tuned fused": "the tuned one",
+             "PyTorch eager": "with PyTorch eager", "torch.compile": "and `torch.compile` beside them"}
+    saved = lab1.saved_results(lab1.DEPTHWISE_RESULTS)
+    shown = [saved["rows"][0], saved["rows"][3]]  # what the cell draws without a GPU
+    assert shown[1]["shape"][:2] == [1, 32]
+    for row in shown:
+        for name in row["speedups"]:
+            assert squash(named[name]) in said, name
+    batch1 = {"conv+bias -> relu (graded)": "the graded reference", "PyTorch eager": "eager",
+              "plain fused": "the plain fused", "tuned fused": "the tuned one"}
+    assert set(shown[1]["speedups"]) == set(batch1)
+    assert "(at batch 1: the graded reference, eager, the plain fused and the tuned one)" in said

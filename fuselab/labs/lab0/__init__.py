@@ -54,7 +54,7 @@ void mul(const float* x, const float* y, float* out, int64_t n, cudaStream_t str
 # block, not a multiple of 256. GPU sizes are for the hidden tests and timing.
 SMALL_SHAPES = [(1,), (7,), (255,), (256,), (257,), (1000,), (4099,)]
 GPU_SHAPES = [(1,), (31,), (257,), (65_537,), (1_000_003,), (16_777_216 + 3,)]
-TIMED_SHAPE = (64 * 2**20,)  # 64M fp32: each tensor 256 MB, far beyond the H200's 60 MB L2
+TIMED_SHAPE = (64 * 2**20,)  # 64M fp32: each tensor 256 MiB, far beyond the H200's 60 MiB L2
 GRADED_TEST = "lab0.add_relu_mul"
 
 
