@@ -66,7 +66,25 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         raise error.with_traceback(None)  # noqa: B904 - the same error, its message says everything
 
 
-def _build(source, launchers, *, name, backend, extra_cflags, timeout, sanitize, verbose) -> Module:
+def compile_ahead(source: str, launchers, *, name: str = "kernel", backend: str | None = None,
+                  extra_cflags=(), timeout: float | None = None) -> bool:
+    """Compile what ``build`` with the same arguments loads, without loading it: the grader compiles a notebook's
+    kernels side by side before its cells build them one after another, and those builds then find them done (or
+    wait for them under the build's lock). The CUDA backend only: the emulation's build redirects the process's
+    output, which a build in a thread of its own must not. False, and nothing raised, where it did not compile
+    (or was not asked to): the build itself says why."""
+    try:
+        _, _, backend, job = _job(source, launchers, name, backend, extra_cflags, None)
+        if backend != "cuda":
+            return False
+        _compile(job, timeout if timeout is not None else config.build_timeout(), False)
+        return True
+    except Exception:  # noqa: BLE001 - the build that loads it raises the same error, to the right reader
+        return False
+
+
+def _job(source, launchers, name, backend, extra_cflags, sanitize):
+    """``(prototypes, file name, backend, Job)`` of one build: what reaches the compiler, and refusals first."""
     protos = prototypes.parse_all(launchers)
     toolchain.prepare_cuda_environment()  # before anything imports torch's cpp_extension, whatever the backend
     filename = f"{name}.cu"
@@ -79,9 +97,12 @@ def _build(source, launchers, *, name, backend, extra_cflags, timeout, sanitize,
         _refuse_stream_zero(source, filename)  # the emulation sees every launch's stream when it runs
     if backend == "emulate":
         from .emulate.job import job as emulate_job  # the translator loads only where it is used
-        job = emulate_job(source, protos, filename, extra_cflags, sanitize)
-    else:
-        job = cuda_job(source, protos, filename, extra_cflags)
+        return protos, filename, backend, emulate_job(source, protos, filename, extra_cflags, sanitize)
+    return protos, filename, backend, cuda_job(source, protos, filename, extra_cflags)
+
+
+def _build(source, launchers, *, name, backend, extra_cflags, timeout, sanitize, verbose) -> Module:
+    protos, filename, backend, job = _job(source, launchers, name, backend, extra_cflags, sanitize)
     if _kernel_host is not None and shared_builds.status(job.name) == "absent":
         # the grader's checker: a student's library is built and loaded in the solution worker, never here (an
         # instructor's kernel whose shared build changed is built here, into the checker's own cache)

@@ -3,18 +3,14 @@
 The grader's run of the instructor's notebook (the reference run) times it beside the plain solution
 (``graded.speedup_test``): ``course_tuned`` builds the instructor notebook's ``TUNED_SOURCE`` through its lab's
 declared ``tuned_op`` and checks it on the timed inputs. Its build (seconds: Lab 3's tensor-core path) would add
-to the reference run's time, so the grader starts one in a process of its own beside the run
-(``python -m fuselab.speed.tuned LAB``, ``start_build``); the run's build then finds it done, or waits for it
-under the build's lock. That process's failure costs nothing: the run builds it again and says why it failed.
+to the reference run's time, so the grader builds it beside the run (``build``, from
+``grading/run/build_ahead.py``); the run's build then finds it done, or waits for it under the build's lock.
 
 The tuned solution is the course's own code (inline PTX and all): the native-code check that refuses ``asm`` in a
 student's library does not apply to its build (``native_check.course_code``).
 """
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import torch
 
@@ -52,33 +48,16 @@ def course_tuned(test_id, inputs, out, reference):
         return None, f"not measured ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
-def start_build(lab_name: str, env: dict) -> subprocess.Popen | None:
-    """Build ``lab_name``'s tuned solutions in a process of its own with ``env`` (the reference run's: its build
-    cache and GPU), its output discarded; None where it cannot start."""
+def build(test_id: str) -> bool:
+    """Build (and load, as the run does) the course's tuned solution of ``test_id``; False where it failed or the
+    lab has none (the run builds it again and says why)."""
     try:
-        return subprocess.Popen([sys.executable, "-m", __name__, lab_name], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError:
-        return None
-
-
-def build_all(lab_name: str) -> int:
-    """Build (and load, as the run will) the tuned solution of each of ``lab_name``'s speed tests; 1 if any
-    failed (the run says why when it builds it again)."""
-    from ..labs import registry
-    failed = 0
-    for test in registry.lab(lab_name).graded_tests:
-        found = _tuned_source(test.id)
+        found = _tuned_source(test_id)
         if found is None:
-            continue
+            return False
         lab, name, source = found
-        try:
-            with course_code():
-                getattr(lab.module(), name)(source)
-        except Exception:  # noqa: BLE001 - the run builds it again and says why
-            failed = 1
-    return failed
-
-
-if __name__ == "__main__":
-    sys.exit(build_all(sys.argv[1]))
+        with course_code():
+            getattr(lab.module(), name)(source)
+        return True
+    except Exception:  # noqa: BLE001 - the run builds it again and says why
+        return False

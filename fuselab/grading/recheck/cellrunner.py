@@ -2,10 +2,12 @@
 
     python -m fuselab.grading.recheck.cellrunner PLAN.json CHANNEL_FD
 
-PLAN: ``{"cells": [{"index", "grade_id", "source", "graded"}], "start": k}``. Cells before ``start`` that are
-graded are skipped (an earlier process already scored them); the others rerun, as the setup of the cells from
-``start`` on. CHANNEL_FD: the write end of the pipe the grader opened for this process (``channel``). Each cell
-sends a ``CellStart`` record before it runs and a ``CellEnd`` after, so the parent knows which cell was running
+PLAN: ``{"cells": [{"index", "grade_id", "source", "graded"}], "start": k, "ahead": builds}``. Cells before
+``start`` that are graded are skipped (an earlier process already scored them); the others rerun, as the setup of
+the cells from ``start`` on. ``ahead``: the student's builds, which the kernel worker compiles side by side before
+the cells build them one after another (``labs.build_plan``). CHANNEL_FD: the write end of the pipe the grader
+opened for this process (``channel``). Each cell sends a ``CellStart`` record before it runs and a ``CellEnd``
+after, so the parent knows which cell was running
 when this process crashed or hung. After a cell that failed, a poisoned CUDA context (a sticky fault) ends the
 process with a ``Poisoned`` record: the parent restarts from the next cell in a fresh process.
 
@@ -174,6 +176,8 @@ def main(plan_path, channel_fd: int) -> int:
     plan = json.loads(open(plan_path).read())
     worker = _solution_process()
     host = _kernel_host()
+    if host is not None:  # asked with its first request: the worker answers once it has imported torch
+        host.ahead = plan.get("ahead") or []
     to_grader = channel.Sender(channel_fd)
     answers = os.environ.pop(channel.ANSWERS_FD_ENV, "")
     asker = channel.Asker(to_grader, int(answers)) if answers else None

@@ -407,6 +407,17 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         box.close()
 
 
+def _builds_ahead(instructor_nb: dict, student_nb: dict) -> list:
+    """The submission's kernel builds, planned from its literal ``*_SOURCE`` texts (read, never run), for its
+    kernel worker to compile ahead; [] where its notebook cannot be read that way (its cells build as they run)."""
+    from ...labs.build_plan import notebook_builds
+    from ...notebook_sources import string_assignments
+    try:
+        return notebook_builds(instructor_nb, string_assignments(student_nb), only_values=True)
+    except Exception:  # noqa: BLE001 - a plan, never a verdict: a notebook of any shape builds as it runs
+        return []
+
+
 def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_timeout, limits, env, device,
                sandbox, hide, lease, kernels_in_worker, on_cell, skip_demos, wall_timeout, total_wall_timeout, only,
                check_requirements) -> CleanResult:
@@ -434,8 +445,10 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     timeline: dict = {}
     cpu_timeline: dict = {}
     by_index = {c["index"]: c for c in cells}
+    ahead = _builds_ahead(instructor_nb, student_nb) if kernels_in_worker else []
     while True:
-        box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start}))  # a planted link is removed
+        # a planted link is removed
+        box.write_text(plan_path.name, json.dumps({"cells": cells, "start": start, "ahead": ahead}))
         # the checker's records come through a pipe opened here before it starts: no sandbox can name it
         channel, channel_w = Receiver.open()
         command = python_module("fuselab.grading.recheck.cellrunner", str(plan_path), str(channel_w))

@@ -12,7 +12,8 @@ test cell that holds one is never sent (``cellrunner``), and the checker keeps e
 What a student's native code can still do here is the worker's word and nothing more: the checker compares the
 buffers a launch sends back in its own memory, and bounds a speed measured here by its own clock.
 
-Requests (pickles from the checker): ``("cell", label, source, values)``, ``("build", kwargs)``,
+Requests (pickles from the checker): ``("cell", label, source, values)``, ``("compile_ahead", builds)``,
+``("build", kwargs)``,
 ``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s file), ``("thread_order", handle, order, seed)``,
 ``("speed_warm",)``, ``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
@@ -28,6 +29,8 @@ import math
 import os
 import pickle
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -38,6 +41,7 @@ from .transfer import ENV as TRANSFER_ENV, Transfer
 
 SPEED_STATUSES = ("measured", "not measured (no GPU)")
 MAX_BUFFERS = 16
+MAX_AHEAD = 8  # builds compiled ahead at once: more than any lab's notebook makes
 
 
 class KernelWorker:
@@ -54,6 +58,13 @@ class KernelWorker:
             _execute(source, self.namespace, f"<{label}>")
         except BaseException as exc:  # noqa: BLE001 - the checker ran the same cell and has its own verdict
             return ["ok", ["v", f"{type(exc).__name__}: {exc}"[:500]]]
+        return ["ok", ["v", None]]
+
+    def compile_ahead(self, builds) -> list:
+        """The submission's kernels compiled side by side, in the background (planned by the grader from the
+        submission's own texts, ``labs.build_plan``): the cells' builds, one after another, find them done or
+        wait for them under each build's lock. Nothing is loaded here, and a failure is the cell's build's to say."""
+        threading.Thread(target=_compile_all, args=(builds,), daemon=True).start()
         return ["ok", ["v", None]]
 
     def build(self, kwargs) -> list:
@@ -168,6 +179,13 @@ class KernelWorker:
         return ["ok", ["v", None]]
 
 
+def _compile_all(builds) -> None:
+    from ...kernelbuild import compile_ahead
+    wanted = [b for b in builds if isinstance(b, dict)][:MAX_AHEAD]
+    with ThreadPoolExecutor(max_workers=max(1, len(wanted))) as pool:
+        list(pool.map(lambda b: compile_ahead(b["source"], b["launchers"], name=b["name"]), wanted))
+
+
 def _why_not(status) -> str:
     """A speed test's failure, said in the course's own words (never a text the kernel could have shaped)."""
     status = status if isinstance(status, str) else ""
@@ -185,7 +203,7 @@ def _error_record(exc: BaseException) -> list:
     return wire.exception_record(exc)
 
 
-REQUESTS = {"cell": KernelWorker.cell, "build": KernelWorker.build, "launch": KernelWorker.launch,
+REQUESTS = {"cell": KernelWorker.cell, "compile_ahead": KernelWorker.compile_ahead, "build": KernelWorker.build, "launch": KernelWorker.launch,
             "thread_order": KernelWorker.thread_order, "speed": KernelWorker.speed,
             "speed_batch": KernelWorker.speed_batch, "speed_end": KernelWorker.speed_end,
             "speed_warm": KernelWorker.speed_warm}

@@ -68,6 +68,7 @@ class KernelHost:
         # launchers whose host code wrote kernel memory outside a kernel (emulation): the cell that launched
         # them fails, and is flagged, even if it caught the error
         self.host_writes: list = []
+        self.ahead: list = []        # the student's builds, compiled ahead from the first request on
 
     def request(self, message, hold=None):
         """Send ``message``; its reply. On the way the worker may ask for the GPU to itself (its timing's
@@ -75,6 +76,9 @@ class KernelHost:
         it, held until the caller closes it, through the rest of the worker's speed test (its refreshed inputs'
         check) and the checker's own batches: one settling of the GPU, not two. Any other ask is refused, and the
         worker times without it."""
+        if self.ahead:
+            ahead, self.ahead = self.ahead, []
+            self.process.request(("compile_ahead", ahead))  # returns at once: the compilers run in the background
         reply = self.process.request(message)
         while _is(reply, "lease"):
             if hold is None or self.holding:

@@ -30,12 +30,11 @@ from ... import course, locks
 from ... import notebook as ipynb
 from ...kernelbuild import shared as shared_builds
 from ...labs import registry
-from ...speed import tuned
 from ..outputs import feedback, report, terminal
 from ..records import handgrading, intake, nbgrader_run, reference_cache, roster, term, unsandboxed
 from ..sandbox import isolate
 from ..recheck import clean as recheck
-from . import run_progress
+from . import build_ahead, run_progress
 from ..gpus import schedule
 from ..gpus.lease import grading_lease
 from ..records.results import CellResult, SubmissionResult
@@ -467,17 +466,14 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
                CUDA_DEVICE_ORDER="PCI_BUS_ID")
     _share_cpus(env, settings.cpu_threads)
     env.pop("FUSELAB_SHARED_BUILDS", None)
-    # the course's tuned solutions, which the run's speed tests time for the feedback picture, built beside it
-    prebuild = tuned.start_build(lab, {**env, "CUDA_VISIBLE_DEVICES": str(device)}) if device is not None else None
+    # its kernels (and the course's tuned solution, which its speed test times) compiled side by side beside it
+    ahead = build_ahead.start(lab, {**env, "CUDA_VISIBLE_DEVICES": str(device)}) if device is not None else None
     try:
         clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
                                   total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
                                   lease=lease, kernels_in_worker=False)  # the instructor's: fill the shared builds
     finally:
-        if prebuild is not None and prebuild.poll() is None:  # the run built it itself meanwhile
-            prebuild.kill()
-        if prebuild is not None:
-            prebuild.wait()
+        build_ahead.stop(ahead)
     cells = {k: {"points": v.points, "max_points": v.max_points, "status": v.status, "message": v.message,
                  "speed": v.speed} for k, v in clean.cells.items()}
     broken = [k for k, v in cells.items() if v["status"] in ("failed", "crashed", "timed out", "not run")
