@@ -275,6 +275,25 @@ def test_the_kernel_worker_sends_numbers_and_the_courses_own_words_only():
     speed.graded.LAST_RECORD = None
 
 
+def test_a_speed_test_that_ran_out_of_the_shared_gpus_memory_in_the_worker_is_run_again_alone():
+    """An allocation that failed in the kernel worker's speed test (the others' tensors filled the shared GPU)
+    reaches the verdict in the course's own words, which the grader reads as a reason to run the test again alone;
+    any other error does not."""
+    from fuselab.grading.recheck import clean, kernel_worker, wire
+    worker = kernel_worker.KernelWorker()
+    full = ("import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 "
+            "has a total capacity of 79.18 GiB of which 52.06 MiB is free.')")
+    verdicts = {}
+    for name, source in (("full", full), ("broken", "raise ValueError('no')")):
+        sent = wire.decode(worker.speed(source, "t")[1])
+        record = kernels.SpeedCheck(_Host(0.0), _side(0.0), 3).verdict("t", 4, kernels._record(sent))
+        assert record["points"] == 0.0
+        verdicts[name] = clean.CellVerdict(grade_id="test_speedup", points=0.0, max_points=4.0, status="failed",
+                                           speed=[record])
+    assert wire.decode(worker.speed(full, "t")[1])["status"] == kernel_worker.OUT_OF_GPU_MEMORY
+    assert clean.ran_out_of_gpu_memory(verdicts["full"]) and not clean.ran_out_of_gpu_memory(verdicts["broken"])
+
+
 def test_fuselab_errors_cross_with_their_type_whatever_their_constructor():
     from fuselab import errors
     error = kernels._kernel_error("UnsupportedConstruct", "k.cu:3: the CPU emulation does not support textures")

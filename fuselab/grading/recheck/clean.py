@@ -58,6 +58,7 @@ from ..sandbox.untrusted import Folder
 from .channel import (ANSWERS_FD_ENV, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned,
                       Receiver, grant_line)
 from .demos import demo_problems
+from .failures import says_gpu_memory_ran_out
 from .sanitize import sanitize_cell
 
 
@@ -766,7 +767,6 @@ def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | N
 # so, docs/RESULTS.md). Such a test is run again alone (``retry_overruns``) before it can score 0; running out
 # there too is its own. What is looked for are the errors torch and the CUDA libraries raise when an allocation
 # fails; text a submission prints can at most buy its own test a second, alone, run.
-GPU_MEMORY_ERRORS = ("outofmemoryerror", "out of memory", "alloc_failed", "erroralloc", "errormemoryallocation")
 GPU_MEMORY_RAN_OUT = "the GPU ran out of memory while other submissions shared it"
 
 
@@ -774,7 +774,7 @@ def ran_out_of_gpu_memory(verdict: CellVerdict) -> bool:
     """Whether a test's failure says an allocation on the GPU failed: its message, its output, its speed records."""
     said = " ".join([verdict.message or "", verdict.output or "",
                      *(json.dumps(record, default=str) for record in verdict.speed or [])]).lower()
-    return any(error in said for error in GPU_MEMORY_ERRORS)
+    return says_gpu_memory_ran_out(said)
 
 
 def _take_verdicts(records: list, by_index: dict, verdicts: dict, flags: list) -> None:

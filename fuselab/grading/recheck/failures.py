@@ -147,3 +147,13 @@ def _where(origin, plan_cells: list) -> str:
         if cell is not None and type(line) is int and 1 <= line <= len(cell.get("source", "").splitlines()):
             return f"at line {line} of your cell {cell.get('grade_id') or cell.get('index')}"
     return "in your code"
+
+
+# the errors torch and the CUDA libraries raise when an allocation on the GPU fails (``clean.retry_overruns`` runs
+# such a test again alone: on a shared GPU, the others' tensors may have taken the memory)
+GPU_MEMORY_ERRORS = ("outofmemoryerror", "out of memory", "alloc_failed", "erroralloc", "errormemoryallocation")
+
+
+def says_gpu_memory_ran_out(text: str) -> bool:
+    lowered = text.lower()
+    return any(error in lowered for error in GPU_MEMORY_ERRORS)

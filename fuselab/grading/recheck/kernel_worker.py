@@ -36,10 +36,12 @@ import torch
 
 from . import lazy_plots, wire
 from .cellrunner import _cuda_poisoned, _execute
+from .failures import says_gpu_memory_ran_out
 from .kernels import KERNEL_ERRORS, _free_gpu_memory, _synchronize
 from .transfer import ENV as TRANSFER_ENV, Transfer
 
 SPEED_STATUSES = ("measured", "not measured (no GPU)")
+OUT_OF_GPU_MEMORY = "the speed test did not finish in the kernel process: the GPU ran out of memory"
 MAX_BUFFERS = 16
 MAX_AHEAD = 8  # builds compiled ahead at once: more than any lab's notebook makes
 
@@ -138,7 +140,9 @@ class KernelWorker:
             error = f"{type(exc).__name__}: {exc}"
         record = speed.graded.LAST_RECORD
         if record is None or record.get("test") != test_id:
-            return ["ok", wire.encode({"status": "error", "error": (error or "no record")[:300]})]
+            # the shared GPU's memory ran out (the grader runs such a test again alone), or another error
+            status = OUT_OF_GPU_MEMORY if error and says_gpu_memory_ran_out(error) else "error"
+            return ["ok", wire.encode({"status": status, "error": (error or "no record")[:300]})]
         status = record.get("status")
         reply = {"status": status if status in SPEED_STATUSES else _why_not(status)}
         for key in ("speedup", "reference_s", "student_s"):
