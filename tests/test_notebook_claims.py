@@ -1066,6 +1066,45 @@ def test_results_quotes_the_saved_h200_runs_of_5798945():
     assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
 
 
+def test_results_quotes_the_h100_runs_of_kernels_compiled_ahead():
+    """docs/RESULTS.md's H100 runs at c78108c and 67a56e0 (throughput, the sample class, the tuned solutions the
+    reference runs timed) are the saved files' numbers."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    for commit in ("c78108c", "67a56e0"):
+        saved = json.loads((ROOT / "docs" / "results" / f"throughput-h100-{commit}.json").read_text())
+        assert saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3" and saved["env"]["commit"] == commit
+        saved = saved["throughput"]
+        phases = saved["phases"]
+        count, median = phases["submissions"]["count"], phases["per_submission_median"]
+        cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
+        quoted = [f"{phases['submissions']['seconds']:.1f} s = {phases['submissions']['seconds_each']:.2f} s each",
+                  f"{cpu:.1f} core-s each", f"{phases['wall_seconds']:.1f} s all-in",
+                  f"{saved['one_student_regrade']['phases']['wall_seconds']:.1f} s** all-in",
+                  f"{phases['fixed']['seconds']:.1f} s", f"build step median **{median['build']:.2f} s"
+                  if commit == "c78108c" else f"build step median {median['build']:.2f} s",
+                  f"GPU memory peak {saved['load_while_grading']['gpu_memory_peak_gib']:.1f}",
+                  f"{saved['full_marks']}/{count} full marks", f"({count} submission-labs)" if count == 80
+                  else f"(**{count} submission-labs**)"]
+        for text in quoted:
+            assert text in results, (commit, text)
+    first = json.loads((ROOT / "docs" / "results" / "throughput-h100-c78108c.json").read_text())["throughput"]
+    second = json.loads((ROOT / "docs" / "results" / "throughput-h100-67a56e0.json").read_text())["throughput"]
+    assert (f"a median {first['phases']['per_submission_median']['start']:.2f} s on the first and "
+            f"{second['phases']['per_submission_median']['start']:.2f} s on the second") in results
+    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-67a56e0.json").read_text())
+    assert samples["env"]["commit"] == "67a56e0"
+    samples = samples["samples"]
+    ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
+    assert f"**40/40 graded as they deserve**, {samples['seconds']:.0f} s" in results
+    assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
+    tuned = json.loads((ROOT / "docs" / "results" / "tuned-h100-67a56e0.json").read_text())["labs"]
+    said = ", ".join(f"Lab {lab[-1]} {r['tuned_speedup']:.2f}× " + (f"(plain {r['speedup']:.2f}×)" if lab == "lab0"
+                                                                   else f"({r['speedup']:.2f}×)")
+                     for lab, r in sorted(tuned.items()))
+    assert said in results and all(r["tuned_status"] == "measured" for r in tuned.values())
+
+
 def test_results_quotes_where_the_graders_own_cpu_went_at_6ce36e9():
     """docs/RESULTS.md's split of the grader's CPU by thread is the saved run's, per submission-lab."""
     results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
