@@ -74,9 +74,9 @@ def compile_ahead(source: str, launchers, *, name: str = "kernel", backend: str 
     output, which a build in a thread of its own must not. False, and nothing raised, where it did not compile
     (or was not asked to): the build itself says why."""
     try:
-        _, _, backend, job = _job(source, launchers, name, backend, extra_cflags, None)
-        if backend != "cuda":
-            return False
+        if resolve_backend(backend) != "cuda":
+            return False  # asked before the job: an emulated job translates the text, for nothing here
+        _, _, _, job = _job(source, launchers, name, "cuda", extra_cflags, None)
         _compile(job, timeout if timeout is not None else config.build_timeout(), False)
         return True
     except Exception:  # noqa: BLE001 - the build that loads it raises the same error, to the right reader
