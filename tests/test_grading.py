@@ -89,6 +89,18 @@ def test_the_instructors_run_builds_and_checks_the_courses_tuned_solution(tmp_pa
     assert not instructors_run()  # a student's own run, whatever its environment says
 
 
+def test_a_tuned_solution_that_fails_its_timing_leaves_the_plain_record_alone():
+    """The tuned solution's timing, after the plain solution's: a failure there is said in the record's tuned_*
+    fields and raises nothing, so the speed test's own record stands."""
+    from fuselab.speed import graded
+
+    def faulting():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
+    said = graded._time_tuned(lambda: None, faulting, "device", 0.05)
+    assert said == {"tuned_status": "not measured (RuntimeError: CUDA error: an illegal memory access was "
+                                    "encountered CUDA kernel errors might be ...)"}
+
+
 def test_the_native_check_spares_only_the_course_code_built_in_its_own_thread(monkeypatch):
     """The course's tuned solution (inline PTX: ``asm``) is built by the instructor's run under
     ``native_check.course_code``; the check still holds for every other build, in any other thread."""
