@@ -314,3 +314,17 @@ def test_lab3_states_one_number_for_the_plain_speedup_it_grades():
     # and the README's Lab 3 row says the calibration's, as the other labs' rows do
     row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| 3 "))
     assert re.findall(r"plain: (\d+\.\d+)×", row) == stated, row
+
+
+def test_lab0s_launch_cell_prints_both_costs_it_speaks_of_with_a_gpu_or_without():
+    """Lab 0 says the many-launches cell prints both costs of a launch, GPU time and host time, and on a GPU it
+    printed the GPU time alone. Each branch of the cell, the measured one and the saved one, prints both."""
+    notebook = cells(solution("lab0"))
+    words = "because every launch costs GPU time even when queued back to back and host time to issue it (the cell " \
+            "prints both"
+    assert any(words in re.sub(r"\s+", " ", text(c)) for c in notebook if c["cell_type"] == "markdown")
+    source = next(text(c) for c in notebook if grade_id(c) == "many_launches")
+    branch = next(node for node in ast.parse(source).body if isinstance(node, ast.If) and "ON_GPU" in ast.unparse(node.test))
+    for printed in (branch.body, branch.orelse):
+        said = " ".join(printed_string_literals(ast.unparse(ast.Module(body=printed, type_ignores=[]))))
+        assert "GPU time" in said and "host time" in said, ast.unparse(ast.Module(body=printed, type_ignores=[]))
