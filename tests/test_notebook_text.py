@@ -328,3 +328,30 @@ def test_lab0s_launch_cell_prints_both_costs_it_speaks_of_with_a_gpu_or_without(
     for printed in (branch.body, branch.orelse):
         said = " ".join(printed_string_literals(ast.unparse(ast.Module(body=printed, type_ignores=[]))))
         assert "GPU time" in said and "host time" in said, ast.unparse(ast.Module(body=printed, type_ignores=[]))
+
+
+def test_lab1s_in_place_demo_says_so_when_no_output_came_out_wrong():
+    """On a GPU the conv written over its input printed "in place: 0% of the outputs are wrong" under text that said
+    the damage shows along block borders: whether a block reads its halo before a neighbour overwrites it is a race.
+    A run that loses no race says it was luck, beside the share it prints."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from fuselab.labs import lab1
+
+    def written_as_if_apart(x, w, bias, act, slope, out):  # a conv that reads all of x before it writes
+        out.copy_(lab1.depthwise_reference(x.clone(), w, bias, act, slope))
+
+    namespace = {"torch": torch, "plt": plt, "lab1": lab1, "depthwise": written_as_if_apart,
+                 "make_depthwise": lambda case, seed: lab1.make_depthwise_inputs(case, seed),
+                 "lab_reference": written_as_if_apart,
+                 "activation": lambda x, act, slope, out: out.copy_(lab1.activate(x, act, slope))}
+    source = next(text(c) for c in cells(solution("lab1")) if grade_id(c) == "in_place_demo")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(source, "lab1:in_place_demo", "exec"), namespace)  # noqa: S102 - the course's notebook
+    plt.close("all")
+    assert "in place: 0% of the outputs are wrong on this run" in printed.getvalue() \
+        and "by luck" in printed.getvalue(), printed.getvalue()
