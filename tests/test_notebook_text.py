@@ -355,3 +355,47 @@ def test_lab1s_in_place_demo_says_so_when_no_output_came_out_wrong():
     plt.close("all")
     assert "in place: 0% of the outputs are wrong on this run" in printed.getvalue() \
         and "by luck" in printed.getvalue(), printed.getvalue()
+
+
+def test_lab3s_cublas_cell_prints_the_small_k_fractions_on_a_gpu_too():
+    """Lab 3 says the lines below C.2's table print each version's fraction of the C-write floor's rate and how they
+    give the speedup. Without a GPU they did, from the saved sweep; on a GPU the cell printed only the timings. The
+    measured branch prints the line too, from the times it measured (here a stand-in for fuselab.compare)."""
+    import types
+
+    import torch
+
+    from fuselab.labs import lab3, shortfall
+    words = "(the lines below C.2's table and the speed settings cell print the fractions and how they give the speedup)"
+    assert words in re.sub(r"\s+", " ", " ".join(text(c) for c in cells(solution("lab3")) if c["cell_type"] == "markdown"))
+    times = {"C-write floor (fill_)": 50e-6, "lab reference (GEMM, then bias+ReLU)": 500e-6, "your fused kernel": 300e-6}
+
+    class Measured:
+        def __init__(self, candidates, **_):
+            self.names = list(candidates)
+
+        def __getitem__(self, name):
+            return types.SimpleNamespace(median=times.get(name, 100e-6))
+
+        def __str__(self):
+            return "<comparison>"
+
+    def make(shape, seed, dtype=torch.float32):  # the cell only reads shapes: small tensors will do
+        m, n, k = shape[:3]
+        return torch.ones(1, min(k, 2), dtype=dtype), torch.ones(min(k, 2), 1, dtype=dtype), torch.ones(1), True
+
+    namespace = {"torch": torch, "lab3": lab3, "shortfall": shortfall, "fuselab": types.SimpleNamespace(compare=Measured),
+                 "ON_GPU": True, "GRADING": False, "DEVICE": "cpu", "make": make, "lab_reference": None,
+                 "template_fused": None, "F": None}
+    source = next(text(c) for c in cells(solution("lab3")) if grade_id(c) == "cublas")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(source.replace("torch.empty(lab3.SMALL_K[0], lab3.SMALL_K[1]", "torch.empty(1, 1")
+                     .replace("torch.empty(shape[0], shape[1]", "torch.empty(1, 1"), "lab3:cublas", "exec"), namespace)
+    m, n, k = lab3.SMALL_K
+    for dtype in (torch.float32, torch.float16):
+        size, moved = dtype.itemsize, lab3.traffic(m, n, k, dtype.itemsize)
+        expected = shortfall.line(f"{str(dtype).removeprefix('torch.')}, your fused kernel", 500e-6, 300e-6,
+                                  moved["gemm"] + moved["epilogue"], moved["gemm"] + n * size, m * n * size / 50e-6,
+                                  yardstick="the C-write floor's rate")
+        assert expected in printed.getvalue(), printed.getvalue()
