@@ -74,28 +74,100 @@ def test_only_builds_a_graded_run_makes_are_planned():
 
 def test_a_build_that_cannot_compile_ahead_is_left_to_its_cell():
     """Nothing raises: a stub, an emulated build (its build redirects the process's output), a bad prototype."""
-    assert kernelbuild.compile_ahead("raise NotImplementedError()", [lab0.FUSED], name="stub") is False
-    assert kernelbuild.compile_ahead("// x", [lab0.FUSED], name="emulated", backend="emulate") is False
-    assert kernelbuild.compile_ahead("// x", ["not a prototype"], name="bad", backend="cuda") is False
+    assert kernelbuild.job_ahead("raise NotImplementedError()", [lab0.FUSED], name="stub", backend="cuda") is None
+    assert kernelbuild.job_ahead("// x", [lab0.FUSED], name="emulated", backend="emulate") is None
+    assert kernelbuild.job_ahead("// x", ["not a prototype"], name="bad", backend="cuda") is None
 
 
 @requires_nvcc
 def test_a_kernel_compiled_ahead_is_the_one_its_cell_finds(tmp_path, monkeypatch):
     """The cell's build of the same text, launchers and name finds the library compiled ahead (no compiler run),
-    and two builds of one kernel at once compile it once: the second waits under the build's lock."""
+    and a build of one kernel while it compiles ahead in another thread waits for it under the build's lock."""
     import threading
     monkeypatch.setenv("FUSELAB_CACHE_DIR", str(tmp_path / "cache"))
     source = string_assignments(_notebook("lab0"))["FUSED_SOURCE"]
-    assert kernelbuild.compile_ahead(source, [lab0.FUSED], name="fused", backend="cuda")
+    assert kernelbuild.compile_ahead(kernelbuild.job_ahead(source, [lab0.FUSED], name="fused", backend="cuda"))
     module = fuselab.build(source, [lab0.FUSED], name="fused", backend="cuda")
     assert module.cached and module.backend == "cuda"
 
     other = source.replace("fmaxf", "fmaxf ")
+    job = kernelbuild.job_ahead(other, [lab0.FUSED], name="fused", backend="cuda")
     results = []
-    thread = threading.Thread(target=lambda: results.append(
-        kernelbuild.compile_ahead(other, [lab0.FUSED], name="fused", backend="cuda")))
+    thread = threading.Thread(target=lambda: results.append(kernelbuild.compile_ahead(job)))
     thread.start()
     module = fuselab.build(other, [lab0.FUSED], name="fused", backend="cuda")
     thread.join()
     assert results == [True] and module.backend == "cuda"
-    assert len(list((tmp_path / "cache").rglob("fuselab-complete"))) == 2  # one library each, none built twice
+    assert len(list((tmp_path / "cache").rglob("fuselab-complete"))) == 2  # one library each
+
+
+def test_a_submissions_builds_are_planned_under_the_planning_lock():
+    """CPython 3.11's ast.parse is not safe in two threads at once, and the grader plans submissions in parallel
+    threads: the plan of a submission's builds waits while another submission's plan parses."""
+    import threading
+    from fuselab.grading.recheck import clean
+    notebook = _notebook("lab3")
+    finished = threading.Event()
+    with clean._PLANNING:
+        thread = threading.Thread(target=lambda: (clean._builds_ahead(notebook, notebook), finished.set()),
+                                  daemon=True)
+        thread.start()
+        assert not finished.wait(1.0)
+    thread.join(60)
+    assert finished.is_set()
+
+
+def test_the_kernel_worker_makes_its_jobs_on_its_own_thread_and_waits_for_them_before_a_speed_test(monkeypatch):
+    """The kernel worker parses the launchers (``job_ahead``) on the thread that serves the checker; only the
+    compilers run from its pool, at most as many at once as its CPU share; a speed test starts when they ended."""
+    import threading
+    import time
+    from fuselab import kernelbuild as kb
+    from fuselab.grading.recheck import kernel_worker
+    seen, running, most = [], [0], [0]
+    lock = threading.Lock()
+
+    def compile_ahead(job):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+        return True
+    monkeypatch.setattr(kb, "job_ahead", lambda source, launchers, name: seen.append(
+        threading.current_thread()) or ("job", name))
+    monkeypatch.setattr(kb, "compile_ahead", compile_ahead)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    worker = kernel_worker.KernelWorker.__new__(kernel_worker.KernelWorker)
+    worker.ahead = []
+    builds = [{"source": f"// {k}", "launchers": [lab0.FUSED], "name": f"k{k}"} for k in range(4)]
+    assert worker.compile_ahead(builds + ["not a build", {"source": 1}]) == ["ok", ["v", None]]
+    assert seen == [threading.current_thread()] * 4 and len(worker.ahead) == 4
+    worker.ahead_done()
+    assert worker.ahead == [] and most[0] == 2
+
+
+def test_the_reference_runs_build_ahead_gets_the_checkers_environment_and_a_session_of_its_own(tmp_path,
+                                                                                                monkeypatch):
+    """Beside a reference run, the build-ahead process compiles into the shared builds with the environment the
+    run's checker gets (no compiler setting of the TA's the checker never sees: the build's key does not cover
+    the environment), imports nothing from its working folder, and ends with its compilers."""
+    import subprocess
+    from fuselab.grading.run import build_ahead
+    started = {}
+
+    class Popen:
+        pid = 0
+
+        def __init__(self, command, **kwargs):
+            started.update(kwargs, command=command)
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    env = {"PATH": "/usr/bin:/bin", "FUSELAB_CACHE_DIR": str(tmp_path / "shared"), "HOME": str(tmp_path),
+           "NVCC_APPEND_FLAGS": "-Xlinker -soname=the_tas_own", "CPATH": str(tmp_path), "CUDAHOSTCXX": "clang++"}
+    build_ahead.start("lab0", env, tmp_path / "reference" / "lab0", "0")
+    assert started["command"][1:] == ["-P", "-m", "fuselab.grading.run.build_ahead", "lab0"]
+    assert started["start_new_session"] and started["cwd"] == tmp_path / "reference"
+    assert started["env"]["FUSELAB_CACHE_DIR"] == str(tmp_path / "shared")
+    assert started["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert not {"NVCC_APPEND_FLAGS", "CPATH", "CUDAHOSTCXX"} & set(started["env"])

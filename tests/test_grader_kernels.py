@@ -320,3 +320,47 @@ def test_hidden_tests_outside_a_test_cell_are_refused_they_would_reach_the_kerne
     nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [INSTRUCTOR[0], hidden, INSTRUCTOR[3]]}
     with pytest.raises(ValueError, match="cell helper .* holds hidden tests but is not a graded test cell"):
         recheck.clean_plan(nb, nb)
+
+
+def test_a_students_run_never_inherits_the_instructors_mode(tmp_path, monkeypatch):
+    """A student's run starts a kernel worker and never tells its checker it is the instructor's, whatever the
+    grader's own environment holds (a shell that kept a reference run's settings, a Slurm job's export)."""
+    import json
+    import os
+    from fuselab import course
+    from fuselab.grading.recheck import clean
+    from fuselab.runmode import INSTRUCTORS_RUN_ENV
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def pipe_end():
+        read, write = os.pipe()
+        os.close(write)
+        return read
+
+    def fake_worker(kind, *args, **kwargs):
+        started.append(kind)
+        return object(), (pipe_end(), pipe_end(), pipe_end(), pipe_end())
+
+    class FakeChild:
+        def __init__(self, *args, env=None, **kwargs):
+            started.append(("checker", env.get(INSTRUCTORS_RUN_ENV)))
+            raise Stop
+    monkeypatch.setattr(clean, "_start_worker", fake_worker)
+    monkeypatch.setattr(clean.isolate, "Child", FakeChild)
+    nb = json.loads((course.SOLUTIONS / "lab1" / "lab1.ipynb").read_text())
+    with pytest.raises(Stop):
+        clean.run_clean(nb, nb, tmp_path / "sub", env={"PATH": "/usr/bin:/bin", INSTRUCTORS_RUN_ENV: "1"},
+                        kernels_in_worker=True)
+    assert started == ["solution", "kernel", ("checker", None)]
+
+
+def test_the_checker_takes_only_the_courses_speed_statuses():
+    """The kernel worker runs the student's native code: a status it sends that is not one of the course's own
+    sentences (text a kernel shaped: inputs it saw, or words that buy a rerun alone) is read as an error."""
+    for forged in ("hidden inputs: x[0]=0.8231 (alloc_failed)", "measured ", "out of memory", 7):
+        assert kernels._record({"status": forged})["status"] == "error", forged
+    for status in kernels.WORKER_STATUSES:
+        assert kernels._record({"status": status})["status"] == status

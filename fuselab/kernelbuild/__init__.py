@@ -66,17 +66,25 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
         raise error.with_traceback(None)  # noqa: B904 - the same error, its message says everything
 
 
-def compile_ahead(source: str, launchers, *, name: str = "kernel", backend: str | None = None,
-                  extra_cflags=(), timeout: float | None = None) -> bool:
-    """Compile what ``build`` with the same arguments loads, without loading it: the grader compiles a notebook's
-    kernels side by side before its cells build them one after another, and those builds then find them done (or
-    wait for them under the build's lock). The CUDA backend only: the emulation's build redirects the process's
-    output, which a build in a thread of its own must not. False, and nothing raised, where it did not compile
-    (or was not asked to): the build itself says why."""
+def job_ahead(source: str, launchers, *, name: str = "kernel", backend: str | None = None, extra_cflags=()):
+    """The CUDA job ``build`` with the same arguments compiles and loads, for ``compile_ahead``; None where it would
+    not compile it (the emulation, whose build redirects the process's output, which a build in a thread of its own
+    must not) or refuses it (the build says why). It parses the launchers: call it from one thread at a time, as
+    CPython's ``ast.parse`` is not safe in two threads at once."""
     try:
         if resolve_backend(backend) != "cuda":
-            return False  # asked before the job: an emulated job translates the text, for nothing here
-        _, _, _, job = _job(source, launchers, name, "cuda", extra_cflags, None)
+            return None  # asked before the job: an emulated job translates the text, for nothing here
+        return _job(source, launchers, name, "cuda", extra_cflags, None)[3]
+    except Exception:  # noqa: BLE001 - the build that loads it raises the same error, to the right reader
+        return None
+
+
+def compile_ahead(job, timeout: float | None = None) -> bool:
+    """Compile ``job`` (``job_ahead``'s) without loading it: the grader compiles a notebook's kernels side by side
+    before its cells build them one after another, and those builds then find them done (or wait for them under the
+    build's lock). Safe in a thread of its own: the compiler is a process. False, and nothing raised, where it did
+    not compile: the build itself says why."""
+    try:
         _compile(job, timeout if timeout is not None else config.build_timeout(), False)
         return True
     except Exception:  # noqa: BLE001 - the build that loads it raises the same error, to the right reader

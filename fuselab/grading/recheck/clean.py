@@ -414,7 +414,8 @@ def _builds_ahead(instructor_nb: dict, student_nb: dict) -> list:
     from ...labs.build_plan import notebook_builds
     from ...notebook_sources import string_assignments
     try:
-        return notebook_builds(instructor_nb, string_assignments(student_nb), only_values=True)
+        with _PLANNING:  # it parses every cell, as a plan does
+            return notebook_builds(instructor_nb, string_assignments(student_nb), only_values=True)
     except Exception:  # noqa: BLE001 - a plan, never a verdict: a notebook of any shape builds as it runs
         return []
 
@@ -438,6 +439,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     env["FUSELAB_BUILD_TIMEOUT"] = str(max(build_timeout, wall_timeout + 60))
     if not kernels_in_worker:
         env[INSTRUCTORS_RUN_ENV] = "1"
+    else:  # a student's run is never the instructor's, whatever the grader's own environment says
+        env.pop(INSTRUCTORS_RUN_ENV, None)
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0

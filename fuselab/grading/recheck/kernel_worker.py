@@ -29,7 +29,6 @@ import math
 import os
 import pickle
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -37,11 +36,10 @@ import torch
 from . import lazy_plots, wire
 from .cellrunner import _cuda_poisoned, _execute
 from .failures import says_gpu_memory_ran_out
-from .kernels import KERNEL_ERRORS, _free_gpu_memory, _synchronize
+from .kernels import (KERNEL_ERRORS, NOT_OWN_KERNELS, NOT_ON_ITS_STREAM, OUT_OF_GPU_MEMORY, SPEED_STATUSES,
+                      _free_gpu_memory, _synchronize)
 from .transfer import ENV as TRANSFER_ENV, Transfer
 
-SPEED_STATUSES = ("measured", "not measured (no GPU)")
-OUT_OF_GPU_MEMORY = "the speed test did not finish in the kernel process: the GPU ran out of memory"
 MAX_BUFFERS = 16
 MAX_AHEAD = 8  # builds compiled ahead at once: more than any lab's notebook makes
 
@@ -52,6 +50,7 @@ class KernelWorker:
         self.modules: dict = {}
         self.buffers: dict = {}  # (argument slot, bytes, device) → the launch copies' memory, reused
         self.transfer = Transfer(transfer_path or os.environ.get(TRANSFER_ENV, "transfer.bin"))
+        self.ahead: list = []  # the compilers started ahead (``compile_ahead``), as futures
 
     def cell(self, label, source, values):
         """An instructor's cell that is not a test, after the solution values it may use; its error or None."""
@@ -65,9 +64,23 @@ class KernelWorker:
     def compile_ahead(self, builds) -> list:
         """The submission's kernels compiled side by side, in the background (planned by the grader from the
         submission's own texts, ``labs.build_plan``): the cells' builds, one after another, find them done or
-        wait for them under each build's lock. Nothing is loaded here, and a failure is the cell's build's to say."""
-        threading.Thread(target=_compile_all, args=(builds,), daemon=True).start()
+        wait for them under each build's lock. Nothing is loaded here, and a failure is the cell's build's to say.
+        The jobs are made here, on this thread (they parse the launchers; ``ast.parse`` is not safe in two
+        threads at once); only the compilers, processes of their own, run in the background."""
+        from ...kernelbuild import compile_ahead, job_ahead
+        jobs = [job for job in (job_ahead(b["source"], b["launchers"], name=b["name"])
+                                for b in builds[:MAX_AHEAD] if _planned_build(b)) if job is not None]
+        if jobs:
+            pool = ThreadPoolExecutor(max_workers=min(len(jobs), _cpu_share()))
+            self.ahead = [pool.submit(compile_ahead, job) for job in jobs]
+            pool.shutdown(wait=False)
         return ["ok", ["v", None]]
+
+    def ahead_done(self) -> None:
+        """Before a speed test: no compiler of this submission's runs beside its timing."""
+        for compiling in self.ahead:
+            compiling.result()
+        self.ahead = []
 
     def build(self, kwargs) -> list:
         from ... import native_check
@@ -132,6 +145,7 @@ class KernelWorker:
     def speed(self, source, test_id) -> list:
         """Run the speed test cell the checker is running; send the numbers of its record the checker reads."""
         from ... import speed
+        self.ahead_done()
         speed.graded.LAST_RECORD = speed.graded.LAST_TIMED = None
         try:
             _execute(source, self.namespace, "<speed test>")
@@ -169,6 +183,7 @@ class KernelWorker:
     def speed_warm(self) -> list:
         """A speed test comes next: what lists its kernels is readied here, before the test takes its slot."""
         from ...speed.graded import warm_kernel_list
+        self.ahead_done()
         try:
             warm_kernel_list()
         except Exception as exc:  # noqa: BLE001 - the speed test itself says what is wrong
@@ -183,20 +198,26 @@ class KernelWorker:
         return ["ok", ["v", None]]
 
 
-def _compile_all(builds) -> None:
-    from ...kernelbuild import compile_ahead
-    wanted = [b for b in builds if isinstance(b, dict)][:MAX_AHEAD]
-    with ThreadPoolExecutor(max_workers=max(1, len(wanted))) as pool:
-        list(pool.map(lambda b: compile_ahead(b["source"], b["launchers"], name=b["name"]), wanted))
+def _planned_build(build) -> bool:
+    return (type(build) is dict and type(build.get("source")) is str and type(build.get("name")) is str
+            and type(build.get("launchers")) is list and all(type(p) is str for p in build["launchers"]))
+
+
+def _cpu_share() -> int:
+    """The compilers at once: the CPU threads this process may keep busy (``OMP_NUM_THREADS``, set by the grader)."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, len(os.sched_getaffinity(0)))
 
 
 def _why_not(status) -> str:
     """A speed test's failure, said in the course's own words (never a text the kernel could have shaped)."""
     status = status if isinstance(status, str) else ""
     if status.startswith("launched"):
-        return "launched other kernels than its own (a fused op must launch exactly its own kernel)"
+        return NOT_OWN_KERNELS
     if "stream" in status or "captured" in status:
-        return "its work is not on the stream it is given (it escapes a CUDA graph's capture, and the timing)"
+        return NOT_ON_ITS_STREAM
     return "error"
 
 

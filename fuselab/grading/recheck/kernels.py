@@ -292,11 +292,21 @@ def _free_gpu_memory():
         torch.cuda.empty_cache()
 
 
+# What a kernel worker's speed record may say, in the course's own words: the worker runs the student's native
+# code, so a status outside this list (text the kernel could have shaped) is read as "error"
+SPEED_STATUSES = ("measured", "not measured (no GPU)")
+NOT_OWN_KERNELS = "launched other kernels than its own (a fused op must launch exactly its own kernel)"
+NOT_ON_ITS_STREAM = "its work is not on the stream it is given (it escapes a CUDA graph's capture, and the timing)"
+OUT_OF_GPU_MEMORY = "the speed test did not finish in the kernel process: the GPU ran out of memory"
+WORKER_STATUSES = (*SPEED_STATUSES, NOT_OWN_KERNELS, NOT_ON_ITS_STREAM, OUT_OF_GPU_MEMORY, "error")
+
+
 def _record(value) -> dict:
     """The worker's speed record: only the numbers the checker reads, and a status from the course's own list."""
     if type(value) is not dict:
         raise wire.WireError("the kernel process sent a speed record that is not a dict")
-    record = {"status": value.get("status") if type(value.get("status")) is str else "error"}
+    status = value.get("status")
+    record = {"status": status if type(status) is str and status in WORKER_STATUSES else "error"}
     for key in ("speedup", "student_s", "reference_s"):
         item = value.get(key)
         if type(item) is float and math.isfinite(item) and item > 0:

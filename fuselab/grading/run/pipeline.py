@@ -467,7 +467,7 @@ def reference_run(lab: str, settings: Settings, device=None, lease=None) -> dict
     _share_cpus(env, settings.cpu_threads)
     env.pop("FUSELAB_SHARED_BUILDS", None)
     # its kernels (and the course's tuned solution, which its speed test times) compiled side by side beside it
-    ahead = build_ahead.start(lab, {**env, "CUDA_VISIBLE_DEVICES": str(device)}) if device is not None else None
+    ahead = build_ahead.start(lab, env, workdir, device) if device is not None else None
     try:
         clean = recheck.run_clean(nb, nb, workdir, cell_timeout=max(settings.cell_timeout, 300),
                                   total_timeout=max(settings.submission_timeout, 900), env=env, device=device,
