@@ -58,6 +58,8 @@ class KernelProcess(SolutionProcess):
 class KernelHost:
     """The checker's handle on the kernel worker: ``fuselab.build`` calls ``build`` for a student's source."""
 
+    ahead = ()  # the student's builds, sent to be compiled ahead with the first request (``cellrunner``)
+
     def __init__(self, process, transfer_path):
         self.process = process
         self.transfer = Transfer(transfer_path)  # the launches' buffers (``transfer``)
@@ -68,7 +70,6 @@ class KernelHost:
         # launchers whose host code wrote kernel memory outside a kernel (emulation): the cell that launched
         # them fails, and is flagged, even if it caught the error
         self.host_writes: list = []
-        self.ahead: list = []        # the student's builds, compiled ahead from the first request on
 
     def request(self, message, hold=None):
         """Send ``message``; its reply. On the way the worker may ask for the GPU to itself (its timing's
