@@ -48,3 +48,13 @@ def backend_choice() -> str:
 
 def build_timeout() -> float:
     return float(os.environ.get("FUSELAB_BUILD_TIMEOUT", "300"))
+
+
+def cpu_threads(env=None) -> int:
+    """How many CPU threads a process may keep busy: ``OMP_NUM_THREADS`` of ``env`` (default: this process's
+    environment; the grader sets it for each child), else every core it may use."""
+    env = os.environ if env is None else env
+    try:
+        return max(1, int(env.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, len(os.sched_getaffinity(0)))

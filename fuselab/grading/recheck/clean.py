@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import course, proctree
+from ... import config, course, proctree
 from ... import notebook as ipynb
 from ...kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from ...kernelbuild import shared as shared_builds
@@ -334,15 +334,6 @@ class TreeMeter:
         return self._cpu, self._blocked
 
 
-def cpu_threads(env: dict) -> int:
-    """How many CPU threads a child may keep busy (``OMP_NUM_THREADS``, else every core it may use): CPU time is
-    divided by it, so a test that runs on several threads is not charged more than its wall-clock time."""
-    try:
-        return max(1, int(env.get("OMP_NUM_THREADS", "")))
-    except ValueError:
-        return max(1, len(os.sched_getaffinity(0)))
-
-
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
 SLOT_WAIT, LEASE_WAIT, HELD = "waiting for a speed test slot", "waiting for the GPU alone", "the GPU held alone"
 STOPPED = "stopped for others' timings"  # anywhere in the run: the other submissions' holds of the GPU
@@ -430,7 +421,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     graded = [c for c in cells if c["graded"]]
     verdicts: dict = {}
     env = runner_env(env if env is not None else os.environ, workdir, device)
-    threads = cpu_threads(env)
+    threads = config.cpu_threads(env)  # CPU time is divided by it: a test on several threads is charged its wall time
     # a build is one step of a cell: on a busy machine it must not be stopped before the cell's own limits would
     try:
         build_timeout = float(env.get("FUSELAB_BUILD_TIMEOUT") or 300)

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ... import config
 from . import lazy_plots, wire
 from .cellrunner import _cuda_poisoned, _execute
 from .failures import says_gpu_memory_ran_out
@@ -71,7 +72,7 @@ class KernelWorker:
         jobs = [job for job in (job_ahead(b["source"], b["launchers"], name=b["name"])
                                 for b in builds[:MAX_AHEAD] if _planned_build(b)) if job is not None]
         if jobs:
-            pool = ThreadPoolExecutor(max_workers=min(len(jobs), _cpu_share()))
+            pool = ThreadPoolExecutor(max_workers=min(len(jobs), config.cpu_threads()))  # its CPU share at once
             self.ahead = [pool.submit(compile_ahead, job) for job in jobs]
             pool.shutdown(wait=False)
         return ["ok", ["v", None]]
@@ -201,14 +202,6 @@ class KernelWorker:
 def _planned_build(build) -> bool:
     return (type(build) is dict and type(build.get("source")) is str and type(build.get("name")) is str
             and type(build.get("launchers")) is list and all(type(p) is str for p in build["launchers"]))
-
-
-def _cpu_share() -> int:
-    """The compilers at once: the CPU threads this process may keep busy (``OMP_NUM_THREADS``, set by the grader)."""
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
-    except ValueError:
-        return max(1, len(os.sched_getaffinity(0)))
 
 
 def _why_not(status) -> str:

@@ -4,9 +4,10 @@
 
 The grader starts it beside a lab's reference run on a GPU (``start``), with the environment the run's checker
 gets (``recheck.runner_env``: its build cache, the shared builds, its GPU, and no compiler setting of the TA's
-that the checker would not see), without importing anything from its working folder, in a session of its own. It compiles the instructor notebook's builds and the lab's fixed kernels
-(``labs.build_plan``) in parallel (``kernelbuild.compile_ahead``), and builds the course's tuned solution, which
-the run's speed test times for the feedback pages (``speed.tuned``). The run's own builds find them done, or wait
+that the checker would not see), without importing anything from its working folder, in a session of its own.
+It compiles the instructor notebook's builds and the lab's fixed kernels (``labs.build_plan``) side by side, at
+most its CPU share at once (``kernelbuild.compile_ahead``), and builds the course's tuned solution, which the run's
+speed test times for the feedback pages (``speed.tuned``). The run's own builds find them done, or wait
 for them under each build's lock. Nothing here is a verdict: what fails is built again by the run, which says why.
 """
 
@@ -21,7 +22,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ... import course
+from ... import config, course
 from ...kernelbuild import compile_ahead, job_ahead
 from ...labs import build_plan, registry
 from ...speed import tuned
@@ -56,7 +57,7 @@ def main(lab: str) -> int:
     # the jobs made on this thread (they parse the launchers, and ast.parse is not safe in two threads at once);
     # only their compilers, processes of their own, run from the pool
     jobs = [job_ahead(b["source"], b["launchers"], name=b["name"]) for b in builds]
-    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+    with ThreadPoolExecutor(max_workers=config.cpu_threads()) as pool:
         compiling = [pool.submit(compile_ahead, job) for job in jobs if job is not None]
         built = [tuned.build(test.id) for test in registry.lab(lab).graded_tests]  # here, meanwhile
         done = [future.result() for future in compiling] + built
