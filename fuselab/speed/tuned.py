@@ -19,15 +19,19 @@ from ..native_check import course_code
 from ..quiet import captured_output
 
 
-def _tuned_source(test_id: str):
-    """``(lab, builder name, TUNED_SOURCE text)``, or None where the lab declares no tuned solution or this checkout
-    has no instructor's notebook."""
+def _op(test_id: str):
+    """The course's tuned solution of ``test_id`` as the speed test's op, built from the instructor's notebook by its
+    lab's ``tuned_op`` (the course's own code: not refused for its PTX); None where the lab declares none or this
+    checkout has no instructor's notebook."""
     from ..labs import registry
     from ..notebook_sources import string_assignments
     lab = registry.lab(test_id.partition(".")[0])
     name, notebook = lab.graded_test(test_id).tuned_op, lab.solution_notebook()
     source = string_assignments(notebook).get("TUNED_SOURCE") if name and notebook.is_file() else None
-    return (lab, name, source) if source else None
+    if not source:
+        return None
+    with course_code():
+        return getattr(lab.module(), name)(source)
 
 
 def course_tuned(test_id, inputs, out, reference):
@@ -35,12 +39,10 @@ def course_tuned(test_id, inputs, out, reference):
     ``(None, why not)``. Nothing it raises reaches the speed test: the plain solution's record stands whatever
     happens here."""
     try:
-        found = _tuned_source(test_id)
-        if found is None:
-            return None, "the lab has no tuned solution here"
-        lab, name, source = found
-        with captured_output(), course_code():  # a build's or a check's words must not reach the run's stderr
-            op = getattr(lab.module(), name)(source)
+        with captured_output():  # a build's or a check's words must not reach the run's stderr
+            op = _op(test_id)
+            if op is None:
+                return None, "the lab has no tuned solution here"
             op(*inputs, out)
             assert_close(out, reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
         return op, ""
@@ -52,12 +54,6 @@ def build(test_id: str) -> bool:
     """Build (and load, as the run does) the course's tuned solution of ``test_id``; False where it failed or the
     lab has none (the run builds it again and says why)."""
     try:
-        found = _tuned_source(test_id)
-        if found is None:
-            return False
-        lab, name, source = found
-        with course_code():
-            getattr(lab.module(), name)(source)
-        return True
+        return _op(test_id) is not None
     except Exception:  # noqa: BLE001 - the run builds it again and says why
         return False
