@@ -1,0 +1,44 @@
+"""A student's checker waits for the GPU asleep, not spinning.
+
+CUDA's default for a process with one context (``CU_CTX_SCHED_AUTO``) is to spin a CPU core while the host waits
+for the GPU: every ``synchronize``, every copy of a result back. With ten submissions sharing one GPU, each wait of
+a checker lasts as long as the other submissions' work ahead of it, and the spinning is CPU a class pays for
+(``--stages throughput`` reports it as the checker's test CPU). ``CU_CTX_SCHED_BLOCKING_SYNC`` makes the waiting
+thread sleep until the GPU is done.
+
+Only the checker of a student's run does this: its own timings are the wall-clock bound over 0.25 s batches
+(``kernels.WALL_BATCH_S``), which a wake-up of some microseconds does not move. The graded timings run in the
+kernel worker, and the reference run's in its checker (no kernel worker there): both keep CUDA's default.
+
+Set through the driver (``libcuda``) on each device's primary context, which PyTorch's runtime uses, before
+anything in the process has started CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+
+
+def sleep_in_waits() -> str:
+    """Make this process's CUDA waits sleep; returns "" or why they still spin (no driver, no GPU, a context
+    already made). Never raises: a checker that spins is slower, not wrong."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver"
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or getattr(cuda, "cuDevicePrimaryCtxSetFlags",
+                                                                                  None)
+    if set_flags is None or cuda.cuInit(0) != 0:
+        return "no CUDA device"
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return "no CUDA device"
+    failed = []
+    for ordinal in range(count.value):
+        device = ctypes.c_int(0)
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0 or \
+                set_flags(device, ctypes.c_uint(CU_CTX_SCHED_BLOCKING_SYNC)) != 0:
+            failed.append(str(ordinal))
+    return f"device(s) {', '.join(failed)} kept spinning" if failed else ""

@@ -1,0 +1,91 @@
+"""A student's checker waits for the GPU asleep (``grading.recheck.cuda_waits``): the driver's calls it makes, and
+what it says where it cannot."""
+
+import ctypes
+import os
+
+from fuselab.grading.recheck import cuda_waits
+
+
+class FakeDriver:
+    """The few ``libcuda`` calls ``sleep_in_waits`` makes, recorded; ``devices`` GPUs, ``refuse``: ordinals whose
+    flags the driver will not set."""
+
+    def __init__(self, devices=2, init=0, refuse=(), v2=True):
+        self.devices, self.init, self.refuse, self.flags = devices, init, set(refuse), {}
+        if v2:
+            self.cuDevicePrimaryCtxSetFlags_v2 = self._set_flags
+        else:
+            self.cuDevicePrimaryCtxSetFlags = self._set_flags
+
+    def cuInit(self, flags):
+        assert flags == 0
+        return self.init
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = self.devices
+        return 0
+
+    def cuDeviceGet(self, device, ordinal):
+        device._obj.value = 100 + ordinal  # a handle, not the ordinal: the flags must go to the handle
+        return 0
+
+    def _set_flags(self, device, flags):
+        ordinal = device.value - 100
+        if ordinal in self.refuse:
+            return 201  # CUDA_ERROR_INVALID_CONTEXT
+        self.flags[ordinal] = flags.value
+        return 0
+
+
+def _with_driver(monkeypatch, driver):
+    def cdll(name, *args, **kwargs):
+        assert name == "libcuda.so.1"
+        if driver is None:
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        return driver
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+
+
+def test_every_device_gets_blocking_sync(monkeypatch):
+    driver = FakeDriver(devices=3)
+    _with_driver(monkeypatch, driver)
+    assert cuda_waits.sleep_in_waits() == ""
+    assert driver.flags == {0: 0x04, 1: 0x04, 2: 0x04}
+
+
+def test_an_older_driver_without_the_v2_call_is_used_too(monkeypatch):
+    driver = FakeDriver(devices=1, v2=False)
+    _with_driver(monkeypatch, driver)
+    assert cuda_waits.sleep_in_waits() == ""
+    assert driver.flags == {0: cuda_waits.CU_CTX_SCHED_BLOCKING_SYNC}
+
+
+def test_what_it_could_not_do_is_said_never_raised(monkeypatch):
+    _with_driver(monkeypatch, None)
+    assert cuda_waits.sleep_in_waits() == "no CUDA driver"
+    _with_driver(monkeypatch, FakeDriver(init=100))  # CUDA_ERROR_NO_DEVICE
+    assert cuda_waits.sleep_in_waits() == "no CUDA device"
+    driver = FakeDriver(devices=2, refuse={1})
+    _with_driver(monkeypatch, driver)
+    assert cuda_waits.sleep_in_waits() == "device(s) 1 kept spinning"
+    assert driver.flags == {0: 0x04}
+
+
+def test_only_a_students_checker_sleeps(monkeypatch, tmp_path):
+    """The checker sets it where a kernel worker runs the student's kernels (and their graded timings); the
+    reference run's checker, which times kernels itself, keeps CUDA's default."""
+    from fuselab.grading.recheck import cellrunner
+    calls = []
+    monkeypatch.setattr(cuda_waits, "sleep_in_waits", lambda: calls.append("sleep") or "")
+    monkeypatch.setattr(cellrunner, "_solution_process", lambda: None)
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"cells": []}')
+    for host in (None, type("Host", (), {"ahead": ()})()):
+        monkeypatch.setattr(cellrunner, "_kernel_host", lambda host=host: host)
+        read, write = os.pipe()
+        try:
+            cellrunner.main(str(plan), write)
+        finally:
+            os.close(read)
+    assert calls == ["sleep"]
