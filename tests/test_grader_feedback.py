@@ -588,3 +588,77 @@ def test_a_kept_page_must_be_the_plain_file_the_grader_drew(tmp_path, monkeypatc
         _, problem = feedback.write_one(changed, tmp_path / "fb", SOURCES, references=reference)
         assert "changed after it was graded" in problem
     assert len(drawn) == 4
+
+
+def _class_of(tmp_path, count):
+    base = _measured_result(tmp_path, _speed_record(2.1))
+    results = []
+    for k in range(count):
+        result = json.loads(json.dumps(base))
+        result["student"] = f"s{k:03d}"
+        if k % 3 == 0:  # pages that differ: a failed test, and a notebook that cannot be read
+            result["cells"]["test_speedup"]["points"] = 0.0
+        if k % 7 == 0:
+            result["notebook"] = str(tmp_path / "gone.ipynb")
+        results.append(result)
+    return results
+
+
+def test_a_class_drawn_by_several_processes_gets_the_pages_one_process_draws(tmp_path, monkeypatch):
+    """Over ``PAGES_PER_PROCESS`` pages per core, fresh processes draw them side by side: the same pages, byte for
+    byte, and the same problems, in the class's order."""
+    monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 4)  # two processes of 4 pages: the test's time
+    monkeypatch.setattr(feedback.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    count = 8
+    results = _class_of(tmp_path, count)
+    references = {LAB: _reference_run()}
+    spawned = []
+    real = feedback._drawn_side_by_side
+    monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: spawned.append(real(*a)) or spawned[-1])
+    pages, problems = feedback.write_all(results, tmp_path / "side", SOURCES, references=references)
+    assert len(spawned) == 1 and spawned[0] is not None  # drawn by the processes, not by the fallback
+    assert real(results[:4], (tmp_path / "x", SOURCES, {}, frozenset(), references)) is None  # one is enough
+    monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: None)  # one process
+    alone, alone_problems = feedback.write_all(results, tmp_path / "alone", SOURCES, references=references)
+    assert sorted(pages[LAB]) == sorted(alone[LAB]) == [f"s{k:03d}" for k in range(count)]
+    for student, path in pages[LAB].items():
+        assert path.parent.parent == tmp_path / "side"
+        assert path.read_bytes() == alone[LAB][student].read_bytes(), student
+    assert problems == alone_problems and [p[0] for p in problems] == [f"s{k:03d}" for k in range(0, count, 7)]
+
+
+def test_processes_that_break_leave_the_pages_to_the_grader_itself(tmp_path, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            raise BrokenProcessPool("a drawing process died")
+
+        def __exit__(self, *exc):
+            return False
+
+    import concurrent.futures
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Broken)
+    monkeypatch.setattr(feedback.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 2)
+    results = _class_of(tmp_path, 4)
+    assert feedback._drawn_side_by_side(results, (tmp_path / "fb", SOURCES, {}, frozenset(), {})) is None
+    pages, _ = feedback.write_all(results, tmp_path / "fb", SOURCES, references={LAB: _reference_run()})
+    assert len(pages[LAB]) == len(results) and all(path.is_file() for path in pages[LAB].values())
+
+
+def test_a_package_run_as_a_program_can_be_imported_again_without_running():
+    """The drawing processes start fresh (``spawn``) and import the program's main module again: a ``__main__.py``
+    whose top level runs the program would run it once per process."""
+    import ast
+    found = sorted((Path(feedback.__file__).parents[2]).rglob("__main__.py"))
+    assert found
+    for path in found:
+        for node in ast.parse(path.read_text()).body:
+            guarded = isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)
+            docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            assert guarded or docstring or isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef)), \
+                f"{path}: {ast.unparse(node)[:80]} runs on import"
