@@ -1143,3 +1143,46 @@ def test_results_quotes_the_sample_class_graded_beside_a_second_grading():
         seconds.append(int(re.search(r"40 submission\(s\) in (\d+) s", grading).group(1)))
     assert "**40/40 samples got the grade they deserve in each**" in results
     assert f"{seconds[0]} s and {seconds[1]} s" in results and "(0 run again alone)" in results
+
+
+def test_results_quotes_the_checker_asleep_against_spinning_on_one_h100():
+    """docs/RESULTS.md's comparison of f3dfc79's sleeping checker with c4fe6c5's, and the sample classes and
+    notebooks around it, are the saved files' numbers."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    saved = {commit: json.loads((ROOT / "docs" / "results" / name).read_text())
+             for commit, name in (("3cfbe56", "throughput-h100-3cfbe56.json"),
+                                  ("c4fe6c5", "throughput-h100-c4fe6c5-beside-3cfbe56.json"))}
+    cells = {}
+    for commit, run in saved.items():
+        assert run["env"]["commit"] == commit and run["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+        run = run["throughput"]
+        phases, count = run["phases"], run["phases"]["submissions"]["count"]
+        assert count == 20 and run["jobs"] == 10 and run["full_marks"] == count
+        cpu = next(t["measured"] for t in run["targets"] if t["target"].startswith("CPU per submission-lab"))
+        cells[commit] = [f"{phases['cpu_per_submission_mean']['tests, checker']:.2f}",
+                         f"{run['cpu_by_process']['checker'] / count:.2f}", f"{cpu:.1f}",
+                         f"{phases['submissions']['seconds_each']:.2f} s",
+                         f"{phases['wall_seconds']:.1f} s ({phases['fixed']['seconds']:.1f} s)", f"{count}/{count}"]
+    for row in zip(cells["c4fe6c5"], cells["3cfbe56"]):
+        assert f"| {row[0]} | {row[1]} |" in results, row
+    # the sleeping checker's tests took less CPU, the kernel worker's (still spinning) about the same
+    asleep, spinning = (saved[c]["throughput"]["phases"]["cpu_per_submission_mean"] for c in ("3cfbe56", "c4fe6c5"))
+    assert asleep["tests, checker"] < 0.75 * spinning["tests, checker"]
+    kw = (spinning["tests, kernel worker"], asleep["tests, kernel worker"])
+    assert f"({kw[0]:.2f} and {kw[1]:.2f} core-s)" in results and abs(kw[0] - kw[1]) < 0.1 * kw[0]
+    for name, commit, seconds_words in (("selfcheck-h100-samples-3cfbe56.json", "3cfbe56", "**40/40 graded as they "
+                                         "deserve**, {:.0f} s"),
+                                        ("selfcheck-h100-samples-notebooks-c4fe6c5.json", "c4fe6c5", "**40/40**, {:.0f} s")):
+        run = json.loads((ROOT / "docs" / "results" / name).read_text())
+        assert run["env"]["commit"] == commit
+        samples = run["samples"]
+        ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
+        assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40
+        assert seconds_words.format(samples["seconds"]) in results, name
+        assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)}" in results, name
+        assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
+        if "notebooks" in run:
+            labs = run["notebooks"]["labs"]
+            assert all(not r["errors"] and not r["stderr"] and r["crash"] is None for r in labs.values())
+            said = ", ".join(f"{lab} {r['seconds']:.0f} s" for lab, r in sorted(labs.items()))
+            assert f"({said})" in results
