@@ -1,4 +1,4 @@
-"""A student's checker waits for the GPU asleep (``grading.recheck.cuda_waits``): the driver's calls it makes, and
+"""The clean recheck's processes wait for the GPU asleep (``grading.recheck.cuda_waits``): the driver's calls it makes, and
 what it says where it cannot."""
 
 import ctypes
@@ -72,10 +72,10 @@ def test_what_it_could_not_do_is_said_never_raised(monkeypatch):
     assert driver.flags == {0: 0x04}
 
 
-def test_only_a_students_checker_sleeps(monkeypatch, tmp_path):
-    """The checker sets it where a kernel worker runs the student's kernels (and their graded timings); the
-    reference run's checker, which times kernels itself, keeps CUDA's default."""
-    from fuselab.grading.recheck import cellrunner
+def test_the_checker_and_the_kernel_worker_sleep_before_cuda_starts(monkeypatch, tmp_path):
+    """Both processes that wait on the shared GPU set it first thing: the checker of a student's run and of the
+    reference run (no kernel worker), and the kernel worker before it serves a request."""
+    from fuselab.grading.recheck import cellrunner, kernel_worker
     calls = []
     monkeypatch.setattr(cuda_waits, "sleep_in_waits", lambda: calls.append("sleep") or "")
     monkeypatch.setattr(cellrunner, "_solution_process", lambda: None)
@@ -88,4 +88,21 @@ def test_only_a_students_checker_sleeps(monkeypatch, tmp_path):
             cellrunner.main(str(plan), write)
         finally:
             os.close(read)
-    assert calls == ["sleep"]
+    assert calls == ["sleep", "sleep"]
+
+    class Stop(Exception):
+        pass
+
+    def worker():
+        assert calls == ["sleep", "sleep", "sleep"], "the kernel worker made its CUDA state before the flags"
+        raise Stop
+    monkeypatch.setattr(kernel_worker, "KernelWorker", worker)
+    read, write = os.pipe()
+    try:
+        kernel_worker.main(read, write)
+    except Stop:
+        pass
+    finally:
+        os.close(read)
+        os.close(write)
+    assert calls == ["sleep", "sleep", "sleep"]

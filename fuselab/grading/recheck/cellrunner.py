@@ -178,7 +178,7 @@ def main(plan_path, channel_fd: int) -> int:
     host = _kernel_host()
     if host is not None:  # asked with its first request: the worker answers once it has imported torch
         host.ahead = plan.get("ahead") or []
-        cuda_waits.sleep_in_waits()  # its GPU waits sleep: no graded timing runs in this process (``cuda_waits``)
+    cuda_waits.sleep_in_waits()  # before CUDA starts: its waits for the shared GPU sleep (``cuda_waits``)
     to_grader = channel.Sender(channel_fd)
     answers = os.environ.pop(channel.ANSWERS_FD_ENV, "")
     asker = channel.Asker(to_grader, int(answers)) if answers else None

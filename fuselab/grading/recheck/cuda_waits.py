@@ -1,14 +1,16 @@
-"""A student's checker waits for the GPU asleep, not spinning.
+"""The clean recheck's checker and kernel worker wait for the GPU asleep, not spinning.
 
 CUDA's default for a process with one context (``CU_CTX_SCHED_AUTO``) is to spin a CPU core while the host waits
-for the GPU: every ``synchronize``, every copy of a result back. With ten submissions sharing one GPU, each wait of
-a checker lasts as long as the other submissions' work ahead of it, and the spinning is CPU a class pays for
-(``--stages throughput`` reports it as the checker's test CPU). ``CU_CTX_SCHED_BLOCKING_SYNC`` makes the waiting
-thread sleep until the GPU is done.
+for the GPU: every ``synchronize``, every copy of a result back. With ten submissions sharing one GPU, each wait
+lasts as long as the other submissions' work ahead of it, and the spinning is CPU a class pays for
+(``--stages throughput`` reports it by process and step). ``CU_CTX_SCHED_BLOCKING_SYNC`` makes the waiting thread
+sleep until the GPU is done.
 
-Only the checker of a student's run does this: its own timings are the wall-clock bound over 0.25 s batches
-(``kernels.WALL_BATCH_S``), which a wake-up of some microseconds does not move. The graded timings run in the
-kernel worker, and the reference run's in its checker (no kernel worker there): both keep CUDA's default.
+The timings keep their meaning: a graded speed test times on the GPU's own clock (``mode="device"``: events around
+each call, the L2 flush queued before it, one synchronize per batch), so when the host wakes does not enter them;
+both sides of a comparison run in the same process (the kernel worker, or the reference run's checker), so both
+wait alike; and the checker's wall-clock bound times 0.25 s batches (``kernels.WALL_BATCH_S``), which a wake-up of
+some microseconds does not move. A student's own notebook keeps CUDA's default.
 
 Set through the driver (``libcuda``) on each device's primary context, which PyTorch's runtime uses, before
 anything in the process has started CUDA.

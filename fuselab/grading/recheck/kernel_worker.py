@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ... import config
-from . import lazy_plots, wire
+from . import cuda_waits, lazy_plots, wire
 from .cellrunner import _cuda_poisoned, _execute
 from .failures import says_gpu_memory_ran_out
 from .kernels import (KERNEL_ERRORS, NOT_OWN_KERNELS, NOT_ON_ITS_STREAM, OUT_OF_GPU_MEMORY, SPEED_STATUSES,
@@ -243,6 +243,7 @@ def _lease_from_checker(in_fd: int, out_fd: int):
 
 def main(in_fd: int, out_fd: int) -> int:
     lazy_plots.defer()  # the setup cell's plotting imports load only if a cell draws
+    cuda_waits.sleep_in_waits()  # before CUDA starts: its waits for the shared GPU sleep (``cuda_waits``)
     from ...speed import lease
     lease.ask_through(lambda: _lease_from_checker(in_fd, out_fd))
     worker = KernelWorker()
