@@ -1,5 +1,5 @@
-"""The clean recheck's processes wait for the GPU asleep (``grading.recheck.cuda_waits``): the driver's calls it makes, and
-what it says where it cannot."""
+"""The clean recheck's processes wait for the GPU asleep (``grading.recheck.cuda_waits``): the driver's calls it
+makes, and what it says where it cannot."""
 
 import ctypes
 import os
