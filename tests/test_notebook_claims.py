@@ -1186,3 +1186,33 @@ def test_results_quotes_the_checker_asleep_against_spinning_on_one_h100():
             assert all(not r["errors"] and not r["stderr"] and r["crash"] is None for r in labs.values())
             said = ", ".join(f"{lab} {r['seconds']:.0f} s" for lab, r in sorted(labs.items()))
             assert f"({said})" in results
+
+
+def test_results_quotes_the_kernel_worker_asleep_at_bdb45e4():
+    """docs/RESULTS.md's bdb45e4 run: the sample class's verdicts, its speed tests against 3cfbe56's, and the
+    throughput's CPU by step, as saved."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    samples = json.loads((folder / "selfcheck-h100-samples-bdb45e4.json").read_text())
+    assert samples["env"]["commit"] == "bdb45e4" and samples["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    samples = samples["samples"]
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40
+    assert f"**40/40 graded as they deserve**, {samples['seconds']:.0f} s. Each of the 17" in results
+
+    def speedups(run):
+        return {(row["submission"], row["test"]): row["worker"] for row in run["wall_bound"]["rows"]}
+    now = speedups(samples)
+    before = speedups(json.loads((folder / "selfcheck-h100-samples-3cfbe56.json").read_text())["samples"])
+    assert set(now) == set(before) and len(now) == 17
+    assert max(abs(now[k] - before[k]) / before[k] for k in now) <= 0.002  # "within 0.2 %"
+    run = json.loads((folder / "throughput-h100-bdb45e4.json").read_text())
+    assert run["env"]["commit"] == "bdb45e4"
+    run = run["throughput"]
+    phases, count = run["phases"], run["phases"]["submissions"]["count"]
+    cpu = next(t["measured"] for t in run["targets"] if t["target"].startswith("CPU per submission-lab"))
+    steps = phases["cpu_per_submission_mean"]
+    for text in (f"({count} submission-labs), {run['jobs']} sharing: {run['full_marks']}/{count} full marks, "
+                 f"{phases['submissions']['seconds_each']:.2f} s each, {cpu:.1f} core-s each",
+                 f"tests {steps['tests, kernel worker']:.2f} core-s, the checker's {steps['tests, checker']:.2f}",
+                 f"starts a median {phases['per_submission_median']['start']:.2f} s"):
+        assert text in results, text
