@@ -75,9 +75,13 @@ def test_what_it_could_not_do_is_said_never_raised(monkeypatch):
 def test_the_checker_and_the_kernel_worker_sleep_before_cuda_starts(monkeypatch, tmp_path):
     """Both processes that wait on the shared GPU set it first thing: the checker of a student's run and of the
     reference run (no kernel worker), and the kernel worker before it serves a request."""
-    from fuselab.grading.recheck import cellrunner, kernel_worker
+    from fuselab.grading.recheck import cellrunner, kernel_worker, lazy_plots
+    from fuselab.speed import lease
     calls = []
     monkeypatch.setattr(cuda_waits, "sleep_in_waits", lambda: calls.append("sleep") or "")
+    # what the two mains set for their whole process stays out of this one's later tests
+    monkeypatch.setattr(lazy_plots, "defer", lambda: None)
+    monkeypatch.setattr(lease, "ask_through", lambda holder: None)
     monkeypatch.setattr(cellrunner, "_solution_process", lambda: None)
     plan = tmp_path / "plan.json"
     plan.write_text('{"cells": []}')
@@ -106,3 +110,4 @@ def test_the_checker_and_the_kernel_worker_sleep_before_cuda_starts(monkeypatch,
         os.close(read)
         os.close(write)
     assert calls == ["sleep", "sleep", "sleep"]
+    assert not lease.asks_a_checker()
