@@ -608,7 +608,8 @@ def test_a_class_drawn_by_several_processes_gets_the_pages_one_process_draws(tmp
     """Over ``PAGES_PER_PROCESS`` pages per core, fresh processes draw them side by side: the same pages, byte for
     byte, and the same problems, in the class's order."""
     monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 4)  # two processes of 4 pages: the test's time
-    monkeypatch.setattr(feedback.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    from fuselab.grading.gpus import schedule
+    monkeypatch.setattr(schedule, "available_cores", lambda: 3)
     count = 8
     results = _class_of(tmp_path, count)
     references = {LAB: _reference_run()}
@@ -642,7 +643,8 @@ def test_processes_that_break_leave_the_pages_to_the_grader_itself(tmp_path, mon
 
     import concurrent.futures
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Broken)
-    monkeypatch.setattr(feedback.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    from fuselab.grading.gpus import schedule
+    monkeypatch.setattr(schedule, "available_cores", lambda: 8)
     monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 2)
     results = _class_of(tmp_path, 4)
     assert feedback._drawn_side_by_side(results, (tmp_path / "fb", SOURCES, {}, frozenset(), {})) is None

@@ -926,8 +926,7 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     shared = (out_dir, sources, manual, frozenset(show_flags), references)
     drawn = _drawn_side_by_side(results, shared)
     if drawn is None:
-        _DRAWING[:] = shared
-        drawn = [_draw(result) for result in results]
+        drawn = [_draw_with(shared, result) for result in results]
     pages, problems = {}, []
     for result, (path, problem) in zip(results, drawn):
         student, lab = str(result.get("student", "")), str(result.get("lab", ""))
@@ -951,7 +950,11 @@ def _share(*shared) -> None:
 
 
 def _draw(result: dict) -> tuple:
-    out_dir, sources, manual, show_flags, references = _DRAWING
+    return _draw_with(_DRAWING, result)
+
+
+def _draw_with(shared, result: dict) -> tuple:
+    out_dir, sources, manual, show_flags, references = shared
     student, lab = str(result.get("student", "")), str(result.get("lab", ""))
     return write_one(result, out_dir, sources, manual, show_flags=(student, lab) in show_flags,
                      references=references)
@@ -966,11 +969,8 @@ def _drawn_side_by_side(results: list, shared: tuple) -> list | None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    processes = min(cores, len(results) // PAGES_PER_PROCESS)
+    from ..gpus.schedule import available_cores
+    processes = min(available_cores(), len(results) // PAGES_PER_PROCESS)
     if processes < 2:
         return None
     try:
