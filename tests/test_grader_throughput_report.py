@@ -42,6 +42,24 @@ def test_the_load_sampler_sees_the_host_memory_a_run_adds(monkeypatch):
     assert summary["host_memory_before_gib"] == 1.0 and summary["host_memory_peak_gib"] == 3.5
 
 
+def test_the_load_sampler_averages_the_gpus_utilisation_and_the_kernels_share(monkeypatch):
+    read_busy = load_sampler._gpu_busy_percent
+    monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
+    busy = iter([[0], [100], [50], [30]] + [[0]] * 1000)  # one GPU's NVML utilisation, one reading a sample
+    monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda: next(busy))
+    jiffies = iter([(100, 1000, 10), (300, 1400, 60), (500, 1800, 110), (700, 2200, 160)] + [(700, 2200, 160)] * 1000)
+    monkeypatch.setattr(load_sampler, "_cpu_jiffies", lambda: next(jiffies))
+    with LoadSampler(every_s=0.02) as load:
+        while len(load.samples) < 4:
+            time.sleep(0.01)
+    first, last = load.samples[0][0], load.samples[3][0]
+    summary = load.summary(first, last)
+    assert summary["gpu_busy"] == 0.45  # (0 + 100 + 50 + 30) / 4 percent
+    assert summary["cpu_busy"] == 0.5 and summary["cpu_kernel_share"] == 0.25  # 150 of 600 busy jiffies
+    monkeypatch.setattr(gpu_facts, "_nvml", lambda: None)
+    assert read_busy() is None  # no NVML: no number, never a 0
+
+
 class _FakeNvml:
     """NVML as ``pynvml`` shows it, for ``cards``: index → (UUID, total memory in MiB, or None: not readable)."""
 

@@ -1,5 +1,5 @@
 """How busy the machine was while something ran: CPU (from /proc/stat), the host's memory in use (from
-/proc/meminfo) and GPU memory (NVML), sampled.
+/proc/meminfo), and each GPU's memory and utilisation (NVML), sampled.
 
 The grader's throughput depends on how many submissions share a GPU; whether more would help depends on
 whether the CPU cores or the GPU's memory were already the limit. ``LoadSampler`` answers that for a time
@@ -7,7 +7,11 @@ window::
 
     with LoadSampler() as load:
         ...
-    load.summary(since, until)   # {"cpu_busy": 0.41, "gpu_memory_peak_gib": 38.2, ...}
+    load.summary(since, until)   # {"cpu_busy": 0.41, "gpu_busy": 0.62, "gpu_memory_peak_gib": 38.2, ...}
+
+Whether the GPU or the CPU is the limit is the question behind more jobs: ``gpu_busy`` is the mean of NVML's
+utilisation (the share of its sample period in which a kernel ran), ``cpu_kernel_share`` the part of the busy CPU
+spent in the kernel (system, interrupts), which no process's own count shows in full.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from ..grading.gpus.schedule import host_memory_gib
 
 
 def _cpu_jiffies():
-    """(busy, total) jiffies of all cores since boot, or None where /proc/stat is absent."""
+    """(busy, total, kernel) jiffies of all cores since boot (kernel: system, irq and softirq), or None where
+    /proc/stat is absent."""
     try:
         with open("/proc/stat") as stat:
             fields = [int(x) for x in stat.readline().split()[1:]]
     except (OSError, ValueError):
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+    kernel = fields[2] + sum(fields[5:7])
+    return sum(fields) - idle, sum(fields), kernel
 
 
 def _host_memory_used_gib():
@@ -43,6 +49,13 @@ def _gpu_memory_used_mib():
     NVML is missing."""
     used = [gpu_facts.memory_used_mib(index) for index in gpu_facts.indices()]
     return used if used and None not in used else None
+
+
+def _gpu_busy_percent():
+    """NVML's utilisation of each GPU (percent of its last sample period with a kernel running); None where NVML
+    is missing."""
+    busy = [gpu_facts.busy_percent(index) for index in gpu_facts.indices()]
+    return busy if busy and None not in busy else None
 
 
 # how a process's command line names its part in grading (the first that matches), for ``cpu_by_kind``
@@ -122,7 +135,8 @@ class LoadSampler:
     def __init__(self, every_s: float = 1.0, processes: bool = False):
         self.every_s = every_s
         self.processes = processes  # also each kind of process's CPU (``cpu_by_kind``): a scan of /proc a sample
-        # (time.monotonic(), cpu (busy, total) or None, [MiB per GPU] or None, host GiB in use or None)
+        # (time.monotonic(), cpu (busy, total, kernel) or None, [MiB per GPU] or None, host GiB in use or None,
+        #  [busy percent per GPU] or None)
         self.samples = []
         self.process_cpu = []  # (time.monotonic(), {kind: CPU seconds since the last sample})
         self._seen = {}        # pid (or one of this process's threads) → CPU seconds at its last sample
@@ -140,7 +154,8 @@ class LoadSampler:
                 return
 
     def _sample(self):
-        self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib(), _host_memory_used_gib()))
+        self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib(), _host_memory_used_gib(),
+                             _gpu_busy_percent()))
         self._sample_processes()
 
     def _threads(self) -> dict:
@@ -178,8 +193,9 @@ class LoadSampler:
         self._thread.join()
 
     def summary(self, since: float | None = None, until: float | None = None) -> dict:
-        """CPU busy fraction (all cores), peak GPU memory, and the host's memory in use when sampling began and at
-        its peak, between two ``time.monotonic()`` instants."""
+        """CPU busy fraction (all cores) and the kernel's share of it, the GPUs' mean utilisation, peak GPU memory,
+        and the host's memory in use when sampling began and at its peak, between two ``time.monotonic()``
+        instants."""
         window = [s for s in self.samples if (since is None or s[0] >= since) and (until is None or s[0] <= until)]
         cpu = [s[1] for s in window if s[1] is not None]
         result = {"cores": os.cpu_count(), "samples": len(window), "cpu_busy": None, "gpu_memory_peak_gib": None}
@@ -190,6 +206,11 @@ class LoadSampler:
             result["host_memory_peak_gib"] = round(max(host), 2)
         if len(cpu) >= 2 and cpu[-1][1] > cpu[0][1]:
             result["cpu_busy"] = round((cpu[-1][0] - cpu[0][0]) / (cpu[-1][1] - cpu[0][1]), 3)
+            if cpu[-1][0] > cpu[0][0]:
+                result["cpu_kernel_share"] = round((cpu[-1][2] - cpu[0][2]) / (cpu[-1][0] - cpu[0][0]), 3)
+        busy = [sum(s[4]) / len(s[4]) for s in window if s[4]]
+        if busy:
+            result["gpu_busy"] = round(sum(busy) / len(busy) / 100, 3)
         memory = [max(s[2]) for s in window if s[2]]
         if memory:
             result["gpu_memory_peak_gib"] = round(max(memory) / 1024, 1)
