@@ -606,10 +606,17 @@ def _class_of(tmp_path, count):
 
 def test_a_class_drawn_by_several_processes_gets_the_pages_one_process_draws(tmp_path, monkeypatch):
     """Over ``PAGES_PER_PROCESS`` pages per core, fresh processes draw them side by side: the same pages, byte for
-    byte, and the same problems, in the class's order."""
+    byte, and the same problems, in the class's order; and those processes import nothing from the grader's
+    working folder (a ``multiprocessing`` planted there never runs)."""
     monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 4)  # two processes of 4 pages: the test's time
     from fuselab.grading.gpus import schedule
     monkeypatch.setattr(schedule, "available_cores", lambda: 3)
+    planted = tmp_path / "cwd" / "multiprocessing"
+    planted.mkdir(parents=True)
+    ran = tmp_path / "planted-code-ran"
+    (planted / "__init__.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
     count = 8
     results = _class_of(tmp_path, count)
     references = {LAB: _reference_run()}
@@ -618,6 +625,7 @@ def test_a_class_drawn_by_several_processes_gets_the_pages_one_process_draws(tmp
     monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: spawned.append(real(*a)) or spawned[-1])
     pages, problems = feedback.write_all(results, tmp_path / "side", SOURCES, references=references)
     assert len(spawned) == 1 and spawned[0] is not None  # drawn by the processes, not by the fallback
+    assert not ran.exists() and "PYTHONSAFEPATH" not in os.environ  # set only while they started
     assert real(results[:4], (tmp_path / "x", SOURCES, {}, frozenset(), references)) is None  # one is enough
     monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: None)  # one process
     alone, alone_problems = feedback.write_all(results, tmp_path / "alone", SOURCES, references=references)
@@ -628,28 +636,48 @@ def test_a_class_drawn_by_several_processes_gets_the_pages_one_process_draws(tmp
     assert problems == alone_problems and [p[0] for p in problems] == [f"s{k:03d}" for k in range(0, count, 7)]
 
 
-def test_processes_that_break_leave_the_pages_to_the_grader_itself(tmp_path, monkeypatch):
-    from concurrent.futures.process import BrokenProcessPool
+def _die(*shared):
+    os._exit(3)
 
-    class Broken:
-        def __init__(self, *args, **kwargs):
-            pass
 
-        def __enter__(self):
-            raise BrokenProcessPool("a drawing process died")
-
-        def __exit__(self, *exc):
-            return False
-
-    import concurrent.futures
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Broken)
+def test_processes_that_die_leave_the_pages_to_the_grader_itself_and_say_so(tmp_path, monkeypatch, capsys):
+    """Drawing processes that die (here as they start) break the pool: the grader draws every page itself, the
+    pages one process draws, and says on stderr that the processes failed."""
+    import functools
     from fuselab.grading.gpus import schedule
     monkeypatch.setattr(schedule, "available_cores", lambda: 8)
     monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 2)
     results = _class_of(tmp_path, 4)
-    assert feedback._drawn_side_by_side(results, (tmp_path / "fb", SOURCES, {}, frozenset(), {})) is None
-    pages, _ = feedback.write_all(results, tmp_path / "fb", SOURCES, references={LAB: _reference_run()})
-    assert len(pages[LAB]) == len(results) and all(path.is_file() for path in pages[LAB].values())
+    references = {LAB: _reference_run()}
+    dying = functools.partial(feedback._drawn_side_by_side, initializer=_die)
+    monkeypatch.setattr(feedback, "_drawn_side_by_side", dying)
+    pages, problems = feedback.write_all(results, tmp_path / "fb", SOURCES, references=references)
+    assert "processes drawing 4 pages failed" in capsys.readouterr().err
+    monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: None)
+    alone, alone_problems = feedback.write_all(results, tmp_path / "alone", SOURCES, references=references)
+    assert sorted(pages[LAB]) == sorted(alone[LAB]) and len(pages[LAB]) == len(results)
+    assert all(path.read_bytes() == alone[LAB][student].read_bytes() for student, path in pages[LAB].items())
+    assert problems == alone_problems
+
+
+def test_only_the_pages_left_to_draw_go_to_the_drawing_processes(tmp_path, monkeypatch):
+    """A run that finds most pages drawn from the same inputs before keeps them and draws only the rest; the
+    processes are counted on those (and on the host's memory), not on the class."""
+    sent = []
+    monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda todo, shared: sent.append(len(todo)))
+    results = _class_of(tmp_path, 6)
+    references = {LAB: _reference_run()}
+    first, _ = feedback.write_all(results, tmp_path / "fb", SOURCES, references=references)
+    results[4]["cells"]["test_speedup"]["points"] = 1.5  # one page's inputs changed
+    second, _ = feedback.write_all(results, tmp_path / "fb", SOURCES, references=references)
+    # the pages with a problem (an unreadable notebook: s000, s000 only) are drawn every run, as one is changed
+    assert sent == [6, 2] and sorted(first[LAB]) == sorted(second[LAB])
+    from fuselab.grading.gpus import schedule
+    monkeypatch.setattr(schedule, "available_cores", lambda: 64)
+    monkeypatch.setattr(schedule, "host_memory_gib", lambda: (64.0, 3.5))
+    assert feedback._drawing_processes(1000) == 3  # 3.5 GiB available: three drawers of DRAWER_GIB
+    monkeypatch.setattr(schedule, "host_memory_gib", lambda: None)
+    assert feedback._drawing_processes(1000) == 50 and feedback._drawing_processes(10) == 0
 
 
 def test_a_package_run_as_a_program_can_be_imported_again_without_running():

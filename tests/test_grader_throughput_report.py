@@ -337,3 +337,14 @@ def test_a_class_of_120_at_10_and_16_jobs_is_held_to_every_target():
     assert all(row["met"] is True for row in rows[:-1]), rows
     ratio = rows[-1]
     assert ratio["measured"] == 1.5 / 1.4 and ratio["met"] is False  # 16 jobs slower than 10: missed
+
+
+def test_the_gpus_utilisation_is_read_on_the_visible_gpus_only(monkeypatch):
+    """A Slurm shard on one card of eight: its card's utilisation, not a mean over cards it does not use."""
+    readings = {"0": 0, "1": 0, "2": 90, "3": 0}
+    monkeypatch.setattr(gpu_facts, "indices", lambda: list(readings))
+    monkeypatch.setattr(gpu_facts, "busy_percent", lambda device: readings[str(device)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    assert load_sampler._gpu_busy_percent() == [90]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert load_sampler._gpu_busy_percent() == [0, 0, 90, 0]

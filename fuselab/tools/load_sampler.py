@@ -21,7 +21,7 @@ import threading
 import time
 
 from .. import gpu_facts
-from ..grading.gpus.schedule import host_memory_gib
+from ..grading.gpus.schedule import host_memory_gib, visible_gpus
 
 
 def _cpu_jiffies():
@@ -52,9 +52,9 @@ def _gpu_memory_used_mib():
 
 
 def _gpu_busy_percent():
-    """NVML's utilisation of each GPU (percent of its last sample period with a kernel running); None where NVML
-    is missing."""
-    busy = [gpu_facts.busy_percent(index) for index in gpu_facts.indices()]
+    """NVML's utilisation of each GPU this process may use (``CUDA_VISIBLE_DEVICES``: a shard on one card of eight
+    reads that card's), percent of its last sample period with a kernel running; None where NVML is missing."""
+    busy = [gpu_facts.busy_percent(device) for device in (visible_gpus() if gpu_facts.indices() else [])]
     return busy if busy and None not in busy else None
 
 

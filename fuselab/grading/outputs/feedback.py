@@ -43,6 +43,7 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
+import contextlib
 import functools
 import hashlib
 import json
@@ -777,9 +778,7 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
     problem, inputs = "", ""
     record = _drawn_record(out_dir, student, lab)
     try:
-        lab_source = sources.get(lab) or LabSources(problem="the lab's release notebook is unknown")
-        inputs = _inputs_digest(result, lab_source, _dict(manual).get((student, lab), {}), show_flags,
-                                _dict(references).get(lab))
+        lab_source, inputs = _page_inputs(result, sources, manual, show_flags, references)
         kept = _kept_page(Path(out_dir) / _safe_part(student) / f"{_safe_part(lab)}.html", record, inputs)
         if kept is not None:
             return kept, ""
@@ -818,6 +817,27 @@ def _drawer_digest() -> bytes:
     for path in [Path(__file__), here.parent.parent / "plots.py", *sorted((here / "templates").glob("feedback*"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.digest()
+
+
+def _page_inputs(result: dict, sources: dict, manual, show_flags: bool, references) -> tuple:
+    """``(the lab's sources, the digest of what the page is drawn from)`` for one result (a dict)."""
+    student, lab = str(result.get("student", "")), str(result.get("lab", ""))
+    lab_source = sources.get(lab) or LabSources(problem="the lab's release notebook is unknown")
+    return lab_source, _inputs_digest(result, lab_source, _dict(manual).get((student, lab), {}), show_flags,
+                                      _dict(references).get(lab))
+
+
+def _already_drawn(shared, result: dict) -> Path | None:
+    """The page ``write_one`` would keep for ``result`` (drawn before from the same inputs, unchanged since), or
+    None: what is left to draw."""
+    out_dir, sources, manual, show_flags, references = shared
+    student, lab = str(result.get("student", "")), str(result.get("lab", ""))
+    try:
+        _, inputs = _page_inputs(result, sources, manual, (student, lab) in show_flags, references)
+        return _kept_page(Path(out_dir) / _safe_part(student) / f"{_safe_part(lab)}.html",
+                          _drawn_record(out_dir, student, lab), inputs)
+    except Exception:  # noqa: BLE001 - write_one says what is wrong with it
+        return None
 
 
 def _inputs_digest(result: dict, lab_source: LabSources, manual, show_flags: bool, reference) -> str:
@@ -915,7 +935,8 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     ``references``: lab → the lab's reference run in this grading run; by default read beside ``out_dir``
     (``reference_runs`` of its parent, the run's output folder).
 
-    A class's pages are drawn by several processes at once (``_drawn_side_by_side``), a few pages by this one."""
+    Pages kept from an earlier run are found here; the rest, for a class, are drawn by several processes at once
+    (``_drawn_side_by_side``), a few by this one."""
     results = [r.to_json() if isinstance(r, SubmissionResult) else r for r in _list(results)]
     results = [r for r in results if isinstance(r, dict)]
     if sources is None:
@@ -924,9 +945,13 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     if references is None:
         references = reference_runs(Path(out_dir).parent, sorted({str(r.get("lab")) for r in results}))
     shared = (out_dir, sources, manual, frozenset(show_flags), references)
-    drawn = _drawn_side_by_side(results, shared)
-    if drawn is None:
-        drawn = [_draw_with(shared, result) for result in results]
+    kept = [_already_drawn(shared, result) for result in results]
+    todo = [result for result, page in zip(results, kept) if page is None]
+    fresh = _drawn_side_by_side(todo, shared)
+    if fresh is None:
+        fresh = [_draw_with(shared, result) for result in todo]
+    fresh = iter(fresh)
+    drawn = [(page, "") if page is not None else next(fresh) for page in kept]
     pages, problems = {}, []
     for result, (path, problem) in zip(results, drawn):
         student, lab = str(result.get("student", "")), str(result.get("lab", ""))
@@ -943,6 +968,9 @@ _DRAWING: list = []
 # a drawing process's start (Python, this module's imports, matplotlib) took 2.7 s on a CI-sized machine, about
 # 15 pages' drawing: a process draws at least this many, so a small class (or a 2-core machine) draws in one
 PAGES_PER_PROCESS = 20
+# the host memory left per drawing process: Python and matplotlib, and a submitted notebook of up to
+# ``MAX_NOTEBOOK_BYTES`` read as JSON
+DRAWER_GIB = 1.0
 
 
 def _share(*shared) -> None:
@@ -960,22 +988,59 @@ def _draw_with(shared, result: dict) -> tuple:
                      references=references)
 
 
-def _drawn_side_by_side(results: list, shared: tuple) -> list | None:
-    """``write_one``'s answers for ``results``, in order, drawn by as many fresh processes as the machine's cores
-    and the class's size make worth it (a page's picture is most of its time: a fifth of a second, so a class of
-    120 took 26 s in one process on an H100 machine); None where one process is enough or the processes failed
-    (the caller draws them all itself: a page drawn twice is the same page). Fresh processes (``spawn``): the
-    grader's own has threads, which a fork would copy mid-step."""
+def _drawing_processes(pages: int) -> int:
+    """How many processes draw ``pages`` pages: the cores, the pages (``PAGES_PER_PROCESS`` each) and the host's
+    available memory (``DRAWER_GIB`` each) allowing."""
+    from ..gpus.schedule import available_cores, host_memory_gib
+    processes = min(available_cores(), pages // PAGES_PER_PROCESS)
+    memory = host_memory_gib()
+    return min(processes, int(memory[1] // DRAWER_GIB)) if memory else processes
+
+
+def _drawn_side_by_side(results: list, shared: tuple, initializer=_share) -> list | None:
+    """``write_one``'s answers for ``results``, in order, drawn by as many fresh processes as the machine and the
+    class's size make worth it (``_drawing_processes``: a page's picture is most of its time, a fifth of a second,
+    so a class of 120 took 26 s in one process on an H100 machine); None where one process is enough or the
+    processes failed (the caller draws them all itself, and a failure is said on stderr: a page drawn twice is
+    the same page). Fresh processes (``spawn``): the grader's own has threads, which a fork would copy mid-step.
+
+    A spawned process starts as ``python -c``, which puts its working folder (the grader's) first on
+    ``sys.path`` while it imports ``multiprocessing``: ``PYTHONSAFEPATH`` (Python 3.11+), set while the processes
+    start, leaves it off, as ``-P`` does for the clean recheck's workers; an older Python draws in one process."""
     import multiprocessing
+    import sys
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
-    from ..gpus.schedule import available_cores
-    processes = min(available_cores(), len(results) // PAGES_PER_PROCESS)
-    if processes < 2:
+    processes = _drawing_processes(len(results))
+    if processes < 2 or sys.version_info < (3, 11):
         return None
+    pool = None
     try:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"), initializer=_share,
-                                 initargs=shared) as pool:
-            return list(pool.map(_draw, results, chunksize=max(1, len(results) // (4 * processes))))
-    except (BrokenProcessPool, OSError, RuntimeError):
+        with _variables_set(PYTHONSAFEPATH="1"):
+            pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=initializer, initargs=shared)
+            # every chunk is submitted here, and a process started for each until there are ``processes``
+            answers = pool.map(_draw, results, chunksize=max(1, len(results) // (4 * processes)))
+        return list(answers)
+    except (BrokenProcessPool, OSError, RuntimeError) as exc:
+        print(f"feedback: the {processes} processes drawing {len(results)} pages failed "
+              f"({type(exc).__name__}: {_flat(exc, 200)}); the grader draws them itself", file=sys.stderr)
         return None
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _variables_set(**values):
+    """``os.environ`` with ``values`` set, as it was afterwards (what the processes started meanwhile inherit)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
