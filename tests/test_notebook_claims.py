@@ -1216,3 +1216,45 @@ def test_results_quotes_the_kernel_worker_asleep_at_bdb45e4():
                  f"tests {steps['tests, kernel worker']:.2f} core-s, the checker's {steps['tests, checker']:.2f}",
                  f"starts a median {phases['per_submission_median']['start']:.2f} s"):
         assert text in results, text
+
+
+def test_results_quotes_the_h200_class_of_148b874():
+    """docs/RESULTS.md's "Today" table on the H200 and its lines are the saved run's numbers, and the NVML
+    sampling it explains the idle wait with is the saved probe's."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    saved = json.loads((ROOT / "docs" / "results" / "throughput-h200-148b874.json").read_text())
+    assert saved["env"]["gpu"] == "NVIDIA H200" and saved["env"]["commit"] == "148b874"
+    run = saved["throughput"]
+    phases, regrade, load = run["phases"], run["one_student_regrade"]["phases"], run["load_while_grading"]
+    count = phases["submissions"]["count"]
+    cpu = next(t["measured"] for t in run["targets"] if t["target"].startswith("CPU per submission-lab"))
+    median, steps = phases["per_submission_median"], phases["cpu_per_submission_mean"]
+    assert count == 120 and run["jobs"] == 10 and run["full_marks"] == count and regrade["references_reused"]
+    quoted = [f"| **{phases['wall_seconds']:.1f} s** | ≤ 300 s: missed",
+              f"| **{phases['submissions']['seconds_each']:.2f} s** | ≤ 1.5 s: missed",
+              f"| **{cpu:.1f} core-s** | ≤ 15: missed",
+              f"| **{phases['fixed']['seconds']:.1f} s** ({phases['fixed']['intake and course']['seconds']:.1f} s; "
+              f"{phases['fixed']['reference runs']['seconds']:.1f} s) | ≤ 15 s: missed",
+              f"| **{run['phase_seconds']['feedback']:.1f} s** |",
+              f"| **{regrade['wall_seconds']:.1f} s** | < 30 s: met", f"| **{count}/{count}** | every one",
+              f"start {median['start']:.2f} s, build {median['build']:.2f} s, tests {median['tests']:.2f} s",
+              f"timing waits {median['timing waits']:.2f} s and the GPU held {median['GPU held']:.2f} s",
+              f"the kernel worker's tests {steps['tests, kernel worker']:.2f}, the checker's {steps['tests, checker']:.2f}",
+              " + ".join(f"{steps[f'start, {p}']:.2f}" for p in ("checker", "solution worker", "kernel worker")),
+              f"CPU **{load['cpu_busy'] * 100:.0f} %** busy, of it **{load['cpu_kernel_share'] * 100:.0f} %** in the kernel",
+              f"**{load['gpu_busy'] * 100:.0f} %** on average; GPU memory peak {load['gpu_memory_peak_gib']:.1f} GiB"]
+    for text in quoted:
+        assert text in results, text
+    met = {t["target"]: t["met"] for t in run["targets"]}
+    assert met["one student's regrade all-in, s"] and not met["class of 120 all-in, s"]
+    before = json.loads((ROOT / "docs" / "results" / "throughput-h200-5798945.json").read_text())["throughput"]
+    assert f"| {before['phases']['wall_seconds']:.1f} s | **{phases['wall_seconds']:.1f} s**" in results
+    assert f"| {before['phase_seconds']['feedback']:.1f} s | **{run['phase_seconds']['feedback']:.1f} s**" in results
+    probe = (ROOT / "docs" / "results" / "nvml-idle-h200.txt").read_text()
+    stamps = [[float(t) for t in re.findall(r"\((-?[0-9.]+), \d+\)", line)]
+              for line in probe.splitlines() if "samples (t - end" in line]
+    gaps = [b - a for row in stamps for a, b in zip(row, row[1:])]
+    assert gaps and all(0.19 <= gap <= 0.21 for gap in gaps)  # "every 0.2 s"
+    after_20 = [float(x) for x in re.findall(r"^20 gemms: .* reads 0 after ([0-9.]+) s", probe, re.M)]
+    assert after_20 and all(f"{x:.2f}" == "0.27" for x in after_20)
+    assert "NVML samples the utilisation every 0.2 s, and after the last of 20 GEMMs it read 0 only 0.27 s" in results
