@@ -11,6 +11,7 @@ without code changes:
   A library there is loaded only with the bytes recorded in the manifest beside it (``fuselab.kernelbuild.shared``).
 """
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -58,3 +59,18 @@ def cpu_threads(env=None) -> int:
         return max(1, int(env.get("OMP_NUM_THREADS", "")))
     except ValueError:
         return max(1, len(os.sched_getaffinity(0)))
+
+
+@contextlib.contextmanager
+def environment(values: dict):
+    """``os.environ`` with ``values`` set, and as it was afterwards (what starts meanwhile inherits them)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

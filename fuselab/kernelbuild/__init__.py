@@ -285,7 +285,7 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
             outcome["error"] = exc
 
     env_arch = {"TORCH_CUDA_ARCH_LIST": toolchain.cuda_arch()} if job.backend == "cuda" else {}
-    with captured_output() as captured, _environment(env_arch):
+    with captured_output() as captured, config.environment(env_arch):
         worker = threading.Thread(target=work, name=f"fuselab-build-{job.name}", daemon=True)
         worker.start()
         worker.join(timeout)
@@ -306,18 +306,6 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
     return log
 
 
-@contextlib.contextmanager
-def _environment(values):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _kill_compilers(build_dir: Path):

@@ -43,7 +43,6 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
-import contextlib
 import functools
 import hashlib
 import json
@@ -53,7 +52,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import course
+from ... import config, course
 from ... import notebook as ipynb
 from ..records.results import SubmissionResult
 from ..sandbox import untrusted
@@ -1016,7 +1015,7 @@ def _drawn_side_by_side(results: list, shared: tuple, initializer=_share) -> lis
         return None
     pool = None
     try:
-        with _variables_set(PYTHONSAFEPATH="1"):
+        with config.environment({"PYTHONSAFEPATH": "1"}):
             pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
                                        initializer=initializer, initargs=shared)
             # every chunk is submitted here, and a process started for each until there are ``processes``
@@ -1029,18 +1028,3 @@ def _drawn_side_by_side(results: list, shared: tuple, initializer=_share) -> lis
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def _variables_set(**values):
-    """``os.environ`` with ``values`` set, as it was afterwards (what the processes started meanwhile inherit)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
