@@ -1258,3 +1258,14 @@ def test_results_quotes_the_h200_class_of_148b874():
     after_20 = [float(x) for x in re.findall(r"^20 gemms: .* reads 0 after ([0-9.]+) s", probe, re.M)]
     assert after_20 and all(f"{x:.2f}" == "0.27" for x in after_20)
     assert "NVML samples the utilisation every 0.2 s, and after the last of 20 GEMMs it read 0 only 0.27 s" in results
+
+
+def test_results_quotes_the_sample_class_at_16f03bf():
+    """The sample class at the last code change, on an H100 machine: 40/40 as deserved, its seconds and ratios."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-16f03bf.json").read_text())["samples"]
+    ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
+    assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
+    assert f"**40/40 samples got the grade they deserve on the H100**, {samples['seconds']:.0f} s" in results
+    assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
