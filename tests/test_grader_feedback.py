@@ -643,14 +643,12 @@ def _die(*shared):
 def test_processes_that_die_leave_the_pages_to_the_grader_itself_and_say_so(tmp_path, monkeypatch, capsys):
     """Drawing processes that die (here as they start) break the pool: the grader draws every page itself, the
     pages one process draws, and says on stderr that the processes failed."""
-    import functools
     from fuselab.grading.gpus import schedule
     monkeypatch.setattr(schedule, "available_cores", lambda: 8)
     monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 2)
     results = _class_of(tmp_path, 4)
     references = {LAB: _reference_run()}
-    dying = functools.partial(feedback._drawn_side_by_side, initializer=_die)
-    monkeypatch.setattr(feedback, "_drawn_side_by_side", dying)
+    monkeypatch.setattr(feedback, "_share", _die)  # what each process runs first: here, its end
     pages, problems = feedback.write_all(results, tmp_path / "fb", SOURCES, references=references)
     assert "processes drawing 4 pages failed" in capsys.readouterr().err
     monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: None)

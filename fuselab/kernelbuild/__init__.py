@@ -306,8 +306,6 @@ def _run_load_inline(job, build_dir: Path, timeout: float, verbose: bool) -> str
     return log
 
 
-
-
 def _kill_compilers(build_dir: Path):
     """Kill this process's descendants that run in ``build_dir`` (ninja), and theirs (nvcc, cc1plus)."""
     parent_of = proctree.parents()

@@ -778,7 +778,7 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
     record = _drawn_record(out_dir, student, lab)
     try:
         lab_source, inputs = _page_inputs(result, sources, manual, show_flags, references)
-        kept = _kept_page(Path(out_dir) / _safe_part(student) / f"{_safe_part(lab)}.html", record, inputs)
+        kept = _kept_page(_page_path(out_dir, student, lab), record, inputs)
         if kept is not None:
             return kept, ""
         notebook, notebook_problem = load_notebook(result.get("notebook", ""), result.get("notebook_sha"))
@@ -791,9 +791,8 @@ def write_one(result: dict, out_dir: Path, sources: dict, manual: dict | None = 
         problem = f"its feedback page could not be built ({type(exc).__name__}: {_flat(exc, 200)})"
         page = plain_page(student, lab, f"{type(exc).__name__}")
     try:
-        folder = Path(out_dir) / _safe_part(student)
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"{_safe_part(lab)}.html"
+        target = _page_path(out_dir, student, lab)
+        target.parent.mkdir(parents=True, exist_ok=True)
         drawn = page.encode("utf-8", "replace")
         record.unlink(missing_ok=True)  # no record while the page is being replaced
         target.write_bytes(drawn)
@@ -833,8 +832,7 @@ def _already_drawn(shared, result: dict) -> Path | None:
     student, lab = str(result.get("student", "")), str(result.get("lab", ""))
     try:
         _, inputs = _page_inputs(result, sources, manual, (student, lab) in show_flags, references)
-        return _kept_page(Path(out_dir) / _safe_part(student) / f"{_safe_part(lab)}.html",
-                          _drawn_record(out_dir, student, lab), inputs)
+        return _kept_page(_page_path(out_dir, student, lab), _drawn_record(out_dir, student, lab), inputs)
     except Exception:  # noqa: BLE001 - write_one says what is wrong with it
         return None
 
@@ -855,6 +853,10 @@ def _inputs_digest(result: dict, lab_source: LabSources, manual, show_flags: boo
     except (TypeError, ValueError, RecursionError):
         return ""
     return hashlib.sha256(_drawer_digest() + text.encode("utf-8", "replace")).hexdigest()
+
+
+def _page_path(out_dir: Path, student: str, lab: str) -> Path:
+    return Path(out_dir) / _safe_part(student) / f"{_safe_part(lab)}.html"
 
 
 def _drawn_record(out_dir: Path, student: str, lab: str) -> Path:
@@ -996,7 +998,7 @@ def _drawing_processes(pages: int) -> int:
     return min(processes, int(memory[1] // DRAWER_GIB)) if memory else processes
 
 
-def _drawn_side_by_side(results: list, shared: tuple, initializer=_share) -> list | None:
+def _drawn_side_by_side(results: list, shared: tuple) -> list | None:
     """``write_one``'s answers for ``results``, in order, drawn by as many fresh processes as the machine and the
     class's size make worth it (``_drawing_processes``: a page's picture is most of its time, a fifth of a second,
     so a class of 120 took 26 s in one process on an H100 machine); None where one process is enough or the
@@ -1017,7 +1019,7 @@ def _drawn_side_by_side(results: list, shared: tuple, initializer=_share) -> lis
     try:
         with config.environment({"PYTHONSAFEPATH": "1"}):
             pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=initializer, initargs=shared)
+                                       initializer=_share, initargs=shared)
             # every chunk is submitted here, and a process started for each until there are ``processes``
             answers = pool.map(_draw, results, chunksize=max(1, len(results) // (4 * processes)))
         return list(answers)

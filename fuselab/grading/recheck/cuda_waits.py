@@ -11,7 +11,8 @@ each call, the L2 flush queued before it, one synchronize per batch), so when th
 both sides of a comparison run in the same process (the kernel worker, or the reference run's checker), so both
 wait alike; and the checker's wall-clock bound times batches of ``kernels.WALL_BATCH_S`` (0.25 s), of at most
 ``MAX_WALL_CALLS`` calls: at every graded shape a correct call takes 44 µs or more (Lab 3's fp16 output written
-once, docs/RESULTS.md), so a batch lasts at least 0.2 s, which a wake-up of some microseconds does not move. A student's own notebook keeps CUDA's default.
+once, docs/RESULTS.md), so a batch lasts at least 0.2 s, which a wake-up of some microseconds does not move. A
+student's own notebook keeps CUDA's default.
 
 Set through the driver (``libcuda``) on each device's primary context, which PyTorch's runtime uses, before
 anything in the process has started CUDA.
