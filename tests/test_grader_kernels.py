@@ -6,13 +6,14 @@ student's own process (guard bands catch a write past the end); a kernel that cr
 own test, and the tests after it run in fresh processes."""
 
 import json
+import os
 import time
 
 import pytest
 import torch
 
 from fuselab.grading.sandbox import isolate
-from fuselab.grading.recheck import kernels, clean as recheck
+from fuselab.grading.recheck import kernels, transfer, clean as recheck
 
 LAUNCHER = "void scale(const float* x, float* out, int64_t n, cudaStream_t stream)"
 SCALE = ("__global__ void scale_kernel(const float* x, float* out, int64_t n) {{\n"
@@ -165,14 +166,14 @@ def test_a_kernel_stub_fails_the_tests_that_use_it(tmp_path):
 
 
 def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
-    from fuselab.grading.recheck.transfer import Transfer
     base = torch.arange(12, dtype=torch.float32)
     a, b = base[2:5], base[6:]
     storages, args, _ = kernels._pack((a, b, 7, [torch.ones(3, dtype=torch.int64)]), {})
     assert [s.numel() for s in storages] == [48, 24]
     assert args[0] == ("tensor", 0, "float32", 2, (3,), (1,)) and args[1][3] == 6 and args[2] == 7
     assert args[3][0][:3] == ("tensor", 1, "int64")
-    checker, worker = Transfer(tmp_path / "t.bin"), Transfer(tmp_path / "t.bin")
+    memory = transfer.make()
+    checker, worker = transfer.Transfer(memory), transfer.Transfer(memory)
     regions = checker.regions([s.numel() for s in storages])
     assert regions[1][0] % 256 == 0
     for storage, (offset, size) in zip(storages, regions):
@@ -185,9 +186,10 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
     worker.region(*regions[0]).copy_(mine)
     storages[0].copy_(checker.region(*regions[0]))
     assert torch.equal(base[6:], torch.full((6,), -1.0)) and torch.equal(base[:6], torch.arange(6.0))
-    (tmp_path / "link.bin").symlink_to(tmp_path / "t.bin")
-    with pytest.raises(OSError):
-        Transfer(tmp_path / "link.bin").regions([8])  # a link the worker left is never followed
+    with pytest.raises(OSError):  # the memory never shrinks: a worker cannot cut a page the checker maps
+        os.ftruncate(memory, 0)
+    with pytest.raises(ValueError):  # the worker maps what the checker grew, never more
+        transfer.Transfer(memory).attach(os.fstat(memory).st_size + 1)
 
 
 class _Host:
@@ -263,7 +265,7 @@ def test_a_record_that_was_not_measured_or_cannot_be_verified_earns_nothing():
 def test_the_kernel_worker_sends_numbers_and_the_courses_own_words_only():
     from fuselab import speed
     from fuselab.grading.recheck import kernel_worker, wire
-    worker = kernel_worker.KernelWorker()
+    worker = kernel_worker.KernelWorker(transfer.make())
     forged = ("import fuselab.speed.graded as g\n"
               "g._finish({'test': 't', 'status': 'launched 1 kernel(s) [hidden shape (77777,)]', 'speedup': 9.0,"
               " 'points': 4.0, 'max_points': 4, 'shape': [77777], 'gpu': 'x' * 300})")
@@ -280,7 +282,7 @@ def test_a_speed_test_that_ran_out_of_the_shared_gpus_memory_in_the_worker_is_ru
     reaches the verdict in the course's own words, which the grader reads as a reason to run the test again alone;
     any other error does not."""
     from fuselab.grading.recheck import clean, kernel_worker, wire
-    worker = kernel_worker.KernelWorker()
+    worker = kernel_worker.KernelWorker(transfer.make())
     full = ("import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 "
             "has a total capacity of 79.18 GiB of which 52.06 MiB is free.')")
     verdicts = {}
@@ -342,7 +344,8 @@ def test_a_students_run_never_inherits_the_instructors_mode(tmp_path, monkeypatc
 
     def fake_worker(kind, *args, **kwargs):
         started.append(kind)
-        return object(), (pipe_end(), pipe_end(), pipe_end(), pipe_end())
+        memory = (transfer.make(),) if kind == "kernel" else ()  # the kernel worker's: its transfer memory
+        return object(), (pipe_end(), pipe_end(), pipe_end(), pipe_end(), *memory)
 
     class FakeChild:
         def __init__(self, *args, env=None, **kwargs):

@@ -143,7 +143,7 @@ def _kernel_host():
     from .kernels import KernelHost, KernelProcess
     to_worker, from_worker = (int(fd) for fd in fds.split(","))
     from .transfer import ENV
-    host = KernelHost(KernelProcess(to_worker, from_worker), os.environ[ENV])
+    host = KernelHost(KernelProcess(to_worker, from_worker), int(os.environ[ENV]))
     use_kernel_host(host)
     return host
 

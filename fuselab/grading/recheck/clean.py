@@ -463,12 +463,12 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             child_env = dict(env, FUSELAB_SOLUTION_FDS=f"{fds[1]},{fds[2]}")
             if kernel_fds:
                 child_env["FUSELAB_KERNEL_FDS"] = f"{kernel_fds[1]},{kernel_fds[2]}"
-                child_env[transfer.ENV] = str(_transfer_file(workdir))
+                child_env[transfer.ENV] = str(kernel_fds[4])
             child_env[ANSWERS_FD_ENV] = str(grants.read_fd)
             if lease is not None:
                 child_env[SHARED_GPU_ENV] = "1"
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], channel_w, *grant_fds), budget=budget)
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], *kernel_fds[4:], channel_w, *grant_fds), budget=budget)
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
@@ -589,7 +589,6 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         _fail_rest(verdicts, graded, f"the notebook stopped in {label} (not a graded cell) before this test: {why}",
                    status="not run", retry=due)
         break
-    box.remove(TRANSFER)  # as large as the largest launch's buffers: not kept
     _fail_rest(verdicts, graded, "", status="not run")
     for verdict in verdicts.values():
         if verdict.points < verdict.max_points and not verdict.retry and ran_out_of_gpu_memory(verdict):
@@ -647,13 +646,6 @@ def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, wo
     return first
 
 
-TRANSFER = "kernel-process/transfer.bin"  # in the checker's folder
-
-
-def _transfer_file(workdir: Path) -> Path:
-    return workdir / TRANSFER
-
-
 # ``-m`` puts the working folder first on ``sys.path``, and a worker's is its own folder, which its submission can
 # write: a ``fuselab/`` planted there (by native code of the kernel worker, say) would be what the next worker of
 # that folder imports. ``-P`` (Python 3.11+) leaves it off; before 3.11 the bootstrap takes it off first.
@@ -670,7 +662,8 @@ def python_module(module: str, *args: str) -> list:
 
 def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide, lease, budget=None):
     """Start the ``kind`` ("solution" or "kernel") worker; return it and the pipe ends ``(worker's in, checker's
-    out, checker's in, worker's out)``. It sees only its own folder (with ``sandbox``): never the plan, hidden
+    out, checker's in, worker's out)``, for the kernel worker followed by its transfer memory's descriptor (for
+    the checker). It sees only its own folder (with ``sandbox``): never the plan, hidden
     tests or the checker's records, nor the other worker's folder; its builds go to its own cache there. What it prints goes
     to anonymous files of its keeper's (never read back, never a name in a folder it can write)."""
     workdir = box.path
@@ -683,12 +676,14 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
                                     readonly=shared_builds.readonly(env))
     worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
     worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
-    if kind == "kernel":
-        worker_env[transfer.ENV] = str(_transfer_file(workdir))
-        box.remove(TRANSFER)  # whatever the last worker left there is never mapped
+    pipes = (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
+    memory = ()
+    if kind == "kernel":  # the launches' buffers: memory for this worker and its checker alone (``transfer``)
+        memory = (transfer.make(),)
+        worker_env[transfer.ENV] = str(memory[0])
     worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
-                           pass_fds=(to_worker_r, from_worker_w), budget=budget)
-    return worker, (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
+                           pass_fds=(to_worker_r, from_worker_w, *memory), budget=budget)
+    return worker, (*pipes, *memory)
 
 
 def speed_needs_correctness(verdicts: dict, policy=None, among=None) -> None:

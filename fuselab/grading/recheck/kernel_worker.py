@@ -14,7 +14,7 @@ buffers a launch sends back in its own memory, and bounds a speed measured here 
 
 Requests (pickles from the checker): ``("cell", label, source, values)``, ``("compile_ahead", builds)``,
 ``("build", kwargs)``,
-``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s file), ``("thread_order", handle, order, seed)``,
+``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s memory), ``("thread_order", handle, order, seed)``,
 ``("speed_warm",)``, ``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
 or ``["raise", "fuselab", type, message]``. In the middle of a request, a timing here asks for the GPU with
@@ -46,11 +46,11 @@ MAX_AHEAD = 8  # builds compiled ahead at once: more than any lab's notebook mak
 
 
 class KernelWorker:
-    def __init__(self, transfer_path=None):
+    def __init__(self, transfer_fd: int):
         self.namespace = {"__name__": "__main__", "display": lambda *objects, **_: None}
         self.modules: dict = {}
         self.buffers: dict = {}  # (argument slot, bytes, device) → the launch copies' memory, reused
-        self.transfer = Transfer(transfer_path or os.environ.get(TRANSFER_ENV, "transfer.bin"))
+        self.transfer = Transfer(transfer_fd)  # the launches' buffers, the grader's memory (``transfer``)
         self.ahead: list = []  # the compilers started ahead (``compile_ahead``), as futures
 
     def cell(self, label, source, values):
@@ -100,7 +100,8 @@ class KernelWorker:
         module = self.modules.get(handle)
         if module is None or launcher not in getattr(module, "launchers", {}):
             return ["raise", "AttributeError", f"no launcher {launcher!r}"]
-        self.transfer.attach(max((offset + size for offset, size, _ in places), default=0))
+        self.transfer.attach(max((offset + size for offset, size, _ in places), default=0),
+                             pin=any(device == "cuda" for _, _, device in places))
         # copies of the checker's storages, in this process's own memory (a write past one stays in it)
         storages = [self.buffer(slot, size, device).copy_(self.transfer.region(offset, size))
                     for slot, (offset, size, device) in enumerate(places)]
@@ -246,7 +247,7 @@ def main(in_fd: int, out_fd: int) -> int:
     cuda_waits.sleep_in_waits()  # before CUDA starts: its waits for the shared GPU sleep (``cuda_waits``)
     from ...speed import lease
     lease.ask_through(lambda: _lease_from_checker(in_fd, out_fd))
-    worker = KernelWorker()
+    worker = KernelWorker(int(os.environ[TRANSFER_ENV]))
     while True:
         try:
             blob = wire.receive(in_fd)

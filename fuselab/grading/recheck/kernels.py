@@ -60,9 +60,9 @@ class KernelHost:
 
     ahead = ()  # the student's builds, sent to be compiled ahead with the first request (``cellrunner``)
 
-    def __init__(self, process, transfer_path):
+    def __init__(self, process, transfer_fd: int):
         self.process = process
-        self.transfer = Transfer(transfer_path)  # the launches' buffers (``transfer``)
+        self.transfer = Transfer(transfer_fd)  # the launches' buffers (``transfer``)
         self.poisoned = False        # a launch left the worker's CUDA context unusable
         self.current_source = ""     # the cell the checker is running (a speed test runs it in the worker)
         self.launches = 0
@@ -112,7 +112,8 @@ class KernelHost:
     def launch(self, module: "WorkerModule", launcher: str, args, kwargs):
         self.launches += 1
         storages, packed_args, packed_kwargs = _pack(args, kwargs)
-        regions = self.transfer.regions([s.numel() for s in storages])
+        regions = self.transfer.regions([s.numel() for s in storages],
+                                        pin=any(s.device.type == "cuda" for s in storages))
         for storage, (offset, size) in zip(storages, regions):
             self.transfer.region(offset, size).copy_(storage)
         places = [(offset, size, storage.device.type) for storage, (offset, size) in zip(storages, regions)]

@@ -1,73 +1,119 @@
-"""The buffers of a kernel launch, between the checker and the kernel worker: one memory-mapped file.
+"""The buffers of a kernel launch, between the checker and the kernel worker: one shared memory file.
 
 A launch's tensors cross whole (their storages, guard bands included). Pickling them through the pipe costs
-seconds for the labs' GPU shapes (a 64 MB tensor is copied five times on each side); through a file both
+seconds for the labs' GPU shapes (a 64 MB tensor is copied five times on each side); through memory both
 processes map, each storage is copied once into it and once out of it on each side (for a GPU tensor: one
-device-to-host and one host-to-device copy each way). The file lives in the kernel worker's own folder, which
-the checker sees too; the grader itself never opens it (it only removes it, through ``untrusted``). The
-checker chooses every offset and size; what the worker writes there is read back only at those places, and
+device-to-host and one host-to-device copy each way).
+
+The memory is an anonymous memory file (``memfd``) the grader makes for one checker and its kernel worker and
+hands to both as an inherited descriptor, as it does their pipes: it has no name in any folder (nothing to plant
+a link in its place), is never written back to a disk, and can only grow (sealed against shrinking: a worker
+never cuts a page the checker maps). The grader closes its own descriptor once both started and never maps it.
+Where the storages are on the GPU, each process pins the mapping for the GPU (the driver's
+``cuMemHostRegister``), so a copy is one DMA transfer instead of the driver's copy through a staging buffer
+(the CPU time and page faults of every launch; ``docs/RESULTS.md``, grading throughput).
+
+The checker chooses every offset and size; what the worker writes there is read back only at those places, and
 only into the storages the checker sent.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import mmap
 import os
 import stat
-from pathlib import Path
 
 import torch
 
-ENV = "FUSELAB_KERNEL_TRANSFER"  # the file's path, in the checker's and the kernel worker's environment
+ENV = "FUSELAB_KERNEL_TRANSFER"  # the memory's descriptor number, in the checker's and the kernel worker's environment
 ALIGN = 256
 
 
-class Transfer:
-    """A file both processes map; grown (by the checker) to what a launch needs."""
+def make() -> int:
+    """The grader's: new transfer memory for one checker and its kernel worker, as a descriptor to pass them."""
+    fd = os.memfd_create("fuselab-transfer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
 
-    def __init__(self, path):
-        self.path = Path(path)
+
+class Transfer:
+    """Memory both processes map; grown (by the checker) to what a launch needs."""
+
+    def __init__(self, fd: int):
+        self.fd = int(fd)
         self.map = None
         self.view = None  # a uint8 tensor over the whole map
+        self.pinned = False
 
-    def regions(self, sizes) -> list:
-        """``[(offset, size)]`` for storages of these sizes, after growing the file to hold them all."""
+    def regions(self, sizes, pin: bool = False) -> list:
+        """``[(offset, size)]`` for storages of these sizes, after growing the memory to hold them all. ``pin``:
+        the storages are on the GPU."""
         regions, offset = [], 0
         for size in sizes:
             regions.append((offset, int(size)))
             offset += (int(size) + ALIGN - 1) // ALIGN * ALIGN
-        self._map(max(offset, ALIGN), grow=True)
+        self._map(max(offset, ALIGN), grow=True, pin=pin)
         return regions
 
     def region(self, offset: int, size: int) -> torch.Tensor:
         return self.view[offset:offset + size]
 
-    def attach(self, size: int) -> None:
-        """The worker's side: map the file as the checker sized it (never grown here)."""
-        self._map(size, grow=False)
+    def attach(self, size: int, pin: bool = False) -> None:
+        """The worker's side: map the memory as the checker sized it (never grown here)."""
+        if size > 0:  # a launch with no tensors maps nothing
+            self._map(size, grow=False, pin=pin)
 
-    def _map(self, size: int, grow: bool) -> None:
-        if self.map is not None and len(self.map) >= size:
-            return
+    def _map(self, size: int, grow: bool, pin: bool) -> None:
+        if self.map is None or len(self.map) < size:
+            self._unmap()
+            info = os.fstat(self.fd)
+            if not stat.S_ISREG(info.st_mode):  # a descriptor that is not the grader's memory is never mapped
+                raise ValueError(f"the transfer descriptor {self.fd} is not a memory file")
+            if grow and info.st_size < size:
+                os.ftruncate(self.fd, size)
+            length = os.fstat(self.fd).st_size
+            if length < size:
+                raise ValueError(f"the transfer memory holds {length} bytes, {size} needed")
+            self.map = mmap.mmap(self.fd, size)  # what this launch needs, not what the other side grew it to
+            self.view = torch.frombuffer(self.map, dtype=torch.uint8)
+        if pin and not self.pinned:
+            self.pinned = _register(self.view.data_ptr(), self.view.numel())
+
+    def _unmap(self) -> None:
+        if self.pinned:
+            _unregister(self.view.data_ptr())
+            self.pinned = False
         self.view = None
         if self.map is not None:
             try:
                 self.map.close()
             except BufferError:  # a region still viewed somewhere: that map stays until it is let go
                 pass
-        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if grow else 0) | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # the worker's folder: a FIFO or a device is never mapped
-                raise ValueError(f"the transfer file {self.path} is not a regular file")
-            if grow and os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            length = os.fstat(fd).st_size
-            if length < size:
-                raise ValueError(f"the transfer file holds {length} bytes, {size} needed")
-            self.map = mmap.mmap(fd, length)
-        finally:
-            os.close(fd)
-        self.view = torch.frombuffer(self.map, dtype=torch.uint8)
+
+
+# The driver's own calls, not the runtime's ``cudaHostRegister``: a runtime call that fails leaves its error for
+# the next ``cudaGetLastError``, which PyTorch reads after its next kernel launch and raises as that launch's.
+# A failed registration here is only a slower copy.
+def _driver():
+    try:
+        return ctypes.CDLL("libcuda.so.1")  # loaded already, by the CUDA runtime of this process
+    except OSError:
+        return None
+
+
+def _register(pointer: int, size: int) -> bool:
+    driver = _driver()
+    if driver is None or size == 0:
+        return False
+    return driver.cuMemHostRegister_v2(ctypes.c_void_p(pointer), ctypes.c_size_t(size), ctypes.c_uint(0)) == 0
+
+
+def _unregister(pointer: int) -> None:
+    driver = _driver()
+    if driver is not None:
+        driver.cuMemHostUnregister(ctypes.c_void_p(pointer))
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
