@@ -14,9 +14,9 @@ from fuselab.tools.gpu_selfcheck import command, stages
 
 from .conftest import REPO
 
-# the stages and their order before they were declared objects: the names on the command line and in
-# selfcheck.json stay these
-BEFORE_LABS = ["env", "build", "timing", "emulation"]
+# the stages and their order (the names on the command line and in selfcheck.json): a new stage is added, never
+# renamed or moved
+BEFORE_LABS = ["env", "build", "timing", "emulation", "transfer"]
 AFTER_LABS = ["counters", "grade", "notebooks", "samples", "throughput", "multigpu", "tests"]
 
 

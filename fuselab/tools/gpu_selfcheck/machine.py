@@ -1,6 +1,7 @@
 """The self-check's stages about the machine and the package: ``env`` (versions), ``tests`` (the pytest suite, GPU
 tests included), ``build`` (build-time targets), ``timing`` (timing accuracy against itself and triton's
-do_bench), ``emulation`` (emulated and real results of the test kernels agree).
+do_bench), ``emulation`` (emulated and real results of the test kernels agree), ``transfer`` (a launch's buffers
+between the grader's checker and kernel worker, pinned against pageable).
 
 Each ``stage_*`` is ``run(out) -> dict``; each ``*_rows`` gives the stage's rows of the closing table."""
 
@@ -92,6 +93,40 @@ def stage_emulation(out):
     agree = result["returncode"] == 0 and " passed" in result["summary"] and "skipped" not in result["summary"]
     return {**result, "status": "ok" if agree else "DISAGREE",
             "headline": f"emulated vs real builds of the test kernels: {result['summary']}"}
+
+
+def stage_transfer(out, gib: int = 1, repeats: int = 5):
+    """One launch's worth of buffers (``gib`` GiB) through the checker's transfer memory (``grading.recheck.
+    transfer``) and back, as each side copies it: the GPU to the memory, the memory to the GPU. Pageable (the
+    memory unpinned) against pinned: median wall seconds and this process's CPU seconds of a round trip."""
+    from ...grading.recheck import transfer
+    data = torch.randn(gib * 2**28, device="cuda")  # gib GiB of float32
+    back = torch.empty_like(data)
+    raw = data.view(torch.uint8)
+    result = {"gib": gib, "repeats": repeats}
+    for label, pin in (("pageable", False), ("pinned", True)):
+        memory = transfer.Transfer(transfer.make())
+        (offset, size), = memory.regions([raw.numel()], pin=pin)
+        result[f"{label}_registered"] = memory.pinned
+        walls, cpus = [], []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            wall, cpu = time.perf_counter(), time.process_time()
+            memory.region(offset, size).copy_(raw)
+            back.view(torch.uint8).copy_(memory.region(offset, size))
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+        assert torch.equal(back, data), "the round trip changed the data"
+        result[f"{label}_wall_s"] = sorted(walls)[repeats // 2]
+        result[f"{label}_cpu_s"] = sorted(cpus)[repeats // 2]
+        memory._unmap()
+        os.close(memory.fd)
+    result["headline"] = (f"{gib} GiB there and back: pageable {result['pageable_wall_s']:.3f} s "
+                          f"({result['pageable_cpu_s']:.3f} CPU s), pinned {result['pinned_wall_s']:.3f} s "
+                          f"({result['pinned_cpu_s']:.3f} CPU s; registered: {result['pinned_registered']})")
+    result["status"] = "ok" if result["pinned_registered"] else "NOT PINNED"
+    return result
 
 
 def git_commit():

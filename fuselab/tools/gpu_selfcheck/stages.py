@@ -83,6 +83,8 @@ def _stages() -> list:
               checks="timing accuracy: the spread of repeated medians, agreement with triton's do_bench"),
         Stage("emulation", machine.stage_emulation, needs=(GPU,),
               checks="the emulated and the real builds of the test kernels agree"),
+        Stage("transfer", machine.stage_transfer, needs=(GPU,),
+              checks="a launch's buffers between the grader's checker and kernel worker: pinned against pageable"),
         *lab_stages(),
         Stage("counters", counters.stage_counters, needs=(GPU,),
               checks="Lab 0's unfused chain and fused kernel through the hardware counters (Nsight Compute): DRAM "
