@@ -1260,12 +1260,63 @@ def test_results_quotes_the_h200_class_of_148b874():
     assert "NVML samples the utilisation every 0.2 s, and after the last of 20 GEMMs it read 0 only 0.27 s" in results
 
 
-def test_results_quotes_the_sample_class_at_16f03bf():
-    """The sample class at the last code change, on an H100 machine: 40/40 as deserved, its seconds and ratios."""
+def test_results_quotes_the_sample_class_at_750f1ab():
+    """The sample class at the last change to grading, on an H100 machine: 40/40 as deserved, its seconds and
+    ratios."""
     results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
-    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-16f03bf.json").read_text())["samples"]
+    saved = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-750f1ab.json").read_text())
+    assert saved["env"]["commit"] == "750f1ab" and saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    samples = saved["samples"]
     ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
     assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
     assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
     assert f"**40/40 samples got the grade they deserve on the H100**, {samples['seconds']:.0f} s" in results
     assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
+
+
+def test_results_quotes_the_transfer_memory_runs_of_750f1ab_and_8fdc366():
+    """The table of the launch buffers in pinned memory against the folder's file: every cell is its saved run's,
+    and the transfer stage's round trip."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    runs = [json.loads((folder / name).read_text()) for name in (
+        "throughput-h100-8fdc366-beside-750f1ab.json", "throughput-h100-750f1ab.json",
+        "throughput-h100-750f1ab-second.json")]
+    assert [r.get("env", {}).get("commit") for r in runs] == ["8fdc366", "750f1ab", None]  # the fourth: no env
+    assert {r["env"]["gpu"] for r in runs[:2]} == {"NVIDIA H100 80GB HBM3"}
+    stages = [r["throughput"] for r in runs]
+    assert all(t["jobs"] == 10 and t["phases"]["submissions"]["count"] == 120 for t in stages)
+
+    def row(label, cell):
+        return f"| {label} | " + " | ".join(cell(t) for t in stages) + " |"
+
+    def cpu(t):
+        return next(x["measured"] for x in t["targets"] if x["target"].startswith("CPU per submission-lab"))
+
+    steps = [t["phases"]["cpu_per_submission_mean"] for t in stages]
+    quoted = [
+        row("all-in", lambda t: f"{t['phases']['wall_seconds']:.1f} s"),
+        row("submissions phase per submission-lab", lambda t: f"{t['phases']['submissions']['seconds_each']:.2f} s"),
+        row("CPU per submission-lab", lambda t: f"{cpu(t):.1f} core-s"),
+        "| the kernel worker's tests, the checker's (core-s) | " + " | ".join(
+            f"{s['tests, kernel worker']:.2f}, {s['tests, checker']:.2f}" for s in steps) + " |",
+        row("CPU time in the kernel", lambda t: f"{t['load_while_grading']['cpu_kernel_share'] * 100:.1f} %"),
+        row("GPU memory peak", lambda t: f"{t['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB"),
+        row("submission-labs with a test run again alone",
+            lambda t: str(sum("retried alone" in s["clean_timeline"] for s in t["submissions"]))),
+        row("full marks", lambda t: f"{t['full_marks']}/{t['phases']['submissions']['count']}"),
+    ]
+    for text in quoted:
+        assert text in results, text
+    retried = [s["student"] for s in stages[1]["submissions"] if "retried alone" in s["clean_timeline"]]
+    assert len(retried) == 4 and all(int(name[-2:]) < 6 for name in retried)  # "among the first six students"
+    saved_by = [s["tests, kernel worker"] - steps[0]["tests, kernel worker"] for s in steps[1:]]
+    assert all(-0.65 <= d <= -0.55 for d in saved_by)  # "about 0.6 core-s of the kernel worker's tests"
+    checker = [steps[0]["tests, checker"] - s["tests, checker"] for s in steps[1:]]
+    assert all(0.4 <= d <= 0.5 for d in checker)  # "0.45 of the checker's"
+    shares = [t["load_while_grading"]["cpu_kernel_share"] for t in stages]
+    assert max(shares) - min(shares) < 0.01  # "the kernel's share of the busy CPU did not move"
+    transfer = runs[1]["transfer"]
+    assert transfer["pinned_registered"] and not transfer["pageable_registered"]
+    assert (f"**{transfer['pageable_wall_s']:.3f} s unpinned, {transfer['pinned_wall_s']:.3f} s pinned**"
+            in results)
