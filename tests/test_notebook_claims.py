@@ -1067,67 +1067,6 @@ def test_results_quotes_the_saved_h200_runs_of_5798945():
     assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
 
 
-def test_results_quotes_the_h100_runs_of_kernels_compiled_ahead():
-    """docs/RESULTS.md's H100 runs at c78108c and 67a56e0 (throughput, the sample class, the tuned solutions the
-    reference runs timed) are the saved files' numbers."""
-    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
-    for commit in ("c78108c", "67a56e0"):
-        saved = json.loads((ROOT / "docs" / "results" / f"throughput-h100-{commit}.json").read_text())
-        assert saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3" and saved["env"]["commit"] == commit
-        saved = saved["throughput"]
-        phases = saved["phases"]
-        count, median = phases["submissions"]["count"], phases["per_submission_median"]
-        cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
-        quoted = [f"{phases['submissions']['seconds']:.1f} s = {phases['submissions']['seconds_each']:.2f} s each",
-                  f"{cpu:.1f} core-s each", f"{phases['wall_seconds']:.1f} s all-in",
-                  f"{saved['one_student_regrade']['phases']['wall_seconds']:.1f} s** all-in",
-                  f"{phases['fixed']['seconds']:.1f} s", f"build step median **{median['build']:.2f} s"
-                  if commit == "c78108c" else f"build step median {median['build']:.2f} s",
-                  f"GPU memory peak {saved['load_while_grading']['gpu_memory_peak_gib']:.1f}",
-                  f"{saved['full_marks']}/{count} full marks", f"({count} submission-labs)" if count == 80
-                  else f"(**{count} submission-labs**)"]
-        for text in quoted:
-            assert text in results, (commit, text)
-    first = json.loads((ROOT / "docs" / "results" / "throughput-h100-c78108c.json").read_text())["throughput"]
-    second = json.loads((ROOT / "docs" / "results" / "throughput-h100-67a56e0.json").read_text())["throughput"]
-    assert (f"a median {first['phases']['per_submission_median']['start']:.2f} s on the first and "
-            f"{second['phases']['per_submission_median']['start']:.2f} s on the second") in results
-    samples = json.loads((ROOT / "docs" / "results" / "selfcheck-h100-samples-67a56e0.json").read_text())
-    assert samples["env"]["commit"] == "67a56e0"
-    samples = samples["samples"]
-    ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
-    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
-    assert f"**40/40 graded as they deserve**, {samples['seconds']:.0f} s" in results
-    assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} speed tests, none capped" in results
-    tuned = json.loads((ROOT / "docs" / "results" / "tuned-h100-67a56e0.json").read_text())["labs"]
-    said = ", ".join(f"Lab {lab[-1]} {r['tuned_speedup']:.2f}× " + (f"(plain {r['speedup']:.2f}×)" if lab == "lab0"
-                                                                   else f"({r['speedup']:.2f}×)")
-                     for lab, r in sorted(tuned.items()))
-    assert said in results and all(r["tuned_status"] == "measured" for r in tuned.values())
-
-
-def test_results_quotes_where_the_graders_own_cpu_went_at_6ce36e9():
-    """docs/RESULTS.md's split of the grader's CPU by thread is the saved run's, per submission-lab."""
-    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
-    saved = json.loads((ROOT / "docs" / "results" / "throughput-h100-6ce36e9.json").read_text())["throughput"]
-    phases, by_kind = saved["phases"], saved["cpu_by_process"]
-    count = phases["submissions"]["count"]
-    each = {kind: f"{seconds / count:.2f}" for kind, seconds in by_kind.items()}
-    threads = each["grader: submissions' threads"]
-    quoted = [f"submissions' threads (polling each checker, starting sandboxes) {threads} core-s",
-              f"limit watchers {each['grader: limit watchers']}", f"the sampler itself {each['the load sampler itself']}",
-              f"checker {each['checker']}", f"kernel worker {each['kernel worker']}",
-              f"solution worker {each['solution worker']}", f"short processes no scan saw {each['missed']}",
-              f"{phases['submissions']['seconds_each']:.2f} s per submission",
-              f"fixed {phases['fixed']['seconds']:.1f} s (intake and course "
-              f"{phases['fixed']['intake and course']['seconds']:.1f} s)", f"{saved['full_marks']}/{count} full marks",
-              f"10 copies = {count} submission-labs, {saved['jobs']} sharing"]
-    cpu = next(t["measured"] for t in saved["targets"] if t["target"].startswith("CPU per submission-lab"))
-    quoted.append(f"{cpu:.1f} core-s each")
-    for text in quoted:
-        assert text in results, text
-
-
 def test_results_quotes_the_sample_class_graded_beside_a_second_grading():
     """docs/RESULTS.md says the sample class got its grades while a second grading shared the 2 cores: the saved
     tables must hold 40 rows graded as deserved in each grading, none run again, and the seconds quoted."""
@@ -1320,3 +1259,45 @@ def test_results_quotes_the_transfer_memory_runs_of_750f1ab_and_8fdc366():
     assert transfer["pinned_registered"] and not transfer["pageable_registered"]
     assert (f"**{transfer['pageable_wall_s']:.3f} s unpinned, {transfer['pinned_wall_s']:.3f} s pinned**"
             in results)
+
+
+def test_results_and_the_design_quote_the_findings_the_code_cites():
+    """The earlier findings the code's comments cite (16 sharing an H100; ``import torch`` without bytecode) are
+    their saved files', and docs/design.md's cost of a Slurm shard is 148b874's H200 run, its sums included."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    sixteen = json.loads((folder / "throughput-h100-9fb4d1b.json").read_text())
+    assert sixteen["env"]["commit"] == "9fb4d1b" and sixteen["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    run = sixteen["throughput"]
+    lost = [s for s in run["submissions"] if s["total"] < s["max_total"]]
+    count = run["phases"]["submissions"]["count"]
+    assert run["jobs"] == 16 and run["full_marks"] == count - len(lost)
+    memory = [s for s in lost if any("OutOfMemoryError" in why or "ALLOC_FAILED" in why for why in s["lost"].values())]
+    silent = [s for s in lost if s not in memory]
+    assert all(set(s["lost"].values()) == {"failed: "} and all("speedup" in t for t in s["lost"]) for s in silent)
+    assert (f"{count} submission-labs, **{run['full_marks']}/{count} full marks**; of the {len(lost)} others, "
+            f"{len(memory)} lost a test to `OutOfMemoryError` or cuBLAS's `ALLOC_FAILED` and {len(silent)} a speed "
+            "test with no message saved" in results)
+    assert f"GPU memory peaking at {run['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB" in results
+    probe = (folder / "import-torch-h100-4e44193.txt").read_text()
+    user, system, wall = (float(x) for x in re.search(r"^nobytecode: ([0-9.]+) user ([0-9.]+) sys ([0-9.]+) wall",
+                                                      probe, re.M).groups())
+    assert (f"**{user + system:.1f} core-s** ({user:.2f} user, {system:.2f} system; {wall:.2f} s wall)"
+            in results)
+    for cited in (ROOT / ".ci" / "gpu-selfcheck", ROOT / "fuselab" / "doctor.py"):
+        assert f"{user + system:.1f} core-s" in squash(cited.read_text()), cited
+    today = json.loads((folder / "throughput-h200-148b874.json").read_text())["throughput"]
+    phases = today["phases"]
+    course, references = phases["fixed"]["intake and course"]["seconds"], phases["fixed"]["reference runs"]["seconds"]
+    each, feedback = phases["submissions"]["seconds_each"], today["phase_seconds"]["feedback"]
+    design = squash((ROOT / "docs" / "design.md").read_text())
+    for text in (f"{course:.1f} s for all four on the H200 machine", f"{each:.2f} s each with 10 sharing an H200",
+                 f"({references:.1f} s beyond the course set-up", f"{phases['submissions']['count']} pages took "
+                 f"{feedback:.1f} s on the H200 machine"):
+        assert text in design, text
+    shard = 40 * each + course + references
+    assert 90 <= shard <= 150 and "shard of 40 submissions is about 2 minutes on one H200" in design
+    course_hours = 4000 / 40 * (40 * each + course) / 3600
+    assert 2.5 <= course_hours <= 3.5 and "~3 GPU-hours all told" in design
+    low, high = 300 * 4 * each / 3600, 1000 * 4 * each / 3600
+    assert 0.5 <= low <= 1.5 and 2.5 <= high <= 3.5 and "at ~2.5 s per submission-lab on an H200 is 1–3" in design

@@ -54,7 +54,7 @@ from ..gpus.lease import grading_lease
 from ..records.results import SubmissionResult
 from ..sandbox.untrusted import remove_tree
 
-SUBMISSIONS_PER_SHARD = 40   # default shard size: ~4 min on an H200 at 10 sharing it (5 s each, docs/RESULTS.md)
+SUBMISSIONS_PER_SHARD = 40   # default shard size: ~2 min on an H200 at 10 sharing it (2.5 s each, docs/RESULTS.md)
 MAX_ATTEMPTS = 3             # tasks per shard (the first and two resubmissions) before the merge gives up on it
 JOB_NAME = "fuselab-grade"
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
