@@ -5,6 +5,7 @@ Launches cross the boundary with their tensors' whole storages, so a kernel is j
 student's own process (guard bands catch a write past the end); a kernel that crashes its process costs its
 own test, and the tests after it run in fresh processes."""
 
+import fcntl
 import json
 import os
 import time
@@ -188,8 +189,33 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
     assert torch.equal(base[6:], torch.full((6,), -1.0)) and torch.equal(base[:6], torch.arange(6.0))
     with pytest.raises(OSError):  # the memory never shrinks: a worker cannot cut a page the checker maps
         os.ftruncate(memory, 0)
+    with pytest.raises(OSError):  # nor seal it against the checker's growing it for its next launch
+        fcntl.fcntl(memory, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
     with pytest.raises(ValueError):  # the worker maps what the checker grew, never more
         transfer.Transfer(memory).attach(os.fstat(memory).st_size + 1)
+
+
+def test_the_transfer_memory_counts_once_in_the_submissions_memory():
+    """The checker and its kernel worker both hold the transfer memory: the watchdog counts it in the tree that
+    may grow it (the worker's), and the checker's count leaves it out (``counted_elsewhere``), so the budget's sum
+    holds it once; any other memory file the checker held would still count."""
+    memory, other = transfer.make(), transfer.make()
+    try:
+        for fd in (memory, other):
+            os.ftruncate(fd, 2**20)
+            os.pwrite(fd, b"x" * 2**20, 0)
+        here = [os.getpid()]
+        whole = isolate.shmem_bytes(here)
+        assert whole >= 2 * 2**20
+        key = (os.fstat(memory).st_dev, os.fstat(memory).st_ino)
+        assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
+        mapped = transfer.Transfer(memory)
+        mapped.regions([2**20])  # mapped too: found by its mapping as well as by its descriptor
+        assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
+        mapped._unmap()
+    finally:
+        os.close(memory)
+        os.close(other)
 
 
 class _Host:

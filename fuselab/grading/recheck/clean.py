@@ -467,8 +467,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             child_env[ANSWERS_FD_ENV] = str(grants.read_fd)
             if lease is not None:
                 child_env[SHARED_GPU_ENV] = "1"
+            # the transfer memory is the kernel worker's to count (it may grow it); the checker holds it too
+            memory = [os.fstat(fd) for fd in kernel_fds[4:]]
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
-                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], *kernel_fds[4:], channel_w, *grant_fds), budget=budget)
+                                  pass_fds=(fds[1], fds[2], *kernel_fds[1:3], *kernel_fds[4:], channel_w, *grant_fds),
+                                  budget=budget, counted_elsewhere={(m.st_dev, m.st_ino) for m in memory})
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:

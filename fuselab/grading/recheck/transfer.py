@@ -7,8 +7,8 @@ device-to-host and one host-to-device copy each way).
 
 The memory is an anonymous memory file (``memfd``) the grader makes for one checker and its kernel worker and
 hands to both as an inherited descriptor, as it does their pipes: it has no name in any folder (nothing to plant
-a link in its place), is never written back to a disk, and can only grow (sealed against shrinking: a worker
-never cuts a page the checker maps). The grader closes its own descriptor once both started and never maps it.
+a link in its place), is never written back to a disk, and can only grow (sealed against shrinking, and against
+any further seal). The grader closes its own descriptor once both started and never maps it.
 Where the storages are on the GPU, each process pins the mapping for the GPU (the driver's
 ``cuMemHostRegister``), so a copy is one DMA transfer instead of the driver's copy through a staging buffer
 (the CPU time and page faults of every launch; ``docs/RESULTS.md``, grading throughput).
@@ -34,7 +34,9 @@ ALIGN = 256
 def make() -> int:
     """The grader's: new transfer memory for one checker and its kernel worker, as a descriptor to pass them."""
     fd = os.memfd_create("fuselab-transfer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    # never shrunk (a worker cannot cut a page the checker maps) and no seal added later (nor one against growing
+    # or writing: the checker's next launch would fail on it)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
     return fd
 
 

@@ -281,14 +281,16 @@ def _held_descriptors(tree):
                 continue
 
 
-def shmem_bytes(tree, counted_devices=()) -> int:
+def shmem_bytes(tree, counted_devices=(), counted_elsewhere=()) -> int:
     """What the shared-memory objects ``tree``'s processes hold take, each object once (the watchdog's count where
     there is no memory cgroup, ``cgroup``): memory no resident size shows (a memfd written and never mapped, a
     shared mapping whose pages it dropped, a tmpfs file deleted but held open). Found by descriptor
     (``/proc/PID/fd``: sized by its blocks) and by mapping (``/proc/PID/maps``: sized by its blocks where
     ``map_files`` may be read, as root; by the mapped span where not). ``counted_devices``: file systems counted
-    otherwise (the private tmpfs, ``private_tmpfs_bytes``)."""
+    otherwise (the private tmpfs, ``private_tmpfs_bytes``); ``counted_elsewhere``: objects (``(st_dev, st_ino)``)
+    another process of the same submission holds and counts."""
     counted = set(counted_devices)
+    elsewhere = set(counted_elsewhere)
     objects: dict = {}
     shmem_devices = {SHMEM_DEVICE} if SHMEM_DEVICE is not None else set()
     other_devices: set = set()
@@ -300,7 +302,8 @@ def shmem_bytes(tree, counted_devices=()) -> int:
                 other_devices.add(info.st_dev)
                 continue
             shmem_devices.add(info.st_dev)
-        objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+        if (info.st_dev, info.st_ino) not in elsewhere:
+            objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
     mounted: dict = {}
     for pid in tree:
         try:
@@ -315,7 +318,7 @@ def shmem_bytes(tree, counted_devices=()) -> int:
             major, minor = fields[3].split(":")
             device = os.makedev(int(major, 16), int(minor, 16))
             key = (device, int(fields[4]))
-            if device in counted or device in other_devices:
+            if device in counted or device in other_devices or key in elsewhere:
                 continue
             span = fields[0]
             if device not in shmem_devices:  # a named file's mapping: on a tmpfs of the host's?
@@ -634,9 +637,12 @@ class Child:
     """
 
     def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
-                 pass_fds=(), budget: MemoryBudget | None = None):
+                 pass_fds=(), budget: MemoryBudget | None = None, counted_elsewhere=()):
         self.limits = limits
         self.budget = budget  # the submission's memory, shared with its other processes (``MemoryBudget``)
+        # shared memory this tree holds that another child of the budget counts (the transfer memory a checker
+        # and its kernel worker both hold): counted once in the budget's sum, not twice (``shmem_bytes``)
+        self.counted_elsewhere = frozenset(counted_elsewhere)
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
         self.companions = ()  # children that run for this one (its kernel worker): never stopped for its timing
         self.started = time.monotonic()
@@ -750,7 +756,7 @@ class Child:
         if self.sandbox is not None:
             private = private_tmpfs_bytes(members, self.sandbox.private)
             devices = private_devices(members, self.sandbox.private)
-        shared = shmem_bytes(members, devices)
+        shared = shmem_bytes(members, devices, self.counted_elsewhere)
         sockets = socket_bytes + pipe_bytes(members)
         anon, files = tree_rss(members)
         return anon + files + private + shared + sockets, files, private, shared, sockets
