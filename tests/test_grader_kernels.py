@@ -166,7 +166,7 @@ def test_a_kernel_stub_fails_the_tests_that_use_it(tmp_path):
     assert result.cells["test_second"].points == 3.0
 
 
-def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
+def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer():
     base = torch.arange(12, dtype=torch.float32)
     a, b = base[2:5], base[6:]
     storages, args, _ = kernels._pack((a, b, 7, [torch.ones(3, dtype=torch.int64)]), {})
@@ -174,6 +174,7 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
     assert args[0] == ("tensor", 0, "float32", 2, (3,), (1,)) and args[1][3] == 6 and args[2] == 7
     assert args[3][0][:3] == ("tensor", 1, "int64")
     memory = transfer.make()
+    assert fcntl.fcntl(memory, fcntl.F_GET_SEALS) == fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
     checker, worker = transfer.Transfer(memory), transfer.Transfer(memory)
     regions = checker.regions([s.numel() for s in storages])
     assert regions[1][0] % 256 == 0
@@ -193,12 +194,63 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer(tmp_path):
         fcntl.fcntl(memory, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
     with pytest.raises(ValueError):  # the worker maps what the checker grew, never more
         transfer.Transfer(memory).attach(os.fstat(memory).st_size + 1)
+    for side in (checker, worker):
+        side._unmap()
+    os.close(memory)
+
+
+def test_a_launch_of_empty_tensors_crosses_too():
+    """Storages of no bytes (a test's ``torch.empty(0)``), as the worker's first launch: nothing to copy, and no
+    error in the copying."""
+    memory = transfer.make()
+    checker, worker = transfer.Transfer(memory), transfer.Transfer(memory)
+    regions = checker.regions([0, 0], pin=True)  # no GPU here: not pinned, and no error for it
+    assert regions == [(0, 0), (0, 0)] and not checker.pinned
+    worker.attach(0)
+    empty = torch.empty(0, dtype=torch.float32)
+    worker.region(*regions[0]).copy_(transfer.as_bytes(empty))
+    assert worker.region(*regions[1]).numel() == 0
+    for side in (checker, worker):
+        side._unmap()
+    os.close(memory)
+
+
+def test_the_kernel_worker_is_handed_the_memory_the_checker_counts(tmp_path, monkeypatch):
+    """The grader makes the transfer memory for the kernel worker alone (the solution worker gets none) and tells
+    the worker's watch that another child counts it: the checker, which holds it all its life. A worker that
+    wrote it full and closed its descriptor leaves it counted there."""
+    from fuselab.grading.recheck import clean
+    from fuselab.grading.sandbox.untrusted import Folder
+    made = {}
+
+    class Seen:
+        def __init__(self, command, **kwargs):
+            made[kwargs["env"].get(transfer.ENV, "none")] = kwargs
+
+    monkeypatch.setattr(isolate, "Child", Seen)
+    (tmp_path / "clean").mkdir()
+    box = Folder(tmp_path / "clean")
+    _, solution_fds = clean._start_worker("solution", box, {}, isolate.Limits(), False, (), None)
+    _, kernel_fds = clean._start_worker("kernel", box, {}, isolate.Limits(), False, (), None)
+    try:
+        assert len(solution_fds) == 4 and len(kernel_fds) == 5 and made["none"]["counted_elsewhere"] == set()
+        memory = kernel_fds[4]
+        key = (os.fstat(memory).st_dev, os.fstat(memory).st_ino)
+        worker = made[str(memory)]
+        assert memory in worker["pass_fds"] and worker["counted_elsewhere"] == {key}
+        os.ftruncate(memory, 2**20)
+        os.pwrite(memory, b"x" * 2**20, 0)
+        here = [os.getpid()]  # this process stands for the checker: it holds the memory, the worker let it go
+        assert isolate.shmem_bytes(here) - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
+    finally:
+        for fd in (*solution_fds, *kernel_fds):
+            os.close(fd)
 
 
 def test_the_transfer_memory_counts_once_in_the_submissions_memory():
-    """The checker and its kernel worker both hold the transfer memory: the watchdog counts it in the tree that
-    may grow it (the worker's), and the checker's count leaves it out (``counted_elsewhere``), so the budget's sum
-    holds it once; any other memory file the checker held would still count."""
+    """The checker and its kernel worker both hold the transfer memory: a tree told that another counts it
+    (``counted_elsewhere``) leaves it out, by descriptor and by mapping, so the budget's sum holds it once; any
+    other memory file the same tree holds still counts."""
     memory, other = transfer.make(), transfer.make()
     try:
         for fd in (memory, other):
@@ -210,9 +262,11 @@ def test_the_transfer_memory_counts_once_in_the_submissions_memory():
         key = (os.fstat(memory).st_dev, os.fstat(memory).st_ino)
         assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
         mapped = transfer.Transfer(memory)
-        mapped.regions([2**20])  # mapped too: found by its mapping as well as by its descriptor
-        assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
-        mapped._unmap()
+        try:
+            mapped.regions([2**20])  # mapped too: found by its mapping as well as by its descriptor
+            assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
+        finally:
+            mapped._unmap()
     finally:
         os.close(memory)
         os.close(other)

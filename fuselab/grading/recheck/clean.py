@@ -467,11 +467,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             child_env[ANSWERS_FD_ENV] = str(grants.read_fd)
             if lease is not None:
                 child_env[SHARED_GPU_ENV] = "1"
-            # the transfer memory is the kernel worker's to count (it may grow it); the checker holds it too
-            memory = [os.fstat(fd) for fd in kernel_fds[4:]]
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
                                   pass_fds=(fds[1], fds[2], *kernel_fds[1:3], *kernel_fds[4:], channel_w, *grant_fds),
-                                  budget=budget, counted_elsewhere={(m.st_dev, m.st_ino) for m in memory})
+                                  budget=budget)
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
@@ -680,12 +678,21 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
     worker_env = {k: v for k, v in env.items() if not k.startswith(("FUSELAB_GRADE_LOG", "FUSELAB_GPU_LEASE"))}
     worker_env["FUSELAB_CACHE_DIR"] = str(folder / "cache")
     pipes = (to_worker_r, to_worker_w, from_worker_r, from_worker_w)
-    memory = ()
+    memory, counted = (), set()
     if kind == "kernel":  # the launches' buffers: memory for this worker and its checker alone (``transfer``)
         memory = (transfer.make(),)
         worker_env[transfer.ENV] = str(memory[0])
-    worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
-                           pass_fds=(to_worker_r, from_worker_w, *memory), budget=budget)
+        # counted in the checker's tree, which holds it all its life: a worker that wrote it full and closed its
+        # descriptor would otherwise leave it counted by neither
+        counted = {(os.fstat(memory[0]).st_dev, os.fstat(memory[0]).st_ino)}
+    try:
+        worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
+                               pass_fds=(to_worker_r, from_worker_w, *memory), budget=budget,
+                               counted_elsewhere=counted)
+    except BaseException:
+        for fd in (*pipes, *memory):
+            os.close(fd)
+        raise
     return worker, (*pipes, *memory)
 
 

@@ -14,13 +14,15 @@ Where the storages are on the GPU, each process pins the mapping for the GPU (th
 (the CPU time and page faults of every launch; ``docs/RESULTS.md``, grading throughput).
 
 The checker chooses every offset and size; what the worker writes there is read back only at those places, and
-only into the storages the checker sent.
+only into the storages the checker sent. What a worker can still do to it (punch a hole in it, ``fallocate``) reaches
+only its own launches' results: the pages the checker pinned stay its, bounded by what the checker mapped.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import mmap
 import os
 import stat
@@ -45,6 +47,7 @@ class Transfer:
 
     def __init__(self, fd: int):
         self.fd = int(fd)
+        os.set_inheritable(self.fd, False)  # inherited once, from the grader: never by this process's own children
         self.map = None
         self.view = None  # a uint8 tensor over the whole map
         self.pinned = False
@@ -63,9 +66,9 @@ class Transfer:
         return self.view[offset:offset + size]
 
     def attach(self, size: int, pin: bool = False) -> None:
-        """The worker's side: map the memory as the checker sized it (never grown here)."""
-        if size > 0:  # a launch with no tensors maps nothing
-            self._map(size, grow=False, pin=pin)
+        """The worker's side: map the memory as the checker sized it (never grown here; at least ``ALIGN``, as
+        the checker grows it for any launch, empty storages' included)."""
+        self._map(max(size, ALIGN), grow=False, pin=pin)
 
     def _map(self, size: int, grow: bool, pin: bool) -> None:
         if self.map is None or len(self.map) < size:
@@ -73,12 +76,16 @@ class Transfer:
             info = os.fstat(self.fd)
             if not stat.S_ISREG(info.st_mode):  # a descriptor that is not the grader's memory is never mapped
                 raise ValueError(f"the transfer descriptor {self.fd} is not a memory file")
-            if grow and info.st_size < size:
-                os.ftruncate(self.fd, size)
-            length = os.fstat(self.fd).st_size
-            if length < size:
-                raise ValueError(f"the transfer memory holds {length} bytes, {size} needed")
-            self.map = mmap.mmap(self.fd, size)  # what this launch needs, not what the other side grew it to
+            try:
+                if grow and info.st_size < size:
+                    os.ftruncate(self.fd, size)
+                length = os.fstat(self.fd).st_size
+                if length < size:
+                    raise ValueError(f"the transfer memory holds {length} bytes, {size} needed")
+                self.map = mmap.mmap(self.fd, size)  # what this launch needs, not what the other side grew it to
+            except OSError as exc:
+                raise RuntimeError(f"the launch's buffers ({size} bytes) could not be shared with the process that "
+                                   f"runs your kernels: {exc}") from exc
             self.view = torch.frombuffer(self.map, dtype=torch.uint8)
         if pin and not self.pinned:
             self.pinned = _register(self.view.data_ptr(), self.view.numel())
@@ -98,6 +105,7 @@ class Transfer:
 # The driver's own calls, not the runtime's ``cudaHostRegister``: a runtime call that fails leaves its error for
 # the next ``cudaGetLastError``, which PyTorch reads after its next kernel launch and raises as that launch's.
 # A failed registration here is only a slower copy.
+@functools.lru_cache(maxsize=None)
 def _driver():
     try:
         return ctypes.CDLL("libcuda.so.1")  # loaded already, by the CUDA runtime of this process

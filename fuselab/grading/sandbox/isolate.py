@@ -640,8 +640,8 @@ class Child:
                  pass_fds=(), budget: MemoryBudget | None = None, counted_elsewhere=()):
         self.limits = limits
         self.budget = budget  # the submission's memory, shared with its other processes (``MemoryBudget``)
-        # shared memory this tree holds that another child of the budget counts (the transfer memory a checker
-        # and its kernel worker both hold): counted once in the budget's sum, not twice (``shmem_bytes``)
+        # shared memory this tree holds that another child of the budget counts (the transfer memory a kernel
+        # worker and its checker both hold, counted in the checker's): once in the budget's sum (``shmem_bytes``)
         self.counted_elsewhere = frozenset(counted_elsewhere)
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
         self.companions = ()  # children that run for this one (its kernel worker): never stopped for its timing
