@@ -1,7 +1,8 @@
 """The clean recheck: the instructor's notebook, hidden tests included, checking the student's solution cells.
 
-Test cells run in the student's own Python during nbgrader's autograde, so nothing computed there can be trusted.
-The clean recheck runs three processes, all started here and connected by pipes they inherit:
+Test cells run in a student's own notebook in the student's own Python, so nothing computed there can be trusted.
+The clean recheck runs three processes, all started here and connected by pipes they inherit (and, for the
+checker and the kernel worker, the launches' transfer memory, ``transfer``):
 
 - the *checker* (``cellrunner``): the instructor's notebook from ``solutions/`` (setup cells, builds, test
   cells, hidden tests, references) and every verdict. It never runs the student's Python;
@@ -369,7 +370,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     ``check_requirements``: zero speed tests whose required correctness tests failed (off for a retry, which
     checks after merging).
 
-    ``kernels_in_worker``: a student's kernels are built, loaded and launched in the solution worker (into its
+    ``kernels_in_worker``: a student's kernels are built, loaded and launched in the kernel worker (into its
     own build cache). Off only for the instructor's reference run, whose kernels fill the shared builds.
 
     ``lease``: the ``lease.DeviceLease`` of a GPU shared with other submissions; graded timings then ask it for

@@ -187,7 +187,7 @@ class KernelHost:
 
 
 class WorkerModule:
-    """A student's built library, loaded in the solution worker: launchers by name, as ``fuselab.Module``."""
+    """A student's built library, loaded in the kernel worker: launchers by name, as ``fuselab.Module``."""
 
     def __init__(self, host, handle, protos, backend, source, name, log="", build_seconds=0.0, cached=False):
         self.kernel_host, self.handle = host, handle
