@@ -102,10 +102,11 @@ def test_the_checker_and_the_kernel_worker_sleep_before_cuda_starts(monkeypatch,
     class Stop(Exception):
         pass
 
-    def worker():
+    def worker(transfer_fd):
         assert calls == ["sleep", "sleep", "sleep"], "the kernel worker made its CUDA state before the flags"
         raise Stop
     monkeypatch.setattr(kernel_worker, "KernelWorker", worker)
+    monkeypatch.setenv(kernel_worker.TRANSFER_ENV, "-1")  # the grader's memory descriptor: never opened here
     read, write = os.pipe()
     try:
         kernel_worker.main(read, write)
