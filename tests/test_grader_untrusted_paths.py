@@ -460,8 +460,9 @@ PLAIN = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
 
 def test_links_fifos_and_hard_links_in_the_checkers_folder_are_never_followed(tmp_path):
     """What a checker that loaded a changed library could leave in its folder before a restart: its workers'
-    folders, the plan, the transfer file and lease files as links, a FIFO and a hard link to host files. The
-    grader (root here: it hands the workers' folders to the sandbox's user) follows none of them."""
+    folders and the plan as links, and names the grader once used (a transfer file, lease files) as links, a FIFO
+    and a hard link to host files. The grader (root here: it hands the workers' folders to the sandbox's user)
+    follows none of them."""
     _sandbox_or_fail()
     host = tmp_path / "host"
     (host / "folder").mkdir(parents=True)
