@@ -71,6 +71,7 @@ class Transfer:
         self._map(max(size, ALIGN), grow=False, pin=pin)
 
     def _map(self, size: int, grow: bool, pin: bool) -> None:
+        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages, as a mapping and a pin take them
         if self.map is None or len(self.map) < size:
             self._unmap()
             info = os.fstat(self.fd)
