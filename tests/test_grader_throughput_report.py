@@ -190,6 +190,29 @@ def test_the_load_sampler_counts_cpu_by_the_kind_of_process(monkeypatch):
     assert "missed" in kinds and kinds["missed"] >= 0
 
 
+def test_the_load_sampler_counts_the_kernels_part_by_the_kind_of_process(monkeypatch):
+    """A child that spends its time in system calls: most of its CPU is counted as the kernel's, under its kind;
+    one that only computes: next to none."""
+    import subprocess
+    import sys
+    monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
+    calls = ("import os, time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end:\n"
+             "    os.stat('/')\n# kernel_worker")
+    computes = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\n# cellrunner"
+    with LoadSampler(every_s=0.1, processes=True) as load:
+        since = time.monotonic()
+        for source in (calls, computes):
+            subprocess.run([sys.executable, "-c", source], check=True)
+        time.sleep(0.3)
+        until = time.monotonic()
+    if load.summary(since, until)["cpu_busy"] is None:
+        pytest.skip("this kernel's /proc/stat counts nothing (gVisor)")
+    total, kernel = load.cpu_by_kind(since, until), load.cpu_by_kind(since, until, kernel=True)
+    assert kernel.get("kernel worker", 0.0) >= 0.3 and kernel["kernel worker"] <= total["kernel worker"], kernel
+    assert kernel.get("checker", 0.0) <= 0.2 < total.get("checker", 0.0), (kernel, total)
+    assert "missed" in kernel and kernel["missed"] >= 0
+
+
 def test_the_load_sampler_splits_the_graders_own_cpu_by_what_its_threads_do(monkeypatch):
     """The grader runs in the sampler's process: its CPU is split by thread (a submission's thread, the limit
     watchers, the sampler itself), and a thread that ended is counted once, not again at its end."""

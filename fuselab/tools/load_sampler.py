@@ -11,7 +11,8 @@ window::
 
 Whether the GPU or the CPU is the limit is the question behind more jobs: ``gpu_busy`` is the mean of NVML's
 utilisation (the share of its sample period in which a kernel ran), ``cpu_kernel_share`` the part of the busy CPU
-spent in the kernel (system, interrupts), which no process's own count shows in full.
+spent in the kernel (system, interrupts), and ``cpu_by_kind(..., kernel=True)`` whose system time it was, by
+kind of process (what no scan saw, interrupts included, as ``missed``).
 """
 
 from __future__ import annotations
@@ -72,16 +73,16 @@ PROGRAM_KINDS = {"nvidia-smi": "nvidia-smi", "ninja": "compiler", "nvcc": "compi
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
 
 
-def _stat_cpu(path: str) -> float:
-    """utime + stime, in seconds, of a ``/proc/.../stat`` file (a process's or one of its threads'); OSError or
-    IndexError where it is gone or cut short."""
+def _stat_cpu(path: str) -> tuple:
+    """(utime + stime, stime), in seconds, of a ``/proc/.../stat`` file (a process's or one of its threads'): its
+    CPU time and the part of it spent in the kernel. OSError or IndexError where it is gone or cut short."""
     with open(path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[12]) / _TICKS
 
 
 def _process_cpu() -> dict:
-    """pid → (kind, CPU seconds so far) of every process this machine shows (Linux /proc)."""
+    """pid → (kind, CPU seconds so far, of them in the kernel) of every process this machine shows (Linux /proc)."""
     found = {}
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
@@ -89,7 +90,7 @@ def _process_cpu() -> dict:
         return found
     for pid in pids:
         try:
-            seconds = _stat_cpu(f"/proc/{pid}/stat")
+            seconds, system = _stat_cpu(f"/proc/{pid}/stat")
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
@@ -97,7 +98,7 @@ def _process_cpu() -> dict:
         program = os.path.basename(command.split(" ", 1)[0])
         kind = PROGRAM_KINDS.get(program) or next((name for pattern, name in PROCESS_KINDS if pattern in command),
                                                   "other")
-        found[int(pid)] = (kind, seconds)
+        found[int(pid)] = (kind, seconds, system)
     return found
 
 
@@ -108,26 +109,26 @@ THREAD_ROLES = (("load-sampler", "the load sampler itself"), ("grader-", "grader
 
 
 def _own_threads() -> dict:
-    """This process's CPU seconds so far split by what its threads do (``THREAD_ROLES``): ``{key: (kind, seconds)}``,
-    keyed apart from pids. A thread that ended is counted in "grader: ended threads" (the process's total less
-    its live threads'), so the split still sums to the process's CPU."""
+    """This process's CPU seconds so far split by what its threads do (``THREAD_ROLES``): ``{key: (kind, seconds,
+    of them in the kernel)}``, keyed apart from pids. A thread that ended is counted in "grader: ended threads"
+    (the process's total less its live threads'), so the split still sums to the process's CPU."""
     names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    found, live = {}, 0.0
+    found, live, live_system = {}, 0.0, 0.0
     try:
         tasks = os.listdir("/proc/self/task")
-        total = _stat_cpu("/proc/self/stat")
+        total, total_system = _stat_cpu("/proc/self/stat")
     except (OSError, IndexError):
         return found
     for tid in tasks:
         try:
-            seconds = _stat_cpu(f"/proc/self/task/{tid}/stat")
+            seconds, system = _stat_cpu(f"/proc/self/task/{tid}/stat")
         except (OSError, IndexError):
             continue  # ended meanwhile: its time is in the remainder below
         name = names.get(int(tid), "")
         role = next((role for pattern, role in THREAD_ROLES if pattern in name), "grader: other threads")
-        found[f"thread {tid}"] = (role, seconds)
-        live += seconds
-    found["ended threads"] = ("grader: ended threads", max(0.0, total - live))
+        found[f"thread {tid}"] = (role, seconds, system)
+        live, live_system = live + seconds, live_system + system
+    found["ended threads"] = ("grader: ended threads", max(0.0, total - live), max(0.0, total_system - live_system))
     return found
 
 
@@ -138,15 +139,17 @@ class LoadSampler:
         # (time.monotonic(), cpu (busy, total, kernel) or None, [MiB per GPU] or None, host GiB in use or None,
         #  [busy percent per GPU] or None)
         self.samples = []
-        self.process_cpu = []  # (time.monotonic(), {kind: CPU seconds since the last sample})
-        self._seen = {}        # pid (or one of this process's threads) → CPU seconds at its last sample
-        self._counted_dead = 0.0  # this process's ended threads' seconds counted while they ran
+        # (time.monotonic(), {kind: CPU seconds since the last sample}, {kind: of them in the kernel})
+        self.process_cpu = []
+        self._seen = {}        # pid (or one of this process's threads) → (CPU seconds, in the kernel) at its last sample
+        self._counted_dead = (0.0, 0.0)  # this process's ended threads' seconds counted while they ran
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
 
     def _run(self):
         if self.processes:  # what ran before: not counted
-            self._seen = {pid: seconds for pid, (_, seconds) in {**_process_cpu(), **self._threads()}.items()}
+            self._seen = {pid: (seconds, system)
+                          for pid, (_, seconds, system) in {**_process_cpu(), **self._threads()}.items()}
         while True:
             self._sample()
             if self._stop.wait(self.every_s):
@@ -162,11 +165,14 @@ class LoadSampler:
         """``_own_threads``, with what a thread that ended was already counted for before it ended taken out of the
         ended threads' part (else it would be counted twice)."""
         now = _own_threads()
-        self._counted_dead += sum(seconds for key, seconds in self._seen.items()
-                                  if isinstance(key, str) and key.startswith("thread ") and key not in now)
+        ended = [times for key, times in self._seen.items()
+                 if isinstance(key, str) and key.startswith("thread ") and key not in now]
+        self._counted_dead = (self._counted_dead[0] + sum(t[0] for t in ended),
+                              self._counted_dead[1] + sum(t[1] for t in ended))
         if "ended threads" in now:
-            kind, seconds = now["ended threads"]
-            now["ended threads"] = (kind, max(0.0, seconds - self._counted_dead))
+            kind, seconds, system = now["ended threads"]
+            now["ended threads"] = (kind, max(0.0, seconds - self._counted_dead[0]),
+                                    max(0.0, system - self._counted_dead[1]))
         return now
 
     def _sample_processes(self):
@@ -175,14 +181,16 @@ class LoadSampler:
         much)."""
         if not self.processes:
             return
-        now, used = _process_cpu(), {}
+        now, used, in_kernel = _process_cpu(), {}, {}
         if os.getpid() in now:  # the grader runs in this process: its threads' parts, not one "grader" line
             del now[os.getpid()]
             now.update(self._threads())
-        for pid, (kind, seconds) in now.items():
-            used[kind] = used.get(kind, 0.0) + max(0.0, seconds - self._seen.get(pid, 0.0))
-        self._seen = {pid: seconds for pid, (_, seconds) in now.items()}
-        self.process_cpu.append((time.monotonic(), used))
+        for pid, (kind, seconds, system) in now.items():
+            before, before_system = self._seen.get(pid, (0.0, 0.0))
+            used[kind] = used.get(kind, 0.0) + max(0.0, seconds - before)
+            in_kernel[kind] = in_kernel.get(kind, 0.0) + max(0.0, system - before_system)
+        self._seen = {pid: (seconds, system) for pid, (_, seconds, system) in now.items()}
+        self.process_cpu.append((time.monotonic(), used, in_kernel))
 
     def __enter__(self):
         self._thread.start()
@@ -216,11 +224,13 @@ class LoadSampler:
             result["gpu_memory_peak_gib"] = round(max(memory) / 1024, 1)
         return result
 
-    def cpu_by_kind(self, since: float | None = None, until: float | None = None) -> dict:
+    def cpu_by_kind(self, since: float | None = None, until: float | None = None, kernel: bool = False) -> dict:
         """CPU seconds each kind of process (``PROCESS_KINDS``) used between two ``time.monotonic()`` instants, and
-        ``missed``: the machine's busy CPU seconds no sample saw (processes shorter than a sample, ends)."""
-        window = [used for sampled, used in self.process_cpu
-                  if (since is None or sampled >= since) and (until is None or sampled <= until)]
+        ``missed``: the machine's busy CPU seconds no sample saw (processes shorter than a sample, ends). With
+        ``kernel``: only the part spent in the kernel (system time; ``missed`` then holds the interrupts too)."""
+        part = 2 if kernel else 1
+        window = [entry[part] for entry in self.process_cpu
+                  if (since is None or entry[0] >= since) and (until is None or entry[0] <= until)]
         kinds: dict = {}
         for used in window[1:]:  # the first sample's seconds were spent before the window
             for kind, seconds in used.items():
@@ -228,6 +238,6 @@ class LoadSampler:
         cpu = [s[1] for s in self.samples if s[1] is not None and (since is None or s[0] >= since)
                and (until is None or s[0] <= until)]
         if len(cpu) >= 2:
-            busy = (cpu[-1][0] - cpu[0][0]) / _TICKS
+            busy = (cpu[-1][2 if kernel else 0] - cpu[0][2 if kernel else 0]) / _TICKS
             kinds["missed"] = max(0.0, busy - sum(kinds.values()))
         return {kind: round(seconds, 1) for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])}

@@ -252,6 +252,7 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
         "phase_seconds": phases, "submission_phase_per_submission": per_submission,
         "load_while_grading": load.summary(*result.phase_spans["submissions"]),
         "cpu_by_process": load.cpu_by_kind(*result.phase_spans["submissions"]),
+        "cpu_in_kernel_by_process": load.cpu_by_kind(*result.phase_spans["submissions"], kernel=True),
         "time_by_lab": median_steps(result.results),
         # the part that cannot overlap: timings with the GPU to themselves
         "gpu_held_seconds_total": sum(r.get("gpu_held_seconds") or 0.0 for r in per),
@@ -328,11 +329,17 @@ def _step_kind(label: str) -> str:
 
 def by_process(run: dict) -> str:
     """The load sampler's CPU over the submissions phase by kind of process (the grader's own by thread), per
-    submission, as a line to read in the stage's output."""
+    submission, and the part of it in the kernel, as lines to read in the stage's output."""
     count = max(1, run["phases"]["submissions"]["count"])
-    return "  CPU per submission by process (core-s, the load sampler's scans): " + ", ".join(
-        f"{kind} {seconds / count:.2f}" for kind, seconds in (run.get("cpu_by_process") or {}).items()
-        if seconds / count >= 0.005)
+
+    def line(key):
+        return ", ".join(f"{kind} {seconds / count:.2f}" for kind, seconds in (run.get(key) or {}).items()
+                         if seconds / count >= 0.005)
+    lines = "  CPU per submission by process (core-s, the load sampler's scans): " + line("cpu_by_process")
+    if run.get("cpu_in_kernel_by_process"):
+        lines += "\n  of it in the kernel (system time; missed: interrupts and what no scan saw): " + \
+            line("cpu_in_kernel_by_process")
+    return lines
 
 
 def phase_table(phases: dict) -> str:
