@@ -195,7 +195,7 @@ def test_storages_cross_whole_and_views_of_one_buffer_stay_one_buffer():
     with pytest.raises(ValueError):  # the worker maps what the checker grew, never more
         transfer.Transfer(memory).attach(os.fstat(memory).st_size + 1)
     for side in (checker, worker):
-        side._unmap()
+        side.unmap()
     os.close(memory)
 
 
@@ -211,7 +211,7 @@ def test_a_launch_of_empty_tensors_crosses_too():
     worker.region(*regions[0]).copy_(transfer.as_bytes(empty))
     assert worker.region(*regions[1]).numel() == 0
     for side in (checker, worker):
-        side._unmap()
+        side.unmap()
     os.close(memory)
 
 
@@ -266,7 +266,7 @@ def test_the_transfer_memory_counts_once_in_the_submissions_memory():
             mapped.regions([2**20])  # mapped too: found by its mapping as well as by its descriptor
             assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
         finally:
-            mapped._unmap()
+            mapped.unmap()
     finally:
         os.close(memory)
         os.close(other)

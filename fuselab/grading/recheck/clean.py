@@ -685,7 +685,8 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
         worker_env[transfer.ENV] = str(memory[0])
         # counted in the checker's tree, which holds it all its life: a worker that wrote it full and closed its
         # descriptor would otherwise leave it counted by neither
-        counted = {(os.fstat(memory[0]).st_dev, os.fstat(memory[0]).st_ino)}
+        info = os.fstat(memory[0])
+        counted = {(info.st_dev, info.st_ino)}
     try:
         worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
                                pass_fds=(to_worker_r, from_worker_w, *memory), budget=budget,

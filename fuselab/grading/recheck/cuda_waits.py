@@ -25,12 +25,21 @@ import ctypes
 CU_CTX_SCHED_BLOCKING_SYNC = 0x04
 
 
+def driver():
+    """The CUDA driver's library (``libcuda``), or None on a machine without it. Its own calls, not the runtime's:
+    a runtime call that fails leaves its error for the next ``cudaGetLastError``, which PyTorch reads after its
+    next kernel launch and raises as that launch's."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
 def sleep_in_waits() -> str:
     """Make this process's CUDA waits sleep; returns "" or why they still spin (no driver, no GPU, a context
     already made). Never raises: a checker that spins is slower, not wrong."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    cuda = driver()
+    if cuda is None:
         return "no CUDA driver"
     set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or getattr(cuda, "cuDevicePrimaryCtxSetFlags",
                                                                                   None)

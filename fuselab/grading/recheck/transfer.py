@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import functools
 import mmap
 import os
 import stat
 
 import torch
+
+from .cuda_waits import driver
 
 ENV = "FUSELAB_KERNEL_TRANSFER"  # the memory's descriptor number, in the checker's and the kernel worker's environment
 ALIGN = 256
@@ -51,6 +52,7 @@ class Transfer:
         self.map = None
         self.view = None  # a uint8 tensor over the whole map
         self.pinned = False
+        self.pin_tried = False  # for this mapping
 
     def regions(self, sizes, pin: bool = False) -> list:
         """``[(offset, size)]`` for storages of these sizes, after growing the memory to hold them all. ``pin``:
@@ -58,22 +60,22 @@ class Transfer:
         regions, offset = [], 0
         for size in sizes:
             regions.append((offset, int(size)))
-            offset += (int(size) + ALIGN - 1) // ALIGN * ALIGN
-        self._map(max(offset, ALIGN), grow=True, pin=pin)
+            offset += _rounded(int(size), ALIGN)
+        self._map(offset, grow=True, pin=pin)
         return regions
 
     def region(self, offset: int, size: int) -> torch.Tensor:
         return self.view[offset:offset + size]
 
     def attach(self, size: int, pin: bool = False) -> None:
-        """The worker's side: map the memory as the checker sized it (never grown here; at least ``ALIGN``, as
-        the checker grows it for any launch, empty storages' included)."""
-        self._map(max(size, ALIGN), grow=False, pin=pin)
+        """The worker's side: map the memory as the checker sized it (never grown here)."""
+        self._map(size, grow=False, pin=pin)
 
     def _map(self, size: int, grow: bool, pin: bool) -> None:
-        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages, as a mapping and a pin take them
+        # whole pages, as a mapping and a pin take them; one at least, for a launch of empty storages too
+        size = _rounded(max(size, 1), mmap.PAGESIZE)
         if self.map is None or len(self.map) < size:
-            self._unmap()
+            self.unmap()
             info = os.fstat(self.fd)
             if not stat.S_ISREG(info.st_mode):  # a descriptor that is not the grader's memory is never mapped
                 raise ValueError(f"the transfer descriptor {self.fd} is not a memory file")
@@ -88,10 +90,15 @@ class Transfer:
                 raise RuntimeError(f"the launch's buffers ({size} bytes) could not be shared with the process that "
                                    f"runs your kernels: {exc}") from exc
             self.view = torch.frombuffer(self.map, dtype=torch.uint8)
-        if pin and not self.pinned:
+            self.pin_tried = False
+        # once a mapping, and only once this process's CUDA is up (the driver pins for its current context): a
+        # pin the driver refused is not asked for again at every launch
+        if pin and not self.pin_tried and torch.cuda.is_initialized():
+            self.pin_tried = True
             self.pinned = _register(self.view.data_ptr(), self.view.numel())
 
-    def _unmap(self) -> None:
+    def unmap(self) -> None:
+        """Let the mapping go (unpinned first); the descriptor stays open, its owner's to close."""
         if self.pinned:
             _unregister(self.view.data_ptr())
             self.pinned = False
@@ -103,28 +110,22 @@ class Transfer:
                 pass
 
 
-# The driver's own calls, not the runtime's ``cudaHostRegister``: a runtime call that fails leaves its error for
-# the next ``cudaGetLastError``, which PyTorch reads after its next kernel launch and raises as that launch's.
-# A failed registration here is only a slower copy.
-@functools.lru_cache(maxsize=None)
-def _driver():
-    try:
-        return ctypes.CDLL("libcuda.so.1")  # loaded already, by the CUDA runtime of this process
-    except OSError:
-        return None
+def _rounded(size: int, to: int) -> int:
+    return -(-size // to) * to
 
 
+# The driver's calls, not the runtime's ``cudaHostRegister`` (``cuda_waits.driver`` says why): a failed
+# registration here is only a slower copy.
 def _register(pointer: int, size: int) -> bool:
-    driver = _driver()
-    if driver is None or size == 0:
-        return False
-    return driver.cuMemHostRegister_v2(ctypes.c_void_p(pointer), ctypes.c_size_t(size), ctypes.c_uint(0)) == 0
+    cuda = driver()
+    return cuda is not None and cuda.cuMemHostRegister_v2(ctypes.c_void_p(pointer), ctypes.c_size_t(size),
+                                                          ctypes.c_uint(0)) == 0
 
 
 def _unregister(pointer: int) -> None:
-    driver = _driver()
-    if driver is not None:
-        driver.cuMemHostUnregister(ctypes.c_void_p(pointer))
+    cuda = driver()
+    if cuda is not None:
+        cuda.cuMemHostUnregister(ctypes.c_void_p(pointer))
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -118,9 +119,8 @@ def stage_transfer(out, gib: int = 1, repeats: int = 5):
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
         assert torch.equal(back, data), "the round trip changed the data"
-        result[f"{label}_wall_s"] = sorted(walls)[repeats // 2]
-        result[f"{label}_cpu_s"] = sorted(cpus)[repeats // 2]
-        memory._unmap()
+        result[f"{label}_wall_s"], result[f"{label}_cpu_s"] = statistics.median(walls), statistics.median(cpus)
+        memory.unmap()
         os.close(memory.fd)
     result["headline"] = (f"{gib} GiB there and back: pageable {result['pageable_wall_s']:.3f} s "
                           f"({result['pageable_cpu_s']:.3f} CPU s), pinned {result['pinned_wall_s']:.3f} s "
