@@ -648,7 +648,7 @@ def test_processes_that_die_leave_the_pages_to_the_grader_itself_and_say_so(tmp_
     monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 2)
     results = _class_of(tmp_path, 4)
     references = {LAB: _reference_run()}
-    monkeypatch.setattr(feedback, "_share", _die)  # what each process runs first: here, its end
+    monkeypatch.setattr(feedback, "_ready", _die)  # what each process runs first: here, its end
     pages, problems = feedback.write_all(results, tmp_path / "fb", SOURCES, references=references)
     assert "processes drawing 4 pages failed" in capsys.readouterr().err
     monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: None)
@@ -690,3 +690,36 @@ def test_a_package_run_as_a_program_can_be_imported_again_without_running():
             docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
             assert guarded or docstring or isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef)), \
                 f"{path}: {ast.unparse(node)[:80]} runs on import"
+
+
+def test_the_pages_are_asked_for_under_the_safe_path_so_a_process_started_late_keeps_it(monkeypatch):
+    """A spawning pool starts a process at an ask when none is idle: one that finished its warm-up before the last
+    warm-up ask leaves a process to start at the first page's ask. So the pages are asked for, as the processes
+    were started, with ``PYTHONSAFEPATH`` set (and it is unset again after)."""
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    seen = []
+
+    class Pool:
+        def map(self, fn, *iterables):
+            seen.append(os.environ.get("PYTHONSAFEPATH"))
+            return [fn(*args) for args in zip(*iterables)]
+
+        def shutdown(self, **kwargs):
+            pass
+    drawers = feedback.Drawers(0)  # too few pages for processes: none started
+    drawers.pool, drawers.processes = Pool(), 2
+    monkeypatch.setattr(feedback, "_draw_chunk", lambda shared, chunk: [(None, f"{shared}:{r}") for r in chunk])
+    assert drawers.draw(["a", "b", "c"], "s") == [(None, "s:a"), (None, "s:b"), (None, "s:c")]
+    assert seen == ["1"] and "PYTHONSAFEPATH" not in os.environ
+
+
+def test_drawing_processes_that_failed_are_not_started_again(tmp_path, monkeypatch):
+    """The caller's drawing processes sized for the class but failed (said once on stderr as they failed): the
+    grader draws the pages itself rather than starting others."""
+    results = _class_of(tmp_path, 2)
+    drawers = feedback.Drawers(0)
+    drawers.processes = 2  # sized for two, none running
+    monkeypatch.setattr(feedback, "_drawn_side_by_side", lambda *a: pytest.fail("processes started again"))
+    pages, _ = feedback.write_all(results, tmp_path / "fb", SOURCES, references={LAB: _reference_run()},
+                                  drawers=drawers)
+    assert sorted(pages[LAB]) == ["s000", "s001"]

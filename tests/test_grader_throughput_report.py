@@ -303,22 +303,26 @@ def test_the_throughput_phases_sum_a_runs_time_and_cpu_by_kind(tmp_path):
     run = ClassResult(out=tmp_path, results=[result("ann", 1.0), result("bob", 3.0)], problems=[],
                       reference={"lab0": {"reused": True}}, graded_now=2,
                       phase_seconds={"intake and course": 2.0, "reference runs": 0.1, "submissions": 20.0,
-                                     "feedback": 1.0, "gradebook and report": 2.0},
+                                     "gradebook": 0.5, "feedback": 1.0, "export and report": 1.5},
                       phase_cpu={"intake and course": 1.5, "reference runs": 0.05, "submissions": 30.0,
-                                 "feedback": 0.5, "gradebook and report": 1.0})
+                                 "gradebook": 0.25, "feedback": 0.5, "export and report": 0.75})
     phases = grading_runs.phases_of(run, wall=25.3)
     assert phases["fixed"]["seconds"] == 2.1 and phases["fixed"]["cpu_seconds"] == 1.6
     assert phases["submissions"] == {"seconds": 20.0, "cpu_seconds": 30.0, "count": 2, "seconds_each": 10.0,
                                      "cpu_seconds_each": 15.0}
     assert phases["per_submission_median"] == {"start": 2.0, "build": 2.0, "tests": 4.0, "timing waits": 0.5,
                                                "GPU held": 0.2, "other": 0.5}
-    assert phases["references_reused"] and phases["outputs"] == {"seconds": 3.0, "cpu_seconds": 1.5}
+    assert phases["references_reused"] and phases["outputs"] == {
+        "seconds": 3.0, "cpu_seconds": 1.5, "gradebook": {"seconds": 0.5, "cpu_seconds": 0.2},
+        "feedback": {"seconds": 1.0, "cpu_seconds": 0.5}, "export and report": {"seconds": 1.5, "cpu_seconds": 0.8}}
     # the CPU by step and process: means over the two, the largest first
     assert list(phases["cpu_per_submission_mean"].items()) == [
         ("build, kernel worker", 2.5), ("start, checker", 2.0), ("start, kernel worker", 1.0), ("tests, checker", 0.5)]
     table = grading_runs.phase_table(phases)
     assert "fixed: 2.1 s wall, 1.6 s CPU" in table and "references' rest 0.1 s / 0.1 s CPU, reused" in table
     assert "2 in 20.0 s = 10.00 s each, 15.00 s CPU each" in table
+    assert ("outputs: 3.0 s, 1.5 s CPU (gradebook 0.5 s / 0.2 s CPU; feedback 1.0 s / 0.5 s CPU; export and report "
+            "1.5 s / 0.8 s CPU)") in table
 
 
 def _run(jobs, count, seconds_each, cpu_each, fixed, wall):

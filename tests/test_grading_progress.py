@@ -5,7 +5,7 @@ from fuselab.grading.run import pipeline
 
 from .test_hand_grading import _fake_grade, graded_run  # noqa: F401 - the fixture: a small run, graded cheaply
 
-PHASES = ("course set-up", "reference runs", "gradebook", "feedback and report")
+PHASES = ("course set-up", "reference runs", "gradebook", "feedback", "export and report")
 
 
 def test_a_one_student_regrade_shows_every_phase_on_stderr(graded_run, capsys, monkeypatch):

@@ -370,3 +370,43 @@ def test_a_students_name_runs_nothing_in_formgrader(tmp_path, monkeypatch):
     assert not active.found, active.found
     assert "PWN1()" in page
     assert not set('<>&"`') & set(first + last + email), (first, last, email)  # nor where a page quotes them
+
+
+def test_the_pages_processes_start_before_the_gradebook_is_recorded_and_draw_the_pages(graded_run, monkeypatch):
+    """The outputs' processes that draw the pages are started (every one of them) before the class is recorded in
+    the gradebook, so their start runs beside that; the pages left to draw go to those same processes, and they
+    are the pages one process draws."""
+    from fuselab.grading.gpus import schedule
+    from fuselab.grading.outputs import feedback
+    from fuselab.grading.run.pipeline import ClassResult
+    _, out, settings = graded_run
+    results = [SubmissionResult.from_json(json.loads((out / "work" / s / LAB / "result.json").read_text()))
+               for s in STUDENTS]
+    alone = {s: (out / "feedback" / s / f"{LAB}.html").read_bytes() for s in STUDENTS}  # the first run's, drawn here
+    shutil.rmtree(out / "feedback")
+    monkeypatch.setattr(feedback, "PAGES_PER_PROCESS", 1)
+    monkeypatch.setattr(schedule, "available_cores", lambda: 2)
+    events = []
+
+    class Seen(feedback.Drawers):
+        def __init__(self, pages):
+            super().__init__(pages)
+            self.started = set(self.pool._processes) if self.pool else set()
+            events.append(("started", len(self.started)))
+
+        def draw(self, results, shared):
+            events.append(("drawn by them", self.pool is not None and set(self.pool._processes) == self.started))
+            return super().draw(results, shared)
+
+    def record(*args, real=nbgrader_run.record, **kwargs):
+        events.append(("recorded",))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(feedback, "Drawers", Seen)
+    monkeypatch.setattr(nbgrader_run, "record", record)
+    pipeline.write_outputs(ClassResult(out=out, results=results, problems=[], reference={}, graded_now=2), settings)
+    assert events == [("started", 2), ("recorded",), ("drawn by them", True)]
+    assert {s: (out / "feedback" / s / f"{LAB}.html").read_bytes() for s in STUDENTS} == alone
+    # a run that graded nothing now (outputs again, say after hand grading) starts none: its pages are kept
+    events.clear()
+    pipeline.write_outputs(ClassResult(out=out, results=results, problems=[], reference={}, graded_now=0), settings)
+    assert events == [("started", 0), ("recorded",)]

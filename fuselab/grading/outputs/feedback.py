@@ -427,7 +427,10 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px;ma
 
 
 
+@functools.lru_cache(maxsize=None)
 def _environment():
+    """One environment a process: it keeps each template compiled (a fresh one compiled the page's template again
+    for every page, 40 ms of a page's 0.2 s on the 2-core machine), and checks the file's time before each use."""
     import jinja2
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -928,7 +931,7 @@ def reference_runs(out: Path, labs) -> dict:
 
 
 def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebook_db: Path | None = None,
-              show_flags=frozenset(), references: dict | None = None) -> tuple:
+              show_flags=frozenset(), references: dict | None = None, drawers: Drawers | None = None) -> tuple:
     """Every submission's page. ``({lab: {student: path}}, [(student, lab, problem)])``; never raises.
 
     ``results``: ``SubmissionResult``s, or result.json dicts of any shape (read defensively, as JSON).
@@ -937,7 +940,8 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     (``reference_runs`` of its parent, the run's output folder).
 
     Pages kept from an earlier run are found here; the rest, for a class, are drawn by several processes at once
-    (``_drawn_side_by_side``), a few by this one."""
+    (``drawers``, started by the caller; where it started none, started here for the pages left), a few by this
+    one."""
     results = [r.to_json() if isinstance(r, SubmissionResult) else r for r in _list(results)]
     results = [r for r in results if isinstance(r, dict)]
     if sources is None:
@@ -948,7 +952,10 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     shared = (out_dir, sources, manual, frozenset(show_flags), references)
     kept = [_already_drawn(shared, result) for result in results]
     todo = [result for result, page in zip(results, kept) if page is None]
-    fresh = _drawn_side_by_side(todo, shared)
+    fresh = None
+    if todo:  # the caller's processes where it sized some (they may have failed: then none), else fresh ones
+        fresh = drawers.draw(todo, shared) if drawers is not None and drawers.processes >= 2 else \
+            _drawn_side_by_side(todo, shared)
     if fresh is None:
         fresh = [_draw_with(shared, result) for result in todo]
     fresh = iter(fresh)
@@ -963,9 +970,6 @@ def write_all(results: list, out_dir: Path, sources: dict | None = None, gradebo
     return pages, problems
 
 
-# A process drawing pages: what every page of the class shares (out_dir, sources, manual, show_flags, references),
-# sent once per process rather than with each page
-_DRAWING: list = []
 # a drawing process's start (Python, this module's imports, matplotlib) took 2.7 s on a CI-sized machine, about
 # 15 pages' drawing: a process draws at least this many, so a small class (or a 2-core machine) draws in one
 PAGES_PER_PROCESS = 20
@@ -974,12 +978,23 @@ PAGES_PER_PROCESS = 20
 DRAWER_GIB = 1.0
 
 
-def _share(*shared) -> None:
-    _DRAWING[:] = shared
+def _ready() -> None:
+    """A drawing process's start: what every page uses, loaded before the first page comes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+    from ...plots import plot_standing  # noqa: F401
+    _environment().get_template("feedback.html")
 
 
-def _draw(result: dict) -> tuple:
-    return _draw_with(_DRAWING, result)
+def _started() -> None:
+    """Nothing: an ask that makes the pool start a process."""
+
+
+def _draw_chunk(shared, results: list) -> list:
+    """Some pages, each as ``write_one`` answers; ``shared``: what every page of the class shares (out_dir,
+    sources, manual, show_flags, references), sent with each chunk."""
+    return [_draw_with(shared, result) for result in results]
 
 
 def _draw_with(shared, result: dict) -> tuple:
@@ -998,35 +1013,75 @@ def _drawing_processes(pages: int) -> int:
     return min(processes, int(memory[1] // DRAWER_GIB)) if memory else processes
 
 
-def _drawn_side_by_side(results: list, shared: tuple) -> list | None:
-    """``write_one``'s answers for ``results``, in order, drawn by as many fresh processes as the machine and the
-    class's size make worth it (``_drawing_processes``: a page's picture is most of its time, a fifth of a second,
-    so a class of 120 took 26 s in one process on an H100 machine); None where one process is enough or the
-    processes failed (the caller draws them all itself, and a failure is said on stderr: a page drawn twice is
-    the same page). Fresh processes (``spawn``): the grader's own has threads, which a fork would copy mid-step.
+class Drawers:
+    """Processes that draw a class's pages side by side (``_drawing_processes`` of them for about ``pages``
+    pages), started when made: ``pipeline.write_outputs`` makes them before it records the class in the
+    gradebook, so their start runs beside that, and ``write_all`` hands them the pages left to draw. Without
+    enough pages for two, or where they fail, there are none (``draw`` answers None and the caller draws the
+    pages itself; a failure is said on stderr: a page drawn twice is the same page). ``close`` ends them.
 
-    A spawned process starts as ``python -c``, which puts its working folder (the grader's) first on
-    ``sys.path`` while it imports ``multiprocessing``: ``PYTHONSAFEPATH`` (Python 3.11+), set while the processes
-    start, leaves it off, as ``-P`` does for the clean recheck's workers; an older Python draws in one process."""
-    import multiprocessing
-    import sys
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-    processes = _drawing_processes(len(results))
-    if processes < 2 or sys.version_info < (3, 11):
-        return None
-    pool = None
-    try:
-        with config.environment({"PYTHONSAFEPATH": "1"}):
-            pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_share, initargs=shared)
-            # every chunk is submitted here, and a process started for each until there are ``processes``
-            answers = pool.map(_draw, results, chunksize=max(1, len(results) // (4 * processes)))
-        return list(answers)
-    except (BrokenProcessPool, OSError, RuntimeError) as exc:
-        print(f"feedback: the {processes} processes drawing {len(results)} pages failed "
+    Fresh processes (``spawn``): the grader's own has threads, which a fork would copy mid-step. A spawned process
+    starts as ``python -c``, which puts its working folder (the grader's) first on ``sys.path`` while it imports
+    ``multiprocessing``: ``PYTHONSAFEPATH`` (Python 3.11+), set while the processes start, leaves it off, as
+    ``-P`` does for the clean recheck's workers; an older Python draws in one process."""
+
+    def __init__(self, pages: int):
+        import multiprocessing
+        import sys
+        from concurrent.futures import ProcessPoolExecutor
+        self.pool, self.processes = None, _drawing_processes(pages)
+        if self.processes < 2 or sys.version_info < (3, 11):
+            return
+        try:
+            with config.environment({"PYTHONSAFEPATH": "1"}):
+                self.pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_ready)
+                # a spawning pool starts a process for each ask while none is idle: all of them here, unless one
+                # is idle already (then ``draw`` starts the rest, asking under the same environment)
+                for _ in range(self.processes):
+                    self.pool.submit(_started)
+        except (OSError, RuntimeError) as exc:
+            self._failed(exc, pages)
+        except BaseException:
+            self.close()
+            raise
+
+    def draw(self, results: list, shared: tuple) -> list | None:
+        """``write_one``'s answers for ``results``, in order; None where there are no processes to draw them."""
+        from concurrent.futures.process import BrokenProcessPool
+        if self.pool is None or not results:
+            return None
+        size = max(1, len(results) // (4 * self.processes))
+        chunks = [results[k:k + size] for k in range(0, len(results), size)]
+        try:
+            with config.environment({"PYTHONSAFEPATH": "1"}):  # every chunk is asked for here (``Executor.map``)
+                answers = self.pool.map(_draw_chunk, [shared] * len(chunks), chunks)
+            return [answer for drawn in answers for answer in drawn]
+        except (BrokenProcessPool, OSError, RuntimeError) as exc:
+            self._failed(exc, len(results))
+            return None
+
+    def _failed(self, exc, pages: int) -> None:
+        import sys
+        print(f"feedback: the {self.processes} processes drawing {pages} pages failed "
               f"({type(exc).__name__}: {_flat(exc, 200)}); the grader draws them itself", file=sys.stderr)
-        return None
-    finally:
-        if pool is not None:
+        self.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _drawn_side_by_side(results: list, shared: tuple) -> list | None:
+    """``write_one``'s answers for ``results`` from processes started for them (``Drawers``); None where one
+    process is enough or they failed. A page's picture is most of its time, a tenth of a second or more: a class
+    of 120 took 26 s in one process on an H100 machine."""
+    with Drawers(len(results)) as drawers:
+        return drawers.draw(results, shared)

@@ -814,6 +814,35 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
 
     course_root = settings.out / "course"
     class_result.results = [SubmissionResult.of(r) for r in class_result.results]
+    # the processes that draw the pages of the submissions graded now start beside the gradebook's recording, which
+    # the pages read (a run that graded none starts them, if at all, for the pages it finds left to draw)
+    with feedback.Drawers(class_result.graded_now if settings.feedback else 0) as drawers:
+        ordered, clock = _gradebook_and_feedback(class_result, settings, lab_pages, drawers, phase_done, clock)
+    clock = phase_done("feedback", clock)  # after the processes ended: their CPU is the phase's
+    bar = run_progress.phase("export and report", 3, "step", getattr(settings, "progress", False))
+    export_failed = nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
+    if export_failed:
+        class_result.problems.append(intake.Problem(str(settings.out / "nbgrader-grades.csv"), export_failed,
+                                                    of_the_run=True))
+    else:  # nbgrader writes the roster's names as they are: a name that is a formula is made text
+        terminal.defuse_csv_file(settings.out / "nbgrader-grades.csv")
+    bar.update()
+    class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
+                                                      standings=class_result.standings)
+    bar.update()
+    class_result.report = report.write_report(class_result, settings.out)
+    bar.update()
+    bar.close()
+    phase_done("export and report", clock)
+    return class_result
+
+
+def _gradebook_and_feedback(class_result: ClassResult, settings: Settings, lab_pages, drawers, phase_done,
+                            clock) -> tuple:
+    """The course's results in the gradebook (with everyone's standing) and their feedback pages, drawn by
+    ``drawers`` (``feedback.Drawers``): ``(the results as the outputs show them, the clock at the gradebook's
+    end)``."""
+    course_root = settings.out / "course"
     # the whole course's results (this run's and the earlier runs' in the same folder), and everyone's standing
     entries = term.load_entries(settings.out)
     ordered = term.course_results(settings.out, class_result.results, entries)
@@ -837,27 +866,13 @@ def write_outputs(class_result: ClassResult, settings: Settings, clock: float | 
     ordered = handgrading.apply(ordered, course_root / "gradebook.db")
     for result in ordered:  # what the LMS said (Canvas's LATE_, a worksheet's status), for the student's page
         result.lms_late = bool(getattr(late.get((result.student, result.lab)), "late", False))
-    bar = run_progress.phase("feedback and report", 4, "step", getattr(settings, "progress", False))
+    clock = phase_done("gradebook", clock)
     if settings.feedback:
         # built from each student's submitted notebook, the lab's release notebook (read before any student code
         # ran) and the verdicts
-        class_result.feedback, class_result.feedback_problems = feedback.write_all(
-            ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db",
-            show_flags=feedback.shown_flags(settings.out))
-    bar.update()
-    clock = phase_done("feedback", clock)
-    export_failed = nbgrader_run.export(course_root, settings.out / "nbgrader-grades.csv")
-    if export_failed:
-        class_result.problems.append(intake.Problem(str(settings.out / "nbgrader-grades.csv"), export_failed,
-                                                    of_the_run=True))
-    else:  # nbgrader writes the roster's names as they are: a name that is a formula is made text
-        terminal.defuse_csv_file(settings.out / "nbgrader-grades.csv")
-    bar.update()
-    class_result.grades_csv = report.write_grades_csv(ordered, settings.out / "grades.csv",
-                                                      standings=class_result.standings)
-    bar.update()
-    class_result.report = report.write_report(class_result, settings.out)
-    bar.update()
-    bar.close()
-    phase_done("gradebook and report", clock)
-    return class_result
+        with run_progress.phase("feedback", 1, "step", getattr(settings, "progress", False)) as bar:
+            class_result.feedback, class_result.feedback_problems = feedback.write_all(
+                ordered, settings.out / "feedback", lab_pages, course_root / "gradebook.db",
+                show_flags=feedback.shown_flags(settings.out), drawers=drawers)
+            bar.update()
+    return ordered, clock

@@ -279,7 +279,7 @@ def phases_of(result, wall: float) -> dict:
     seconds, cpu = result.phase_seconds, getattr(result, "phase_cpu", {}) or {}
     n = max(1, result.graded_now or len(result.results))
     fixed_names = ("intake and course", "reference runs")
-    out_names = ("feedback", "gradebook and report")
+    out_names = ("gradebook", "feedback", "export and report")
     steps: dict = {"start": [], "build": [], "tests": [], "timing waits": [], "GPU held": [], "other": []}
     cpu_steps: dict = {}  # (step kind, process) → CPU seconds, summed over the submission-labs
     for r in result.results:
@@ -304,7 +304,9 @@ def phases_of(result, wall: float) -> dict:
                         "seconds_each": round(seconds.get("submissions", 0.0) / n, 2),
                         "cpu_seconds_each": round(cpu.get("submissions", 0.0) / n, 2)},
         "outputs": {"seconds": round(sum(seconds.get(k, 0.0) for k in out_names), 1),
-                    "cpu_seconds": round(sum(cpu.get(k, 0.0) for k in out_names), 1)},
+                    "cpu_seconds": round(sum(cpu.get(k, 0.0) for k in out_names), 1),
+                    **{k: {"seconds": round(seconds.get(k, 0.0), 1), "cpu_seconds": round(cpu.get(k, 0.0), 1)}
+                       for k in out_names}},
         # per submission-lab, the median of each kind (the clean recheck's own clock, waits included)
         "per_submission_median": {k: round(statistics.median(v), 2) if v else 0.0 for k, v in steps.items()},
         # per submission-lab, the mean CPU seconds of each kind of step in each process (sampled every half second,
@@ -356,6 +358,8 @@ def phase_table(phases: dict) -> str:
              + ", ".join(f"{k} {v:.2f}" for k, v in phases["per_submission_median"].items()),
              "  CPU per submission (mean core-s by step and process): "
              + ", ".join(f"{k} {v:.2f}" for k, v in (phases.get("cpu_per_submission_mean") or {}).items()),
-             f"  outputs (feedback, gradebook, report): {outs['seconds']:.1f} s, {outs['cpu_seconds']:.1f} s CPU",
+             f"  outputs: {outs['seconds']:.1f} s, {outs['cpu_seconds']:.1f} s CPU ("
+             + "; ".join(f"{k} {outs[k]['seconds']:.1f} s / {outs[k]['cpu_seconds']:.1f} s CPU"
+                         for k in ("gradebook", "feedback", "export and report") if k in outs) + ")",
              f"  all-in: {phases['wall_seconds']:.1f} s"]
     return "\n".join(lines)
