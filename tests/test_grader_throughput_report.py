@@ -268,6 +268,7 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
         assert phases["fixed"]["cpu_seconds"] >= 0 and phases["per_submission_median"]["start"] > 0
         # every correctness test of the correct sample passed: only the speed test, unmeasured here, lost points
         assert all("not measured" in why for why in summary["submissions"][0]["lost"].values()), summary
+        assert summary["submissions"][0]["retried"] == {}  # no test was run again alone; why, where one was
     assert not run["phases"]["references_reused"] and again["phases"]["references_reused"]
     assert run["phases"]["fixed"]["cpu_seconds"] > 0  # the references ran; a regrade's set-up may round to 0.0 s
     # the regrade's fixed cost is set-up and intake alone: less than the first run's, which ran the references
@@ -375,3 +376,21 @@ def test_the_gpus_utilisation_is_read_on_the_visible_gpus_only(monkeypatch):
     assert load_sampler._gpu_busy_percent() == [90]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert load_sampler._gpu_busy_percent() == [0, 0, 90, 0]
+
+
+def test_the_throughput_stage_keeps_why_a_cell_lost_points_and_why_one_ran_again_alone():
+    """Per submission the stage keeps each cell's seconds, the speed tests' phases, why a cell lost points and what
+    stopped a test's first try before it ran again alone (a run with retries said only how many)."""
+    from fuselab.grading.records.results import CellResult, SubmissionResult
+    from fuselab.tools.gpu_selfcheck import grading_runs
+    result = SubmissionResult(student="ann", lab="lab0", cells={
+        "test_fused": CellResult(points=2.0, max_points=2.0, status="passed", seconds=3.456,
+                                 retry={"first_try": "ran past the test's wall-clock limit", "seconds": 4.0}),
+        "test_speedup": CellResult(points=0.0, max_points=4.0, status="failed", message="x" * 400, seconds=1.0,
+                                   speed=[{"phases": {"timing": 0.4}}, "not a record"]),
+        "test_dram_bytes": CellResult(points=1.0, max_points=1.0, status="passed")}, total=3.0, max_total=7.0)
+    told = grading_runs.cells_told(result)
+    assert told["cell_seconds"] == {"test_fused": 3.46, "test_speedup": 1.0, "test_dram_bytes": 0.0}
+    assert told["speed_phases"] == {"test_speedup": {"timing": 0.4}}
+    assert told["lost"] == {"test_speedup": "failed: " + "x" * 300}
+    assert told["retried"] == {"test_fused": "ran past the test's wall-clock limit"}

@@ -234,12 +234,7 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
                                        "gpu_wait_seconds", "gpu_held_seconds", "clean_timeline", "clean_cpu")}
            for r in result.results]
     for r, full_result in zip(per, result.results):
-        r["cell_seconds"] = {k: round(c.seconds or 0.0, 2) for k, c in full_result.cells.items()}
-        r["speed_phases"] = {k: record.get("phases") for k, c in full_result.cells.items()
-                             for record in c.speed or [] if isinstance(record, dict) and record.get("phases")}
-        # a copy of a correct sample that lost points: why, in the run's own words
-        r["lost"] = {k: f"{c.status}: {(c.message or '')[:300]}" for k, c in full_result.cells.items()
-                     if c.points < c.max_points}
+        r.update(cells_told(full_result))
     full = sum(r.full_marks for r in result.results)
     n = len(per)
     sharing = len(result.workers) // max(1, len(set(result.workers)))  # per GPU
@@ -269,6 +264,20 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
 # the clean recheck's timeline labels (``recheck``) that are waits for the GPU inside a speed test's time
 _TIMING_WAITS = ("waiting for a speed test slot", "waiting for the GPU alone", "stopped for others' timings")
 _HELD = "the GPU held alone"
+
+
+def cells_told(result) -> dict:
+    """What the throughput stage keeps of a submission's cells: their seconds, the speed tests' phases, why a cell
+    lost points (a copy of a correct sample should lose none) and why one was run again alone."""
+    return {
+        "cell_seconds": {k: round(c.seconds or 0.0, 2) for k, c in result.cells.items()},
+        "speed_phases": {k: record.get("phases") for k, c in result.cells.items()
+                         for record in c.speed or [] if isinstance(record, dict) and record.get("phases")},
+        "lost": {k: f"{c.status}: {(c.message or '')[:300]}" for k, c in result.cells.items()
+                 if c.points < c.max_points},
+        # what stopped a test's first try (a wall-clock backstop, the shared GPU's memory)
+        "retried": {k: str(c.retry.get("first_try", ""))[:300] for k, c in result.cells.items() if c.retry},
+    }
 
 
 def phases_of(result, wall: float) -> dict:
