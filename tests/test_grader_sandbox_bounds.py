@@ -609,6 +609,41 @@ def test_a_mappings_name_made_a_link_is_never_followed(tmp_path, monkeypatch):
             os.unlink(name + " (deleted)")
 
 
+def test_an_object_mapped_many_times_is_sized_once_a_scan(monkeypatch):
+    """A CUDA process maps each of the driver's device files hundreds of times. The memory count sizes a mapped
+    object once a scan, whichever mapping shows it: a memory file mapped 200 times costs the scan as many stats of
+    its magic links as one mapping does, and counts once."""
+    import mmap
+    if os.geteuid() != 0:
+        pytest.skip("map_files, which sizes a mapping by its object, is root's")
+    real_stat, asked = os.stat, []
+
+    def stat(path, *args, **kwargs):
+        if isinstance(path, str) and "/map_files/" in path:
+            asked.append(path)
+        return real_stat(path, *args, **kwargs)
+
+    fd = os.memfd_create("fuselab-test-many")
+    key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+    os.ftruncate(fd, 2**20)
+    os.pwrite(fd, b"x" * 2**20, 0)
+    mapped = [mmap.mmap(fd, 2**20)]
+    here = [os.getpid()]
+    try:
+        monkeypatch.setattr(os, "stat", stat)
+        isolate.shmem_bytes(here)
+        stats_for_one = len(asked)
+        mapped += [mmap.mmap(fd, 2**20) for _ in range(199)]
+        asked.clear()
+        whole = isolate.shmem_bytes(here)
+        assert len(asked) == stats_for_one, "each mapping of the object was sized again"
+        assert whole - isolate.shmem_bytes(here, counted_elsewhere={key}) == 2**20
+    finally:
+        for each in mapped:
+            each.close()
+        os.close(fd)
+
+
 HELD_ENDS = textwrap.dedent(r'''
     import os, sys, time
     read_end, write_end = os.pipe()

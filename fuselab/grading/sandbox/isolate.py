@@ -305,6 +305,9 @@ def shmem_bytes(tree, counted_devices=(), counted_elsewhere=()) -> int:
         if (info.st_dev, info.st_ino) not in elsewhere:
             objects[(info.st_dev, info.st_ino)] = info.st_blocks * 512
     mounted: dict = {}
+    # an object sized by its blocks once a scan: a CUDA process maps each of the driver's device files hundreds of
+    # times, and a stat of each mapping's magic link was most of what a watch of such a process cost
+    sized: set = set()
     for pid in tree:
         try:
             with open(f"/proc/{pid}/maps") as handle:
@@ -318,7 +321,7 @@ def shmem_bytes(tree, counted_devices=(), counted_elsewhere=()) -> int:
             major, minor = fields[3].split(":")
             device = os.makedev(int(major, 16), int(minor, 16))
             key = (device, int(fields[4]))
-            if device in counted or device in other_devices or key in elsewhere:
+            if device in counted or device in other_devices or key in elsewhere or key in sized:
                 continue
             span = fields[0]
             if device not in shmem_devices:  # a named file's mapping: on a tmpfs of the host's?
@@ -333,10 +336,12 @@ def shmem_bytes(tree, counted_devices=(), counted_elsewhere=()) -> int:
                 shmem_devices.add(device)
             start, end = (int(x, 16) for x in span.split("-"))
             try:
-                size = os.stat(f"/proc/{pid}/map_files/{span}").st_blocks * 512
-            except OSError:
-                size = end - start  # map_files needs root: what the mapping can reach
-            objects[key] = max(objects.get(key, 0), size)
+                info = os.stat(f"/proc/{pid}/map_files/{span}")
+            except OSError:  # map_files needs root: what the mapping can reach, the largest of its mappings
+                objects[key] = max(objects.get(key, 0), end - start)
+                continue
+            sized.add(key)  # the object's own blocks, whichever mapping shows it
+            objects[key] = info.st_blocks * 512 if stat.S_ISREG(info.st_mode) else 0  # a device's file holds none
     return sum(objects.values())
 
 
