@@ -269,6 +269,9 @@ def test_the_throughput_stage_runs_its_whole_flow_on_the_cpu_at_a_tiny_size(tmp_
         # every correctness test of the correct sample passed: only the speed test, unmeasured here, lost points
         assert all("not measured" in why for why in summary["submissions"][0]["lost"].values()), summary
         assert summary["submissions"][0]["retried"] == {}  # no test was run again alone; why, where one was
+        from fuselab.grading.sandbox import cgroup  # who counted the children's memory, as the grader chose
+        assert summary["memory_counted_by"] == ("memory cgroup" if cgroup.available() else
+                                                "the watchers' scans of /proc")
     assert not run["phases"]["references_reused"] and again["phases"]["references_reused"]
     assert run["phases"]["fixed"]["cpu_seconds"] > 0  # the references ran; a regrade's set-up may round to 0.0 s
     # the regrade's fixed cost is set-up and intake alone: less than the first run's, which ran the references

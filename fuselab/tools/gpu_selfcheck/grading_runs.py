@@ -218,6 +218,7 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
     from ...grading.run.pipeline import Settings, grade
     from ...grading.outputs.report import median_steps
     from ...grading.gpus.schedule import describe
+    from ...grading.sandbox import cgroup
     from ..load_sampler import LoadSampler
     sandbox, sandboxed = _sandbox()
     started = time.perf_counter()
@@ -257,7 +258,10 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
         "headline": f"{describe(result.workers)}: {n} submissions graded in {grading:.0f} s = "
                     f"{per_submission:.1f} s each ({(result.phase_cpu or {}).get('submissions', 0.0) / max(n, 1):.1f} "
                     f"s CPU each), {wall:.0f} s in all; {full}/{n} full marks; "
-                    f"{sandboxed}", "sandbox": sandboxed}
+                    f"{sandboxed}", "sandbox": sandboxed,
+        # who counts each child's memory: the kernel (a memory cgroup a child) or the limit watchers' /proc scans,
+        # whose CPU is the "grader: limit watchers" above
+        "memory_counted_by": "memory cgroup" if cgroup.available() else "the watchers' scans of /proc"}
     return summary, result
 
 
