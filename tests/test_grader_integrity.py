@@ -591,6 +591,63 @@ def test_honest_folded_networks_pass_whatever_their_shape(fold_network):
     lab2.check_fold_network(fold_network, [lab2.random_network(seed), lab2.tricky_network(seed)], seed=seed)
 
 
+def _poison_with_nan(graph, x):
+    return graph.call_method("fill_", (x, float("nan")))
+
+
+def _poison_by_copy(graph, x):
+    return graph.call_function(operator.imul, (x, 0.0))
+
+
+@pytest.mark.parametrize("poison", [_poison_with_nan, _poison_by_copy])
+def test_a_folded_graph_that_writes_into_its_input_cannot_change_what_it_is_compared_with(poison):
+    """The checker runs a folded graph itself, on tensors of its own: a wrong fold (γ left out) whose graph first
+    wrote into its input (NaN everywhere, or zeros; an activation dropped to pay for that node in the operation
+    count) got full marks while the expected output was computed from that input afterwards. Every check computes
+    what it expects before any code of the student's runs, and hands that code tensors it does not use again."""
+    from fuselab.labs import lab2
+
+    def fold_network(model):
+        traced = fx.symbolic_trace(copy.deepcopy(model))
+        pairs = list(_foldable_pairs(traced))
+        for i, (conv_node, bn_node, conv, bn) in enumerate(pairs):
+            without_gamma = copy.deepcopy(bn)
+            with torch.no_grad():
+                without_gamma.weight.fill_(1.0)
+            with traced.graph.inserting_before(bn_node):
+                new = _folded_conv(traced, conv_node, bn_node, conv, without_gamma, i)
+            bn_node.replace_all_uses_with(new)
+            traced.graph.erase_node(bn_node)
+        graph = traced.graph
+        x = next(node for node in graph.nodes if node.op == "placeholder")
+        with graph.inserting_after(x):
+            written = poison(graph, x)
+        x.replace_all_uses_with(written, delete_user_cb=lambda user: user is not written)
+        relu = next(node for node in graph.nodes
+                    if node.op == "call_module" and isinstance(traced.get_submodule(node.target), nn.ReLU))
+        relu.replace_all_uses_with(relu.args[0])
+        graph.erase_node(relu)
+        traced.recompile()
+        return _roundtrip((traced.eval(), len(pairs)))
+
+    with pytest.raises(AssertionError, match="folded model output"):
+        lab2.check_fold_network(fold_network, lab2.visible_networks())
+
+
+def test_a_kernel_that_writes_into_its_input_cannot_change_the_many_planes_answer():
+    """What a kernel writes into the buffers it is given comes back to the checker with them: an op that zeroed
+    its input and wrote act(bias) passed Lab 1's many-planes test, whose answer was computed from the input after
+    the op ran. The answer is computed first, from copies."""
+    from fuselab.labs import lab1
+
+    def op(x, w, bias, act, slope, out):
+        x.zero_()
+        out.copy_(lab1.activate(bias.view(1, -1, 1, 1).expand_as(out), act, slope))
+
+    with pytest.raises(AssertionError, match="depthwise_conv_act"):
+        lab1.check_many_planes(op, lab1.make_depthwise_inputs)
+
+
 def test_in_the_sandbox_the_worker_never_sees_the_checkers_folder(tmp_path):
     if not isolate.sandbox_works():  # CI installs bubblewrap: there a sandbox that cannot start is a failure
         if os.environ.get("FUSELAB_CI") == "1":
