@@ -137,6 +137,34 @@ def test_the_cpu_of_a_tree_counts_its_descendants():
         child.wait()
 
 
+@pytest.mark.parametrize("lowered", ["os.nice(5)", "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))",
+                                     "os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))"])
+def test_a_thread_that_lowered_its_own_priority_counts_as_waiting_by_choice(lowered):
+    """Waiting for a CPU does not count as a test's own time; a thread that lowered its own priority (starved on a
+    loaded machine, yet runnable) would have kept a hanging test looking busy until the wall-clock backstop. Such a
+    thread counts as not running, so its tree's waiting is its own time; a thread at its first priority counts as
+    running."""
+    spin = "import os, threading, time\n{}\nwhile True: pass"
+    for code, counted in ((spin.format(lowered), False), (spin.format("pass"), True)):
+        child = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not _spun(child.pid):
+                time.sleep(0.05)
+            seen = [recheck._running(child.pid) for _ in range(20) if not time.sleep(0.01)]
+            assert any(seen) is counted and all(seen) is counted, (code, seen)
+        finally:
+            child.kill()
+            child.wait()
+
+
+def _spun(pid) -> bool:
+    """Whether ``pid`` has used a tenth of a second of CPU (it is past its start and spinning)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK") >= 0.1
+
+
 def test_a_retry_runs_with_no_other_submission_running():
     gate, log = pipeline._Alone(), []
     first_in, release = threading.Event(), threading.Event()

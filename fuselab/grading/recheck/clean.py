@@ -25,8 +25,8 @@ full marks.
 Time limits do not depend on how busy the machine is. A cell's limit counts its *own* time (``TreeMeter``): the
 CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
 per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
-that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count,
-nor does time stopped or waiting for the GPU. A cell past its own time (an endless loop, a hang) scores 0
+that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count
+(unless a thread lowered its own priority, ``_running``), nor does time stopped or waiting for the GPU. A cell past its own time (an endless loop, a hang) scores 0
 "timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
 stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
 grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
@@ -286,20 +286,41 @@ def _process_cpu(pid: int) -> float:
         return 0.0
 
 
+SCHED_BATCH, SCHED_IDLE = 3, 5  # scheduling policies that yield to every other process's threads
+
+
 def _running(pid: int) -> bool:
-    """Whether a thread of ``pid`` is running or waiting for a CPU (state R)."""
+    """Whether a thread of ``pid`` is running or waiting for a CPU (state R) at the priority it started with. A
+    thread that lowered its own (a positive nice, SCHED_BATCH or SCHED_IDLE, or its session's autogroup niced)
+    waits for a CPU by its own choice: it counts as not running, so that waiting is the tree's own time, and a
+    test cannot hang beside a starved thread that keeps it looking busy on a loaded machine."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
+    niced_group = None
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/stat") as handle:
-                if handle.read().rsplit(")", 1)[1].split()[0] == "R":
-                    return True
-        except (OSError, IndexError):
+                fields = handle.read().rsplit(")", 1)[1].split()
+            if fields[0] != "R" or int(fields[16]) > 0 or int(fields[38]) in (SCHED_BATCH, SCHED_IDLE):
+                continue  # (fields after the name: state, ..., nice at 16, policy at 38)
+            if niced_group is None:
+                niced_group = _autogroup_nice(pid) > 0
+            if not niced_group:
+                return True
+        except (OSError, IndexError, ValueError):
             continue
     return False
+
+
+def _autogroup_nice(pid: int) -> int:
+    """The nice of ``pid``'s autogroup (``/proc/PID/autogroup``: "/autogroup-N nice K"); 0 where there is none."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as handle:
+            return int(handle.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class TreeMeter:
