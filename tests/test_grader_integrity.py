@@ -423,6 +423,54 @@ def worker(tmp_path):
     os.close(from_r)
 
 
+WRONG_FOLDS = {  # a wrong fold_conv_bn, and what it does to its arguments so that the wrong answer looks right
+    "γ and β left out, and taken from the BN": (
+        "gamma, beta = torch.ones_like(var), torch.zeros_like(var)", "bn.weight = None\n    bn.bias = None"),
+    "the conv's bias forgotten, and taken from the conv": ("b = torch.zeros_like(var)", "conv.bias = None"),
+    "float32 weights for fp16 parameters, and the conv's made float32": (
+        "dtype = torch.float32",
+        "conv.weight = nn.Parameter(conv.weight.detach().float(), requires_grad=conv.weight.requires_grad)"),
+}
+FOLD_TEMPLATE = """
+def fold_conv_bn(conv, bn):
+    var = bn.running_var.float()
+    gamma = bn.weight.float() if bn.weight is not None else torch.ones_like(var)
+    beta = bn.bias.float() if bn.bias is not None else torch.zeros_like(var)
+    b = conv.bias.float() if conv.bias is not None else torch.zeros_like(var)
+    dtype = conv.weight.dtype
+    WRONG
+    scale = gamma / torch.sqrt(var + bn.eps)
+    fused = copy.deepcopy(conv).to(dtype)
+    with torch.no_grad():
+        fused.weight.copy_(conv.weight.float() * scale.reshape(-1, *([1] * (conv.weight.dim() - 1))))
+        fused.bias = nn.Parameter(((b - bn.running_mean.float()) * scale + beta).to(dtype))
+    COVER
+    return fused
+"""
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_FOLDS))
+def test_a_fold_that_changes_its_arguments_cannot_choose_its_own_answer(worker, mistake):
+    """What a student's function does to its arguments comes back to the checker's own modules. A wrong fold that
+    set the BN's γ and β to None, the conv's bias to None, or the conv's weight to float32, scored full marks: the
+    check read its answer, its input and the dtype it asks for from those modules after the fold ran, and the check
+    that they were left alone saw neither a slot set to None nor a dtype. The answer now comes from copies made
+    before the fold runs, and every slot's kind, dtype, shape and values must come back as they were."""
+    from fuselab.labs import lab2
+    wrong, cover = WRONG_FOLDS[mistake]
+    worker.run_cell("setup", SETUP, want_names=False)
+    for code, says in ((FOLD_TEMPLATE.replace("WRONG", wrong).replace("COVER", "pass"), "fold|float"),
+                       (FOLD_TEMPLATE.replace("WRONG", wrong).replace("COVER", cover),
+                        "was modified|expected torch.float16")):
+        names, error = worker.run_cell("fold", code, want_names=["fold_conv_bn"])
+        assert error is None, error
+        with pytest.raises(AssertionError, match=says):
+            lab2.check_fold_module(names["fold_conv_bn"], lab2.FOLD_CASES)
+    honest = FOLD_TEMPLATE.replace("WRONG", "pass").replace("COVER", "pass")
+    names, error = worker.run_cell("fold", honest, want_names=["fold_conv_bn"])
+    lab2.check_fold_module(names["fold_conv_bn"], lab2.FOLD_CASES)
+
+
 def test_a_slow_experiment_costs_only_itself(worker):
     names, error = worker.run_cell("slow", "import time\nwhile True:\n    time.sleep(0.01)\nprint('skipped')\n"
                                    "SCALE = 2\ndef double(x):\n    return SCALE * x\n", want_names=["double"])
@@ -646,6 +694,42 @@ def test_a_kernel_that_writes_into_its_input_cannot_change_the_many_planes_answe
 
     with pytest.raises(AssertionError, match="depthwise_conv_act"):
         lab1.check_many_planes(op, lab1.make_depthwise_inputs)
+
+
+def test_a_kernel_that_writes_into_its_input_fails_the_many_planes_test():
+    """fuselab.check refuses a kernel that changed its inputs; the many-planes test, which does not go through it,
+    did not: a kernel could write into its input only past 65535 planes. It now says so."""
+    from fuselab.labs import lab1
+
+    def op(x, w, bias, act, slope, out):
+        out.copy_(lab1.depthwise_reference(x, w, bias, act, slope))
+        x.add_(1.0)
+
+    with pytest.raises(AssertionError, match="wrote into its input x"):
+        lab1.check_many_planes(op, lab1.make_depthwise_inputs)
+
+
+def test_a_folded_graph_draws_no_number_from_the_checkers_generator():
+    """A folded graph runs in the checker and may call torch's random functions: they draw from a copy of the
+    checker's generator, whose state stays its own."""
+    from fuselab.labs import lab2
+    networks = lab2.visible_networks()[:1]
+
+    def fold_network(model):
+        traced = fx.symbolic_trace(copy.deepcopy(model))
+        graph = traced.graph
+        output = next(node for node in graph.nodes if node.op == "output")
+        with graph.inserting_before(output):
+            noise = graph.call_function(torch.rand_like, (output.args[0],))
+            noisy = graph.call_function(operator.add, (output.args[0], noise))
+        output.args = (noisy,)
+        traced.recompile()
+        return _roundtrip((traced.eval(), networks[0][1]))  # the right count: the graph runs
+
+    state = torch.get_rng_state()
+    with pytest.raises(AssertionError, match="BatchNorm"):  # nothing folded
+        lab2.check_fold_network(fold_network, networks)
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_in_the_sandbox_the_worker_never_sees_the_checkers_folder(tmp_path):

@@ -106,14 +106,32 @@ def float64_fold(conv_w, conv_b, mean, var, eps, gamma, beta):
 
 
 def assert_unchanged(before: dict, module, what):
-    for key, value in module.state_dict().items():
-        if not torch.equal(value, before[key]):
-            raise AssertionError(f"{what}: the original {type(module).__name__}'s {key} was modified; "
-                                 "a fold must leave the original modules alone (work on copies)")
+    """``module`` as ``snapshot`` saw it: every parameter and buffer slot of every submodule there, none set to
+    None, made the other kind, given another dtype or shape or other values, and none added. What a function of
+    the student's does to its arguments comes back to the checker's own modules, and ``state_dict`` alone leaves out
+    a slot set to None, as ``torch.equal`` overlooks a dtype."""
+    after = snapshot(module)
+    for key in sorted(before.keys() | after.keys()):
+        old, new = before.get(key, "absent"), after.get(key, "absent")
+        same = (old is None and new is None) or (
+            isinstance(old, tuple) and isinstance(new, tuple) and old[:3] == new[:3] and torch.equal(old[3], new[3]))
+        if not same:
+            prefix, name, _ = key
+            raise AssertionError(f"{what}: the original {type(module).__name__}'s {prefix + '.' if prefix else ''}"
+                                 f"{name} was modified; a fold must leave the original modules alone (work on "
+                                 "copies)")
 
 
-def snapshot(module):
-    return {k: v.clone() for k, v in module.state_dict().items()}
+def snapshot(module) -> dict:
+    """Every parameter and buffer slot of ``module`` and its submodules: ``(submodule, name, kind)`` → None or
+    ``(is a Parameter, dtype, shape, a copy)``."""
+    slots = {}
+    for prefix, sub in module.named_modules():
+        for kind, table in (("parameter", sub._parameters), ("buffer", sub._buffers)):
+            for name, value in table.items():
+                slots[(prefix, name, kind)] = None if value is None else (
+                    isinstance(value, nn.Parameter), value.dtype, tuple(value.shape), value.detach().clone())
+    return slots
 
 
 def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
@@ -130,7 +148,7 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
             got = fold(*args)
         # first: a fold that changed its inputs would otherwise be compared with a fold of the changed inputs
         for arg, old, name in zip(args, before, ("conv_w", "conv_b", "mean", "var", "eps", "gamma", "beta")):
-            if torch.is_tensor(arg) and not torch.equal(arg, old):
+            if torch.is_tensor(arg) and (arg.dtype != old.dtype or not torch.equal(arg, old)):
                 raise AssertionError(f"{what}: the fold modified its input {name} in place (an in-place op such "
                                      f"as mul_ or `*=` on it, or on its .data): compute new tensors instead")
         if not (isinstance(got, tuple) and len(got) == 2):
@@ -139,7 +157,7 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
         if b is None:
             raise AssertionError(f"{what}: the folded bias is None. After folding every conv has a bias, "
                                  "b' = (b − μ)·γ/√(σ² + ε) + β, even when the conv had none (take b = 0)")
-        w_ref, b_ref = float64_fold(*args)
+        w_ref, b_ref = float64_fold(*before)  # the arguments as they were given
         for name, value, ref in (("weight", w, w_ref), ("bias", b, b_ref)):
             if not torch.is_tensor(value) or value.shape != ref.shape or value.dtype != ref.dtype:
                 raise AssertionError(f"{what}: folded {name} should be a {ref.dtype} tensor of shape "
@@ -147,21 +165,21 @@ def check_fold_weights(fold, cases=FOLD_CASES, seed=0):
                                      f"of shape {tuple(getattr(value, 'shape', ()))}")
             if not torch.isfinite(value).all() and torch.isfinite(ref).all():
                 hint = (" The parameters are fp16: fold them in float32 and cast back once at the end. In fp16, "
-                        f"eps = {args[4]:g} rounds to {float(torch.tensor(args[4], dtype=torch.float16)):g}, so "
+                        f"eps = {before[4]:g} rounds to {float(torch.tensor(before[4], dtype=torch.float16)):g}, so "
                         "var + eps is 0 for a channel that never varied, and rsqrt(0) = inf."
                         if value.dtype in (torch.float16, torch.bfloat16) else "")
                 raise AssertionError(f"{what}: the folded {name} has inf or NaN entries where the exact fold is "
                                      f"finite.{hint}")
         try:
-            assert_close(w.detach(), float64_fold_exact(args)[0], name=f"folded weight ({case['name']})")
-            assert_close(b.detach(), float64_fold_exact(args)[1], name=f"folded bias ({case['name']})")
+            assert_close(w.detach(), float64_fold_exact(before)[0], name=f"folded weight ({case['name']})")
+            assert_close(b.detach(), float64_fold_exact(before)[1], name=f"folded bias ({case['name']})")
         except AssertionError as failure:
-            known = _known_mistake(w.detach(), b.detach(), args)
+            known = _known_mistake(w.detach(), b.detach(), before)
             if known:
                 raise AssertionError(f"{what}: {known}\n\n{failure}") from None
             raise
         if case.get("dtype", torch.float32) == torch.float32:
-            w_torch, b_torch = torch.nn.utils.fusion.fuse_conv_bn_weights(*args)
+            w_torch, b_torch = torch.nn.utils.fusion.fuse_conv_bn_weights(*before)
             assert_close(w.detach(), w_torch.detach(), name=f"folded weight vs torch ({case['name']})")
             assert_close(b.detach(), b_torch.detach(), name=f"folded bias vs torch ({case['name']})")
     passed(fold, cases)
@@ -225,34 +243,38 @@ def check_fold_module(fold_conv_bn, cases=FOLD_CASES, seed=0):
         conv, bn = make_conv_bn(case, seed)
         what = f"case {case['name']!r}"
         saved = (snapshot(conv), snapshot(bn))
+        # everything the check compares with, from copies made before the student's fold runs: what it does to its
+        # arguments comes back to ``conv`` and ``bn`` (``assert_unchanged`` then says so), never to these
+        original, original_bn = copy.deepcopy(conv), copy.deepcopy(bn)
+        x = _input_for(original, seed)
         with torch.no_grad():
+            expected = copy.deepcopy(bn).double().eval()(copy.deepcopy(conv).double().eval()(x.double()))
             folded = fold_conv_bn(conv, bn)
-        if type(folded) is not type(conv):
-            raise AssertionError(f"{what}: expected a new {type(conv).__name__}, got {type(folded).__name__}")
+        if type(folded) is not type(original):
+            raise AssertionError(f"{what}: expected a new {type(original).__name__}, got {type(folded).__name__}")
         if folded is conv:
             raise AssertionError(f"{what}: return a new conv module, not the original one changed in place")
         for attr in ("stride", "padding", "dilation", "groups", "in_channels", "out_channels", "padding_mode"):
-            if getattr(folded, attr) != getattr(conv, attr):
+            if getattr(folded, attr) != getattr(original, attr):
                 raise AssertionError(f"{what}: the folded conv's {attr} is {getattr(folded, attr)}, "
-                                     f"the original's {getattr(conv, attr)}")
+                                     f"the original's {getattr(original, attr)}")
         if folded.bias is None:
             raise AssertionError(f"{what}: the folded conv has no bias. After folding every conv needs one, "
                                  "b' = (b − μ)·γ/√(σ² + ε) + β, even when the original conv had none")
-        if folded.weight.dtype != conv.weight.dtype:
-            raise AssertionError(f"{what}: folded weights are {folded.weight.dtype}, expected {conv.weight.dtype}")
+        if folded.weight.dtype != original.weight.dtype:
+            raise AssertionError(f"{what}: folded weights are {folded.weight.dtype}, expected "
+                                 f"{original.weight.dtype}")
         assert_unchanged(saved[0], conv, what)
         assert_unchanged(saved[1], bn, what)
-        x = _input_for(conv, seed)
-        conv64, bn64 = copy.deepcopy(conv).double().eval(), copy.deepcopy(bn).double().eval()
         with torch.no_grad():
-            expected = bn64(conv64(x.double()))
-            got = folded.eval()(x)
-        low_precision = conv.weight.dtype != torch.float32
+            got = folded.eval()(x.clone())
+        low_precision = original.weight.dtype != torch.float32
         atol = 1e-2 * float(expected.abs().max()) if low_precision else None  # fp16 weights and inputs
         try:
             assert_close(got, expected, atol=atol, name=f"folded conv output ({case['name']})")
         except AssertionError as failure:
-            known = _known_mistake(folded.weight.detach(), folded.bias.detach(), conv_bn_tensors(conv, bn))
+            known = _known_mistake(folded.weight.detach(), folded.bias.detach(),
+                                   conv_bn_tensors(original, original_bn))
             if known:
                 raise AssertionError(f"{what}: {known}\n\n{failure}") from None
             raise

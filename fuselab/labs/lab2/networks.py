@@ -278,7 +278,8 @@ def check_fold_network(fold_network, networks, seed=0):
                                  "when its input is a conv's output that nothing else uses")
         if not getattr(type(folded), "evaluated_remotely", False):  # a module the checker holds: what it runs
             folded = _without_dead_code(folded.eval())
-        bn_after, work_after = _forward_operations(folded, x.clone())
+        with torch.random.fork_rng(devices=[]):  # a folded graph's random ops use the checker's generator: a copy
+            bn_after, work_after = _forward_operations(folded, x.clone())
         if bn_after != bn_before - expected_count:
             raise AssertionError(f"{what}: the folded model still runs {bn_after} BatchNorm(s), expected "
                                  f"{bn_before - expected_count} of the original {bn_before}")
@@ -289,7 +290,7 @@ def check_fold_network(fold_network, networks, seed=0):
                 f"{work_before - expected_count}. A BatchNorm computed another way (a 1×1 conv, a multiply and an "
                 "add, a separate bias add) is still a BatchNorm: its scale and shift belong in the conv's weights "
                 "and bias")
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             got = folded(x.clone())
         assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4,
                      name=f"folded model output ({what})")
