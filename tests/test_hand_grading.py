@@ -410,3 +410,74 @@ def test_the_pages_processes_start_before_the_gradebook_is_recorded_and_draw_the
     events.clear()
     pipeline.write_outputs(ClassResult(out=out, results=results, problems=[], reference={}, graded_now=0), settings)
     assert events == [("started", 0), ("recorded",)]
+
+
+def _hand_grade(out: Path, student: str, cell: str, points=None, comment=None) -> None:
+    """What formgrader saves for a cell: a score, a comment (nbgrader's gradebook, as its web API writes it)."""
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        if points is not None:
+            gradebook.find_grade(cell, LAB, LAB, student).manual_score = points
+        if comment is not None:
+            gradebook.find_comment(cell, LAB, LAB, student).manual_comment = comment
+        gradebook.db.commit()
+
+
+def _entered(out: Path, student: str, cell: str) -> tuple:
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        grade = gradebook.find_grade(cell, LAB, LAB, student)
+        try:
+            comment = gradebook.find_comment(cell, LAB, LAB, student).manual_comment
+        except Exception:  # noqa: BLE001 - a test cell has no comment
+            comment = None
+        return grade.manual_score, comment
+
+
+def test_a_new_upload_sets_aside_the_hand_grades_it_made_stale(graded_run, monkeypatch):
+    """A hand grade judged one upload. ann's new upload changed her written answer and now fails a test a TA had
+    re-scored: both hand grades are set aside (the answer waits for a person again, the test takes the grader's
+    score), kept in the course folder and said in the report; bob's, and a run that records the same notebooks
+    again, keep theirs."""
+    source, out, settings = graded_run
+    _hand_grade(out, "ann", "answer_sweep", 0.5, "Half: the sweep misses the small sizes.")
+    _hand_grade(out, "ann", "test_fused", points=1.0)
+    _hand_grade(out, "bob", "answer_sweep", 1.0, "Good.")
+    pipeline.grade(source, settings)  # the same notebooks recorded again: every hand grade stays
+    assert _entered(out, "ann", "answer_sweep") == (0.5, "Half: the sweep misses the small sizes.")
+    assert _entered(out, "ann", "test_fused")[0] == 1.0
+    assert not (out / "course" / nbgrader_run.SET_ASIDE).exists()
+
+    notebook = source / "ann" / LAB / nbgrader_run.notebook_name(LAB)
+    nb = json.loads(notebook.read_text())
+    answer = next(c for c in nb["cells"] if ipynb.grade_id(c) == "answer_sweep")
+    answer["source"] = "I did not have time to answer this."
+    notebook.write_text(json.dumps(nb))
+
+    def fails_test_fused(sub, *args, **kwargs):
+        result = _fake_grade(sub, out)
+        result.cells["test_fused"].points, result.cells["test_fused"].status = 0.0, "failed"
+        result.total = sum(c.points for c in result.cells.values())
+        (out / "work" / sub.student / LAB / "result.json").write_text(json.dumps(result.to_json()))
+        return result
+
+    monkeypatch.setattr(pipeline, "grade_submission", fails_test_fused)
+    pipeline.grade(source, pipeline.Settings(out=out, labs=[LAB], students=["ann"], force=True, progress=False))
+    assert _entered(out, "ann", "answer_sweep") == (None, None)
+    assert _entered(out, "ann", "test_fused")[0] is None
+    assert _entered(out, "bob", "answer_sweep") == (1.0, "Good.")
+    kept = [json.loads(line) for line in (out / "course" / nbgrader_run.SET_ASIDE).read_text().splitlines()]
+    assert sorted((k["cell"], k["points"], k["comment"]) for k in kept) == [
+        ("answer_sweep", 0.5, "Half: the sweep misses the small sizes."), ("test_fused", 1.0, "")]
+    report = (out / "report.md").read_text()
+    assert "hand grade set aside" in report and "answer_sweep" in report and "the answer changed" in report
+    assert "re-scored by hand where the grader gave 2; the new upload scores 0" in report
+    rows = {r["student"]: r for r in csv.DictReader((out / "grades.csv").open())}
+    assert rows["ann"]["lab0/answer_sweep"] == "" and float(rows["bob"]["lab0/answer_sweep"]) == 1.0
+    assert float(rows["ann"]["lab0/test_fused"]) == 0.0
+    [waiting] = [line for line in report.splitlines() if "to grade by hand" in line]
+    assert "ann" in waiting  # her answer waits for a person again
+
+    monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("a kept result was regraded"))
+    pipeline.grade(source, settings)  # recorded again: nothing more is set aside
+    assert len((out / "course" / nbgrader_run.SET_ASIDE).read_text().splitlines()) == 2

@@ -20,6 +20,7 @@ from ..gpus import schedule
 from ..records import term
 from ..records.handgrading import hand_graded, totals
 from ..records.intake import printable
+from ..records.nbgrader_run import SET_ASIDE
 from ..records.results import SubmissionResult
 from .feedback import reference_runs, shown_flags, telling_line
 from .terminal import shown, spreadsheet_cell
@@ -385,6 +386,15 @@ def _attention(class_result, standings, whole) -> list:
                               _t(f" (an earlier run): {_cut(s.why, 300)}")] + whole(s.student, s.lab))
     attention += [[_t(f"{student}/{lab}: feedback: {_cut(problem, 300)}")]
                   for student, lab, problem in getattr(class_result, "feedback_problems", [])]
+    # a hand grade given on an earlier upload that this one made stale: out of the gradebook, kept in the course
+    # folder's record of them (``nbgrader_run.SET_ASIDE``)
+    attention += [[_t(f"{a.student}/{a.lab}: "), _b("hand grade set aside"),
+                   _t(f": {a.cell}: {'' if a.points is None else f'{a.points:g} points'}"
+                      f"{', ' if a.points is not None and a.comment else ''}"
+                      f"{f'comment {_cut(a.comment, 200)!r}' if a.comment else ''} given on an earlier upload; "
+                      f"{a.why}. Grade it again in formgrader if it still applies (kept in course/"
+                      f"{SET_ASIDE})")]
+                  for a in getattr(class_result, "hand_grades_set_aside", [])]
     return attention + _to_grade_by_hand(standings)
 
 

@@ -101,25 +101,31 @@ class Recorded:
     timestamp: str | None = None
 
 
-def record(course_root: Path, entries, late_penalties=None, progress=None) -> None:
+def record(course_root: Path, entries, late_penalties=None, progress=None) -> list:
     """Put each submission's final scores (``Recorded``) in the course gradebook and its notebook in
-    ``autograded/``.
+    ``autograded/``; returns the hand grades set aside (``SetAside``).
 
-    Written answers keep whatever a person gave them (formgrader); nothing a teaching assistant entered is
-    overwritten. With a submission's timestamp and the lab's due date, nbgrader's late-penalty plugin
+    Written answers keep whatever a person gave them (formgrader), as long as the notebook is the one they were
+    given on. A new upload sets aside (``_set_aside``) a hand grade or comment of a cell whose text changed, and a
+    re-scored test whose grader's score changed: the cell waits for a person again, and what they had entered is
+    kept in ``SET_ASIDE`` (the course folder) and said in the report. With a submission's timestamp and the lab's due date, nbgrader's late-penalty plugin
     (``late_penalties``, default ``late_penalty_plugin()``) sets the notebook's penalty as its autograde would.
     One gradebook is opened for all: SQLAlchemy caches its compiled queries per engine, and a gradebook opened per
     submission compiled each again (36 ms a submission on the H200 machine; re-recording 30 submissions on the
     2-core machine took 2.2 s that way, 0.33 s through one opening). ``progress``: called once per entry recorded.
     """
     from nbgrader.api import Gradebook
+    set_aside: list = []
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
         assigner = None
         for entry in entries:
             target = course_root / "autograded" / entry.student / entry.lab / notebook_name(entry.lab)
             target.parent.mkdir(parents=True, exist_ok=True)
             if entry.notebook_copy and Path(entry.notebook_copy).is_file():  # an earlier run's copy may be gone
-                write_without_hidden_tests(Path(entry.notebook_copy), target)
+                copy = formgrader_copy(Path(entry.notebook_copy))
+                set_aside += _set_aside(gradebook, entry, _cell_texts(target), _cell_texts(copy))
+                target.unlink(missing_ok=True)
+                target.write_text(json.dumps(copy, indent=1))
             notebook, seconds_late = _record_one(gradebook, entry)
             notebook.late_submission_penalty = None
             if seconds_late > 0:
@@ -130,6 +136,83 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> No
             gradebook.db.commit()
             if progress is not None:
                 progress()
+    if set_aside:  # appended, never rewritten: a hand grade is the TA's work
+        with open(course_root / SET_ASIDE, "a", encoding="utf-8") as log:
+            for item in set_aside:
+                log.write(json.dumps(item.__dict__) + "\n")
+    return set_aside
+
+
+SET_ASIDE = "hand-grades-set-aside.jsonl"  # in the course folder: every hand grade a new upload set aside
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A hand grade (or comment) given on an earlier upload of ``student``'s ``lab``, set aside by a new one."""
+    student: str
+    lab: str
+    cell: str
+    points: float | None
+    comment: str
+    why: str
+
+
+def _cell_texts(notebook) -> dict | None:
+    """grade_id → source text of a formgrader copy (a path, or the notebook itself); None where there is none."""
+    if isinstance(notebook, Path):
+        try:
+            notebook = json.loads(notebook.read_text())
+        except (OSError, ValueError, RecursionError):
+            return None
+    texts = {}
+    for cell in notebook.get("cells", []) if isinstance(notebook, dict) else []:
+        grade_id = ((cell.get("metadata") or {}).get("nbgrader") or {}).get("grade_id")
+        if isinstance(grade_id, str):
+            source = cell.get("source", "")
+            texts[grade_id] = "".join(source) if isinstance(source, list) else str(source)
+    return texts
+
+
+def _set_aside(gradebook, entry, before: dict | None, now: dict) -> list:
+    """What a person entered on ``entry``'s earlier upload that the new one makes stale, taken out of the gradebook
+    (``SetAside`` records): a score or comment on a cell whose text changed (the answer it judged is gone: the cell
+    waits for a person again), and a test re-scored by hand whose grader's score changed (the fix it judged is
+    graded now). Nothing where the notebook is the one they graded (a run that records the course again) or where
+    there was none before."""
+    from nbgrader.api import MissingEntry
+    if before is None or before == now:
+        return []
+    try:
+        notebook = gradebook.find_submission_notebook(Path(notebook_name(entry.lab)).stem, entry.lab, entry.student)
+    except MissingEntry:
+        return []
+    comments = {c.name: c for c in notebook.comments if (c.manual_comment or "").strip()}
+    found = []
+    for grade in notebook.grades:
+        changed = before.get(grade.name) != now.get(grade.name)
+        comment = comments.pop(grade.name, None)
+        text = comment.manual_comment if comment is not None else ""
+        if grade.name in entry.final:  # a test: its score is the grader's, a person's only where they re-scored it
+            rescored = grade.manual_score is not None and grade.auto_score is not None and \
+                abs(grade.auto_score - entry.final[grade.name]) > 1e-9
+            if not rescored:
+                continue
+            why = (f"re-scored by hand where the grader gave {grade.auto_score:g}; the new upload scores "
+                   f"{entry.final[grade.name]:g}")
+        elif changed and (grade.manual_score is not None or comment is not None):
+            why = "the answer changed in the new upload"
+        else:
+            continue
+        found.append(SetAside(entry.student, entry.lab, grade.name, grade.manual_score, text, why))
+        grade.manual_score = None
+        if comment is not None:
+            comment.manual_comment = None
+    for name, comment in comments.items():  # a comment on an answer cell of no grade (a solution cell's)
+        if before.get(name) != now.get(name):
+            found.append(SetAside(entry.student, entry.lab, name, None, comment.manual_comment,
+                                  "the cell changed in the new upload"))
+            comment.manual_comment = None
+    return found
 
 
 def _record_one(gradebook, entry: Recorded):
@@ -163,7 +246,13 @@ HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader'
 
 
 def write_without_hidden_tests(notebook: Path, target: Path) -> None:
-    """``notebook`` into ``target`` (formgrader's ``autograded/``) with no hidden test in it and nothing that runs
+    """``notebook`` into ``target`` as ``formgrader_copy`` makes it."""
+    target.unlink(missing_ok=True)
+    target.write_text(json.dumps(formgrader_copy(notebook), indent=1))
+
+
+def formgrader_copy(notebook: Path) -> dict:
+    """``notebook`` as formgrader's ``autograded/`` holds it: with no hidden test in it and nothing that runs
     in a browser (``inert``): nbgrader's formgrader and "Generate feedback" render that copy with nbconvert as it
     is, at the Jupyter server's own address (its feedback converter has no ClearHiddenTests, and neither
     sanitises a notebook: a student's HTML output, markdown or cell metadata would run as script in the teaching
@@ -194,8 +283,7 @@ def write_without_hidden_tests(notebook: Path, target: Path) -> None:
             cell["source"] = "\n".join(kept)
             if "outputs" in cell:
                 cell["outputs"] = []
-    target.unlink(missing_ok=True)
-    target.write_text(json.dumps(inert(nb), indent=1))
+    return inert(nb)
 
 
 # what of a student's notebook nbconvert may put into formgrader's page: text it escapes, and images it can only

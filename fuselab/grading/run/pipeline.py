@@ -85,6 +85,7 @@ class ClassResult:
     graded_now: int = 0           # submissions graded in this run (the others were graded before: resumed)
     workers: list = field(default_factory=list)  # the worker slots (``schedule.workers_for``): a device each
     standings: list = field(default_factory=list)  # the whole course's (student, lab)s (``term.standings``)
+    hand_grades_set_aside: list = field(default_factory=list)  # by new uploads (``nbgrader_run.SetAside``)
 
 
 class GradingRefused(RuntimeError):
@@ -857,7 +858,7 @@ def _gradebook_and_feedback(class_result: ClassResult, settings: Settings, lab_p
     bar = run_progress.phase("gradebook", len(ordered), "submission", getattr(settings, "progress", False))
     # formgrader's copy is the notebook as submitted, its hidden tests cut (``nbgrader_run.record``): nbgrader's
     # feedback buttons render it
-    nbgrader_run.record(course_root, [
+    class_result.hand_grades_set_aside = nbgrader_run.record(course_root, [
         nbgrader_run.Recorded(result.student, result.lab, result.points, result.notebook,
                               getattr(late.get((result.student, result.lab)), "submitted", None))
         for result in ordered], progress=bar.update)
