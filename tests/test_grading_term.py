@@ -610,12 +610,34 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
     _write(tmp_path / "class" / "alice" / "lab0" / "lab0.ipynb")
     out = tmp_path / "course"
     for wrong, said in ((["--due", "lab9=2026-09-14"], "lab9"), (["--due", "lab0=someday"], "not a date"),
+                        (["--due", "lab0=2026-09-14"], "lab0=2026-09-14: give a date and time, e.g. "
+                                                       "lab0=2026-09-14T23:59"),
                         (["--roster", str(_write(tmp_path / "r.csv", "name,score\n"))], "Student, ID")):
         assert cli.main(["grade", str(tmp_path / "class"), "--out", str(out), *wrong]) != 0
         assert said in capsys.readouterr().err
     with pytest.raises(SystemExit, match="LAB=WHEN"):
         cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--due", "lab0"])
     assert not (out / "work").exists() and not (out / "grades.csv").exists()
+
+
+def test_due_takes_an_iso_date_and_time_only():
+    """--due is an ISO 8601 date and time (UTC unless it has an offset or Z), kept as nbgrader keeps it (UTC, no
+    zone); a date alone, a day number or a date in a local order is refused naming the value and the form."""
+    from datetime import datetime
+    for when, kept in (("2026-09-14T23:59", datetime(2026, 9, 14, 23, 59)),
+                       ("2026-09-14T23:59:30", datetime(2026, 9, 14, 23, 59, 30)),
+                       ("2026-09-14T23:59Z", datetime(2026, 9, 14, 23, 59)),
+                       ("2026-09-14T23:59-05:00", datetime(2026, 9, 15, 4, 59)),
+                       ("2026-09-15T01:00+02:00", datetime(2026, 9, 14, 23, 0))):
+        assert pipeline._due_dates({"lab0": when}) == {"lab0": kept}, when
+    with pytest.raises(pipeline.GradingRefused) as refused:
+        pipeline._due_dates({"lab0": "2026-09-14"})
+    assert str(refused.value).startswith("--due lab0=2026-09-14: give a date and time, e.g. lab0=2026-09-14T23:59")
+    for when in ("14", "03/09/2026", "14/09/2026", "Sept 14", "2026-09-14 23:59 EST", "2026-09-14 23:59",
+                 "2026-02-30T23:59", "2026-09-14T24:00", "2026-W37-1T23:59", ""):
+        with pytest.raises(pipeline.GradingRefused) as refused:
+            pipeline._due_dates({"lab0": when})
+        assert f"--due lab0={when}: " in str(refused.value) and "e.g. lab0=2026-09-14T23:59" in str(refused.value)
 
 
 def test_a_misspelled_student_is_said_before_a_sandbox_that_does_not_work(tmp_path, capsys, monkeypatch):

@@ -43,7 +43,8 @@ def add_parsers(sub) -> None:
                                         "worksheet, CSV): who submitted nothing is listed as missing with 0; "
                                         "kept in the course folder")
     grade.add_argument("--due", action="append", default=[], metavar="LAB=WHEN",
-                       help="a lab's due date, e.g. lab0=2026-09-14T23:59 (UTC, or with -05:00), once per lab: "
+                       help="a lab's due date and time, e.g. lab0=2026-09-14T23:59 (UTC, or with an offset: "
+                            "2026-09-14T23:59-05:00), once per lab: "
                             "kept in the course's gradebook for nbgrader's late penalty")
     grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
     grade.add_argument("--jobs-per-gpu", type=_count, default=None,

@@ -19,11 +19,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ... import course, locks
@@ -500,6 +502,7 @@ def grade(source, settings: Settings) -> ClassResult:
     check_out(settings.out, Path(source))
     check_source(Path(source), settings)
     check_names(Path(source), settings)  # a misspelled name is said first: before a sandbox that may not work
+    _due_dates(settings.due)  # so is a --due that is not a date and time: nothing is written before it
     check_identities(Path(source), settings)  # a Moodle lab that would make its students new ones
     check_sandbox(settings)
     settings.out = Path(settings.out).resolve()
@@ -779,18 +782,33 @@ def _check_students(students, seen: set, source) -> None:
                            f"{', '.join(sorted(seen)) or '(none)'}")
 
 
+# ``--due``'s one form: an ISO 8601 date and time, minutes at least, an optional offset. nbgrader's parse_utc (what
+# it used before) takes nearly anything (``14`` is the 14th of this month, ``03/09/2026`` is March or September) and
+# a due date read wrong changes every late penalty silently.
+_DUE_FORM = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?(Z|[+-]\d{2}:\d{2})?")
+_DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _due_dates(due: dict) -> dict:
-    """``{lab: datetime in UTC}`` from ``--due LAB=WHEN`` (ISO 8601; no zone: UTC); a wrong one stops the run."""
-    from nbgrader.utils import parse_utc
+    """``{lab: datetime in UTC, without zone}`` (as nbgrader keeps it) from ``--due LAB=WHEN``: WHEN is
+    2026-09-14T23:59, optionally with seconds and a zone (Z, -05:00); without one it is UTC. Anything else, a date
+    without a time included, raises ``GradingRefused`` naming the value and the form to use."""
     parsed = {}
     for lab, when in (due or {}).items():
         if lab not in course.lab_names():
             raise UnknownNames(f"--due {lab}: no such lab (labs: {', '.join(course.lab_names())})")
+        form = f"e.g. {lab}=2026-09-14T23:59 (UTC) or {lab}=2026-09-14T23:59-05:00"
+        if _DATE_ONLY.fullmatch(when):  # midnight at its start, or at its end? the TA says which
+            raise GradingRefused(f"--due {lab}={when}: give a date and time, {form}")
+        if not _DUE_FORM.fullmatch(when):
+            raise GradingRefused(f"--due {lab}={when}: not a date and time in the form YYYY-MM-DDTHH:MM, {form}")
         try:
-            parsed[lab] = parse_utc(when)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise GradingRefused(f"--due {lab}={when}: not a date and time ({exc}); write it as 2026-09-14T23:59 "
-                                 "(UTC) or 2026-09-14T23:59-05:00") from None
+            moment = datetime.fromisoformat(when.replace("Z", "+00:00"))  # Python 3.10's fromisoformat has no Z
+        except ValueError as exc:  # the form, but no such day or time: 2026-02-30, 24:00
+            raise GradingRefused(f"--due {lab}={when}: not a date and time ({exc}), {form}") from None
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+        parsed[lab] = moment
     return parsed
 
 
