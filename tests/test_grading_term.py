@@ -102,6 +102,38 @@ def test_nbgraders_timestamp_is_kept_and_the_roster_reads_both_lmss(tmp_path):
         roster.read(_write(tmp_path / "other.csv", "name,score\nx,1\n"))
 
 
+def test_a_roster_that_is_not_a_csv_is_refused_saying_what_to_give(tmp_path, monkeypatch):
+    """A zip (an .xlsx is one), random bytes, text not in UTF-8 or what csv cannot parse is a ``RosterError``
+    naming the file and the LMS's CSV export to give, never a csv or decoding traceback."""
+    import random
+    canvas = "Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n\"M\u00fcller, J\u00fcrgen\",1002,s2,jm,A,\n"
+    with zipfile.ZipFile(tmp_path / "grades.xlsx", "w") as zf:
+        zf.writestr("xl/workbook.xml", "<workbook/>")
+    noise = random.Random(0).randbytes(4096)
+    (tmp_path / "noise.csv").write_bytes(noise)
+    (tmp_path / "noise-no-nul.csv").write_bytes(noise.replace(b"\0", b""))
+    (tmp_path / "latin1.csv").write_bytes(canvas.encode("latin-1"))
+    (tmp_path / "huge-field.csv").write_text('Student,ID\n"' + "x" * 200_000 + '",1\n')
+    first_u = canvas.index("\u00fc")  # Latin-1's byte 0xfc: where the UTF-8 decoding stops
+    for name, why in (("grades.xlsx", "a zip archive"), ("noise.csv", "NUL bytes"),
+                      ("noise-no-nul.csv", "not UTF-8 text"),
+                      ("latin1.csv", f"not UTF-8 text (byte 0xfc at offset {first_u})"),
+                      ("huge-field.csv", "field larger than field limit")):
+        with pytest.raises(roster.RosterError) as refused:
+            roster.read(tmp_path / name)
+        said = str(refused.value)
+        assert said.startswith(f"{tmp_path / name}: ") and why in said, said
+        assert "Canvas's gradebook export (Grades > Export)" in said and "Moodle's grading worksheet" in said
+    # the same roster in UTF-8, with a BOM and rows ended by \r alone (an old Mac's CSV), is read
+    (tmp_path / "mac.csv").write_bytes(b"\xef\xbb\xbf" + canvas.replace("\n", "\r").encode())
+    assert [(p["name"], p["lms_id"]) for p in roster.read(tmp_path / "mac.csv")] == [("M\u00fcller, J\u00fcrgen", "1002")]
+    # a roster cut at MAX_ROSTER_BYTES inside a character is read up to the cut, not refused as not UTF-8
+    longer = (canvas[:canvas.index("\n") + 1] + '"Smith, John",1003,s3,js,A,\n' + canvas[canvas.index("\n") + 1:]).encode()
+    (tmp_path / "long.csv").write_bytes(longer)
+    monkeypatch.setattr(roster, "MAX_ROSTER_BYTES", longer.index("\u00fc".encode()) + 1)
+    assert [p["lms_id"] for p in roster.read(tmp_path / "long.csv")] == ["1003"]
+
+
 def _moodle_download(tmp_path, ann, ann_text=NB):
     """Moodle's download of lab 0 (John's folder, and ``ann``), taken in; and an empty course folder."""
     root = tmp_path / "in"
@@ -608,11 +640,14 @@ def test_a_hand_grade_in_formgrader_reaches_every_student_output_and_the_lms_exp
 
 def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsys):
     _write(tmp_path / "class" / "alice" / "lab0" / "lab0.ipynb")
+    with zipfile.ZipFile(tmp_path / "class.zip", "w") as zf:  # the submissions' zip given as the roster
+        zf.write(tmp_path / "class" / "alice" / "lab0" / "lab0.ipynb", "alice/lab0/lab0.ipynb")
     out = tmp_path / "course"
     for wrong, said in ((["--due", "lab9=2026-09-14"], "lab9"), (["--due", "lab0=someday"], "not a date"),
                         (["--due", "lab0=2026-09-14"], "lab0=2026-09-14: give a date and time, e.g. "
                                                        "lab0=2026-09-14T23:59"),
-                        (["--roster", str(_write(tmp_path / "r.csv", "name,score\n"))], "Student, ID")):
+                        (["--roster", str(_write(tmp_path / "r.csv", "name,score\n"))], "Student, ID"),
+                        (["--roster", str(tmp_path / "class.zip")], "a zip archive")):
         assert cli.main(["grade", str(tmp_path / "class"), "--out", str(out), *wrong]) != 0
         assert said in capsys.readouterr().err
     with pytest.raises(SystemExit, match="LAB=WHEN"):

@@ -25,6 +25,7 @@ every lab whose worksheet named them (``lab_ids``): a later lab's worksheet adds
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import io
@@ -51,8 +52,7 @@ def _canvas_name(name: str) -> str:
 def read(path: Path) -> list:
     """The people of an LMS roster CSV: ``[{"student", "name", "email", "lms_id", "lms", ...}]``."""
     raw = Path(path).read_bytes()[:MAX_ROSTER_BYTES]
-    text = raw.decode("utf-8-sig", errors="replace")
-    rows = list(csv.reader(io.StringIO(text)))
+    rows = _csv_rows(path, raw)
     if not rows:
         raise RosterError(f"{path}: empty; give the LMS's CSV export of the class")
     header = [h.strip() for h in rows[0]]
@@ -106,6 +106,33 @@ def read(path: Path) -> list:
     for person in people:
         person["columns"] = columns  # Canvas: its assignment columns and their points, for the export
     return people
+
+
+GIVE = ("give the LMS's class list as the CSV file it downloads: Canvas's gradebook export (Grades > Export) or "
+        "Moodle's grading worksheet (Assignment > Download grading worksheet) or grade export")
+
+
+def _csv_rows(path, raw: bytes) -> list:
+    """The rows of a roster's bytes; ``RosterError`` saying what to give where they are not CSV text: a zip (an
+    .xlsx is one), other binary, text not in UTF-8, or what Python's csv cannot parse."""
+    if raw.startswith(b"PK\x03\x04"):
+        raise RosterError(f"{path}: a zip archive (an Excel .xlsx, or a download of submissions), not a CSV; {GIVE}")
+    if b"\x00" in raw[:4096]:  # no CSV has NUL bytes; UTF-16, .xls or another program's file does
+        raise RosterError(f"{path}: not a CSV in UTF-8 (it has NUL bytes: a spreadsheet's own format, or UTF-16 "
+                          f"text); {GIVE}")
+    try:
+        # strict: a name's bytes replaced would reach the gradebook and the LMS export wrong, and quietly. Not
+        # final where the file was cut at MAX_ROSTER_BYTES: a character cut in two there is no error.
+        text = codecs.getincrementaldecoder("utf-8-sig")().decode(raw, final=len(raw) < MAX_ROSTER_BYTES)
+    except UnicodeDecodeError as exc:
+        at = exc.start + len(raw) - len(exc.object)  # the decoder's offsets leave out a BOM
+        raise RosterError(f"{path}: not UTF-8 text (byte 0x{raw[at]:02x} at offset {at}); {GIVE}, "
+                          "unedited: a spreadsheet program that saved it again must save it as CSV UTF-8") from None
+    try:
+        # newline="" as csv asks: a row may end in \r alone (an old Mac's CSV) and a quoted name keeps its line ends
+        return list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise RosterError(f"{path}: not a CSV this can read ({exc}); {GIVE}") from None
 
 
 def _points(text: str) -> float | None:
