@@ -181,6 +181,20 @@ def test_an_io_error_while_grading_is_one_line_and_says_how_to_resume(tmp_path, 
     assert len(lines) == 1 and "No space left on device" in lines[0] and "run the same command to resume" in lines[0]
 
 
+def test_ctrl_c_while_grading_is_one_line_that_says_how_to_finish(tmp_path, monkeypatch):
+    # Ctrl-C once printed KeyboardInterrupt's traceback: now one line, and the shell's status for it (130)
+    def interrupted(source, settings):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "grade", interrupted)
+    (tmp_path / "submissions").mkdir()
+    code, out, err = _grade_cli(tmp_path / "submissions", "--out", tmp_path / "run")
+    assert code == 130 and "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"fuselab grade: interrupted. What was graded is kept in {shown(tmp_path / 'run')}: run the "
+                     "same command again to finish"], lines
+
+
 def test_a_run_whose_grader_failed_on_a_submission_does_not_exit_as_a_success(tmp_path, monkeypatch):
     # a sandbox that failed for every submission (its check passed) once saved nothing and exited 0: the TA saw a
     # success; the grader's own failures now end in exit status 5 and a line saying to run the same command again

@@ -186,8 +186,21 @@ def _user() -> str:
 
 
 def main_grade(args) -> int:
-    from .pipeline import GradingRefused, Settings, check_out, default_out, grade
+    from .pipeline import default_out
     out = Path(args.out) if args.out else default_out()
+    try:
+        return _grade_into(args, out)
+    except KeyboardInterrupt:
+        # Ctrl-C. Caught here, at the top, so the pipeline unwinds as it always did (each submission's children
+        # stopped, --out's lock released, the sandbox's cgroups removed at exit); only the traceback is replaced.
+        # Each graded submission was saved as it finished: the same command resumes from there.
+        print(f"\nfuselab grade: interrupted. What was graded is kept in {shown(out)}: run the same command again to "
+              "finish", file=sys.stderr)
+        return 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
+
+
+def _grade_into(args, out: Path) -> int:
+    from .pipeline import GradingRefused, Settings, check_out, grade
     try:
         check_out(out, Path(args.submissions))
     except GradingRefused as refused:
