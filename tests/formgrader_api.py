@@ -60,8 +60,18 @@ class Formgrader:
         grade = next(g for g in self.get(f"grades?submission_id={submission['id']}") if g["name"] == grade_id)
         self.put(f"grade/{grade['id']}", {**grade, "manual_score": score})
         if comment:
-            remark = next(c for c in self.get(f"comments?submission_id={submission['id']}") if c["name"] == grade_id)
-            self.put(f"comment/{remark['id']}", {**remark, "manual_comment": comment})
+            self.comment(lab, notebook, student, grade_id, comment)
+
+    def comment_boxes(self, lab: str, notebook: str, student: str) -> list:
+        """The cells of a submission that formgrader gives a comment box (nbgrader's comments), by grade id."""
+        submission = self.submission(lab, notebook, student)
+        return [c["name"] for c in self.get(f"comments?submission_id={submission['id']}")]
+
+    def comment(self, lab: str, notebook: str, student: str, grade_id: str, comment: str) -> None:
+        """A comment alone, in a cell's comment box (a solution cell has one and no score)."""
+        submission = self.submission(lab, notebook, student)
+        remark = next(c for c in self.get(f"comments?submission_id={submission['id']}") if c["name"] == grade_id)
+        self.put(f"comment/{remark['id']}", {**remark, "manual_comment": comment})
 
 
 @contextlib.contextmanager

@@ -158,6 +158,10 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
         assert sorted(listed) == sorted(STUDENTS) and all(s["autograded"] and s["score"] > 0 for s in listed.values())
         assert listed["bob"]["timestamp"].startswith("2026-09-14T20:00"), listed["bob"]
         server.grade(LAB, LAB, "ann", "answer_sweep", 1.5, "Good sweep, but say why L2.")
+        # as the TA guide says: a test cell has no comment box; what a TA says of a test goes on the solution cell
+        boxes = server.comment_boxes(LAB, LAB, "ann")
+        assert "fused_source" in boxes and "answer_sweep" in boxes and "test_fused" not in boxes, boxes
+        server.comment(LAB, LAB, "ann", "fused_source", "test_fused: your kernel reads x twice.")
         with urllib.request.urlopen(f"{server.base}/lab?token={server.token}", timeout=30) as response:
             page = response.read().decode()  # no student panels
         config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
@@ -197,6 +201,7 @@ def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(gra
     assert "bob" in waiting and ("ann" in waiting) == ann_waits, (waiting, hand_columns)
     page = (out / "feedback" / "ann" / "lab0.html").read_text()
     assert "Good sweep, but say why L2." in page and f"Total: {auto_total + 1.5:g} of {maximum:g}" in page
+    assert "test_fused: your kernel reads x twice." in page  # the solution cell's comment reaches the student
 
 
 def test_stopping_the_formgrader_command_stops_its_server(tmp_path):
