@@ -121,6 +121,8 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None,
             row["max"] += maxima[lab] or 0.0
             if standing.status == term.MISSING:
                 row[f"{lab} total"] = "0"
+            else:  # not graded: its points are not known, so neither is the student's total (blank, as the lab's)
+                row["pending"] = True
     for r in results:
         row = rows.setdefault(r.student, {"student": r.student, "total": 0.0, "max": 0.0, "flags": 0})
         row.setdefault(f"{r.lab} status", "graded")
@@ -147,7 +149,8 @@ def write_grades_csv(results: list, path: Path, standings: list | None = None,
         writer.writeheader()
         for student in sorted(rows):
             row = rows[student]
-            row["total"], row["max"] = f"{row['total']:g}", f"{row['max']:g}"
+            row["total"] = "" if row.pop("pending", False) else f"{row['total']:g}"
+            row["max"] = f"{row['max']:g}"
             # a folder name's escape sequence or right-to-left override never reaches a terminal or a spreadsheet
             writer.writerow({key: spreadsheet_cell(shown(value)) if isinstance(value, str) else value
                              for key, value in row.items()})
