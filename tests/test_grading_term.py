@@ -247,6 +247,14 @@ def test_a_student_graded_in_one_lab_and_not_on_the_roster_is_missing_in_the_nex
     assert cli.missing_line(standings, {"lab1"}) == "missing (nothing submitted, 0 in grades.csv): kimlee_1007/lab1"
     assert cli.missing_line(standings, {"lab0", "lab1"}, most=1).endswith(" and 1 more (report.html)")
     assert cli.missing_line(standings, {"lab2"}) == ""
+    # and the report's To look at names whom the roster does not list, to download it again (not the upload of
+    # no student, nor anyone when no roster was given)
+    from fuselab.grading.outputs import report
+    [line] = report._not_on_the_roster(standings)
+    said = "".join(text for _, text in line)
+    assert "not on the roster" in said and "2 student(s)" in said and "Ann_Lee_1235, kimlee_1007" in said, said
+    assert "doejane_1003" not in said and term.NOBODY not in said
+    assert report._not_on_the_roster([s for s in standings if not s.person]) == []  # no roster given: no line
 
 
 def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):

@@ -398,7 +398,22 @@ def _attention(class_result, standings, whole) -> list:
                       f"{a.why}. Grade it again in formgrader if it still applies (kept in course/"
                       f"{SET_ASIDE})")]
                   for a in getattr(class_result, "hand_grades_set_aside", [])]
-    return attention + _to_grade_by_hand(standings)
+    return attention + _not_on_the_roster(standings) + _to_grade_by_hand(standings)
+
+
+def _not_on_the_roster(standings) -> list:
+    """One line for the students a kept roster does not list (someone who joined after its download): graded as
+    any other, but without a name, and the LMS may not take their row."""
+    if not any(s.person for s in standings):  # no roster given
+        return []
+    strangers = sorted({s.student for s in standings if not s.person and s.status != term.MISSING
+                        and not s.student.startswith(term.NOBODY)})
+    if not strangers:
+        return []
+    named = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
+    return [[_b("not on the roster"), _t(f": {len(strangers)} student(s) graded whom the kept roster does not list "
+                                         f"({named}): download the LMS's grade export again and give it as "
+                                         "--roster on the next run (docs/ta-guide.md)")]]
 
 
 def _number(value) -> float:
