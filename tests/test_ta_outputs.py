@@ -206,6 +206,38 @@ def test_canvas_points_possible_are_never_changed_silently(tmp_path, capsys):
     assert by_id["1002"] == ""                                                  # not graded: left as it is
 
 
+def test_a_student_named_points_possible_is_a_student_not_canvas_points(tmp_path):
+    """Canvas's "Points Possible" row comes first and has no id. A student whose name reads the same (with an id,
+    among the students) was taken for that row: their scores became every assignment's points in Canvas, which
+    the export then checked or scaled every grade against, and the student left the roster."""
+    path = tmp_path / "canvas.csv"
+    path.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (111)\n    Points Possible,,,,,10\n"
+                    "\"Smith, John\",1002,s2,jsmith,A,7\nPoints Possible,1009,s9,pp,A,4\n"
+                    "\"Student, Test\",1010,,,A,0\n")
+    people = roster.read(path)
+    assert [p["lms_id"] for p in people] == ["1002", "1009"]  # the test student is Canvas's own, not the class's
+    assert all(p["columns"] == {"Lab 0 (111)": 10.0} for p in people), people
+
+
+@pytest.mark.parametrize("columns", [["Lab 0 Quiz (222)", "Lab 0 Fusion (111)"], ["Lab 0 (111)", "Lab 0 (333)"]])
+def test_an_export_never_guesses_between_two_canvas_columns_of_a_lab(tmp_path, capsys, columns):
+    """The first column that started like the lab's took its grades: "Lab 0 Quiz" before "Lab 0 Fusion" would have
+    had the whole class's quiz grades overwritten by the import. One exact match ("Lab 0") is taken over ones
+    that only start so; two that could both be it stop the export, naming them."""
+    people = [dict(p, columns=dict.fromkeys(columns, 12.0)) for p in CANVAS]
+    out = _course(tmp_path, people=people)
+    _outputs(out)
+    assert cli.main(["export", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert all(column in err for column in columns) and "could be lab0" in err, err
+    assert not (out / "export" / "canvas-grades.csv").exists()
+    exact = [dict(p, columns=dict.fromkeys(["Lab 0 Quiz (222)", "Lab 0 (111)"], 12.0)) for p in CANVAS]
+    roster.save(out, exact)
+    assert cli.main(["export", str(out)]) == 0
+    header = next(csv.reader((out / "export" / "canvas-grades.csv").open(encoding="utf-8")))
+    assert "Lab 0 (111)" in header and "Lab 0 Quiz (222)" not in header
+
+
 def test_moodles_maximum_grade_is_never_exceeded_silently(tmp_path, capsys):
     """The grading worksheet (--roster) says the Moodle assignment's maximum grade (10); the lab is worth 12: Moodle
     would refuse a grade above its 10, so no moodle-lab0.csv is written until the TA decides (as for Canvas's

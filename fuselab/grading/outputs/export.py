@@ -62,12 +62,23 @@ def nbgrader_scores(db: Path) -> tuple:
 
 
 def _canvas_column(lab: str, columns: dict) -> str:
-    """The roster's Canvas column for ``lab`` ("Lab 0 (12345)" for lab0), else the lab's name."""
+    """The roster's Canvas column for ``lab`` ("Lab 0 (12345)" for lab0; "Lab 0 Fusion (12345)" where only one
+    column starts so), else the lab's name. Two columns that both could be it ("Lab 0 Fusion", "Lab 0 Quiz") are
+    an ``ExportError``: an import into the wrong one would overwrite another assignment's grades."""
+    exact, starting = [], []
     for header in columns:
         squeezed = re.sub(r"[^a-z0-9]", "", re.sub(r"\(\d+\)\s*$", "", header).lower())
-        if squeezed == lab.lower() or re.fullmatch(re.escape(lab.lower()) + r"[a-z]*", squeezed):
-            return header
-    return lab
+        if squeezed == lab.lower():
+            exact.append(header)
+        elif re.fullmatch(re.escape(lab.lower()) + r"[a-z]+", squeezed):
+            starting.append(header)
+    found = exact or starting
+    if len(found) > 1:
+        raise ExportError(f"the roster's Canvas gradebook has {len(found)} columns that could be {lab}: "
+                          f"{', '.join(found)}. Name the lab's assignment in Canvas so that only one column "
+                          f"reads as {lab} (e.g. \"{lab.capitalize()}\"), download the roster again and give it "
+                          "to the next `fuselab grade` as --roster")
+    return found[0] if found else lab
 
 
 def _number(value: float) -> str:

@@ -61,18 +61,21 @@ def read(path: Path) -> list:
     if "student" in lower and "id" in lower:  # Canvas
         at = {name: lower.index(name) for name in ("student", "id", "sis user id", "sis login id", "section")
               if name in lower}
-        possible = {}  # Canvas's "Points Possible" row: each assignment's points in Canvas
+        possible = None  # Canvas's "Points Possible" row: each assignment's points in Canvas
         for row in rows[1:]:
             cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
-            if cell["student"].lower() == "points possible":
+            # Canvas's own row comes before the students' and has no id: a student whose name reads "Points
+            # Possible" is a student, whose scores are never taken for the assignments' points
+            if cell["student"].lower() == "points possible" and not cell["id"] and possible is None and not people:
                 possible = {h: _points(row[i]) for i, h in enumerate(header) if i >= 5 and i < len(row)}
-            if not cell["id"].isdigit() or cell["student"].lower() in ("points possible", "student, test"):
+                continue
+            if not cell["id"].isdigit() or cell["student"].lower() == "student, test":
                 continue
             people.append({"student": student_id(f"{_canvas_name(cell['student'])}_{cell['id']}"),
                            "name": cell["student"], "lms_id": cell["id"], "lms": "canvas",
                            "sis_id": cell.get("sis user id", ""), "sis_login": cell.get("sis login id", ""),
                            "section": cell.get("section", ""), "email": ""})
-        columns = {h: possible.get(h) for h in header[5:]}  # an assignment column: its points in Canvas
+        columns = {h: (possible or {}).get(h) for h in header[5:]}  # an assignment column: its points in Canvas
     elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
         at = {name: lower.index(name) for name in ("identifier", "full name", "email address", "status",
                                                    "last modified (submission)", "maximum grade") if name in lower}
