@@ -185,3 +185,14 @@ def test_shards_are_equal_runs_of_one_lab_where_the_sizes_allow():
 def test_status_of_a_folder_without_a_plan_says_so(tmp_path, capsys):
     with pytest.raises(SystemExit, match="holds no Slurm grading run"):
         cli.main(["grade", "--status", str(tmp_path)])
+
+
+@pytest.mark.parametrize("given", [["--roster", "canvas.csv"], ["--due", "lab0=2026-09-14T23:59"]])
+def test_options_the_cluster_jobs_do_not_carry_are_refused(tmp_path, capsys, given):
+    """--roster and --due do not reach the shards or the merge: a class graded with them on the cluster would have
+    had no late penalty and no roster's missing students, silently. Refused before anything is submitted."""
+    (tmp_path / "class").mkdir()
+    assert cli.main(["grade", str(tmp_path / "class"), "--slurm", "--out", str(tmp_path / "run"), *given]) == 3
+    err = capsys.readouterr().err
+    assert f"--slurm does not take {given[0]}" in err and "on one host" in err
+    assert not (tmp_path / "run" / "slurm").exists()
