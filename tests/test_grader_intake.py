@@ -87,6 +87,21 @@ def test_filters_and_student_ids(tmp_path):
     assert intake.student_id("Zoë O'Neil ") == "Zo_O_Neil"
 
 
+def test_a_moodle_name_that_holds_another_participants_number_is_never_theirs(tmp_path):
+    """A Moodle entry is "<Full Name>_<number>_assignsubmission_<plugin>_", and a student who may edit their full
+    name could make it "Victim_1234_assignsubmission_file": their folder then read as Victim's (1234), and Victim's
+    own lab was refused as two notebooks. A name holding two participants' numbers is refused, folder or file."""
+    root = tmp_path / "moodle"
+    _write(root / "Victim_1234_assignsubmission_file_" / "lab0.ipynb")
+    _write(root / "Victim_1234_assignsubmission_file_999_assignsubmission_file_" / "lab0.ipynb")
+    _write(root / "Victim_1234_assignsubmission_file_998_assignsubmission_file_lab1.ipynb")
+    subs, problems = intake.collect(root, tmp_path / "staging", LABS)
+    assert _found(subs) == [("Victim_1234", "lab0")]
+    assert sorted(p.where for p in problems) == ["Victim_1234_assignsubmission_file_998_assignsubmission_file_lab1.ipynb",
+                                                 "Victim_1234_assignsubmission_file_999_assignsubmission_file_/lab0.ipynb"]
+    assert all("two Moodle participants' numbers" in p.message for p in problems)
+
+
 def test_lms_ids_keep_students_with_one_name_apart_and_one_id_is_never_two_names(tmp_path):
     root = tmp_path / "moodle"
     _write(root / "Wei Zhang_1001_assignsubmission_file_" / "lab0.ipynb")

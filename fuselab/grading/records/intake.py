@@ -55,6 +55,7 @@ _CANVAS = re.compile(r"^(?P<student>[^_]+)_(?:LATE_)?\d+_\d+_(?P<rest>.+)$")
 _MOODLE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_\w*?_?$")
 _CANVAS_ID = re.compile(r"^(?P<student>[^_]+)_(?P<late>LATE_)?(?P<id>\d+)_(?P<file>\d+)_(?P<rest>.+)$")
 _CANVAS_COPY = re.compile(r"^(?P<base>.+?)(?:-(?P<copy>\d+))?(?P<ext>\.ipynb)$", re.IGNORECASE)  # lab0-1.ipynb
+_MOODLE_MARK = re.compile(r"_\d+_assignsubmission_")  # what follows a Moodle entry's full name, once
 _MOODLE_FILE = re.compile(r"^(?P<student>.+?)_(?P<id>\d+)_assignsubmission_(?:file|onlinetext)_(?P<rest>.+)$")
 MAX_TIMESTAMP_BYTES = 200
 MAX_MEMBER_PARTS = 64  # folders deep a zip's member may be: deeper is no submission's layout, and Python's walks
@@ -464,6 +465,13 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     unreadable: list = []
     for relative in _files(root, unreadable):
         path = root / relative
+        if len(_MOODLE_MARK.findall(relative.parts[0])) > 1:
+            # a Moodle name holds the student's full name, which a student may be able to edit, before its own
+            # ``_<number>_assignsubmission_``: a name with two of them could be either participant's, never guessed
+            problems.append(Problem(str(relative), "its name holds two Moodle participants' numbers "
+                                                   "(_<number>_assignsubmission_ twice): not graded, as it could be "
+                                                   "either's; look at it in Moodle", student=None))
+            continue
         owner, below = _owner(relative)
         if moodle_ids and owner is not None:
             said = _lms_facts(relative)
