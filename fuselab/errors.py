@@ -53,6 +53,11 @@ class LaunchError(FuselabError, RuntimeError):
     """A launcher recorded a CUDA error (for example an invalid launch configuration)."""
 
 
+class StaleModule(ShownWithoutInternals, FuselabError, RuntimeError):
+    """A launcher of a module whose name was built again since, and that build failed: the module is the kernel as
+    it was before the edit, so calling it would test old code (``kernelbuild.build``)."""
+
+
 class HostWroteKernelMemory(LaunchError):
     """Under the CPU emulation while the course grades: a launcher's host code changed kernel memory outside every
     kernel and runtime copy, which a GPU does not allow (``fuselab/kernel_memory.py``)."""

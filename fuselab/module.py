@@ -19,7 +19,7 @@ import threading
 import torch
 
 from . import launch_record
-from .errors import HostWroteKernelMemory, LaunchError
+from .errors import HostWroteKernelMemory, LaunchError, StaleModule
 from .prototypes import SCALAR_TYPES, Prototype, evaluate, expression_names
 
 THREAD_ORDERS = {"forward": 0, "reverse": 1, "random": 2}
@@ -52,6 +52,9 @@ class Launcher:
         return self._module.emulated
 
     def __call__(self, *args, **kwargs):
+        stale = getattr(self._module, "stale", None)
+        if stale:
+            raise StaleModule(f"{self.__name__}: {stale}")
         values = self._bind(args, kwargs)
         c_args, dims, tensors = [], {}, []
         for param in self.prototype.params:
@@ -273,6 +276,7 @@ class Module:
         self.build_seconds = build_seconds
         self.cached = cached
         self.name = name
+        self.stale = None  # why it is not to be called: a later build of its name failed (``kernelbuild.build``)
         self._lib = ctypes.CDLL(self.library_path)
         # what every launch calls in the library, typed once here, and the buffers its messages are read into
         # (one call at a time reads them: ``_buffers_lock``)

@@ -827,3 +827,36 @@ def test_a_launch_of_zero_blocks_for_no_work_says_to_launch_nothing():
     message = str(info.value)
     assert "cudaErrorInvalidConfiguration" in message and "grid (0,1,1) has a zero dimension" in message
     assert "n = 0: there is nothing to compute" in message and "`if (n > 0) kernel<<<...>>>(...)`" in message
+
+
+def test_a_module_whose_next_build_failed_refuses_to_run_the_old_kernel():
+    """A student edits a kernel, runs its build cell, meets a compiler error and runs the test cell anyway: the
+    test called the module the build before had made, and passed on the old code. A failed build of a name makes
+    the module that name had stale: its launchers say so instead of running; a build that succeeds is used."""
+    from fuselab.errors import StaleModule
+    proto = "void twice(const float* x, float* out, int n, cudaStream_t stream)"
+    source = textwrap.dedent("""\
+        __global__ void twice_kernel(const float* x, float* out, int n) {
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) out[i] = FACTOR * x[i];
+        }
+        void twice(const float* x, float* out, int n, cudaStream_t stream) {
+            if (n > 0) twice_kernel<<<(n + 255) / 256, 256, 0, stream>>>(x, out, n);
+        }
+        """)
+    x, out = torch.arange(5.0), torch.empty(5)
+    old = fuselab.build(source.replace("FACTOR", "2.0f"), [proto], name="stale_check", backend="emulate")
+    old.twice(x, out, 5)
+    assert torch.equal(out, 2 * x)
+    with pytest.raises(BuildError):
+        fuselab.build(source.replace("FACTOR", "3.0f +"), [proto], name="stale_check", backend="emulate")
+    with pytest.raises(StaleModule, match="before its last build, which failed .BuildError.*run that cell again"):
+        old.twice(x, out, 5)
+    new = fuselab.build(source.replace("FACTOR", "3.0f"), [proto], name="stale_check", backend="emulate")
+    new.twice(x, out, 5)
+    assert torch.equal(out, 3 * x)
+    other = fuselab.build(source.replace("FACTOR", "4.0f"), [proto], name="stale_other", backend="emulate")
+    with pytest.raises(BuildError):  # another name's failure leaves this one alone
+        fuselab.build(source.replace("FACTOR", "5.0f +"), [proto], name="stale_check", backend="emulate")
+    other.twice(x, out, 5)
+    assert torch.equal(out, 4 * x)

@@ -24,6 +24,7 @@ import re
 import shutil
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from .. import config, diagnostics, locks, native_check, proctree, prototypes, toolchain
@@ -60,10 +61,28 @@ def build(source: str, launchers, *, name: str = "kernel", backend: str | None =
     the error shows only the student's own frames (``fuselab.errors``).
     """
     try:
-        return _build(source, launchers, name=name, backend=backend, extra_cflags=extra_cflags, timeout=timeout,
-                      sanitize=sanitize, verbose=verbose)
+        module = _build(source, launchers, name=name, backend=backend, extra_cflags=extra_cflags, timeout=timeout,
+                        sanitize=sanitize, verbose=verbose)
     except (BuildError, NotWrittenError) as error:
+        _made_stale(name, error)
         raise error.with_traceback(None)  # noqa: B904 - the same error, its message says everything
+    with contextlib.suppress(TypeError):  # a module the grader's checker holds for another process: not kept
+        _BUILT[name] = weakref.ref(module)
+    return module
+
+
+# name → the module its last build that succeeded returned (weakly): a student who edits a kernel, runs its build
+# cell, meets an error and runs the test cell anyway would otherwise test the kernel as it was before the edit
+_BUILT: dict = {}
+
+
+def _made_stale(name: str, error: Exception) -> None:
+    """The module ``name``'s last build gave, marked stale: its launchers raise ``StaleModule``."""
+    earlier = _BUILT.pop(name, lambda: None)()
+    if isinstance(earlier, Module):  # a module of this process (the checker's stand-ins run nothing here)
+        earlier.stale = (f"the module {name!r} is the kernel as it was before its last build, which failed "
+                         f"({type(error).__name__}): calling it would test the old code. Fix the error the build "
+                         "cell shows and run that cell again, then this one")
 
 
 def job_ahead(source: str, launchers, *, name: str = "kernel", backend: str | None = None, extra_cflags=()):
