@@ -101,6 +101,11 @@ class Launcher:
                                   f"rounds down, as `n / 256` does for n < 256. Round it up: `(n + 255) / 256` "
                                   f"blocks of 256 threads cover every element, and the kernel's `if (i < n)` "
                                   f"skips the rest.)") from None
+            if "InvalidConfiguration" in str(exc) and "exceeds CUDA's limits (2147483647, 65535, 65535)" in str(exc):
+                raise LaunchError(f"{exc} (a grid's y and z dimensions hold at most 65535 blocks each, its x "
+                                  f"2147483647: put the large count in x, or launch at most 65535 in z and loop "
+                                  f"over the rest in the kernel: `for (int p = blockIdx.z; p < planes; "
+                                  f"p += gridDim.z)`.)") from None
             raise
 
     def _bind(self, args, kwargs):

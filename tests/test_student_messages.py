@@ -6,6 +6,7 @@ name the bug (and say the fix once).
 
 import random
 import re
+import textwrap
 
 import pytest
 import torch
@@ -44,6 +45,26 @@ def test_a_grid_that_rounds_down_says_round_up():
     said = str(raised.value)
     assert "grid (0,1,1)" in said and "rounds down" in said and "(n + 255) / 256" in said, said
     assert "n = 0" not in said, said  # there is work to do: not the empty-tensor advice
+
+
+def test_a_grid_taller_than_cuda_allows_says_where_the_count_goes():
+    """A grid of 65600 blocks in z: the emulation's launch error said only CUDA's limits; it now says that y and z
+    hold 65535 blocks each, and the loop that covers the rest."""
+    source = textwrap.dedent("""\
+        __global__ void planes_kernel(float* out, int planes) {
+            int p = blockIdx.z;
+            if (p < planes) out[p] = 1.0f;
+        }
+        void planes(float* out, int planes, cudaStream_t stream) {
+            if (planes > 0) planes_kernel<<<dim3(1, 1, planes), 1, 0, stream>>>(out, planes);
+        }
+        """)
+    mod = fuselab.build(source, ["void planes(float* out, int planes, cudaStream_t stream)"], name="msg_grid_z",
+                        backend="emulate")
+    with pytest.raises(fuselab.LaunchError) as raised:
+        mod.planes(torch.empty(65600), 65600)
+    said = str(raised.value)
+    assert "(1,1,65600)" in said and "at most 65535 blocks each" in said and "p += gridDim.z" in said, said
 
 
 def test_an_empty_tensor_says_guard_the_launch_once():
