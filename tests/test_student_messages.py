@@ -92,6 +92,20 @@ def test_a_missing_bounds_check_is_named_as_one():
     assert not result.passed and "missing `if (i < n)` bounds check" in report and "off-by-one" not in report, report
 
 
+def test_a_read_one_past_the_end_is_named_not_blamed_on_the_relu():
+    """A kernel that reads `a[i + 1]` at the last element reads the NaN past the input, which fmaxf turns into 0:
+    the report blamed "a ReLU where none belongs". Only the last element wrong, though written, now asks about a
+    read past the end."""
+    source = FUSED.replace("BOUND", "i < n").replace("LAUNCH", "if (n > 0)").replace(
+        "GRID", "(unsigned)((n + 255) / 256)").replace("a[i] + b[i]", "a[i + (i == n - 1)] + b[i]")
+    mod = fuselab.build(source, [lab0.FUSED], name="msg_read_past", backend="emulate")
+    result = fuselab.check(lab0.fused(mod), lab0.reference, make, [(300,), (1000,)], seeds=(0, 1, 2), verbose=False,
+                           raise_on_fail=False)
+    report = result.report()
+    assert not result.passed and "read one past the end of an input" in report, report
+    assert "a ReLU where none belongs" not in report, report
+
+
 def test_a_launcher_ignoring_its_stream_is_named_once_for_all_cases():
     source = FUSED.replace("BOUND", "i < n").replace("LAUNCH", "if (n > 0)").replace(
         "<<<GRID, 256, 0, stream>>>", "<<<(unsigned)((n + 255) / 256), 256>>>")

@@ -394,6 +394,18 @@ def _tail_along_a_dimension(ev: Evidence, dims=None) -> str:
     return ""
 
 
+def _last_element_only(ev: Evidence) -> str:
+    """Only the last element of a 1-D output wrong, though written (one element: no pattern for the rules after
+    it): most often an input read one past its end (``a[i + 1]``, a neighbour), into the NaN the tests put around
+    it, which a ReLU turns into 0 (so the ReLU rule would blame the ReLU)."""
+    bad = ev.bad
+    if bad.dim() != 1 or bad.numel() < 2 or int(bad.sum()) != 1 or not bool(bad[-1]) or bool(ev.not_written[-1]):
+        return ""
+    return (f"only the last element, `{ev.name}[{bad.numel() - 1}]`, is wrong, though written: does the kernel "
+            "read one past the end of an input there (`a[i + 1]`, a neighbour)? The tests put NaN just past every "
+            "input, and a NaN read comes out as anything after a ReLU (`fmaxf(NaN, 0.0f)` is 0).")
+
+
 def _some_not_written(ev: Evidence) -> str:
     count = int(ev.not_written.sum())
     if count == 0:
@@ -675,6 +687,7 @@ _RULES = (
     _two_indices_swapped,
     _one_block_in_every_plane,
     _grid_axis_from_another_size,
+    _last_element_only,
     _correct_only_below,
     _tail_along_a_dimension,
     _some_not_written,
