@@ -26,8 +26,8 @@ Time limits do not depend on how busy the machine is. A cell's limit counts its 
 CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
 per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
 that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count
-(unless a thread lowered its own priority, ``_running``), nor does time stopped or waiting for the GPU. A cell past its own time (an endless loop, a hang) scores 0
-"timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
+(unless a thread lowered its own priority, ``_running``), nor does time stopped or waiting for the GPU. A cell
+past its own time (an endless loop, a hang) scores 0 "timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
 stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
 grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
 before it can score 0.

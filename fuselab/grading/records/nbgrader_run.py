@@ -108,8 +108,9 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
     Written answers keep whatever a person gave them (formgrader), as long as the notebook is the one they were
     given on. A new upload sets aside (``_set_aside``) a hand grade or comment of a cell whose text changed, and a
     re-scored test whose grader's score changed: the cell waits for a person again, and what they had entered is
-    kept in ``SET_ASIDE`` (the course folder) and said in the report. With a submission's timestamp and the lab's due date, nbgrader's late-penalty plugin
-    (``late_penalties``, default ``late_penalty_plugin()``) sets the notebook's penalty as its autograde would.
+    kept in ``SET_ASIDE`` (the course folder) and said in the report. With a submission's timestamp and the lab's
+    due date, nbgrader's late-penalty plugin (``late_penalties``, default ``late_penalty_plugin()``) sets the
+    notebook's penalty as its autograde would.
     One gradebook is opened for all: SQLAlchemy caches its compiled queries per engine, and a gradebook opened per
     submission compiled each again (36 ms a submission on the H200 machine; re-recording 30 submissions on the
     2-core machine took 2.2 s that way, 0.33 s through one opening). ``progress``: called once per entry recorded.
@@ -124,8 +125,7 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
             if entry.notebook_copy and Path(entry.notebook_copy).is_file():  # an earlier run's copy may be gone
                 copy = formgrader_copy(Path(entry.notebook_copy))
                 set_aside += _set_aside(gradebook, entry, _cell_texts(target), _cell_texts(copy))
-                target.unlink(missing_ok=True)
-                target.write_text(json.dumps(copy, indent=1))
+                _write_copy(copy, target)
             notebook, seconds_late = _record_one(gradebook, entry)
             notebook.late_submission_penalty = None
             if seconds_late > 0:
@@ -247,8 +247,12 @@ HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader'
 
 def write_without_hidden_tests(notebook: Path, target: Path) -> None:
     """``notebook`` into ``target`` as ``formgrader_copy`` makes it."""
-    target.unlink(missing_ok=True)
-    target.write_text(json.dumps(formgrader_copy(notebook), indent=1))
+    _write_copy(formgrader_copy(notebook), target)
+
+
+def _write_copy(copy: dict, target: Path) -> None:
+    target.unlink(missing_ok=True)  # a new file, never through whatever stands at that name
+    target.write_text(json.dumps(copy, indent=1))
 
 
 def formgrader_copy(notebook: Path) -> dict:
