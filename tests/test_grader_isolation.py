@@ -221,6 +221,21 @@ def test_bubblewrap_sandbox_sees_only_its_own_folder(tmp_path):
     assert (own / "out.txt").read_text() == "mine"
 
 
+def test_a_user_site_a_sandbox_wrote_in_its_own_folder_is_never_read_inside(tmp_path):
+    # HOME inside is the child's own folder: a worker started again there (after a crash) would run at its start,
+    # before its first request, a .pth its predecessor left in a user site there. (A virtual environment reads no
+    # user site anyway; the GPU machine's Python, no venv, would: the flag is what every Python obeys.)
+    own = tmp_path / "kernel-process"
+    site = own / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "planted.pth").write_text("import os; os.write(1, b'planted ran\\n')\n")
+    probe = "import sys; print('no user site:', sys.flags.no_user_site)"
+    command = isolate.sandboxed([sys.executable, "-P", "-c", probe], own=[own], hide=[])
+    outcome = isolate.run(command, limits=isolate.Limits(wall_s=60, memory_bytes=None))
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout.split() == ["no", "user", "site:", "1"]
+
+
 def test_command_line_entry_points():
     import subprocess
     repo = REPO

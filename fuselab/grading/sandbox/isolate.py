@@ -1115,6 +1115,9 @@ def sandboxed(command, *, own: list, hide: list, readonly=()) -> list:
     for folder in [*empty, "/dev", "/"]:
         args += ["--remount-ro", folder]
     args += ["--setenv", "HOME", str(own[0]) if own else "/tmp"]
+    # a user site under that HOME is what the sandbox itself wrote (a worker started again in the same folder
+    # would run a .pth its predecessor left, before its first request): Python reads none inside
+    args += ["--setenv", "PYTHONNOUSERSITE", "1"]
     enter = [sys.executable, "-I", "-S", str(Path(__file__).with_name("enter_sandbox.py")),
              str(SANDBOX_UID), str(SANDBOX_GID), ALLOWED_ENV, "--"]
     started = [sys.executable, "-I", "-S", "-c", _STARTED, SandboxCommand.STARTED]
