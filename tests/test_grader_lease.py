@@ -652,3 +652,62 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     # every slot came back, the dead child's too
     assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))
     assert not shared.speed_slots.acquire(blocking=False)
+
+
+def test_a_child_that_has_not_joined_runs_on_through_a_timing(tmp_path, monkeypatch):
+    # A submission's processes join the GPU's sharers when its checker asks, before any of them touches the GPU:
+    # while they only start (import torch), another's timing does not stop them (the CPU is idle then).
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    counter = tmp_path / "counter"
+
+    def counted():
+        return int(counter.read_text() or 0)
+
+    def advances(within=5.0) -> bool:
+        _wait_for_file(counter)
+        first, deadline = counted(), time.monotonic() + within
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            if counted() > first:
+                return True
+        return False
+    try:
+        shared.acquire(holder)
+        starting = isolate.Child([sys.executable, "-c", COUNTER, str(counter)], limits=_limits(), registry=shared,
+                                 join_at_start=False)
+        assert advances(20), "a child that had not joined was stopped by another's timing"
+        starting.join()  # joined during the timing: stopped at once
+        time.sleep(0.2)
+        assert not advances(1.0), "a child that joined during a timing ran on"
+        assert starting.paused() > 0
+        shared.release()
+        assert advances(), "a joined child was not resumed after the timing"
+        starting.stop()
+        starting.wait()
+        starting.join()  # after its end: never registered again (its pid may be another process's)
+        assert starting not in shared._children
+    finally:
+        holder.stop()
+        holder.wait()
+
+
+def test_a_checker_and_its_workers_join_the_gpu_before_its_first_cell(tmp_path, monkeypatch):
+    from .test_grader_isolation import _cell, _notebook
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    joined_by_first_cell = []
+
+    def on_cell(grade_id):
+        if not joined_by_first_cell:
+            joined_by_first_cell.append(len(shared._children))
+    notebook = _notebook([_cell("VALUE = 41", "setup"),
+                          _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
+                          _cell("assert answer() == 42", "test_answer", graded=True, points=1)])
+    result = recheck.run_clean(notebook, notebook, tmp_path / "clean", cell_timeout=30, total_timeout=120,
+                               limits=isolate.Limits(memory_bytes=2 * 2**30), lease=shared, on_cell=on_cell)
+    assert result.cells["test_answer"].status == "passed", result.cells["test_answer"].message
+    # the checker, the solution worker and the kernel worker, all registered before the checker ran a cell
+    assert joined_by_first_cell == [3]
+    assert not shared._children  # and all gone with their ends
