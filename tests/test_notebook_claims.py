@@ -1245,3 +1245,68 @@ def test_results_quotes_the_early_drawing_runs_of_a1bace6_and_2ba1628():
         (folder / "selfcheck-h100-samples-750f1ab.json").read_text())["samples"]["wall_bound"]["rows"]}
     rises = [r["ratio"] - earlier[(r["submission"], r["test"])] for r in rows]
     assert all(0.005 <= d <= 0.025 for d in rises) and 0.01 <= sum(rises) / len(rises) <= 0.02  # "about 1.5 %"
+
+
+def test_results_quotes_the_lease_join_runs_of_027873b_and_db75417():
+    """The table of a submission's processes joining the GPU's lease when they use it, against the commit before:
+    every cell is its saved run's, and the words beside it are their relations."""
+    import statistics
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    commits = ("027873b", "db75417")
+    stages = [json.loads((folder / f"throughput-h100-{c}.json").read_text())["throughput"] for c in commits]
+    samples = [json.loads((folder / f"selfcheck-h100-samples-{c}.json").read_text()) for c in commits]
+    assert [s["env"]["commit"] for s in samples] == list(commits)
+    assert {s["env"]["gpu"] for s in samples} == {"NVIDIA H100 80GB HBM3"}
+    assert all(t["jobs"] == 10 and t["phases"]["submissions"]["count"] == 120 for t in stages)
+
+    def subs(t):
+        return t["runs"][0]["submissions"]
+
+    def alone(t):
+        return sum(s["gpu_wait_seconds"] + s["gpu_held_seconds"] for s in subs(t))
+
+    def cpu(t):
+        return next(x["measured"] for x in t["targets"] if x["target"].startswith("CPU per submission-lab"))
+
+    def fixed(t):
+        f = t["phases"]["fixed"]
+        return (f"{f['seconds']:.1f} s ({f['intake and course']['seconds']:.1f} s; "
+                f"{f['reference runs']['seconds']:.1f} s)")
+
+    def row(label, cell):
+        return f"| {label} | " + " | ".join(cell(t) for t in stages) + " |"
+    median = lambda t: t["phases"]["per_submission_median"]  # noqa: E731
+    for text in [
+            row("all-in", lambda t: f"{t['phases']['wall_seconds']:.1f} s"),
+            row("submissions phase per submission-lab", lambda t: f"{t['phases']['submissions']['seconds_each']:.2f} s"),
+            row("a submission's start (median)", lambda t: f"{median(t)['start']:.2f} s"),
+            row("a submission's time stopped for others' timings (median)",
+                lambda t: f"{median(t)['timing waits']:.2f} s"),
+            row("a submission, start to verdicts (median)",
+                lambda t: f"{statistics.median(s['seconds'] for s in subs(t)):.1f} s"),
+            row("the GPU to one speed test alone, the others stopped, in all", lambda t: f"{alone(t):.1f} s"),
+            row("CPU per submission-lab", lambda t: f"{cpu(t):.1f} core-s"),
+            row("fixed (intake and course; the references' rest)", fixed),
+            row("full marks", lambda t: f"{t['full_marks']}/{t['phases']['submissions']['count']}")]:
+        assert text in results, text
+    sample_row = "| the sample class | " + " | ".join(
+        f"{sum(r['ok'] for r in s['samples']['rows'])}/{len(s['samples']['rows'])} as deserved, "
+        f"{s['samples']['seconds']:.0f} s" for s in samples) + " |"
+    assert sample_row in results and all(all(r["ok"] for r in s["samples"]["rows"]) for s in samples)
+    before, after = stages
+    # "started faster and was stopped for less time, but the class did not move"
+    assert median(after)["start"] < median(before)["start"]
+    assert median(after)["timing waits"] < median(before)["timing waits"]
+    each = [t["phases"]["submissions"]["seconds_each"] for t in stages]
+    assert abs(each[1] - each[0]) / each[0] < 0.03
+    # "about three eighths of the phase is the speed tests' turns with the GPU alone", "0.9 s a speed test"
+    assert all(0.33 <= alone(t) / t["phases"]["submissions"]["seconds"] <= 0.42 for t in stages)
+    assert all(0.85 <= alone(t) / len(subs(t)) <= 0.95 for t in stages)
+    # "met its 15 s target in the second call only"
+    assert before["phases"]["fixed"]["seconds"] > 15 >= after["phases"]["fixed"]["seconds"]
+    for s, words in zip(samples, ("0.99–1.04 over 17 speed tests at 027873b", "1.00–1.02 at db75417")):
+        rows = s["samples"]["wall_bound"]["rows"]
+        ratios = [r["ratio"] for r in rows]
+        assert not any(r["capped"] for r in rows) and len(ratios) == 17
+        assert f"{min(ratios):.2f}–{max(ratios):.2f}" in words and words in results
