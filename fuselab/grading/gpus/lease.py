@@ -4,8 +4,7 @@ Building, nbgrader's run and the correctness checks of a few submissions can sha
 measurement cannot. So a graded timing asks for a *lease* on its GPU: the grader stops (``SIGSTOP``) every other
 process tree it runs on that GPU, waits until the GPU has no kernel running (NVML's utilisation reads 0), lets
 the timing run, and resumes the others (``SIGCONT``). One timing per GPU at a time; the stopped ones lose a few
-seconds of wall time and nothing else. A submission's processes join (``register``) when its checker asks, before
-any of them touches the GPU: while they only start (importing torch), they run on through others' timings.
+seconds of wall time and nothing else.
 
 The timing runs in the clean recheck's child (its checker), which asks on its channel to the grader and reads the
 grant from a pipe the grader opened for it before it started (``recheck.channel``: ``Ask``, ``GiveBack``,

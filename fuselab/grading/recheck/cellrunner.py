@@ -185,10 +185,6 @@ def main(plan_path, channel_fd: int) -> int:
     if asker is not None and os.environ.pop(channel.SHARED_GPU_ENV, ""):
         from ...speed import lease  # the grader shares this GPU: graded timings and speed tests ask it for it
         lease.talk_to_grader(asker)
-        # before anything here or in the workers touches the GPU: from the grant on, the three are stopped while
-        # another submission times a kernel (until then they only started, and ran on through those timings)
-        with asker(channel.JOIN):
-            pass
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
     grade_log = os.environ.get("FUSELAB_GRADE_LOG")

@@ -6,9 +6,8 @@ runs, ``CellEnd`` after, ``Poisoned`` when its processes cannot run another cell
 
 The checker also asks on it (``Ask``) and waits for the grader's answer on a second pipe the grader opened for it
 (``Asker``: the checker's side): at each test's end, for the submission's memory to be checked (``MEMORY``,
-``fuselab.grading.sandbox.isolate.MemoryBudget.check_now``), and, where the grader shares the GPU, once to join
-the processes stopped for others' timings (``JOIN``) and then for the GPU to itself or a speed test slot
-(``fuselab.grading.gpus.lease.LeaseServer``), saying when it is done (``GiveBack``).
+``fuselab.grading.sandbox.isolate.MemoryBudget.check_now``), and, where the grader shares the GPU, for the GPU to
+itself or a speed test slot (``fuselab.grading.gpus.lease.LeaseServer``), saying when it is done (``GiveBack``).
 
 The checker may have loaded what a submission built, so what arrives is data from an untrusted side: read
 without blocking, at most ``LIMIT`` bytes in all and ``LINE_LIMIT`` a record; a line that does not decode into
@@ -30,10 +29,6 @@ LINE_LIMIT = 2**20       # a record: a cell's output is cut to a few KiB before 
 ANSWERS_FD_ENV = "FUSELAB_GRADER_ANSWERS_FD"  # the checker's read end of the grader's grant pipe
 SHARED_GPU_ENV = "FUSELAB_GPU_SHARED"  # set where the grader shares the GPU: timings ask it for the GPU
 MEMORY = "memory check"  # what a checker asks at each test's end (``MemoryBudget.check_now``)
-# what a checker asks once, before it or its workers touch the GPU: to join the processes the grader stops while
-# another submission times a kernel. Until then the three only start (import torch, no CUDA context: the workers
-# run nothing before the checker's first request), and run on through others' timings, when the CPU is idle
-JOIN = "the shared GPU"
 
 
 @dataclass

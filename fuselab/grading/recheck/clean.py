@@ -56,8 +56,8 @@ from ..sandbox import isolate
 from . import transfer
 from ..gpus.lease import LeaseServer
 from ..sandbox.untrusted import Folder
-from .channel import (ANSWERS_FD_ENV, JOIN, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack,
-                      Poisoned, Receiver, grant_line)
+from .channel import (ANSWERS_FD_ENV, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned,
+                      Receiver, grant_line)
 from .demos import demo_problems
 from .failures import says_gpu_memory_ran_out
 from .sanitize import sanitize_cell
@@ -491,7 +491,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 child_env[SHARED_GPU_ENV] = "1"
             child = isolate.Child(command, limits=limits, cwd=str(workdir), registry=lease, env=child_env,
                                   pass_fds=(fds[1], fds[2], *kernel_fds[1:3], *kernel_fds[4:], channel_w, *grant_fds),
-                                  budget=budget, join_at_start=False)
+                                  budget=budget)
             # the kernel worker runs the checker's launches and timings: it runs when the checker holds the GPU
             child.companions = (kernel_worker,) if kernel_worker is not None else ()
         finally:
@@ -507,17 +507,6 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                  **({kernel_worker.process.pid: "kernel worker"} if kernel_worker is not None else {})}
         charged = CpuCharges(meter, roles)
 
-        def join(number=None, members=(child, worker, kernel_worker), grants=grants):
-            """The checker's ask before it or its workers touch the GPU (``channel.JOIN``): the three join the
-            processes stopped while another submission times a kernel (stopped at once if one times now), then
-            the grant. Until then they only started: importing torch uses no GPU, and runs on through others'
-            timings."""
-            for member in members:
-                if member is not None:
-                    member.join()
-            if number is not None:
-                grants(JOIN, number)
-
         def check_memory(number, budget=budget, grants=grants):
             """At a test's end, before its verdict: what the submission's processes hold then, all of them read at
             once (a watch's look every half second could miss a worker holding it for less). Over: all stopped."""
@@ -528,9 +517,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
             while child.alive():
                 channel.wait(0.05)  # woken by the checker's record: its asks are answered at once
                 pauses.sample(server.paused_s())
-                records += _receive(channel, by_index, on_cell, server, check_memory, join)  # the GPU's: below
-                if records:
-                    join()  # a checker that began its cells without asking has joined too
+                records += _receive(channel, by_index, on_cell, server, check_memory)  # the GPU's: served below
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
@@ -724,7 +711,7 @@ def _start_worker(kind: str, box: Folder, env: dict, limits, sandbox: bool, hide
     try:
         worker = isolate.Child(command, limits=limits, env=worker_env, cwd=str(folder), registry=lease,
                                pass_fds=(to_worker_r, from_worker_w, *memory), budget=budget,
-                               counted_elsewhere=counted, join_at_start=False)  # runs nothing before a request
+                               counted_elsewhere=counted)
     except BaseException:
         for fd in (*pipes, *memory):
             os.close(fd)
@@ -776,18 +763,14 @@ class _Grants:
         os.close(self.write_fd)
 
 
-def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | None = None, memory=None,
-             join=None) -> list:
+def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | None = None, memory=None) -> list:
     """The checker's new records that are of the plan's cells (its asks for the GPU go to ``server``, for a memory
-    check to ``memory``, to join the GPU's sharers to ``join``); each cell start's grade_id goes to ``on_cell``."""
+    check to ``memory``); each cell start's grade_id goes to ``on_cell``."""
     new = []
     for record in channel.poll():
         if isinstance(record, Ask) and record.what == MEMORY:
             if memory is not None:
                 memory(record.number)
-        elif isinstance(record, Ask) and record.what == JOIN:
-            if join is not None:
-                join(record.number)
         elif isinstance(record, Ask) and server is not None:
             server.ask(record.what, record.number)
         elif isinstance(record, GiveBack) and server is not None:

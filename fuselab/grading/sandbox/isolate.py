@@ -642,14 +642,13 @@ class Child:
     """
 
     def __init__(self, command, *, limits: Limits, env=None, cwd=None, stdout=None, stderr=None, registry=None,
-                 pass_fds=(), budget: MemoryBudget | None = None, counted_elsewhere=(), join_at_start=True):
+                 pass_fds=(), budget: MemoryBudget | None = None, counted_elsewhere=()):
         self.limits = limits
         self.budget = budget  # the submission's memory, shared with its other processes (``MemoryBudget``)
         # shared memory this tree holds that another child of the budget counts (the transfer memory a kernel
         # worker and its checker both hold, counted in the checker's): once in the budget's sum (``shmem_bytes``)
         self.counted_elsewhere = frozenset(counted_elsewhere)
         self.registry = registry  # a ``lease.DeviceLease``: the processes sharing a GPU, stopped while one times
-        self._joined = False      # registered with it: from the start, or at ``join`` (``join_at_start`` False)
         self.companions = ()  # children that run for this one (its kernel worker): never stopped for its timing
         self.started = time.monotonic()
         self.out_of_memory = False
@@ -697,18 +696,12 @@ class Child:
             self.pids = None
         self._done = threading.Event()
         self._diag: dict = {}  # the watchdog's sock_diag sockets, by network namespace (``_socket_bytes``)
-        if join_at_start:
-            self.join()
+        if registry is not None:
+            registry.register(self)
         if budget is not None:
             budget.join(self)
         if limits.memory_bytes or limits.processes or (limits.disk_bytes and self.sandbox is not None):
             threading.Thread(target=self._watch, daemon=True).start()
-
-    def join(self) -> None:
-        """Register with the registry (idempotent): stopped from now on while another child times the GPU."""
-        if self.registry is not None and not self._joined:
-            self._joined = True
-            self.registry.register(self)
 
     def _socket_bytes(self, tree) -> int:
         """``own_network_socket_bytes``, asked at most once a second through sockets kept for the child's life;
@@ -855,7 +848,6 @@ class Child:
                 self.limit = self.limit or PROCESSES_STOPPED.format(self.limits.processes)
             self.pids.remove()
         if self.registry is not None:
-            self._joined = True  # never registered after its end (its pid may be another process's by then)
             self.registry.unregister(self)
         stdout = _tail(self._stdout) if self._stdout else ""
         stderr = _tail(self._stderr) if self._stderr else ""
