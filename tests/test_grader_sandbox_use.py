@@ -804,3 +804,56 @@ def test_the_memory_limit_is_the_submissions_not_each_processs(tmp_path, monkeyp
     assert points["test_kernel"] == 0, (points, {k: v.message for k, v in result.cells.items()})
     assert any("processes grading it together" in v.message for v in result.cells.values()), \
         {k: v.message for k, v in result.cells.items()}
+
+
+# --- what a child's working folder holds is never loaded outside ------------------------------------------------
+
+def test_search_paths_keep_only_absolute_entries():
+    env = {"PATH": ":/usr/bin:bin:", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64:", "PYTHONPATH": ".",
+           "LD_PRELOAD": "libfoo.so ./evil.so:/opt/lib/ok.so", "HOME": "/home/ta"}
+    assert isolate.absolute_search_paths(env) == {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+                                                  "LD_PRELOAD": "libfoo.so:/opt/lib/ok.so", "HOME": "/home/ta"}
+
+
+PLANTED_LIBM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+/* a libm.so.6 a worker leaves in its own folder: its constructor says which process loaded it, and as whom */
+__attribute__((constructor)) static void planted(void) {
+    dlopen("libm.so.6", RTLD_NOW | RTLD_GLOBAL);  /* the system's, found past this folder: the process runs on */
+    char name[64];
+    snprintf(name, sizeof name, "planted-uid%d-pid%d", (int)getuid(), (int)getpid());
+    FILE *f = fopen(name, "w");
+    if (f) fclose(f);
+}
+"""
+
+
+def test_a_library_a_worker_left_in_its_folder_is_not_loaded_when_it_starts_again(tmp_path):
+    # The grader's LD_LIBRARY_PATH ends in ':' (``export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH``
+    # onto an unset variable), which the loader reads as the working folder. A solution cell writes a libm.so.6
+    # into its worker's folder and runs past its time limit: the next test's processes start in the same folders.
+    _sandbox_or_fail()
+    source = tmp_path / "planted.c"
+    source.write_text(PLANTED_LIBM)
+    library = tmp_path / "libm.so.6"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source), "-ldl"], check=True)
+    blob = base64.b64encode(library.read_bytes()).decode()
+    solution = (f"import base64\nBLOB = {blob!r}\n"
+                "def answer():\n"
+                "    open('libm.so.6', 'wb').write(base64.b64decode(BLOB))\n"
+                "    while True:\n"
+                "        pass\n")
+    solution_cell = _cell(solution, "solution")
+    solution_cell["metadata"]["nbgrader"]["solution"] = True
+    notebook = _notebook(_cell("VALUE = 41", "setup"), solution_cell, _cell("answer()", "test_planting", points=1),
+                         _cell("assert VALUE == 41", "test_after", points=1))
+    env = dict(os.environ, LD_LIBRARY_PATH="/usr/local/cuda/lib64:", PATH=":" + os.environ["PATH"])
+    result = recheck.run_clean(notebook, notebook, tmp_path / "work", cell_timeout=5, total_timeout=300,
+                               sandbox=True, hide=[tmp_path], env=env, limits=isolate.Limits(memory_bytes=2 * 2**30))
+    assert (tmp_path / "work" / "solution-process" / "libm.so.6").exists(), "the planting cell never ran"
+    assert result.restarts == 1 and result.cells["test_after"].status == "passed", result.cells
+    loaded = sorted(p.name for p in (tmp_path / "work").rglob("planted-*"))
+    assert loaded == [], f"started processes loaded the planted library: {loaded}"

@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import re
 import platform
 import secrets
 import tempfile
@@ -657,7 +658,7 @@ class Child:
         self.limit = None
         self.marker = secrets.token_hex(8)
         self.sandbox = command if isinstance(command, SandboxCommand) else None
-        env = dict(os.environ if env is None else env, **{MARKER_ENV: self.marker})
+        env = absolute_search_paths(dict(os.environ if env is None else env, **{MARKER_ENV: self.marker}))
         # files, not pipes: a daemon holding a copy of a pipe would keep the grader waiting for its end
         self._stdout = None if stdout else tempfile.TemporaryFile()
         self._stderr = None if stderr else tempfile.TemporaryFile()
@@ -923,6 +924,28 @@ ALLOWED_ENV = "|".join(sorted(WORKER_ENV))  # enter_sandbox's argument: matched 
 def worker_env(env: dict) -> dict:
     """``env`` cut down to ``WORKER_ENV`` (what ``enter_sandbox`` keeps inside the sandbox)."""
     return {name: value for name, value in env.items() if name in WORKER_ENV}
+
+
+# Search paths by name and their separators. An empty or relative entry is the working folder, and a child's is its
+# own, which what ran there before wrote (a worker started again after a crash): with ``LD_LIBRARY_PATH=/cuda/lib:``
+# (an export onto an unset variable) the keeper, as root and outside the sandbox, loaded the libm a submission left.
+SEARCH_PATHS = {"PATH": ":", "LD_LIBRARY_PATH": ":", "PYTHONPATH": ":", "LD_PRELOAD": ": "}
+
+
+def absolute_search_paths(env: dict) -> dict:
+    """``env`` with every search path's empty or relative entries dropped (a variable left empty is dropped); an
+    ``LD_PRELOAD`` library named without a folder is looked up in the system's folders and kept."""
+    cleaned = dict(env)
+    for name, separators in SEARCH_PATHS.items():
+        if name not in cleaned:
+            continue
+        entries = re.split(f"[{re.escape(separators)}]", cleaned[name])
+        kept = [e for e in entries if os.path.isabs(e) or (name == "LD_PRELOAD" and e and "/" not in e)]
+        if kept:
+            cleaned[name] = separators[0].join(kept)
+        else:
+            del cleaned[name]
+    return cleaned
 
 
 # System folders that hold other programs' sockets, scratch files or the TA's things: each replaced by an empty one
