@@ -652,3 +652,29 @@ def test_speed_tests_take_turns_for_the_gpus_memory_as_many_at_once_as_it_has_sl
     # every slot came back, the dead child's too
     assert all(shared.speed_slots.acquire(blocking=False) for _ in range(slots))
     assert not shared.speed_slots.acquire(blocking=False)
+
+
+def test_a_child_that_ended_is_never_signalled_by_its_pid(monkeypatch):
+    # A child whose process ended and was reaped (the grader's loop and its watch ``poll`` it) stays registered until
+    # its ``wait``: its pid is free meanwhile, for any process or a thread of the grader's own. A timing then must
+    # not stop (or continue) that pid.
+    import signal
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    ended = isolate.Child([sys.executable, "-c", "pass"], limits=_limits(), registry=shared)
+    while ended.alive():  # poll() reaps it
+        time.sleep(0.05)
+    assert ended.process.returncode is not None and ended in shared._children
+    running = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    holder = isolate.Child([sys.executable, "-c", "import time; time.sleep(30)"], limits=_limits(), registry=shared)
+    signalled = []
+    real = lease._signal_trees
+    monkeypatch.setattr(lease, "_signal_trees", lambda roots, sig: signalled.append((list(roots), sig)) or real(roots, sig))
+    try:
+        shared.acquire(holder)
+        shared.release()
+    finally:
+        for child in (holder, running, ended):
+            child.stop()
+            child.wait()
+    assert signalled == [([running.process.pid], signal.SIGSTOP), ([running.process.pid], signal.SIGCONT)]

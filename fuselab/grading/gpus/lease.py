@@ -132,6 +132,9 @@ class DeviceLease:
 
     def _stop_all(self, children) -> None:
         now = time.monotonic()
+        # a child whose process ended and was reaped (``poll``) but is not yet unregistered (``wait``): its pid is
+        # free for any process, a thread of the grader's own among them (stopping that would stop the grader)
+        children = [child for child in children if child.process.returncode is None]
         for child in children:
             self._stopped[child] = (child.process.pid, now)  # first: whatever happens, it is resumed
         _signal_trees([child.process.pid for child in children], signal.SIGSTOP)
@@ -225,7 +228,8 @@ class DeviceLease:
                 for child, (pid, since) in stopped.items():
                     self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
                 with contextlib.suppress(OSError):
-                    _signal_trees([pid for pid, _ in stopped.values()], signal.SIGCONT)
+                    _signal_trees([pid for child, (pid, _) in stopped.items() if child.process.returncode is None],
+                                  signal.SIGCONT)
         finally:
             self._timing.release()
 
