@@ -60,6 +60,23 @@ def test_a_crashing_test_costs_only_itself(tmp_path):
     assert result.restarts == 1
 
 
+def test_a_solution_function_that_ends_its_process_costs_only_its_own_test(tmp_path):
+    # the student's Python runs in the solution worker: a function that ends that process (a crash in a library it
+    # called, an os._exit) fails the test that called it; the next tests get fresh processes, like a checker's crash
+    nb = _notebook([
+        _cell("VALUE = 41", "setup"),
+        _cell("import os\ndef answer():\n    return VALUE + 1\ndef quit_early():\n    os._exit(3)", "solution",
+              solution=True),
+        _cell("assert answer() == 42", "test_first", graded=True, points=2),
+        _cell("quit_early()", "test_quits", graded=True, points=1),
+        _cell("assert answer() == 42", "test_last", graded=True, points=3),
+    ])
+    result = _run(nb, tmp_path=tmp_path)
+    assert result.cells["test_quits"].points == 0 and "solution cells ended" in result.cells["test_quits"].message
+    assert result.cells["test_last"].points == 3, result.cells["test_last"].message
+    assert result.restarts == 1
+
+
 def test_a_hanging_test_times_out_and_grading_goes_on(tmp_path):
     nb = _instructor([_cell("while True:\n    pass", "test_hang", graded=True, points=1)])
     started = time.monotonic()

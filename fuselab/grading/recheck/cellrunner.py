@@ -99,15 +99,18 @@ def _cuda_poisoned() -> bool:
         return True
 
 
-def _unusable(host) -> str:
-    """Why the next cells cannot run in these processes, or "": a poisoned CUDA context (here or in the worker,
-    where the student's kernels run), or a solution worker that died (a kernel's segfault, say)."""
+def _unusable(host, worker=None) -> str:
+    """Why the next cells cannot run in these processes, or "": a poisoned CUDA context (here or in the kernel
+    worker, where the student's kernels run), or a worker that died (a kernel's segfault; a solution cell's code
+    that ended its process)."""
     if _cuda_poisoned():
         return "the CUDA context was poisoned (a fault such as an illegal memory access)"
     if host is not None and host.poisoned:
-        return "the kernel left the solution process's CUDA context unusable (a fault such as an illegal memory access)"
+        return "the kernel left the kernel process's CUDA context unusable (a fault such as an illegal memory access)"
     if host is not None and host.process.gone:
-        return "the process that runs your solution cells and kernels ended (a crash in your kernel, say)"
+        return "the process that runs your kernels ended (a crash in your kernel, say)"
+    if worker is not None and worker.gone:
+        return "the process that runs your solution cells ended (it crashed, or your code ended it)"
     return ""
 
 
@@ -230,7 +233,7 @@ def main(plan_path, channel_fd: int) -> int:
         to_grader.send(channel.CellEnd(index, cell["grade_id"], error=error, value=number, shown=shown,
                                        stdout=stdout, stderr=stderr, seconds=time.perf_counter() - started,
                                        speed=records, flag=flag))
-        why = _unusable(host)
+        why = _unusable(host, worker)
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
             to_grader.send(channel.Poisoned(index, cell["grade_id"], why))
             return 3
