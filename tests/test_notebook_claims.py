@@ -13,6 +13,7 @@ definition, an instruction, a count that follows from the shapes). ``tests/test_
 state a literal measured number only inside a claim's words.
 """
 
+import functools
 import json
 import math
 import re
@@ -509,6 +510,16 @@ def readme_claims():
 def markdown(lab) -> str:
     cells = json.loads((ROOT / "solutions" / lab / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]
     return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def _table_row(stages, label, cell) -> str:
+    """A RESULTS.md table row: ``label``, then ``cell`` of each throughput stage's record, in order."""
+    return f"| {label} | " + " | ".join(cell(t) for t in stages) + " |"
+
+
+def _cpu_per_submission_lab(stage) -> float:
+    """The throughput stage's CPU per submission-lab, as its targets measured it."""
+    return next(x["measured"] for x in stage["targets"] if x["target"].startswith("CPU per submission-lab"))
 
 
 def squash(text) -> str:
@@ -1116,17 +1127,13 @@ def test_results_quotes_the_transfer_memory_runs_of_750f1ab_and_8fdc366():
     stages = [r["throughput"] for r in runs]
     assert all(t["jobs"] == 10 and t["phases"]["submissions"]["count"] == 120 for t in stages)
 
-    def row(label, cell):
-        return f"| {label} | " + " | ".join(cell(t) for t in stages) + " |"
-
-    def cpu(t):
-        return next(x["measured"] for x in t["targets"] if x["target"].startswith("CPU per submission-lab"))
+    row = functools.partial(_table_row, stages)
 
     steps = [t["phases"]["cpu_per_submission_mean"] for t in stages]
     quoted = [
         row("all-in", lambda t: f"{t['phases']['wall_seconds']:.1f} s"),
         row("submissions phase per submission-lab", lambda t: f"{t['phases']['submissions']['seconds_each']:.2f} s"),
-        row("CPU per submission-lab", lambda t: f"{cpu(t):.1f} core-s"),
+        row("CPU per submission-lab", lambda t: f"{_cpu_per_submission_lab(t):.1f} core-s"),
         "| the kernel worker's tests, the checker's (core-s) | " + " | ".join(
             f"{s['tests, kernel worker']:.2f}, {s['tests, checker']:.2f}" for s in steps) + " |",
         row("CPU time in the kernel", lambda t: f"{t['load_while_grading']['cpu_kernel_share'] * 100:.1f} %"),
@@ -1203,18 +1210,14 @@ def test_results_quotes_the_early_drawing_runs_of_a1bace6_and_2ba1628():
         "throughput-h100-a1bace6-third.json")]
     assert all(t["jobs"] == 10 and t["phases"]["submissions"]["count"] == 120 for t in stages)
 
-    def row(label, cell):
-        return f"| {label} | " + " | ".join(cell(t) for t in stages) + " |"
-
-    def cpu(t):
-        return next(x["measured"] for x in t["targets"] if x["target"].startswith("CPU per submission-lab"))
+    row = functools.partial(_table_row, stages)
     for text in [
             row("all-in", lambda t: f"{t['phases']['wall_seconds']:.1f} s"),
             row("submissions phase per submission-lab", lambda t: f"{t['phases']['submissions']['seconds_each']:.2f} s"),
             row("outputs (gradebook, feedback, export and report)", lambda t: f"{t['phases']['outputs']['seconds']:.1f} s"),
             row("the GPU held alone per speed test (median)",
                 lambda t: f"{t['phases']['per_submission_median']['GPU held']:.2f} s"),
-            row("CPU per submission-lab", lambda t: f"{cpu(t):.1f} core-s"),
+            row("CPU per submission-lab", lambda t: f"{_cpu_per_submission_lab(t):.1f} core-s"),
             row("full marks", lambda t: f"{t['full_marks']}/{t['phases']['submissions']['count']}")]:
         assert text in results, text
     before, *after = [t["phases"] for t in stages]
@@ -1266,16 +1269,12 @@ def test_results_quotes_the_lease_join_runs_of_027873b_and_db75417():
     def alone(t):
         return sum(s["gpu_wait_seconds"] + s["gpu_held_seconds"] for s in subs(t))
 
-    def cpu(t):
-        return next(x["measured"] for x in t["targets"] if x["target"].startswith("CPU per submission-lab"))
-
     def fixed(t):
         f = t["phases"]["fixed"]
         return (f"{f['seconds']:.1f} s ({f['intake and course']['seconds']:.1f} s; "
                 f"{f['reference runs']['seconds']:.1f} s)")
 
-    def row(label, cell):
-        return f"| {label} | " + " | ".join(cell(t) for t in stages) + " |"
+    row = functools.partial(_table_row, stages)
     median = lambda t: t["phases"]["per_submission_median"]  # noqa: E731
     for text in [
             row("all-in", lambda t: f"{t['phases']['wall_seconds']:.1f} s"),
@@ -1286,7 +1285,7 @@ def test_results_quotes_the_lease_join_runs_of_027873b_and_db75417():
             row("a submission, start to verdicts (median)",
                 lambda t: f"{statistics.median(s['seconds'] for s in subs(t)):.1f} s"),
             row("the GPU to one speed test alone, the others stopped, in all", lambda t: f"{alone(t):.1f} s"),
-            row("CPU per submission-lab", lambda t: f"{cpu(t):.1f} core-s"),
+            row("CPU per submission-lab", lambda t: f"{_cpu_per_submission_lab(t):.1f} core-s"),
             row("fixed (intake and course; the references' rest)", fixed),
             row("full marks", lambda t: f"{t['full_marks']}/{t['phases']['submissions']['count']}")]:
         assert text in results, text
