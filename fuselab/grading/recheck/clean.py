@@ -16,7 +16,7 @@ checker and the kernel worker, the launches' transfer memory, ``transfer``):
 Cells the student added are dropped. ``sanitize`` only *flags* solution cells that look like tampering, for a
 teaching assistant: it decides nothing about what runs.
 
-The checker runs with limits. A graded cell that crashes it (or its kernel worker), hangs past the per-test timeout or poisons the
+The checker runs with limits. A graded cell that crashes it (or one of its workers), hangs past the per-test timeout or poisons the
 CUDA context scores 0, and the run resumes from the next cell in fresh processes (the setup cells
 rerun; builds come from the cache), so a fault costs only the test that touched it. A crash, hang or poisoned
 context in a cell that is *not* graded (a demo) stops the run: every later test scores 0 and says why, never
