@@ -1254,6 +1254,7 @@ def test_results_quotes_the_lease_join_runs_of_027873b_and_db75417():
     """The table of a submission's processes joining the GPU's lease when they use it, against the commit before:
     every cell is its saved run's, and the words beside it are their relations."""
     import statistics
+    from fuselab.grading.recheck import clean as recheck
     results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
     folder = ROOT / "docs" / "results"
     commits = ("027873b", "db75417")
@@ -1304,6 +1305,12 @@ def test_results_quotes_the_lease_join_runs_of_027873b_and_db75417():
     assert all(0.85 <= alone(t) / len(subs(t)) <= 0.95 for t in stages)
     # "met its 15 s target in the second call only"
     assert before["phases"]["fixed"]["seconds"] > 15 >= after["phases"]["fixed"]["seconds"]
+    # "three Lab 0 speed tests, all among the first six students', ran out of ... memory ...; at 027873b none"
+    retried = [[s for s in subs(t) if s.get("retried")] for t in stages]
+    assert retried[0] == [] and len(retried[1]) == 3
+    assert all(s["lab"] == "lab0" and s["retried"] == {"test_speedup": recheck.GPU_MEMORY_RAN_OUT}
+               and int(s["student"].removeprefix("student")) < 6 and s["total"] == s["max_total"]
+               for s in retried[1])
     for s, words in zip(samples, ("0.99–1.04 over 17 speed tests at 027873b", "1.00–1.02 at db75417")):
         rows = s["samples"]["wall_bound"]["rows"]
         ratios = [r["ratio"] for r in rows]
