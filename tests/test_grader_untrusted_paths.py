@@ -616,10 +616,12 @@ def test_a_tree_nested_past_any_recursion_is_given_and_removed(tmp_path):
 def test_the_workers_python_path_never_names_their_working_folder(tmp_path):
     """``PYTHONPATH=/wheels:`` (an unset variable exported with a colon) has an empty entry, Python's name for the
     working folder, which ``-P`` keeps: the workers' path holds absolute folders only."""
-    env = recheck.runner_env({"PYTHONPATH": f"/wheels{os.pathsep}{os.pathsep}.{os.pathsep}rel{os.pathsep}"},
-                             tmp_path, None)
+    env = recheck.runner_env({"PYTHONPATH": f"/wheels{os.pathsep}{os.pathsep}.{os.pathsep}rel{os.pathsep}",
+                              "LD_LIBRARY_PATH": "/usr/local/cuda/lib64:"}, tmp_path, None)
     entries = env["PYTHONPATH"].split(os.pathsep)
     assert entries == [str(REPO), "/wheels"], entries
+    # the same for the loader's path: the reference run's build-ahead process gets this environment as it is
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
 
 
 def test_the_deep_removal_opens_locked_folders_and_never_touches_a_links_target(tmp_path, monkeypatch):

@@ -364,13 +364,13 @@ STOPPED = "stopped for others' timings"  # anywhere in the run: the other submis
 def runner_env(base_env: dict, workdir: Path, device: str | None) -> dict:
     """The checker's and its workers' environment: ``base_env`` cut to what they read (``isolate.WORKER_ENV``: none
     of the TA's variables, sandbox or not), with the grader's settings for them."""
-    env = isolate.worker_env(base_env)
+    # search paths of absolute folders only (``isolate.absolute_search_paths``): an empty entry
+    # (``PYTHONPATH=/wheels:`` from ``export PYTHONPATH=/wheels:$PYTHONPATH``) or a relative one means the working
+    # folder, a worker's own, which its submission can write (``-P`` does not drop those)
+    env = isolate.absolute_search_paths(isolate.worker_env(base_env))
     env.update({"FUSELAB_GRADING": "1", "FUSELAB_NATIVE_POLICY": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FUSELAB_GRADE_LOG": str(workdir / "speed.jsonl"), "PYTHONDONTWRITEBYTECODE": "1"})
-    # absolute folders only: an empty entry (``PYTHONPATH=/wheels:`` from ``export PYTHONPATH=/wheels:$PYTHONPATH``)
-    # or a relative one means the working folder, a worker's own, which its submission can write (``-P`` does not
-    # drop those)
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(course.REPO), *kept]))
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
