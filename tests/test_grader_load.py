@@ -118,6 +118,43 @@ def test_running_out_of_gpu_memory_alone_too_scores_zero_and_other_failures_are_
     assert huge.points == 0 and huge.retry["retry"].startswith("failed, 0 of 1 points")
 
 
+def test_a_retry_only_a_failures_words_asked_for_holds_the_others_at_most_its_bound(tmp_path, monkeypatch):
+    # "out of memory" is text a submission can write: its own function can raise it, then wait on the retry with
+    # the machine to itself. Waiting looks runnable here (``_running``), so only a wall clock stops it.
+    monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    marker = tmp_path / "said-oom"
+    marker.write_text("")
+    source = _oom_on_first_try(marker).replace("assert answer() == 42", "time.sleep(10_000)")
+    nb = _instructor([_cell(source, "test_said", graded=True, points=2)])
+    first = _run(nb, tmp_path / "first", **LIMITS)
+    assert first.retries_due == ["test_said"]
+    started = time.monotonic()
+    result = recheck.retry_overruns(first, nb, nb, tmp_path / "retry", **LIMITS, hold_s=3.0,
+                                    limits=isolate.Limits(memory_bytes=2 * 2**30))
+    said = result.cells["test_said"]
+    assert said.points == 0 and said.status in ("timed out", "not run") and result.retries_due == []
+    assert said.retry["first_try"] == recheck.GPU_MEMORY_RAN_OUT
+    assert "stopped after 3 s alone" in said.retry["retry"] and "stopped after 3 s alone" in said.message
+    assert time.monotonic() - started < 120  # not the 20 s backstop a wall-clock overrun's retry gets per test
+
+
+def test_only_a_retry_the_grader_saw_the_need_for_gets_the_full_backstops(tmp_path, monkeypatch):
+    calls = []
+    (tmp_path / "nb.ipynb").write_text("{}")
+    monkeypatch.setattr(pipeline.recheck, "retry_overruns", lambda *a, **k: calls.append(k["hold_s"]))
+    monkeypatch.setattr(pipeline, "_base_env", lambda *a: {})
+    memory = recheck.CellVerdict("test_a", 0, 1, "failed", retry={"first_try": recheck.GPU_MEMORY_RAN_OUT})
+    wall = recheck.CellVerdict("test_b", 0, 1, "timed out", retry={"first_try": "timed out: still running after"})
+    for cells, reference_s, hold in (({"test_a": memory}, 40.0, 120.0), ({"test_a": memory}, 5.0, 60.0),
+                                     ({"test_a": memory}, None, 60.0), ({"test_a": memory}, float("nan"), 60.0),
+                                     ({"test_a": memory, "test_b": wall}, 40.0, None), ({"test_b": wall}, 40.0, None)):
+        run = pipeline.SubmissionRun(sub=type("Sub", (), {"notebook": tmp_path / "nb.ipynb"})(), device=None,
+                                     settings=pipeline.Settings(out=tmp_path), source=None, workdir=tmp_path,
+                                     reference_s=reference_s, clean=recheck.CleanResult(cells=dict(cells)))
+        pipeline.retry_overruns(run)
+        assert calls.pop() == hold, (cells, reference_s)
+
+
 def test_the_cpu_of_a_tree_counts_its_descendants():
     code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
             "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass']); "

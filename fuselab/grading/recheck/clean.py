@@ -632,27 +632,37 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
 
 
 def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0,
-                   total_timeout=1800.0, wall_timeout=None, total_wall_timeout=None, **run_args) -> CleanResult:
+                   total_timeout=1800.0, wall_timeout=None, total_wall_timeout=None, hold_s=None,
+                   **run_args) -> CleanResult:
     """Run again, in ``workdir``, the tests of ``first`` that a wall-clock backstop stopped (``retries_due``), with
     backstops ``RETRY_BACKSTOP`` times as long and the same limits of own time; ``first`` takes their verdicts,
     each saying what its first try was (``CellVerdict.retry``). The caller makes sure no other submission of its
     own runs meanwhile. A speed test zeroed because a retried test failed is run again too (speed counts only for
-    a kernel that passed in the same run: the requirements are checked again on the merged verdicts)."""
+    a kernel that passed in the same run: the requirements are checked again on the merged verdicts).
+    ``hold_s``: at most this long in all, by the wall clock (``memory_retry_hold_s``: a retry that only a
+    submission's own words asked for)."""
     due = first.retries_due
     if not due:
         return first
     speed_after = [k for k, v in first.cells.items() if set(v.requires_failed) & set(due) and k not in due]
     wall_timeout = RETRY_BACKSTOP * max(wall_timeout or 0.0, WALL_BACKSTOP * cell_timeout)
     total_wall_timeout = RETRY_BACKSTOP * max(total_wall_timeout or 0.0, WALL_BACKSTOP * total_timeout)
+    if hold_s is not None:
+        wall_timeout, total_wall_timeout = min(wall_timeout, hold_s), min(total_wall_timeout, hold_s)
     again = run_clean(instructor_nb, student_nb, workdir, cell_timeout=cell_timeout, total_timeout=total_timeout,
                       wall_timeout=wall_timeout, total_wall_timeout=total_wall_timeout, only=[*due, *speed_after],
                       check_requirements=False, **run_args)
     for grade_id in [*due, *speed_after]:
         before, after = first.cells[grade_id], again.cells[grade_id]
         if grade_id in due:
+            stopped = after.retry.get("first_try", "")
+            if hold_s is not None and f"after {hold_s:.0f} s of wall-clock" in stopped:
+                stopped = (f"stopped after {hold_s:.0f} s alone, the longest a retry for memory holds the other "
+                           f"submissions ({MEMORY_RETRY_HOLD:g} times the instructor's solution's run)")
+                after.message = f"{after.message}; {stopped}".lstrip("; ")[:4000]
             after.retry = {"first_try": before.retry["first_try"],
                            "retry": f"{after.status}, {after.points:g} of {after.max_points:g} points in "
-                                    f"{after.seconds:.0f} s" + (f" ({after.retry['first_try']})" if after.retry else "")}
+                                    f"{after.seconds:.0f} s" + (f" ({stopped})" if stopped else "")}
         first.cells[grade_id] = after
     speed_needs_correctness(first.cells, among=[*due, *speed_after])
     first.flags += [flag for flag in again.flags if flag not in first.flags]
@@ -790,6 +800,21 @@ def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | N
 # there too is its own. What is looked for are the errors torch and the CUDA libraries raise when an allocation
 # fails; text a submission prints can at most buy its own test a second, alone, run.
 GPU_MEMORY_RAN_OUT = "the GPU ran out of memory while other submissions shared it"
+
+
+# Only the failure's own words say it ran out of memory, and a submission writes them: a retry it asked for so holds
+# the others for at most ``MEMORY_RETRY_HOLD`` times the lab's reference run (the instructor's solution, the whole
+# notebook, timed by the grader), ``MEMORY_RETRY_MIN_S`` at least, where one for a wall-clock overrun, which the
+# grader's own clocks saw, gets the backstops. A retry stopped there keeps its verdict: 0 for that test.
+MEMORY_RETRY_HOLD = 3.0
+MEMORY_RETRY_MIN_S = 60.0
+
+
+def memory_retry_hold_s(reference_s) -> float:
+    """How long a retry of tests that ran out of GPU memory may run alone, from the reference run's seconds."""
+    if isinstance(reference_s, (int, float)) and not isinstance(reference_s, bool) and 0 < reference_s < 1e6:
+        return max(MEMORY_RETRY_MIN_S, MEMORY_RETRY_HOLD * float(reference_s))
+    return MEMORY_RETRY_MIN_S
 
 
 def ran_out_of_gpu_memory(verdict: CellVerdict) -> bool:

@@ -230,6 +230,7 @@ class SubmissionRun:
     hide: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     instructor: dict | None = None
+    reference_s: float | None = None  # the lab's reference run, in seconds (``retry_overruns``)
     clean: recheck.CleanResult | None = None
     result: SubmissionResult | None = None
 
@@ -313,13 +314,18 @@ ALONE = _Alone()  # one per grader process: "alone" means no other submission of
 
 def retry_overruns(run: SubmissionRun) -> None:
     """Tests a wall-clock limit stopped (a busy machine may have starved them, ``recheck``) run again, alone, with
-    a longer backstop, before they can score 0; their verdicts say so (``CellVerdict.retry``)."""
-    if not run.clean.retries_due:
+    a longer backstop, before they can score 0; their verdicts say so (``CellVerdict.retry``). Tests whose failure
+    said the GPU ran out of memory too, but alone for at most ``recheck.memory_retry_hold_s``."""
+    due = run.clean.retries_due
+    if not due:
         return
     settings = run.settings
+    # a retry no clock of the grader's asked for (the failure's words said "out of memory") holds the others briefly
+    asked_by_words = all(run.clean.cells[g].retry.get("first_try") == recheck.GPU_MEMORY_RAN_OUT for g in due)
+    hold_s = recheck.memory_retry_hold_s(run.reference_s) if asked_by_words else None
     with ALONE.alone():
         recheck.retry_overruns(run.clean, run.instructor, json.loads(Path(run.sub.notebook).read_text()),
-                               run.workdir / "retry", **_time_limits(settings), limits=run.limits,
+                               run.workdir / "retry", **_time_limits(settings), hold_s=hold_s, limits=run.limits,
                                env=_base_env(settings, run.workdir / "retry", run.device), device=run.device,
                                sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
 
@@ -388,12 +394,13 @@ SUBMISSION_STEPS = (prepare, graded_runs, retry_overruns, combine_runs, scrub_me
 
 
 def grade_submission(sub: intake.Submission, device, settings: Settings, source: Path,
-                     lease=None) -> SubmissionResult:
+                     lease=None, reference_s: float | None = None) -> SubmissionResult:
     """Grade one submission through ``SUBMISSION_STEPS``: its result, also saved as its ``result.json``.
 
-    ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU.
+    ``lease``: the GPU's ``lease.DeviceLease`` when other submissions share the GPU. ``reference_s``: the lab's
+    reference run's seconds (bounds a retry for memory, ``retry_overruns``).
     """
-    run = SubmissionRun(sub, device, settings, Path(source), lease)
+    run = SubmissionRun(sub, device, settings, Path(source), lease, reference_s=reference_s)
     try:
         for step in SUBMISSION_STEPS:
             step(run)
@@ -657,7 +664,8 @@ def _grade(source, settings: Settings) -> ClassResult:
 
     def work(sub, device):
         try:
-            return grade_submission(sub, device, settings, source, leases.get(device))
+            return grade_submission(sub, device, settings, source, leases.get(device),
+                                    reference.get(sub.lab, {}).get("seconds"))
         except GradingRefused:
             stop.set()  # no other submission is graded by a broken sandbox either
             raise
