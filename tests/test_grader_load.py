@@ -6,6 +6,7 @@ stops a test that waits, and a test it stopped is run again alone before it scor
 CPU hogs is ``test_a_busy_machine_gives_every_sample_its_grade``.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -39,15 +40,20 @@ def _run(nb, workdir, **limits):
 LIMITS = dict(cell_timeout=2.0, wall_timeout=2.0, total_timeout=60.0)
 
 
+def _starved(monkeypatch):
+    # a busy machine, as the grader sees it: the test's processes are runnable all along (state R), one of their
+    # threads waiting on a run queue all the while, and get no CPU time: its clock runs and its own time does not
+    monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    monkeypatch.setattr(recheck, "_run_delays", lambda pid: {0: time.monotonic()})
+
+
 def _retry(first, nb, tmp_path):
     return recheck.retry_overruns(first, nb, nb, tmp_path / "retry", **LIMITS,
                                   limits=isolate.Limits(memory_bytes=2 * 2**30))
 
 
 def test_a_test_starved_of_the_cpu_is_retried_and_keeps_its_points(tmp_path, monkeypatch):
-    # a busy machine, as the grader sees it: the test's processes are runnable all along (state R) but get no
-    # CPU time, so its clock runs and its own time does not
-    monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    _starved(monkeypatch)
     nb = _instructor([_cell("time.sleep(4)\nassert answer() == 42", "test_slow", graded=True, points=1)])
     first = _run(nb, tmp_path / "first", **LIMITS)
     slow = first.cells["test_slow"]
@@ -64,7 +70,7 @@ def test_a_test_starved_of_the_cpu_is_retried_and_keeps_its_points(tmp_path, mon
 
 
 def test_a_starved_hang_still_scores_zero_in_bounded_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    _starved(monkeypatch)
     nb = _instructor([_cell("time.sleep(10_000)", "test_hang", graded=True, points=1)])
     started = time.monotonic()
     result = _retry(_run(nb, tmp_path / "first", **LIMITS), nb, tmp_path)
@@ -83,6 +89,19 @@ def test_an_endless_loop_or_a_hang_is_stopped_by_its_own_time_and_not_retried(tm
     stuck = result.cells["test_stuck"]
     assert stuck.points == 0 and stuck.status == "timed out" and "own time" in stuck.message
     assert stuck.retry == {} and result.retries_due == []
+    assert result.cells["test_last"].points == 3
+
+
+def test_an_endless_loop_on_one_of_several_threads_is_charged_its_wall_time(tmp_path):
+    # a child may keep 8 threads busy (its CPU time is divided by 8); a loop on one of them waits for no CPU, so
+    # its own time runs with the clock: stopped by its limit of own time, never a wall-clock overrun retried alone
+    nb = _instructor([_cell("while True:\n    pass", "test_loop", graded=True, points=1)])
+    result = recheck.run_clean(nb, nb, tmp_path, limits=isolate.Limits(memory_bytes=2 * 2**30),
+                               env=dict(os.environ, OMP_NUM_THREADS="8"), cell_timeout=2.0, wall_timeout=10.0,
+                               total_timeout=60.0)
+    loop = result.cells["test_loop"]
+    assert loop.points == 0 and loop.status == "timed out" and "own time" in loop.message, loop.message
+    assert loop.retry == {} and result.retries_due == []
     assert result.cells["test_last"].points == 3
 
 
@@ -118,41 +137,61 @@ def test_running_out_of_gpu_memory_alone_too_scores_zero_and_other_failures_are_
     assert huge.points == 0 and huge.retry["retry"].startswith("failed, 0 of 1 points")
 
 
-def test_a_retry_only_a_failures_words_asked_for_holds_the_others_at_most_its_bound(tmp_path, monkeypatch):
-    # "out of memory" is text a submission can write: its own function can raise it, then wait on the retry with
-    # the machine to itself. Waiting looks runnable here (``_running``), so only a wall clock stops it.
-    monkeypatch.setattr(recheck, "_running", lambda pid: True)
-    marker = tmp_path / "said-oom"
-    marker.write_text("")
-    source = _oom_on_first_try(marker).replace("assert answer() == 42", "time.sleep(10_000)")
-    nb = _instructor([_cell(source, "test_said", graded=True, points=2)])
-    first = _run(nb, tmp_path / "first", **LIMITS)
-    assert first.retries_due == ["test_said"]
-    started = time.monotonic()
-    result = recheck.retry_overruns(first, nb, nb, tmp_path / "retry", **LIMITS, hold_s=3.0,
-                                    limits=isolate.Limits(memory_bytes=2 * 2**30))
-    said = result.cells["test_said"]
-    assert said.points == 0 and said.status in ("timed out", "not run") and result.retries_due == []
-    assert said.retry["first_try"] == recheck.GPU_MEMORY_RAN_OUT
-    assert "stopped after 3 s alone" in said.retry["retry"] and "stopped after 3 s alone" in said.message
-    assert time.monotonic() - started < 120  # not the 20 s backstop a wall-clock overrun's retry gets per test
+def test_a_retry_only_a_failures_words_asked_for_holds_the_others_only_briefly():
+    # "out of memory" is text a submission can write: its function can raise it, then wait out a retry with the
+    # machine to itself. Such a hold ends after its bound; the retry goes on, and the others start again beside it.
+    alone = pipeline._Alone()
+    retrying, started_beside = threading.Event(), []
+
+    def retry(hold_s):
+        with alone.alone(hold_s):
+            retrying.set()
+            time.sleep(3.0)
+
+    def other():
+        with alone.sharing():
+            started_beside.append(time.monotonic())
+
+    for hold_s, within in ((0.5, (0.3, 2.5)), (None, (2.8, 30.0))):
+        started_beside.clear()
+        retrying.clear()
+        holder = threading.Thread(target=retry, args=(hold_s,))
+        holder.start()
+        retrying.wait(10)
+        began = time.monotonic()
+        sharer = threading.Thread(target=other)
+        sharer.start()
+        sharer.join(30)
+        holder.join(30)
+        assert within[0] <= started_beside[0] - began <= within[1], (hold_s, started_beside[0] - began)
+    with alone.alone():  # a hold let go early leaves the machine free for the next retry, and to its end
+        pass
 
 
-def test_only_a_retry_the_grader_saw_the_need_for_gets_the_full_backstops(tmp_path, monkeypatch):
-    calls = []
+def test_only_a_retry_the_grader_saw_the_need_for_holds_the_others_to_its_end(tmp_path, monkeypatch):
+    holds = []
+
+    @contextlib.contextmanager
+    def alone(hold_s=None):
+        holds.append(hold_s)
+        yield
+
     (tmp_path / "nb.ipynb").write_text("{}")
-    monkeypatch.setattr(pipeline.recheck, "retry_overruns", lambda *a, **k: calls.append(k["hold_s"]))
+    monkeypatch.setattr(pipeline.ALONE, "alone", alone)
+    monkeypatch.setattr(pipeline.recheck, "retry_overruns", lambda *a, **k: None)
     monkeypatch.setattr(pipeline, "_base_env", lambda *a: {})
     memory = recheck.CellVerdict("test_a", 0, 1, "failed", retry={"first_try": recheck.GPU_MEMORY_RAN_OUT})
     wall = recheck.CellVerdict("test_b", 0, 1, "timed out", retry={"first_try": "timed out: still running after"})
-    for cells, reference_s, hold in (({"test_a": memory}, 40.0, 120.0), ({"test_a": memory}, 5.0, 60.0),
-                                     ({"test_a": memory}, None, 60.0), ({"test_a": memory}, float("nan"), 60.0),
+    least = pipeline.MEMORY_RETRY_MIN_S
+    for cells, reference_s, hold in (({"test_a": memory}, 400.0, 400.0 * pipeline.MEMORY_RETRY_HOLD),
+                                     ({"test_a": memory}, 1.0, least), ({"test_a": memory}, None, least),
+                                     ({"test_a": memory}, float("nan"), least), ({"test_a": memory}, True, least),
                                      ({"test_a": memory, "test_b": wall}, 40.0, None), ({"test_b": wall}, 40.0, None)):
         run = pipeline.SubmissionRun(sub=type("Sub", (), {"notebook": tmp_path / "nb.ipynb"})(), device=None,
                                      settings=pipeline.Settings(out=tmp_path), source=None, workdir=tmp_path,
                                      reference_s=reference_s, clean=recheck.CleanResult(cells=dict(cells)))
         pipeline.retry_overruns(run)
-        assert calls.pop() == hold, (cells, reference_s)
+        assert holds.pop() == hold, (cells, reference_s)
 
 
 def test_the_cpu_of_a_tree_counts_its_descendants():
@@ -174,6 +213,26 @@ def test_the_cpu_of_a_tree_counts_its_descendants():
         child.wait()
 
 
+def test_threads_that_wait_for_a_cpu_are_counted_as_starved():
+    # two loops on one CPU: each waits on the run queue about half the time, which is no test's own time
+    spin = "import os\nos.sched_setaffinity(0, {%d})\nwhile True: pass" % min(os.sched_getaffinity(0))
+    children = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        meter = recheck.TreeMeter([c.pid for c in children], every_s=0.0)
+        time.sleep(1.0)  # started and pinned
+        _, _, before = meter.read()
+        started = time.monotonic()
+        while time.monotonic() - started < 3.0:
+            time.sleep(0.2)
+            meter.read()
+        starved = meter.read()[2] - before
+        assert 0.25 * 3.0 < starved <= time.monotonic() - started + 0.01, starved
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
 @pytest.mark.parametrize("lowered", ["os.nice(5)", "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))",
                                      "os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))"])
 def test_a_thread_that_lowered_its_own_priority_counts_as_waiting_by_choice(lowered):
@@ -190,6 +249,8 @@ def test_a_thread_that_lowered_its_own_priority_counts_as_waiting_by_choice(lowe
                 time.sleep(0.05)
             seen = [recheck._running(child.pid) for _ in range(20) if not time.sleep(0.01)]
             assert any(seen) is counted and all(seen) is counted, (code, seen)
+            # and its waiting for a CPU is not starvation: the loop's wall time stays its own
+            assert bool(recheck._run_delays(child.pid)) is counted, code
         finally:
             child.kill()
             child.wait()

@@ -25,8 +25,10 @@ full marks.
 Time limits do not depend on how busy the machine is. A cell's limit counts its *own* time (``TreeMeter``): the
 CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
 per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
-that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count
-(unless a thread lowered its own priority, ``_running``), nor does time stopped or waiting for the GPU. A cell
+that sleeps or hangs), and never less than its wall-clock time less the time one of their threads waited for a
+CPU (an endless loop on one thread of several), never more than its wall-clock time; waiting for a CPU on a busy
+machine does not count (unless a thread lowered its own priority, ``_running``, ``_run_delays``), nor does time
+stopped or waiting for the GPU. A cell
 past its own time (an endless loop, a hang) scores 0 "timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
 stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
 grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
@@ -314,6 +316,32 @@ def _running(pid: int) -> bool:
     return False
 
 
+def _run_delays(pid: int) -> dict:
+    """Each thread of ``pid`` at the priority it started with: thread id → seconds it has waited on a run queue
+    for a CPU (``/proc/PID/task/TID/schedstat``). A thread that lowered its own priority waits by its own choice
+    (as in ``_running``): it is left out."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    delays, niced_group = {}, None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            if int(fields[16]) > 0 or int(fields[38]) in (SCHED_BATCH, SCHED_IDLE):
+                continue
+            if niced_group is None:
+                niced_group = _autogroup_nice(pid) > 0
+            if niced_group:
+                return {}
+            with open(f"/proc/{pid}/task/{task}/schedstat") as handle:
+                delays[int(task)] = int(handle.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    return delays
+
+
 def _autogroup_nice(pid: int) -> int:
     """The nice of ``pid``'s autogroup (``/proc/PID/autogroup``: "/autogroup-N nice K"); 0 where there is none."""
     try:
@@ -325,8 +353,10 @@ def _autogroup_nice(pid: int) -> int:
 
 class TreeMeter:
     """What the process trees below ``roots`` (the checker's and its workers' keepers) did so far, read from /proc
-    at most every ``every_s``: ``(cpu, blocked)``, the CPU seconds they used and the seconds during which none of
-    their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped), sampled.
+    at most every ``every_s``: ``(cpu, blocked, starved)``, the CPU seconds they used, the seconds during which
+    none of their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped),
+    sampled, and the seconds during which one of their threads waited for a CPU it did not get (between two reads,
+    the longest any one thread waited on a run queue then: ``_run_delays``).
 
     A process that ends is counted in the one that waits for it (its keeper at worst), so the CPU sum only grows;
     a reading never goes back (a process seen between its end and its parent's wait)."""
@@ -334,7 +364,8 @@ class TreeMeter:
     def __init__(self, roots, every_s: float = 0.5):
         self.roots = [root for root in roots if root]
         self.every_s = every_s
-        self._read_at, self._cpu, self._blocked = None, 0.0, 0.0
+        self._read_at, self._cpu, self._blocked, self._starved = None, 0.0, 0.0, 0.0
+        self._delays: dict = {}  # (pid, thread id) → its run-queue seconds at the last read
         self.by_root = dict.fromkeys(self.roots, 0.0)  # each root's tree's CPU seconds at the last read
         self.reads = 0
 
@@ -349,11 +380,16 @@ class TreeMeter:
             for root, tree in trees.items():
                 self.by_root[root] = max(self.by_root[root], sum(cpu_of[pid] for pid in tree))
             self._cpu = max(self._cpu, sum(cpu_of.values()))
-            if self._read_at is not None and pids and not any(map(_running, pids)):
-                self._blocked += now - self._read_at
+            delays = {(pid, task): s for pid in pids for task, s in _run_delays(pid).items()}
+            if self._read_at is not None:
+                if pids and not any(map(_running, pids)):
+                    self._blocked += now - self._read_at
+                waited = max((s - self._delays.get(key, 0.0) for key, s in delays.items()), default=0.0)
+                self._starved += min(now - self._read_at, max(0.0, waited))
+            self._delays = delays
             self._read_at = now
             self.reads += 1
-        return self._cpu, self._blocked
+        return self._cpu, self._blocked, self._starved
 
 
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
@@ -457,7 +493,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
-    cpu_before, blocked_before = 0.0, 0.0  # what the processes of the run's earlier starts used
+    cpu_before, blocked_before, starved_before = 0.0, 0.0, 0.0  # what the processes of the run's earlier starts used
     gpu_holds: list = []
     timeline: dict = {}
     cpu_timeline: dict = {}
@@ -521,11 +557,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
-                cpu, blocked = meter.read()
+                cpu, blocked, starved = meter.read()
                 charged.to(_label(by_index, running.index) if running else
                            ("process start" if not records else "between cells"), cpu_timeline)
                 if running and (cell_started is None or cell_started[0] != running.index):
-                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked)
+                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked, starved)
                 if stop_reason is not None:
                     continue  # stopped: waiting for it to end
                 if server.stop_reason:
@@ -533,13 +569,17 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 elif running:
                     # waiting for the GPU or stopped for others' timings is a pause: neither its clock nor its own
                     in_pause = paused - cell_started[1]
-                    own = (cpu - cell_started[2]) / threads + max(0.0, blocked - cell_started[3] - in_pause)
-                    stop_reason, ran_over = _over_time(time.time() - running.time - in_pause, own,
-                                                       cell_timeout, wall_timeout, "the test's")
+                    wall = time.time() - running.time - in_pause
+                    own = _own_time(wall, (cpu - cell_started[2]) / threads,
+                                    max(0.0, blocked - cell_started[3] - in_pause), starved - cell_started[4])
+                    stop_reason, ran_over = _over_time(wall, own, cell_timeout, wall_timeout, "the test's")
                 if stop_reason is None:
-                    own = (cpu_before + cpu) / threads + max(0.0, blocked_before + blocked - paused_before - paused)
-                    stop_reason, ran_over = _over_time(time.monotonic() - started - paused_before - paused, own,
-                                                       total_timeout, total_wall_timeout, "the submission's")
+                    wall = time.monotonic() - started - paused_before - paused
+                    own = _own_time(wall, (cpu_before + cpu) / threads,
+                                    max(0.0, blocked_before + blocked - paused_before - paused),
+                                    starved_before + starved)
+                    stop_reason, ran_over = _over_time(wall, own, total_timeout, total_wall_timeout,
+                                                       "the submission's")
                 if stop_reason is not None:
                     child.stop()
         except BaseException:
@@ -555,9 +595,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                     helper.stop(timed_out=False)
                     helper.wait(timeout=10)
         paused_before += server.paused_s()
-        cpu, blocked = meter.read()
+        cpu, blocked, starved = meter.read()
         charged.to("process end", cpu_timeline)
-        cpu_before, blocked_before = cpu_before + cpu, blocked_before + blocked
+        cpu_before, blocked_before, starved_before = cpu_before + cpu, blocked_before + blocked, starved_before + starved
         stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
         flags += server.notes
         gpu_wait += server.waited_s
@@ -632,37 +672,29 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
 
 
 def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=300.0,
-                   total_timeout=1800.0, wall_timeout=None, total_wall_timeout=None, hold_s=None,
-                   **run_args) -> CleanResult:
+                   total_timeout=1800.0, wall_timeout=None, total_wall_timeout=None, **run_args) -> CleanResult:
     """Run again, in ``workdir``, the tests of ``first`` that a wall-clock backstop stopped (``retries_due``), with
     backstops ``RETRY_BACKSTOP`` times as long and the same limits of own time; ``first`` takes their verdicts,
     each saying what its first try was (``CellVerdict.retry``). The caller makes sure no other submission of its
     own runs meanwhile. A speed test zeroed because a retried test failed is run again too (speed counts only for
-    a kernel that passed in the same run: the requirements are checked again on the merged verdicts).
-    ``hold_s``: at most this long in all, by the wall clock (``memory_retry_hold_s``: a retry that only a
-    submission's own words asked for)."""
+    a kernel that passed in the same run: the requirements are checked again on the merged verdicts)."""
     due = first.retries_due
     if not due:
         return first
     speed_after = [k for k, v in first.cells.items() if set(v.requires_failed) & set(due) and k not in due]
     wall_timeout = RETRY_BACKSTOP * max(wall_timeout or 0.0, WALL_BACKSTOP * cell_timeout)
     total_wall_timeout = RETRY_BACKSTOP * max(total_wall_timeout or 0.0, WALL_BACKSTOP * total_timeout)
-    if hold_s is not None:
-        wall_timeout, total_wall_timeout = min(wall_timeout, hold_s), min(total_wall_timeout, hold_s)
     again = run_clean(instructor_nb, student_nb, workdir, cell_timeout=cell_timeout, total_timeout=total_timeout,
                       wall_timeout=wall_timeout, total_wall_timeout=total_wall_timeout, only=[*due, *speed_after],
                       check_requirements=False, **run_args)
     for grade_id in [*due, *speed_after]:
         before, after = first.cells[grade_id], again.cells[grade_id]
         if grade_id in due:
-            stopped = after.retry.get("first_try", "")
-            if hold_s is not None and f"after {hold_s:.0f} s of wall-clock" in stopped:
-                stopped = (f"stopped after {hold_s:.0f} s alone, the longest a retry for memory holds the other "
-                           f"submissions ({MEMORY_RETRY_HOLD:g} times the instructor's solution's run)")
-                after.message = f"{after.message}; {stopped}".lstrip("; ")[:4000]
+            why = after.retry.get("first_try", "")
+            why = "the GPU ran out of memory again" if why == GPU_MEMORY_RAN_OUT else why
             after.retry = {"first_try": before.retry["first_try"],
                            "retry": f"{after.status}, {after.points:g} of {after.max_points:g} points in "
-                                    f"{after.seconds:.0f} s" + (f" ({stopped})" if stopped else "")}
+                                    f"{after.seconds:.0f} s" + (f" ({why})" if why else "")}
         first.cells[grade_id] = after
     speed_needs_correctness(first.cells, among=[*due, *speed_after])
     first.flags += [flag for flag in again.flags if flag not in first.flags]
@@ -802,21 +834,6 @@ def _receive(channel: Receiver, by_index: dict, on_cell, server: LeaseServer | N
 GPU_MEMORY_RAN_OUT = "the GPU ran out of memory while other submissions shared it"
 
 
-# Only the failure's own words say it ran out of memory, and a submission writes them: a retry it asked for so holds
-# the others for at most ``MEMORY_RETRY_HOLD`` times the lab's reference run (the instructor's solution, the whole
-# notebook, timed by the grader), ``MEMORY_RETRY_MIN_S`` at least, where one for a wall-clock overrun, which the
-# grader's own clocks saw, gets the backstops. A retry stopped there keeps its verdict: 0 for that test.
-MEMORY_RETRY_HOLD = 3.0
-MEMORY_RETRY_MIN_S = 60.0
-
-
-def memory_retry_hold_s(reference_s) -> float:
-    """How long a retry of tests that ran out of GPU memory may run alone, from the reference run's seconds."""
-    if isinstance(reference_s, (int, float)) and not isinstance(reference_s, bool) and 0 < reference_s < 1e6:
-        return max(MEMORY_RETRY_MIN_S, MEMORY_RETRY_HOLD * float(reference_s))
-    return MEMORY_RETRY_MIN_S
-
-
 def ran_out_of_gpu_memory(verdict: CellVerdict) -> bool:
     """Whether a test's failure says an allocation on the GPU failed: its message, its output, its speed records."""
     said = " ".join([verdict.message or "", verdict.output or "",
@@ -879,6 +896,13 @@ def _fail_rest(verdicts, graded, why, status, retry=None):
         if cell["grade_id"] not in verdicts:
             verdicts[cell["grade_id"]] = CellVerdict(cell["grade_id"], 0.0, cell["points"], status, why,
                                                      retry=dict(retry or {}))
+
+
+def _own_time(wall: float, cpu_per_thread: float, blocked: float, starved: float) -> float:
+    """A test's (or a run's) own time: its CPU time per thread it may use plus the time none of its threads ran or
+    waited for a CPU; and never less than its wall-clock time less the time a thread of it waited for a CPU (an
+    endless loop on one of several threads is charged its wall time, not a share of it)."""
+    return max(cpu_per_thread + blocked, wall - starved)
 
 
 def _over_time(wall: float, own: float, limit: float, wall_limit: float, whose: str):

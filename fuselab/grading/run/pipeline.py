@@ -280,12 +280,12 @@ class _Alone:
         self._changed = threading.Condition()
         self._running = 0
         self._waiting = 0      # retries waiting for the machine
-        self._alone = False
+        self._holder = None    # the retry that has it, while it does
 
     @contextlib.contextmanager
     def sharing(self):
         with self._changed:
-            self._changed.wait_for(lambda: not self._alone and not self._waiting)
+            self._changed.wait_for(lambda: self._holder is None and not self._waiting)
             self._running += 1
         try:
             yield
@@ -295,37 +295,64 @@ class _Alone:
                 self._changed.notify_all()
 
     @contextlib.contextmanager
-    def alone(self):
+    def alone(self, hold_s: float | None = None):
+        """The machine without the others; after ``hold_s`` (where given) they may start again while this one
+        goes on, as one of them."""
+        me = object()
         with self._changed:
             self._waiting += 1
-            self._changed.wait_for(lambda: not self._alone and not self._running)
+            self._changed.wait_for(lambda: self._holder is None and not self._running)
             self._waiting -= 1
-            self._alone = True
+            self._holder = me
+        timer = threading.Timer(hold_s, self._let_go, (me,)) if hold_s is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
         try:
             yield
         finally:
-            with self._changed:
-                self._alone = False
+            if timer is not None:
+                timer.cancel()
+            self._let_go(me)
+
+    def _let_go(self, holder) -> None:
+        with self._changed:
+            if self._holder is holder:
+                self._holder = None
                 self._changed.notify_all()
 
 
 ALONE = _Alone()  # one per grader process: "alone" means no other submission of this grader is running
 
 
+# Only a failure's own words say the GPU ran out of memory, and a submission writes them: a retry they alone
+# asked for holds the others at most ``MEMORY_RETRY_HOLD`` times the lab's reference run (the instructor's whole
+# notebook, timed by the grader), ``MEMORY_RETRY_MIN_S`` at least, and then goes on beside them. One for a
+# wall-clock overrun, which the grader's own clocks saw, holds them to its end.
+MEMORY_RETRY_HOLD = 1.0
+MEMORY_RETRY_MIN_S = 30.0
+
+
+def memory_retry_hold_s(reference_s) -> float:
+    """How long a retry that only a failure's words asked for has the machine alone, from the reference run's
+    seconds (None or nonsense: the least)."""
+    if isinstance(reference_s, (int, float)) and not isinstance(reference_s, bool) and 0 < reference_s < 1e6:
+        return max(MEMORY_RETRY_MIN_S, MEMORY_RETRY_HOLD * float(reference_s))
+    return MEMORY_RETRY_MIN_S
+
+
 def retry_overruns(run: SubmissionRun) -> None:
     """Tests a wall-clock limit stopped (a busy machine may have starved them, ``recheck``) run again, alone, with
     a longer backstop, before they can score 0; their verdicts say so (``CellVerdict.retry``). Tests whose failure
-    said the GPU ran out of memory too, but alone for at most ``recheck.memory_retry_hold_s``."""
+    said the GPU ran out of memory too, alone for at most ``memory_retry_hold_s``."""
     due = run.clean.retries_due
     if not due:
         return
     settings = run.settings
-    # a retry no clock of the grader's asked for (the failure's words said "out of memory") holds the others briefly
     asked_by_words = all(run.clean.cells[g].retry.get("first_try") == recheck.GPU_MEMORY_RAN_OUT for g in due)
-    hold_s = recheck.memory_retry_hold_s(run.reference_s) if asked_by_words else None
-    with ALONE.alone():
+    with ALONE.alone(memory_retry_hold_s(run.reference_s) if asked_by_words else None):
         recheck.retry_overruns(run.clean, run.instructor, json.loads(Path(run.sub.notebook).read_text()),
-                               run.workdir / "retry", **_time_limits(settings), hold_s=hold_s, limits=run.limits,
+                               run.workdir / "retry", **_time_limits(settings), limits=run.limits,
                                env=_base_env(settings, run.workdir / "retry", run.device), device=run.device,
                                sandbox=settings.sandbox, hide=run.hide, lease=run.lease)
 
