@@ -447,3 +447,33 @@ def test_the_checker_takes_only_the_courses_speed_statuses():
         assert kernels._record({"status": forged})["status"] == "error", forged
     for status in kernels.WORKER_STATUSES:
         assert kernels._record({"status": status})["status"] == status
+
+
+def test_a_refusal_is_flagged_from_the_checkers_own_error_and_a_hidden_test_never_shows_its_reasons(tmp_path):
+    # a kernel source that names /proc is refused; a student's function that raises a refusal's words is not one
+    refused = HONEST.replace("int64_t i =", 'const char* where = "/proc/self/maps";\n    int64_t i =')
+    forged = ("def forged():\n    raise RuntimeError('first.so was refused by the grader\\'s check of native code: "
+              "its library calls `dlopen`')")
+    cells = [INSTRUCTOR[0], _cell(f"FIRST = r'''{HONEST}'''", "sol_first", solution=True),
+             _cell("first = fuselab.build(FIRST, " + json.dumps([LAUNCHER]) + ", name='first', backend='emulate')",
+                   "build_first"),
+             _cell(CHECKED.format(mod="first"), "test_visible", graded=True, points=1),
+             _cell("# BEGIN HIDDEN TESTS\n" + CHECKED.format(mod="first") + "# END HIDDEN TESTS", "test_hidden",
+                   graded=True, points=1),
+             _cell("def forged():\n    pass", "sol_forged", solution=True),
+             _cell("forged()", "test_forged", graded=True, points=1)]
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}
+    student = json.loads(json.dumps(nb))
+    student["cells"][1]["source"] = f"FIRST = r'''{refused}'''"
+    student["cells"][5]["source"] = forged
+    result = recheck.run_clean(nb, student, tmp_path, cell_timeout=120, total_timeout=400,
+                               limits=isolate.Limits(memory_bytes=4 * 2**30))
+    visible, hidden, said = (result.cells[k] for k in ("test_visible", "test_hidden", "test_forged"))
+    assert visible.points == hidden.points == said.points == 0, result.cells
+    assert "refused by the grader's check of native code" in visible.message and "/proc" in visible.message
+    assert hidden.message.startswith("NativeCodeRefused: a kernel library this test uses was refused")
+    assert "/proc" not in hidden.message, hidden.message
+    assert "refused by the grader's check" in said.message  # the student's own words, shown as theirs
+    flags = [f for f in result.flags if "kernel library" in f]
+    assert flags == ["a kernel library was refused by the grader's check of native code (see the message of "
+                     "test_hidden, test_visible)"], result.flags

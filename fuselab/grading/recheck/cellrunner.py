@@ -201,7 +201,7 @@ def main(plan_path, channel_fd: int) -> int:
         if host is not None:  # a speed test runs this cell's source in the worker: never one with hidden tests
             host.current_source = "" if HIDDEN_MARK in cell["source"] else cell["source"]
         started = time.perf_counter()
-        value, error = None, None
+        value, error, refused = None, None, None
         host_writes = len(host.host_writes) if host is not None else 0
         with _captured_fds() as output:
             try:
@@ -210,6 +210,7 @@ def main(plan_path, channel_fd: int) -> int:
                 # a hidden test's failure says its type and where the student's code raised it, nothing more
                 error = failures.verdict_message(exc, cell, plan["cells"], MAX_TEXT)
                 error = failures.because(error, exc, unbound)[:MAX_TEXT]
+                refused = channel.REFUSED if failures.was_refused(exc) else None
         if error and not cell["graded"]:
             for name in failures.bound_names(cell):
                 unbound.setdefault(name, f"{failures.cell_label(cell)}, which defines it, failed with {error}")
@@ -232,7 +233,7 @@ def main(plan_path, channel_fd: int) -> int:
             stderr = failures.HIDDEN_OUTPUT if stderr.strip() else ""
         to_grader.send(channel.CellEnd(index, cell["grade_id"], error=error, value=number, shown=shown,
                                        stdout=stdout, stderr=stderr, seconds=time.perf_counter() - started,
-                                       speed=records, flag=flag))
+                                       speed=records, flag=flag, refused=refused))
         why = _unusable(host, worker)
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
             to_grader.send(channel.Poisoned(index, cell["grade_id"], why))

@@ -52,6 +52,7 @@ class CellEnd:
     seconds: float = 0.0
     speed: list = field(default_factory=list)   # the speed tests' records (dicts), ``fuselab.speed``'s
     flag: str | None = None
+    refused: str | None = None   # the checker's own: a kernel library the test used was refused (``REFUSED``)
     kind = "end"
 
 
@@ -85,6 +86,8 @@ class GiveBack:
     time: float = 0.0
     kind = "give back"
 
+
+REFUSED = "refused"  # ``CellEnd.refused``: set by the checker from the error's type, never from any text
 
 RECORDS = {cls.kind: cls for cls in (CellStart, CellEnd, Poisoned, Done, Ask, GiveBack)}
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "list": (list,),

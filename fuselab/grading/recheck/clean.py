@@ -58,8 +58,8 @@ from ..sandbox import isolate
 from . import transfer
 from ..gpus.lease import LeaseServer
 from ..sandbox.untrusted import Folder
-from .channel import (ANSWERS_FD_ENV, MEMORY, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack, Poisoned,
-                      Receiver, grant_line)
+from .channel import (ANSWERS_FD_ENV, MEMORY, REFUSED, SHARED_GPU_ENV, Ask, CellEnd, CellStart, Done, GiveBack,
+                      Poisoned, Receiver, grant_line)
 from .demos import demo_problems
 from .failures import says_gpu_memory_ran_out
 from .sanitize import sanitize_cell
@@ -478,6 +478,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     plan_path = workdir / "clean-plan.json"
     graded = [c for c in cells if c["graded"]]
     verdicts: dict = {}
+    refused_in: set = set()  # tests the checker saw fail on a refused kernel library (``CellEnd.refused``)
     env = runner_env(env if env is not None else os.environ, workdir, device)
     threads = config.cpu_threads(env)  # CPU time is divided by it: a test on several threads is charged its wall time
     # a build is one step of a cell: on a busy machine it must not be stopped before the cell's own limits would
@@ -612,7 +613,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                                (HELD, server.held_s), (STOPPED, stopped)):
             if seconds > 0:
                 timeline[label] = timeline.get(label, 0.0) + seconds
-        _take_verdicts(records, by_index, verdicts, flags)
+        _take_verdicts(records, by_index, verdicts, flags, refused_in)
         last = records[-1] if records else None
         if isinstance(last, Done):
             break
@@ -659,7 +660,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     if check_requirements:
         speed_needs_correctness(verdicts)
     from ...native_check import REFUSED_MARK
-    refused = sorted({g for g, v in verdicts.items() if REFUSED_MARK in v.message})
+    refused = sorted(refused_in & set(verdicts))
     if refused:
         flags.append(f"a kernel library was {REFUSED_MARK} (see the message of {', '.join(refused)})")
     flags += [f"{grade_id}: {record['flag']}" for grade_id, verdict in verdicts.items()
@@ -841,12 +842,15 @@ def ran_out_of_gpu_memory(verdict: CellVerdict) -> bool:
     return says_gpu_memory_ran_out(said)
 
 
-def _take_verdicts(records: list, by_index: dict, verdicts: dict, flags: list) -> None:
-    """Score each graded cell the checker ended (``_score``) into ``verdicts``; add the checker's flags."""
+def _take_verdicts(records: list, by_index: dict, verdicts: dict, flags: list, refused: set) -> None:
+    """Score each graded cell the checker ended (``_score``) into ``verdicts``; add the checker's flags, and to
+    ``refused`` the tests it saw fail on a refused kernel library."""
     for end in (r for r in records if isinstance(r, CellEnd)):
         cell = by_index[end.index]
         if cell["graded"]:
             verdicts[cell["grade_id"]] = _score(cell, end)
+            if end.refused == REFUSED:
+                refused.add(cell["grade_id"])
         flag = f"{cell['grade_id'] or 'cell ' + str(cell['index'])}: {HOST_WROTE_KERNEL_MEMORY}"
         if end.flag == HOST_WROTE_KERNEL_MEMORY and flag not in flags:
             flags.append(flag)  # the checker's own record (a setup cell rerun after a restart says it once)

@@ -26,8 +26,10 @@ from ...notebook import HIDDEN_MARK
 HIDDEN_NOTE = ("Hidden tests' inputs, messages and output are not shown: try your code on cases of your own "
                "(odd sizes, size 1, a single channel, the edges) to find the one that fails.")
 HIDDEN_OUTPUT = "(written while a test cell with hidden tests ran: not shown)"
-# the grader's own messages about a kernel library, fixed when it was built: no input ever shapes them
-INPUT_INDEPENDENT = ("NativeCodeRefused",)
+# a refusal's reasons are the kernel worker's reply, which native code loaded there earlier could write: a hidden
+# test names the refusal, never its reasons (a test that is not hidden shows them)
+REFUSED_IN_HIDDEN = ("a kernel library this test uses was {mark}: its reasons are in the message of any test that "
+                     "uses it and is not hidden")
 
 
 def cell_label(cell: dict) -> str:
@@ -60,10 +62,26 @@ def in_hidden_part(exc: BaseException, cell: dict) -> bool:
     return not lines or max(lines) >= start
 
 
+def was_refused(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from or while handling, is the checker's ``NativeCodeRefused`` (a
+    type no worker's error crosses as: those are rebuilt from builtin types only, ``wire``)."""
+    from ...native_check import NativeCodeRefused
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, NativeCodeRefused):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def verdict_message(exc: BaseException, cell: dict, plan_cells: list, limit: int) -> str:
     """The text a failed cell's verdict keeps: ``Type: message`` for a visible failure, else ``hidden_message``."""
-    if type(exc).__name__ in INPUT_INDEPENDENT or not in_hidden_part(exc, cell):
+    if not in_hidden_part(exc, cell):
         return f"{type(exc).__name__}: {exc}"[:limit]
+    if was_refused(exc):
+        from ...native_check import REFUSED_MARK
+        return f"{type(exc).__name__}: " + REFUSED_IN_HIDDEN.format(mark=REFUSED_MARK)
     return hidden_message(exc, plan_cells)
 
 
