@@ -168,6 +168,44 @@ def test_a_retry_only_a_failures_words_asked_for_holds_the_others_only_briefly()
         pass
 
 
+def test_a_retry_waiting_for_a_long_run_to_end_holds_the_others_back_only_for_a_while():
+    # a submission running long (a second one of the same student's, say) must not hold the whole class back
+    # through another's retry: new runs wait for the drain only DRAIN_HOLD_S, then start beside the long one
+    alone = pipeline._Alone()
+    alone.DRAIN_HOLD_S = 0.5
+    events, long_started = [], threading.Event()
+
+    def long_run():
+        with alone.sharing():
+            long_started.set()
+            time.sleep(3.0)
+            events.append(("long ends", time.monotonic()))
+
+    def retry():
+        with alone.alone():
+            events.append(("retry starts", time.monotonic()))
+
+    def new_run():
+        with alone.sharing():
+            events.append(("new starts", time.monotonic()))
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=long_run)]
+    threads[0].start()
+    long_started.wait(10)
+    began = time.monotonic()
+    threads.append(threading.Thread(target=retry))
+    threads[-1].start()
+    time.sleep(0.1)
+    threads.append(threading.Thread(target=new_run))
+    threads[-1].start()
+    for thread in threads:
+        thread.join(30)
+    when = {what: at - began for what, at in events}
+    assert 0.4 <= when["new starts"] < 2.5, when  # after the drain's hold, while the long run still runs
+    assert when["retry starts"] >= when["long ends"], when  # the retry still has the machine alone, later
+
+
 def test_only_a_retry_the_grader_saw_the_need_for_holds_the_others_to_its_end(tmp_path, monkeypatch):
     holds = []
 

@@ -274,18 +274,27 @@ def clean_recheck(run: SubmissionRun, on_cell=None) -> None:
 
 class _Alone:
     """The submissions' graded runs share the machine (``sharing``); a retry of tests that ran past a wall-clock
-    limit runs with none of them (``alone``): it waits for those running to end, and none starts meanwhile."""
+    limit runs with none of them (``alone``): it waits for those running to end, and for ``DRAIN_HOLD_S`` none
+    starts meanwhile; after that they start again (one running long, a second submission of the same student's
+    say, holds only this retry up, which then has the machine once the class's runs end)."""
+
+    DRAIN_HOLD_S = 60.0
 
     def __init__(self):
         self._changed = threading.Condition()
         self._running = 0
-        self._waiting = 0      # retries waiting for the machine
-        self._holder = None    # the retry that has it, while it does
+        self._waiting: dict = {}  # retries waiting for the machine → since when (monotonic)
+        self._holder = None       # the retry that has it, while it does
+
+    def _draining(self) -> bool:
+        now = time.monotonic()
+        return any(now - since < self.DRAIN_HOLD_S for since in self._waiting.values())
 
     @contextlib.contextmanager
     def sharing(self):
         with self._changed:
-            self._changed.wait_for(lambda: self._holder is None and not self._waiting)
+            while self._holder is not None or self._draining():
+                self._changed.wait(timeout=1.0)  # a drain's hold ends by the clock, not by a notify
             self._running += 1
         try:
             yield
@@ -300,9 +309,9 @@ class _Alone:
         goes on, as one of them."""
         me = object()
         with self._changed:
-            self._waiting += 1
+            self._waiting[me] = time.monotonic()
             self._changed.wait_for(lambda: self._holder is None and not self._running)
-            self._waiting -= 1
+            del self._waiting[me]
             self._holder = me
         timer = threading.Timer(hold_s, self._let_go, (me,)) if hold_s is not None else None
         if timer is not None:
