@@ -739,3 +739,15 @@ def test_a_fork_bomb_is_stopped_by_the_kernel_at_the_process_limit(tmp_path, san
     assert (own / "refused").exists(), outcome  # the kernel refused a fork
     assert outcome.limit and "processes" in outcome.limit and not outcome.timed_out, outcome
     assert not group.folder.exists()
+
+
+def test_a_child_cannot_pin_its_threads_to_fewer_cpus(tmp_path):
+    """Threads pinned to one CPU keep each other waiting for it, and waiting for a CPU is no test's own time: a loop
+    so pinned would run past its own limit to the wall-clock backstop, and be retried alone. Inside the sandbox
+    the call fails; asking for the CPUs it may use still works."""
+    _sandbox_or_fail()
+    script = ("import json, os\ncpus = sorted(os.sched_getaffinity(0))\ntry:\n    os.sched_setaffinity(0, cpus[:1])\n"
+              "    said = 'pinned'\nexcept OSError as exc:\n    said = exc.errno\n"
+              "print(json.dumps({'cpus': len(cpus), 'said': said, 'after': len(os.sched_getaffinity(0))}))")
+    report = _report(_run(tmp_path, script))
+    assert report["said"] == ENOSYS and report["after"] == report["cpus"] >= 1, report

@@ -25,12 +25,10 @@ full marks.
 Time limits do not depend on how busy the machine is. A cell's limit counts its *own* time (``TreeMeter``): the
 CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
 per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
-that sleeps or hangs), and never less than its wall-clock time less the time one of their threads waited for a
-CPU (an endless loop on one thread of several), never more than its wall-clock time; waiting for a CPU on a busy
-machine does not count (unless a thread lowered its own priority, ``_running``, ``_run_delays``), nor does time
-stopped or waiting for the GPU. A cell
-past its own time (an endless loop, a hang) scores 0 "timed out". A wall-clock backstop (``WALL_BACKSTOP`` times the limit) still bounds every cell; a cell it
-stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
+that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count
+(unless a thread lowered its own priority, ``_running``), nor does time stopped or waiting for the GPU. A cell
+past its own time (an endless loop, a hang) scores 0 "timed out". A wall-clock backstop (``wall_backstop`` times
+the limit) still bounds every cell; a cell it stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
 grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
 before it can score 0.
 
@@ -275,6 +273,14 @@ WALL_BACKSTOP = 5.0   # a cell's (and a submission's) wall-clock limit, in multi
 RETRY_BACKSTOP = 2.0  # a retry's wall-clock limit, in multiples of the first try's (its default at least)
 RETRIED = "retried alone"  # the timeline's entry for the retries' time
 
+
+def wall_backstop(threads: int) -> float:
+    """A test's (and a run's) wall-clock backstop in multiples of its limit of own time, for children that may keep
+    ``threads`` CPU threads busy: at least twice ``threads``. Own time counts CPU time per thread, so a loop on one
+    thread reaches its limit after ``threads`` times it by the clock: well before the backstop, whose stop would
+    be retried alone with every other submission held."""
+    return max(WALL_BACKSTOP, 2.0 * threads)
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -316,32 +322,6 @@ def _running(pid: int) -> bool:
     return False
 
 
-def _run_delays(pid: int) -> dict:
-    """Each thread of ``pid`` at the priority it started with: thread id → seconds it has waited on a run queue
-    for a CPU (``/proc/PID/task/TID/schedstat``). A thread that lowered its own priority waits by its own choice
-    (as in ``_running``): it is left out."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    delays, niced_group = {}, None
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            if int(fields[16]) > 0 or int(fields[38]) in (SCHED_BATCH, SCHED_IDLE):
-                continue
-            if niced_group is None:
-                niced_group = _autogroup_nice(pid) > 0
-            if niced_group:
-                return {}
-            with open(f"/proc/{pid}/task/{task}/schedstat") as handle:
-                delays[int(task)] = int(handle.read().split()[1]) / 1e9
-        except (OSError, IndexError, ValueError):
-            continue
-    return delays
-
-
 def _autogroup_nice(pid: int) -> int:
     """The nice of ``pid``'s autogroup (``/proc/PID/autogroup``: "/autogroup-N nice K"); 0 where there is none."""
     try:
@@ -353,10 +333,8 @@ def _autogroup_nice(pid: int) -> int:
 
 class TreeMeter:
     """What the process trees below ``roots`` (the checker's and its workers' keepers) did so far, read from /proc
-    at most every ``every_s``: ``(cpu, blocked, starved)``, the CPU seconds they used, the seconds during which
-    none of their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped),
-    sampled, and the seconds during which one of their threads waited for a CPU it did not get (between two reads,
-    the longest any one thread waited on a run queue then: ``_run_delays``).
+    at most every ``every_s``: ``(cpu, blocked)``, the CPU seconds they used and the seconds during which none of
+    their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped), sampled.
 
     A process that ends is counted in the one that waits for it (its keeper at worst), so the CPU sum only grows;
     a reading never goes back (a process seen between its end and its parent's wait)."""
@@ -364,8 +342,7 @@ class TreeMeter:
     def __init__(self, roots, every_s: float = 0.5):
         self.roots = [root for root in roots if root]
         self.every_s = every_s
-        self._read_at, self._cpu, self._blocked, self._starved = None, 0.0, 0.0, 0.0
-        self._delays: dict = {}  # (pid, thread id) → its run-queue seconds at the last read
+        self._read_at, self._cpu, self._blocked = None, 0.0, 0.0
         self.by_root = dict.fromkeys(self.roots, 0.0)  # each root's tree's CPU seconds at the last read
         self.reads = 0
 
@@ -380,16 +357,11 @@ class TreeMeter:
             for root, tree in trees.items():
                 self.by_root[root] = max(self.by_root[root], sum(cpu_of[pid] for pid in tree))
             self._cpu = max(self._cpu, sum(cpu_of.values()))
-            delays = {(pid, task): s for pid in pids for task, s in _run_delays(pid).items()}
-            if self._read_at is not None:
-                if pids and not any(map(_running, pids)):
-                    self._blocked += now - self._read_at
-                waited = max((s - self._delays.get(key, 0.0) for key, s in delays.items()), default=0.0)
-                self._starved += min(now - self._read_at, max(0.0, waited))
-            self._delays = delays
+            if self._read_at is not None and pids and not any(map(_running, pids)):
+                self._blocked += now - self._read_at
             self._read_at = now
             self.reads += 1
-        return self._cpu, self._blocked, self._starved
+        return self._cpu, self._blocked
 
 
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
@@ -420,7 +392,7 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
     """Run the clean recheck of one submission in ``workdir``; return every graded cell's verdict.
 
     ``cell_timeout``, ``total_timeout``: a cell's and the whole run's limits of *own* time (the module's doc);
-    ``wall_timeout``, ``total_wall_timeout``: their wall-clock backstops (default ``WALL_BACKSTOP`` times them).
+    ``wall_timeout``, ``total_wall_timeout``: their wall-clock backstops (default ``wall_backstop`` times them).
     A cell or a run stopped by a backstop is marked for a retry (``CellVerdict.retry``, ``retry_overruns``).
 
     ``only``: run only these graded tests (and the cells before them that are not tests: their setup).
@@ -450,8 +422,8 @@ def run_clean(instructor_nb: dict, student_nb: dict, workdir, *, cell_timeout=30
         return _run_clean(box, instructor_nb, student_nb, workdir, cell_timeout=cell_timeout,
                           total_timeout=total_timeout, limits=limits, env=env, device=device, sandbox=sandbox,
                           hide=hide, lease=lease, kernels_in_worker=kernels_in_worker, on_cell=on_cell,
-                          skip_demos=skip_demos, wall_timeout=wall_timeout or WALL_BACKSTOP * cell_timeout,
-                          total_wall_timeout=total_wall_timeout or WALL_BACKSTOP * total_timeout, only=only,
+                          skip_demos=skip_demos, wall_timeout=wall_timeout, total_wall_timeout=total_wall_timeout,
+                          only=only,
                           check_requirements=check_requirements)
     finally:
         box.close()
@@ -481,6 +453,8 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     refused_in: set = set()  # tests the checker saw fail on a refused kernel library (``CellEnd.refused``)
     env = runner_env(env if env is not None else os.environ, workdir, device)
     threads = config.cpu_threads(env)  # CPU time is divided by it: a test on several threads is charged its wall time
+    wall_timeout = wall_timeout or wall_backstop(threads) * cell_timeout
+    total_wall_timeout = total_wall_timeout or wall_backstop(threads) * total_timeout
     # a build is one step of a cell: on a busy machine it must not be stopped before the cell's own limits would
     try:
         build_timeout = float(env.get("FUSELAB_BUILD_TIMEOUT") or 300)
@@ -494,7 +468,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
-    cpu_before, blocked_before, starved_before = 0.0, 0.0, 0.0  # what the processes of the run's earlier starts used
+    cpu_before, blocked_before = 0.0, 0.0  # what the processes of the run's earlier starts used
     gpu_holds: list = []
     timeline: dict = {}
     cpu_timeline: dict = {}
@@ -558,11 +532,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
-                cpu, blocked, starved = meter.read()
+                cpu, blocked = meter.read()
                 charged.to(_label(by_index, running.index) if running else
                            ("process start" if not records else "between cells"), cpu_timeline)
                 if running and (cell_started is None or cell_started[0] != running.index):
-                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked, starved)
+                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked)
                 if stop_reason is not None:
                     continue  # stopped: waiting for it to end
                 if server.stop_reason:
@@ -570,17 +544,13 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 elif running:
                     # waiting for the GPU or stopped for others' timings is a pause: neither its clock nor its own
                     in_pause = paused - cell_started[1]
-                    wall = time.time() - running.time - in_pause
-                    own = _own_time(wall, (cpu - cell_started[2]) / threads,
-                                    max(0.0, blocked - cell_started[3] - in_pause), starved - cell_started[4])
-                    stop_reason, ran_over = _over_time(wall, own, cell_timeout, wall_timeout, "the test's")
+                    own = (cpu - cell_started[2]) / threads + max(0.0, blocked - cell_started[3] - in_pause)
+                    stop_reason, ran_over = _over_time(time.time() - running.time - in_pause, own,
+                                                       cell_timeout, wall_timeout, "the test's")
                 if stop_reason is None:
-                    wall = time.monotonic() - started - paused_before - paused
-                    own = _own_time(wall, (cpu_before + cpu) / threads,
-                                    max(0.0, blocked_before + blocked - paused_before - paused),
-                                    starved_before + starved)
-                    stop_reason, ran_over = _over_time(wall, own, total_timeout, total_wall_timeout,
-                                                       "the submission's")
+                    own = (cpu_before + cpu) / threads + max(0.0, blocked_before + blocked - paused_before - paused)
+                    stop_reason, ran_over = _over_time(time.monotonic() - started - paused_before - paused, own,
+                                                       total_timeout, total_wall_timeout, "the submission's")
                 if stop_reason is not None:
                     child.stop()
         except BaseException:
@@ -596,9 +566,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                     helper.stop(timed_out=False)
                     helper.wait(timeout=10)
         paused_before += server.paused_s()
-        cpu, blocked, starved = meter.read()
+        cpu, blocked = meter.read()
         charged.to("process end", cpu_timeline)
-        cpu_before, blocked_before, starved_before = cpu_before + cpu, blocked_before + blocked, starved_before + starved
+        cpu_before, blocked_before = cpu_before + cpu, blocked_before + blocked
         stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
         flags += server.notes
         gpu_wait += server.waited_s
@@ -683,8 +653,11 @@ def retry_overruns(first: CleanResult, instructor_nb: dict, student_nb: dict, wo
     if not due:
         return first
     speed_after = [k for k, v in first.cells.items() if set(v.requires_failed) & set(due) and k not in due]
-    wall_timeout = RETRY_BACKSTOP * max(wall_timeout or 0.0, WALL_BACKSTOP * cell_timeout)
-    total_wall_timeout = RETRY_BACKSTOP * max(total_wall_timeout or 0.0, WALL_BACKSTOP * total_timeout)
+    env = run_args.get("env")
+    backstop = wall_backstop(config.cpu_threads(runner_env(env if env is not None else os.environ, Path(workdir),
+                                                           run_args.get("device"))))
+    wall_timeout = RETRY_BACKSTOP * max(wall_timeout or 0.0, backstop * cell_timeout)
+    total_wall_timeout = RETRY_BACKSTOP * max(total_wall_timeout or 0.0, backstop * total_timeout)
     again = run_clean(instructor_nb, student_nb, workdir, cell_timeout=cell_timeout, total_timeout=total_timeout,
                       wall_timeout=wall_timeout, total_wall_timeout=total_wall_timeout, only=[*due, *speed_after],
                       check_requirements=False, **run_args)
@@ -900,13 +873,6 @@ def _fail_rest(verdicts, graded, why, status, retry=None):
         if cell["grade_id"] not in verdicts:
             verdicts[cell["grade_id"]] = CellVerdict(cell["grade_id"], 0.0, cell["points"], status, why,
                                                      retry=dict(retry or {}))
-
-
-def _own_time(wall: float, cpu_per_thread: float, blocked: float, starved: float) -> float:
-    """A test's (or a run's) own time: its CPU time per thread it may use plus the time none of its threads ran or
-    waited for a CPU; and never less than its wall-clock time less the time a thread of it waited for a CPU (an
-    endless loop on one of several threads is charged its wall time, not a share of it)."""
-    return max(cpu_per_thread + blocked, wall - starved)
 
 
 def _over_time(wall: float, own: float, limit: float, wall_limit: float, whose: str):

@@ -306,14 +306,14 @@ class _Alone:
     @contextlib.contextmanager
     def alone(self, hold_s: float | None = None):
         """The machine without the others; after ``hold_s`` (where given) they may start again while this one
-        goes on, as one of them."""
+        goes on, as one of them (another retry waits for it to end)."""
         me = object()
         with self._changed:
             self._waiting[me] = time.monotonic()
             self._changed.wait_for(lambda: self._holder is None and not self._running)
             del self._waiting[me]
             self._holder = me
-        timer = threading.Timer(hold_s, self._let_go, (me,)) if hold_s is not None else None
+        timer = threading.Timer(hold_s, self._let_go, (me, True)) if hold_s is not None else None
         if timer is not None:
             timer.daemon = True
             timer.start()
@@ -322,13 +322,20 @@ class _Alone:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._let_go(me)
+            if not self._let_go(me, False):
+                with self._changed:  # let go early: it ran on as one of those sharing the machine
+                    self._running -= 1
+                    self._changed.notify_all()
 
-    def _let_go(self, holder) -> None:
+    def _let_go(self, holder, sharing_on: bool) -> bool:
+        """End ``holder``'s hold, if it still has it (``sharing_on``: it goes on as one running); whether it had."""
         with self._changed:
-            if self._holder is holder:
-                self._holder = None
-                self._changed.notify_all()
+            if self._holder is not holder:
+                return False
+            self._holder = None
+            self._running += sharing_on
+            self._changed.notify_all()
+            return True
 
 
 ALONE = _Alone()  # one per grader process: "alone" means no other submission of this grader is running

@@ -38,8 +38,10 @@ CLONE_NEWNS = 0x00020000
 
 # seccomp: the architecture as the kernel names it, and the numbers of the calls that can be refused
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-SYSCALLS = {"x86_64": {"shmget": 29, "msgget": 68, "semget": 64, "memfd_create": 319, "memfd_secret": 447},
-            "aarch64": {"shmget": 194, "msgget": 186, "semget": 190, "memfd_create": 279, "memfd_secret": 447}}
+SYSCALLS = {"x86_64": {"shmget": 29, "msgget": 68, "semget": 64, "memfd_create": 319, "memfd_secret": 447,
+                       "sched_setaffinity": 203},
+            "aarch64": {"shmget": 194, "msgget": 186, "semget": 190, "memfd_create": 279, "memfd_secret": 447,
+                        "sched_setaffinity": 122}}
 X32_BIT = 0x40000000  # x86_64's x32 calls: the same calls under other numbers
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, ENOSYS = 0x7FFF0000, 0x00050000, 0x80000000, 38
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
