@@ -47,17 +47,22 @@ RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, ENOSYS = 0x7FFF0000, 0x00050000, 0x80000
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 
 
+# calls that succeed and do nothing: OpenMP's thread binding (OMP_PROC_BIND, GOMP_CPU_AFFINITY) aborts on an error
+PRETENDED = frozenset({"sched_setaffinity"})
+
+
 def seccomp_filter(names, machine: str | None = None) -> bytes:
     """A classic BPF program (``struct sock_filter``s, as bubblewrap's ``--seccomp`` reads them) that makes the
-    system calls ``names`` fail with ENOSYS and kills a process of another architecture."""
+    system calls ``names`` fail with ENOSYS (those in ``PRETENDED``: return 0, doing nothing) and kills a process
+    of another architecture."""
     machine = machine or platform.machine()
-    numbers = [SYSCALLS[machine][name] for name in names]
+    numbers = [(SYSCALLS[machine][name], 0 if name in PRETENDED else ENOSYS) for name in names]
     program = [(LD_W_ABS, 0, 0, 4), (JEQ_K, 1, 0, AUDIT_ARCH[machine]), (RET_K, 0, 0, RET_KILL_PROCESS),
                (LD_W_ABS, 0, 0, 0)]
     if machine == "x86_64":
         program += [(JGE_K, 0, 1, X32_BIT), (RET_K, 0, 0, RET_KILL_PROCESS)]
-    for number in numbers:
-        program += [(JEQ_K, 0, 1, number), (RET_K, 0, 0, RET_ERRNO | ENOSYS)]
+    for number, errno in numbers:
+        program += [(JEQ_K, 0, 1, number), (RET_K, 0, 0, RET_ERRNO | errno)]
     program.append((RET_K, 0, 0, RET_ALLOW))
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
 

@@ -1052,10 +1052,10 @@ def refused_calls() -> list:
     the sandbox's own IPC namespace that no process shows: 150 sets of 32000 semaphores held 300 MiB; nothing the
     course runs uses them), ``memfd_secret`` (pages of a file system of their own, held by the descriptor once
     unmapped), ``memfd_create`` where neither a memory cgroup nor ``/proc/PID/map_files`` (root's) lets the
-    grader size a memfd that is only mapped, and ``sched_setaffinity``: threads pinned to fewer CPUs than a child
-    may use keep each other waiting while a test's own time counts its CPU time per thread it may use (a loop
-    made to look starved, stopped by the wall-clock backstop instead of its own limit, is retried alone with
-    every other submission held)."""
+    grader size a memfd that is only mapped; and ``sched_setaffinity`` does nothing (it returns 0: OpenMP's
+    binding aborts on an error): threads pinned to fewer CPUs than a child may use keep each other waiting while
+    a test's own time counts its CPU time per thread it may use (a loop made to look starved, stopped by the
+    wall-clock backstop instead of its own limit, is retried alone with every other submission held)."""
     return ["shmget", "msgget", "semget", "memfd_secret", "sched_setaffinity"] + (
         [] if os.geteuid() == 0 or cgroup.available() else ["memfd_create"])
 
