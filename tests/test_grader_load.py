@@ -42,8 +42,9 @@ LIMITS = dict(cell_timeout=2.0, wall_timeout=2.0, total_timeout=60.0)
 
 def _starved(monkeypatch):
     # a busy machine, as the grader sees it: the test's processes are runnable all along (state R) but get no
-    # CPU time, so its clock runs and its own time does not
+    # CPU time, and no CPU is idle, so its clock runs and its own time does not
     monkeypatch.setattr(recheck, "_running", lambda pid: True)
+    monkeypatch.setattr(recheck, "_idle_ticks", lambda: 0)
 
 
 def _retry(first, nb, tmp_path):
@@ -102,6 +103,22 @@ def test_an_endless_loop_on_one_of_several_threads_is_stopped_by_its_own_limit_n
     loop = result.cells["test_loop"]
     assert loop.points == 0 and loop.status == "timed out" and "own time" in loop.message, loop.message
     assert loop.retry == {} and result.retries_due == []
+    assert result.cells["test_last"].points == 3
+
+
+def test_a_loop_in_children_the_kernel_reaps_is_stopped_by_its_own_limit(tmp_path):
+    # children of a process that ignores SIGCHLD are reaped by the kernel: their CPU time reaches no parent's
+    # count. One spinning after another, a thread of the tree is runnable all along while CPUs are idle: that
+    # time is its own, so the loop is stopped by its limit, not the backstop (whose stop is retried alone)
+    loop = ("import os, signal\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n"
+            "    if os.fork() == 0:\n        end = time.monotonic() + 0.3\n"
+            "        while time.monotonic() < end:\n            pass\n        os._exit(0)\n    time.sleep(0.15)")
+    nb = _instructor([_cell(loop, "test_reaped", graded=True, points=1)])
+    result = recheck.run_clean(nb, nb, tmp_path, limits=isolate.Limits(memory_bytes=2 * 2**30),
+                               env=dict(os.environ, OMP_NUM_THREADS="2"), cell_timeout=1.0, total_timeout=60.0)
+    reaped = result.cells["test_reaped"]
+    assert reaped.points == 0 and reaped.status == "timed out" and "own time" in reaped.message, reaped.message
+    assert reaped.retry == {} and result.retries_due == []
     assert result.cells["test_last"].points == 3
 
 

@@ -25,8 +25,10 @@ full marks.
 Time limits do not depend on how busy the machine is. A cell's limit counts its *own* time (``TreeMeter``): the
 CPU time of the checker and its workers (their whole process trees, compilers included) since the cell started,
 per CPU thread a child may use, plus the time none of their threads was running or waiting for a CPU (a test
-that sleeps or hangs), never more than its wall-clock time; waiting for a CPU on a busy machine does not count
-(unless a thread lowered its own priority, ``_running``), nor does time stopped or waiting for the GPU. A cell
+that sleeps or hangs), never more than its wall-clock time (CPU time no process shows, of a child the kernel
+reaped, is counted from how long a thread of theirs was runnable while a CPU was idle: ``TreeMeter``); waiting
+for a CPU on a busy machine does not count (unless a thread lowered its own priority, ``_running``), nor does
+time stopped or waiting for the GPU. A cell
 past its own time (an endless loop, a hang) scores 0 "timed out". A wall-clock backstop (``wall_backstop`` times
 the limit) still bounds every cell; a cell it stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
 grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
@@ -331,10 +333,26 @@ def _autogroup_nice(pid: int) -> int:
         return 0
 
 
+def _idle_ticks() -> int:
+    """The machine's idle clock ticks so far, over every CPU (``/proc/stat``: idle and iowait); 0 where unreadable."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+        return int(fields[4]) + int(fields[5])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class TreeMeter:
     """What the process trees below ``roots`` (the checker's and its workers' keepers) did so far, read from /proc
-    at most every ``every_s``: ``(cpu, blocked)``, the CPU seconds they used and the seconds during which none of
-    their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped), sampled.
+    at most every ``every_s``: ``(cpu, blocked, ran)``, the CPU seconds they used, the seconds during which none of
+    their threads was running or waiting for a CPU (sleeping, waiting for a pipe or the GPU, stopped), sampled,
+    and the seconds during which one of their threads was, while the machine had a CPU to spare, sampled too.
+
+    ``ran`` is the CPU time no process shows: a process whose parent ignores SIGCHLD is reaped by the kernel, and
+    its CPU time reaches no parent's count. A thread that waits for a CPU while one is idle does not wait long,
+    so a tree seen so at every read has run all the while (a loop handed on from one such child to the next),
+    and on a machine with none to spare it may only have waited: that time is not counted.
 
     A process that ends is counted in the one that waits for it (its keeper at worst), so the CPU sum only grows;
     a reading never goes back (a process seen between its end and its parent's wait)."""
@@ -342,7 +360,8 @@ class TreeMeter:
     def __init__(self, roots, every_s: float = 0.5):
         self.roots = [root for root in roots if root]
         self.every_s = every_s
-        self._read_at, self._cpu, self._blocked = None, 0.0, 0.0
+        self._read_at, self._cpu, self._blocked, self._ran = None, 0.0, 0.0, 0.0
+        self._idle = _idle_ticks()
         self.by_root = dict.fromkeys(self.roots, 0.0)  # each root's tree's CPU seconds at the last read
         self.reads = 0
 
@@ -357,11 +376,16 @@ class TreeMeter:
             for root, tree in trees.items():
                 self.by_root[root] = max(self.by_root[root], sum(cpu_of[pid] for pid in tree))
             self._cpu = max(self._cpu, sum(cpu_of.values()))
-            if self._read_at is not None and pids and not any(map(_running, pids)):
-                self._blocked += now - self._read_at
+            idle = _idle_ticks()
+            if self._read_at is not None and pids:
+                if not any(map(_running, pids)):
+                    self._blocked += now - self._read_at
+                elif idle > self._idle:
+                    self._ran += now - self._read_at
+            self._idle = idle
             self._read_at = now
             self.reads += 1
-        return self._cpu, self._blocked
+        return self._cpu, self._blocked, self._ran
 
 
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
@@ -468,7 +492,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
     limits = limits or isolate.Limits()
     started = time.monotonic()
     start, restarts, gpu_wait, gpu_held, paused_before = 0, 0, 0.0, 0.0, 0.0
-    cpu_before, blocked_before = 0.0, 0.0  # what the processes of the run's earlier starts used
+    cpu_before, blocked_before, ran_before = 0.0, 0.0, 0.0  # what the processes of the run's earlier starts used
     gpu_holds: list = []
     timeline: dict = {}
     cpu_timeline: dict = {}
@@ -532,11 +556,11 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 server.poll()  # may wait long for the GPU: the wait is a pause, wherever the test's start falls
                 running = records[-1] if records and isinstance(records[-1], CellStart) else None
                 paused = server.paused_s()
-                cpu, blocked = meter.read()
+                cpu, blocked, ran = meter.read()
                 charged.to(_label(by_index, running.index) if running else
                            ("process start" if not records else "between cells"), cpu_timeline)
                 if running and (cell_started is None or cell_started[0] != running.index):
-                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked)
+                    cell_started = (running.index, min(paused, pauses.at(running.time)), cpu, blocked, ran)
                 if stop_reason is not None:
                     continue  # stopped: waiting for it to end
                 if server.stop_reason:
@@ -544,11 +568,13 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                 elif running:
                     # waiting for the GPU or stopped for others' timings is a pause: neither its clock nor its own
                     in_pause = paused - cell_started[1]
-                    own = (cpu - cell_started[2]) / threads + max(0.0, blocked - cell_started[3] - in_pause)
+                    own = max(cpu - cell_started[2], ran - cell_started[4]) / threads + \
+                        max(0.0, blocked - cell_started[3] - in_pause)
                     stop_reason, ran_over = _over_time(time.time() - running.time - in_pause, own,
                                                        cell_timeout, wall_timeout, "the test's")
                 if stop_reason is None:
-                    own = (cpu_before + cpu) / threads + max(0.0, blocked_before + blocked - paused_before - paused)
+                    own = max(cpu_before + cpu, ran_before + ran) / threads + \
+                        max(0.0, blocked_before + blocked - paused_before - paused)
                     stop_reason, ran_over = _over_time(time.monotonic() - started - paused_before - paused, own,
                                                        total_timeout, total_wall_timeout, "the submission's")
                 if stop_reason is not None:
@@ -566,9 +592,9 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
                     helper.stop(timed_out=False)
                     helper.wait(timeout=10)
         paused_before += server.paused_s()
-        cpu, blocked = meter.read()
+        cpu, blocked, ran = meter.read()
         charged.to("process end", cpu_timeline)
-        cpu_before, blocked_before = cpu_before + cpu, blocked_before + blocked
+        cpu_before, blocked_before, ran_before = cpu_before + cpu, blocked_before + blocked, ran_before + ran
         stopped = child.paused()  # read before the wait: an ended child is no longer the lease's to count
         flags += server.notes
         gpu_wait += server.waited_s
