@@ -92,33 +92,26 @@ def test_an_endless_loop_or_a_hang_is_stopped_by_its_own_time_and_not_retried(tm
     assert result.cells["test_last"].points == 3
 
 
-def test_an_endless_loop_on_one_of_several_threads_is_stopped_by_its_own_limit_not_the_backstop(tmp_path):
-    # a child may keep 8 threads busy, so its CPU time is divided by 8: a loop on one thread reaches its limit of
-    # own time after 8 times it by the clock, and the backstop is further still (``wall_backstop``), so it scores
-    # 0 "timed out", never a wall-clock overrun retried alone with every other submission held
+# a loop on one of 8 threads a child may use: its CPU time is divided by 8, so it reaches its limit of own time
+# after 8 times it by the clock, and the backstop is further still (``wall_backstop``)
+ONE_OF_EIGHT = ("while True:\n    pass", "8")
+# children of a process that ignores SIGCHLD are reaped by the kernel: their CPU time reaches no parent's count.
+# One spinning after another, a thread of the tree is runnable all along while CPUs are idle: that time is its own
+REAPED = ("import os, signal\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n"
+          "    if os.fork() == 0:\n        end = time.monotonic() + 0.3\n"
+          "        while time.monotonic() < end:\n            pass\n        os._exit(0)\n    time.sleep(0.15)", "2")
+
+
+@pytest.mark.parametrize("loop, threads", [ONE_OF_EIGHT, REAPED], ids=["one-of-eight-threads", "reaped-children"])
+def test_a_loop_that_could_look_starved_is_stopped_by_its_own_limit_not_the_backstop(tmp_path, loop, threads):
+    # a backstop's stop would be retried alone, with every other submission held: these score 0 "timed out"
     assert recheck.wall_backstop(8) >= 2 * 8 and recheck.wall_backstop(1) == recheck.WALL_BACKSTOP
-    nb = _instructor([_cell("while True:\n    pass", "test_loop", graded=True, points=1)])
+    nb = _instructor([_cell(loop, "test_loop", graded=True, points=1)])
     result = recheck.run_clean(nb, nb, tmp_path, limits=isolate.Limits(memory_bytes=2 * 2**30),
-                               env=dict(os.environ, OMP_NUM_THREADS="8"), cell_timeout=1.0, total_timeout=60.0)
-    loop = result.cells["test_loop"]
-    assert loop.points == 0 and loop.status == "timed out" and "own time" in loop.message, loop.message
-    assert loop.retry == {} and result.retries_due == []
-    assert result.cells["test_last"].points == 3
-
-
-def test_a_loop_in_children_the_kernel_reaps_is_stopped_by_its_own_limit(tmp_path):
-    # children of a process that ignores SIGCHLD are reaped by the kernel: their CPU time reaches no parent's
-    # count. One spinning after another, a thread of the tree is runnable all along while CPUs are idle: that
-    # time is its own, so the loop is stopped by its limit, not the backstop (whose stop is retried alone)
-    loop = ("import os, signal\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n"
-            "    if os.fork() == 0:\n        end = time.monotonic() + 0.3\n"
-            "        while time.monotonic() < end:\n            pass\n        os._exit(0)\n    time.sleep(0.15)")
-    nb = _instructor([_cell(loop, "test_reaped", graded=True, points=1)])
-    result = recheck.run_clean(nb, nb, tmp_path, limits=isolate.Limits(memory_bytes=2 * 2**30),
-                               env=dict(os.environ, OMP_NUM_THREADS="2"), cell_timeout=1.0, total_timeout=60.0)
-    reaped = result.cells["test_reaped"]
-    assert reaped.points == 0 and reaped.status == "timed out" and "own time" in reaped.message, reaped.message
-    assert reaped.retry == {} and result.retries_due == []
+                               env=dict(os.environ, OMP_NUM_THREADS=threads), cell_timeout=1.0, total_timeout=60.0)
+    stopped = result.cells["test_loop"]
+    assert stopped.points == 0 and stopped.status == "timed out" and "own time" in stopped.message, stopped.message
+    assert stopped.retry == {} and result.retries_due == []
     assert result.cells["test_last"].points == 3
 
 
