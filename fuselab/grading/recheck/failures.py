@@ -19,6 +19,8 @@ Visible tests keep their full messages. A test cell with hidden tests keeps none
 
 from __future__ import annotations
 
+import itertools
+
 from ...errors import HostWroteKernelMemory
 from ...kernel_memory import FLAG as HOST_WROTE_KERNEL_MEMORY
 from ...notebook import HIDDEN_MARK
@@ -62,17 +64,20 @@ def in_hidden_part(exc: BaseException, cell: dict) -> bool:
     return not lines or max(lines) >= start
 
 
+def _chain(exc: BaseException):
+    """``exc``, then the error it was raised from or while handling, and so on (each once: a chain may loop)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        yield exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+
+
 def was_refused(exc: BaseException) -> bool:
     """Whether ``exc``, or an error it was raised from or while handling, is the checker's ``NativeCodeRefused`` (a
     type no worker's error crosses as: those are rebuilt from builtin types only, ``wire``)."""
     from ...native_check import NativeCodeRefused
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, NativeCodeRefused):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(link, NativeCodeRefused) for link in _chain(exc))
 
 
 def verdict_message(exc: BaseException, cell: dict, plan_cells: list, limit: int) -> str:
@@ -140,13 +145,10 @@ def host_wrote(launcher: str) -> HostWroteKernelMemory:
 
 def _origin(exc: BaseException):
     """``(origin, exception carrying it)``: the first exception of the chain that says where it came from."""
-    seen = 0
-    while exc is not None and seen < 8:
-        origin = getattr(exc, "fuselab_origin", None)
+    for link in itertools.islice(_chain(exc), 8):
+        origin = getattr(link, "fuselab_origin", None)
         if type(origin) is tuple and len(origin) == 2:
-            return origin, exc
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+            return origin, link
     return None, None
 
 
