@@ -28,11 +28,10 @@ per CPU thread a child may use, plus the time none of their threads was running 
 that sleeps or hangs), never more than its wall-clock time (CPU time no process shows, of a child the kernel
 reaped, is counted from how long a thread of theirs was runnable while a CPU was idle: ``TreeMeter``); waiting
 for a CPU on a busy machine does not count (unless a thread lowered its own priority, ``_running``), nor does
-time stopped or waiting for the GPU. A cell
-past its own time (an endless loop, a hang) scores 0 "timed out". A wall-clock backstop (``wall_backstop`` times
-the limit) still bounds every cell; a cell it stopped may only have been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the
-grader runs it with no other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long,
-before it can score 0.
+time stopped or waiting for the GPU. A cell past its own time (an endless loop, a hang) scores 0 "timed out". A
+wall-clock backstop (``wall_backstop`` times the limit) still bounds every cell; a cell it stopped may only have
+been starved, so its verdict is marked ``retry`` and ``retry_overruns`` runs it again (the grader runs it with no
+other submission of its own running), with a backstop ``RETRY_BACKSTOP`` times as long, before it can score 0.
 
 After the run, a graded speed test scores only if the correctness tests it requires (``speed_requires`` in
 ``fuselab/speed/policy.json``) passed in this same clean run.
