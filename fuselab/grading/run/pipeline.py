@@ -286,15 +286,17 @@ class _Alone:
         self._waiting: dict = {}  # retries waiting for the machine → since when (monotonic)
         self._holder = None       # the retry that has it, while it does
 
-    def _draining(self) -> bool:
+    def _drain_left(self) -> float:
+        """Seconds until no waiting retry holds new runs back any longer (0: none does)."""
         now = time.monotonic()
-        return any(now - since < self.DRAIN_HOLD_S for since in self._waiting.values())
+        return max([0.0, *(since + self.DRAIN_HOLD_S - now for since in self._waiting.values())])
 
     @contextlib.contextmanager
     def sharing(self):
         with self._changed:
-            while self._holder is not None or self._draining():
-                self._changed.wait(timeout=1.0)  # a drain's hold ends by the clock, not by a notify
+            while self._holder is not None or self._drain_left() > 0:
+                # a drain's hold ends by the clock, not by a notify: woken then at the latest
+                self._changed.wait(timeout=self._drain_left() or None)
             self._running += 1
         try:
             yield
