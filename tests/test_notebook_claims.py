@@ -1316,3 +1316,42 @@ def test_results_quotes_the_lease_join_runs_of_027873b_and_db75417():
         ratios = [r["ratio"] for r in rows]
         assert not any(r["capped"] for r in rows) and len(ratios) == 17
         assert f"{min(ratios):.2f}–{max(ratios):.2f}" in words and words in results
+
+
+def test_results_quotes_the_runs_of_ad58618():
+    """The H100 runs at ad58618: the sample class as deserved, and the class of 120's numbers and verdicts are the
+    saved files'."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    saved = json.loads((folder / "selfcheck-h100-samples-ad58618.json").read_text())
+    assert saved["env"]["commit"] == "ad58618" and saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    samples = saved["samples"]
+    ratios = [row["ratio"] for row in samples["wall_bound"]["rows"]]
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
+    assert not any(row["capped"] for row in samples["wall_bound"]["rows"])
+    assert (f"**40/40 samples got the grade they deserve at ad58618 on the H100**, {samples['seconds']:.0f} s"
+            in results)
+    assert f"{min(ratios):.3f}–{max(ratios):.3f} over {len(ratios)} speed tests, none capped" in results
+
+    run = json.loads((folder / "throughput-h100-ad58618.json").read_text())
+    assert run["env"]["commit"] == "ad58618" and run["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    t = run["throughput"]
+    phases, count = t["phases"], t["phases"]["submissions"]["count"]
+    assert t["jobs"] == 10 and count == 120
+    met = {x["target"].split(",")[0]: x["met"] for x in t["targets"]}
+    assert met["class of 120 all-in"] and met["fixed cost of the class's run"]
+    assert not met["submissions phase per submission-lab"] and not met["CPU per submission-lab"]
+    retried = sum("retried alone" in s["clean_timeline"] for s in t["submissions"])
+    assert retried == 0 and "no test run again alone" in results
+    median = phases["per_submission_median"]
+    for text in (f"**{phases['wall_seconds']:.1f} s all-in** (the 300 s target met on the H100)",
+                 f"**{t['full_marks']}/{count} full marks**",
+                 f"Submissions phase **{phases['submissions']['seconds_each']:.2f} s** per submission-lab "
+                 "(target 1.5 s: missed)",
+                 f"CPU **{_cpu_per_submission_lab(t):.1f} core-s** per submission-lab (target 15: missed)",
+                 f"fixed cost **{phases['fixed']['seconds']:.1f} s** (target 15 s: met)",
+                 f"start {median['start']:.2f} s, build {median['build']:.2f} s, tests {median['tests']:.2f} s, of "
+                 f"them {median['timing waits']:.2f} s stopped for others' timings and {median['GPU held']:.2f} s "
+                 "with the GPU held",
+                 f"GPU memory peak {t['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB"):
+        assert text in results, text
