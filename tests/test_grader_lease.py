@@ -240,8 +240,7 @@ time.sleep(30)
 """
 
 
-@pytest.mark.parametrize("what", ["gpu", "slot", "begin"],
-                         ids=["the-GPU-to-itself", "a-speed-test-slot", "a-place-to-run"])
+@pytest.mark.parametrize("what", ["gpu", "slot"], ids=["the-GPU-to-itself", "a-speed-test-slot"])
 def test_a_child_that_floods_asks_and_reads_no_grant_is_stopped_and_gives_all_back(monkeypatch, what):
     # The grant pipe is the child's: one that asks without reading fills it. The grader never blocks on it (it
     # would hold every submission on the GPU): the grant that does not fit stops the child, and the GPU and the
@@ -249,7 +248,6 @@ def test_a_child_that_floods_asks_and_reads_no_grant_is_stopped_and_gives_all_ba
     import fcntl
     monkeypatch.setattr(lease, "wait_until_idle", lambda device, timeout_s: "")  # no NVML settle wait
     shared = lease.DeviceLease("0", speed_slots=1)
-    shared.limit_running(1)
     child, server, serve = leased_child(NEVER_READS, [20000, what], shared)
     fcntl.fcntl(server._answer_with.write_fd, 1031, 4096)  # F_SETPIPE_SZ: a page, full after ~400 grants
     try:
@@ -262,7 +260,6 @@ def test_a_child_that_floods_asks_and_reads_no_grant_is_stopped_and_gives_all_ba
         assert shared._timing.acquire(timeout=1), "the GPU was not given back"
         shared._timing.release()
         assert shared.speed_slots.acquire(blocking=False), "the slot was not given back"
-        assert shared.running.acquire(blocking=False), "the place to run was not given back"
     finally:
         child.stop()
         child.wait()
@@ -681,114 +678,3 @@ def test_a_child_that_ended_is_never_signalled_by_its_pid(monkeypatch):
             child.stop()
             child.wait()
     assert signalled == [([running.process.pid], signal.SIGSTOP), ([running.process.pid], signal.SIGCONT)]
-
-
-PLACE_USER = """
-import os, sys, time
-from fuselab.speed import lease as _asks
-# all three ask together, however slowly each started (as SLOT_USER's do)
-open(os.path.join(sys.argv[3], os.path.basename(sys.argv[1])), "w").close()
-deadline = time.time() + 60
-while len(os.listdir(sys.argv[3])) < 3 and time.time() < deadline:
-    time.sleep(0.01)
-_asks._grader.hold(_asks.BEGIN)  # as a checker does once its processes have started
-started = time.time()
-if sys.argv[2] == "dies":
-    os._exit(1)  # killed while it runs: its place comes back all the same
-time.sleep(0.6)
-open(sys.argv[1], "w").write(repr([started, time.time()]))
-"""
-
-
-@pytest.mark.parametrize("places, dies", [(2, False), (1, True)])
-def test_started_submissions_wait_for_a_place_to_run_and_the_wait_is_a_pause(tmp_path, places, dies):
-    # The grader starts more submissions than the GPU runs: their processes' start (each imports torch) overlaps
-    # the running ones' tests. Once started, a checker asks for a place to run and keeps it to its end: at most
-    # `places` run at once, a child that dies gives its place back, the wait is not its own time, and the
-    # instructor's reference runs (no place taken) are never held back.
-    import threading
-    shared = lease.DeviceLease("0")
-    shared.limit_running(places)
-    servers, reports = [], []
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    for k in range(3):
-        reports.append(tmp_path / f"span{k}")
-        child, server, serve = leased_child(PLACE_USER, [reports[-1], "dies" if dies and k == 0 else "", ready],
-                                            shared)
-        servers.append((server, serve))
-
-    def loop(server, serve):  # as each submission's recheck loop does, in a thread of its own
-        while server.child.alive():
-            serve()
-            time.sleep(0.01)
-        serve()
-        server.close()
-        server.child.wait()
-    threads = [threading.Thread(target=loop, args=pair) for pair in servers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    spans = [eval(r.read_text()) for r in reports if r.exists()]  # noqa: S307 - our own child's repr
-    assert len(spans) == (2 if dies else 3)
-    most_at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
-    assert most_at_once == (1 if dies else 2)
-    servers = [server for server, _ in servers]
-    assert max(server.begin_waited_s for server in servers) > 0.3  # one waited for a run to end
-    assert all(server.begin_waited_s == server.waited_s for server in servers)  # a pause, and nothing else waited
-    assert all(shared.running.acquire(blocking=False) for _ in range(places))  # every place came back
-    # every place taken now: a reference run's checker asks too, and is answered at once
-    (ready / "reference").mkdir()
-    (ready / "reference" / "others").mkdir()
-    (ready / "reference" / "others2").mkdir()
-    child, server, serve = leased_child(PLACE_USER, [tmp_path / "reference", "", ready / "reference"], shared)
-    server.placed = False
-    deadline = time.monotonic() + 60
-    while child.alive() and time.monotonic() < deadline:
-        serve()
-        time.sleep(0.01)
-    server.close()
-    child.wait()
-    assert (tmp_path / "reference").exists() and server.place is None
-    assert not shared.running.acquire(blocking=False)
-
-
-def test_each_gpu_starts_half_as_many_again_as_it_runs_and_cpu_workers_none():
-    assert schedule.starting_ahead(["0"] * 10) == ["0"] * 5
-    assert schedule.starting_ahead(["0", "1"] * 5) == ["0"] * 3 + ["1"] * 3
-    assert schedule.starting_ahead(["0"]) == ["0"]
-    assert schedule.starting_ahead([None, None]) == []
-
-
-def test_a_wait_for_a_place_to_run_is_no_test_time_and_not_the_processes_start(tmp_path, monkeypatch):
-    # Every place on the GPU is taken for longer than this submission's time limits: its processes start, then
-    # wait; the wait is a pause (its test still passes under a 4 s limit), said apart from the processes' start.
-    import threading
-    from .test_grader_isolation import _cell, _notebook
-    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
-    shared = lease.DeviceLease("0", settle_s=0.05)
-
-    class Place(threading.BoundedSemaphore):
-        """The one place, taken by another submission that ends 9 s after this one first asks for it."""
-        asked = False
-
-        def acquire(self, blocking=True, timeout=None):
-            if not self.asked:
-                self.asked = True
-                threading.Timer(9.0, self.release).start()
-            return super().acquire(blocking, timeout)
-    shared.running = Place(1)
-    assert threading.BoundedSemaphore.acquire(shared.running)  # the one running submission
-    notebook = _notebook([_cell("VALUE = 41", "setup"),
-                          _cell("def answer():\n    return VALUE + 1", "solution", solution=True),
-                          _cell("assert answer() == 42", "test_answer", graded=True, points=2)])
-    result = recheck.run_clean(notebook, notebook, tmp_path / "clean", cell_timeout=4, total_timeout=8,
-                               limits=isolate.Limits(memory_bytes=2 * 2**30), lease=shared)
-    verdict = result.cells["test_answer"]
-    assert verdict.status == "passed" and verdict.points == 2, verdict.message
-    waited = result.timeline[recheck.BEGIN_WAIT]
-    assert waited > 8 and result.gpu_wait_s > waited - 0.01  # past the submission's whole limit, not held against it
-    assert result.timeline["process start"] < result.seconds - waited
-    assert recheck.LEASE_WAIT not in result.timeline  # it never waited for the GPU alone
-    assert shared.running.acquire(blocking=False)  # its place came back at its end

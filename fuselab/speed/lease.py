@@ -17,9 +17,6 @@ import contextlib
 import sys
 
 GPU, SLOT = "gpu", "slot"  # what a checker asks the grader for
-# and, once its processes have started, before its first cell: a place among the submissions running their tests
-# on the GPU, held to its end (``fuselab.grading.gpus.lease.DeviceLease.limit_running``)
-BEGIN = "begin"
 
 _asker = None   # set by ask_through: this process's timings ask another process for the GPU
 _grader = None  # set by talk_to_grader: ``_grader(GPU or SLOT)`` holds it from the grader for a ``with`` block

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 
-from ...speed.lease import BEGIN, GPU, SLOT
+from ...speed.lease import GPU, SLOT
 from ... import gpu_facts
 from ...proctree import parents
 from ..sandbox.isolate import children_of, gpu_processes, process_trees
@@ -104,7 +104,6 @@ class DeviceLease:
         self.device = device
         # speed tests at GPU size at once (``fuselab.speed.lease.speed_test_slot``): the GPU's memory, rationed
         self.speed_slots = threading.BoundedSemaphore(max(1, int(speed_slots)))
-        self.running = None  # places for submissions running their tests (``limit_running``); None: no limit
         # How long a timing waits for the GPU to go idle before it runs anyway (flagged): ``idle_timeout_s`` when
         # another program has a context on the GPU, ``own_busy_timeout_s`` (default the same) when only the
         # grader's own processes do, so a kernel that never ends is still running: it ends at its own test's
@@ -120,15 +119,6 @@ class DeviceLease:
         self._holder = None
         self._stopped: dict = {}      # child → (root pid, since) for the current timing
         self._stopped_s: dict = {}    # child → seconds it spent stopped, finished pauses
-
-    def limit_running(self, places: int) -> None:
-        """At most ``places`` submissions run their tests on this GPU at once; more may be starting meanwhile.
-
-        A submission's three processes take seconds to start (each imports torch) and hold no GPU memory until
-        their first test: the grader starts more submissions than the GPU runs (``schedule.starting_ahead``), and
-        each checker, its processes started, asks for a place (``LeaseServer``, ``BEGIN``) before its first cell.
-        The wait is a pause, like a wait for the GPU: no test's time."""
-        self.running = threading.BoundedSemaphore(max(1, int(places)))
 
     def register(self, child) -> None:
         """A child process (``isolate.Child``) started on this GPU; stopped at once if a timing is running."""
@@ -257,20 +247,14 @@ class LeaseServer:
     """The parent's side of one child's lease (polled by ``recheck.run_clean``): ``ask`` and ``given_back`` as the
     child's records arrive, ``answer(what, number)`` writes a grant to it (False where it could not)."""
 
-    def __init__(self, lease: DeviceLease | None, child, answer, placed: bool = True):
+    def __init__(self, lease: DeviceLease | None, child, answer):
         self.lease, self.child, self._answer_with = lease, child, answer
-        self._asked = {GPU: None, SLOT: None, BEGIN: None}  # the number of the ask of each kind not served yet
-        # whether its ``BEGIN`` takes one of the lease's places to run (the instructor's reference runs take none:
-        # they run before any submission, side by side however few places there are)
-        self.placed = placed
-        self.place = None            # the places to run it holds one of (``DeviceLease.limit_running``)
-        self._begin_asked = None     # (when, the child's paused seconds then) while it waits for a place
-        self.begin_waited_s = 0.0    # the part of ``waited_s`` spent waiting for a place to run
+        self._asked = {GPU: None, SLOT: None}  # the number of the ask of each kind not served yet
         self._given_back: set = set()          # (what, number) the child said it is done with
         self.slot = None             # the speed test slot held (its ask's number)
         self._slot_asked = None      # (when, the child's paused seconds then) while it waits for a slot
         self.holding = None          # the ask being served
-        self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings, a slot or a place
+        self.waited_s = 0.0          # time spent waiting for the GPU to go idle before its timings, or for a slot
         self.slot_waited_s = 0.0     # the part of it spent waiting for a speed test slot
         self.holds: list = []        # [granted, given back] in epoch seconds, each time it had the GPU
         self.notes: list = []
@@ -290,14 +274,13 @@ class LeaseServer:
         return sum(end - start for start, end in self.holds)
 
     def paused_s(self) -> float:
-        """Seconds the child spent waiting for a place to run, the GPU or a speed test slot, or stopped for others'
-        timings: not its own time."""
-        return self.waited_s + self._slot_wait() + self._waited_since(self._begin_asked) + self.child.paused()
+        """Seconds the child spent waiting for the GPU or a speed test slot, or stopped for others' timings: not
+        its own time."""
+        return self.waited_s + self._slot_wait() + self.child.paused()
 
     def poll(self) -> None:
         if self.lease is None:
             return
-        self._poll_begin()
         self._poll_slot()
         if self.holding is None:
             number = self._asked[GPU]
@@ -335,35 +318,13 @@ class LeaseServer:
         elif (SLOT, self.slot) in self._given_back or not self.child.alive():
             self._give_back_slot()
 
-    def _poll_begin(self) -> None:
-        """A place to run: taken when one is free (asked again at every poll, as a slot is), held until the child
-        ends (``close``). Granted at once where the lease has no limit or the run takes no place."""
-        number = self._asked[BEGIN]
-        if number is None or not self.child.alive():
-            return
-        if self._begin_asked is None:
-            self._begin_asked = (time.monotonic(), self.child.paused())
-        running = self.lease.running if self.placed else None
-        if self.place is None and running is not None:
-            if not running.acquire(blocking=False):
-                return
-            self.place = running
-        waited = self._waited_since(self._begin_asked)
-        self.waited_s += waited
-        self.begin_waited_s += waited
-        self._begin_asked, self._asked[BEGIN] = None, None
-        self._answer(BEGIN, number, "a place to run")  # one it cannot read is stopped, and its place given back
-
     def _slot_wait(self) -> float:
-        return self._waited_since(self._slot_asked)
-
-    def _waited_since(self, asked) -> float:
-        """Seconds of a current wait asked at ``asked`` (``(when, the child's paused seconds then)``, None: no
-        wait), less the time the child was stopped meanwhile (counted as a pause already)."""
-        if asked is None:
+        """Seconds of the current wait for a slot, less the time the child was stopped meanwhile (counted as a
+        pause already)."""
+        if self._slot_asked is None:
             return 0.0
-        since, paused = asked
-        return max(0.0, time.monotonic() - since - (self.child.paused() - paused))
+        asked, paused = self._slot_asked
+        return max(0.0, time.monotonic() - asked - (self.child.paused() - paused))
 
     def _give_back_slot(self) -> None:
         if self.slot is not None:
@@ -391,12 +352,9 @@ class LeaseServer:
             self.finish()
 
     def close(self) -> None:
-        """Give back everything the child held: the GPU, its speed test slot and its place to run (idempotent)."""
+        """Give back everything the child held: the GPU and its speed test slot (idempotent)."""
         self.finish()
         self._give_back_slot()
-        place, self.place = self.place, None
-        if place is not None:
-            place.release()
 
     def finish(self) -> None:
         """Give the GPU back (idempotent)."""

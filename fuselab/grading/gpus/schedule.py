@@ -8,7 +8,6 @@ are CPU workers (``None``): the emulation has nothing to time, so they may run s
 
 from __future__ import annotations
 
-import math
 import os
 import queue
 import threading
@@ -133,23 +132,6 @@ def workers_for(devices: list, jobs_per_gpu: int | None = None) -> list:
     if jobs_per_gpu < 1:
         raise ValueError(f"jobs per GPU must be at least 1, not {jobs_per_gpu}")
     return [d for _ in range(jobs_per_gpu) for d in gpus]
-
-
-# Submissions started beyond those running their tests, per share of a GPU's running ones: a submission's three
-# processes take seconds to start (each imports torch) and hold no GPU memory until its first test, so those
-# starting overlap those running; each waits for a place to run once started (``lease.DeviceLease.limit_running``).
-STARTING_AHEAD_SHARE = 0.5
-
-
-def starting_ahead(workers: list) -> list:
-    """The worker slots that start submissions ahead of ``workers``' (``workers_for``): half as many again on
-    each GPU, rounded up; none for CPU workers (nothing holds a started one back there)."""
-    per_gpu: dict = {}
-    for device in workers:
-        if device is not None:
-            per_gpu[device] = per_gpu.get(device, 0) + 1
-    return [device for device, running in per_gpu.items()
-            for _ in range(math.ceil(running * STARTING_AHEAD_SHARE))]
 
 
 def describe(workers: list) -> str:

@@ -188,12 +188,6 @@ def main(plan_path, channel_fd: int) -> int:
     if asker is not None and os.environ.pop(channel.SHARED_GPU_ENV, ""):
         from ...speed import lease  # the grader shares this GPU: graded timings and speed tests ask it for it
         lease.talk_to_grader(asker)
-        # started (torch imported here and in the kernel worker, its compilers under way), it waits for a place
-        # among the submissions running their tests on the GPU, and keeps it to its end: the grader starts more
-        # submissions than it runs, so that starting ones overlap running ones
-        if host is not None:
-            host.compile_ahead()
-        asker.hold(lease.BEGIN)
     warnings.filterwarnings("ignore", message=".*non-interactive.*")  # plt.show() under Agg
     namespace = {"__name__": "__main__", "display": _display}
     grade_log = os.environ.get("FUSELAB_GRADE_LOG")

@@ -6,9 +6,8 @@ runs, ``CellEnd`` after, ``Poisoned`` when its processes cannot run another cell
 
 The checker also asks on it (``Ask``) and waits for the grader's answer on a second pipe the grader opened for it
 (``Asker``: the checker's side): at each test's end, for the submission's memory to be checked (``MEMORY``,
-``fuselab.grading.sandbox.isolate.MemoryBudget.check_now``), and, where the grader shares the GPU, for a place to
-run its tests (``fuselab.speed.lease.BEGIN``, held to its end), for the GPU to itself or a speed test slot
-(``fuselab.grading.gpus.lease.LeaseServer``), saying when it is done (``GiveBack``).
+``fuselab.grading.sandbox.isolate.MemoryBudget.check_now``), and, where the grader shares the GPU, for the GPU to
+itself or a speed test slot (``fuselab.grading.gpus.lease.LeaseServer``), saying when it is done (``GiveBack``).
 
 The checker may have loaded what a submission built, so what arrives is data from an untrusted side: read
 without blocking, at most ``LIMIT`` bytes in all and ``LINE_LIMIT`` a record; a line that does not decode into
@@ -156,15 +155,6 @@ class Asker:
 
     @contextlib.contextmanager
     def __call__(self, what: str):
-        number = self.hold(what)
-        try:
-            yield
-        finally:
-            self.sender.send(GiveBack(what, number))
-
-    def hold(self, what: str) -> int:
-        """Ask for ``what`` and wait for the grant; it is held until given back (or the process ends). Returns the
-        ask's number."""
         number = next(self._numbers)
         self.sender.send(Ask(what, number))
         line = b""
@@ -175,7 +165,10 @@ class Asker:
             line += byte
         if line != grant_line(what, number):
             raise RuntimeError(f"the grader answered {line!r} when asked for the {what} ({number})")
-        return number
+        try:
+            yield
+        finally:
+            self.sender.send(GiveBack(what, number))
 
 
 class Receiver:

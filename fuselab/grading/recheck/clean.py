@@ -389,7 +389,6 @@ class TreeMeter:
 
 # the timeline's entries for the GPU's sharing (part of the speed tests' own time)
 SLOT_WAIT, LEASE_WAIT, HELD = "waiting for a speed test slot", "waiting for the GPU alone", "the GPU held alone"
-BEGIN_WAIT = "waiting for a place to run"  # started, before its first cell (``lease.DeviceLease.limit_running``)
 STOPPED = "stopped for others' timings"  # anywhere in the run: the other submissions' holds of the GPU
 
 
@@ -532,7 +531,7 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         finally:
             for fd in (*fds, *kernel_fds, channel_w, *grant_fds):
                 os.close(fd)  # each end now lives only in the process that uses it: a death reads as EOF
-        server = LeaseServer(lease, child, grants, placed=kernels_in_worker)
+        server = LeaseServer(lease, child, grants)
         # the cell running: (index, paused seconds when it started, CPU and blocked seconds when seen to start)
         stop_reason, cell_started, ran_over = None, None, False
         records: list = []  # this process's records, of the plan's cells
@@ -603,12 +602,10 @@ def _run_clean(box, instructor_nb, student_nb, workdir, *, cell_timeout, total_t
         outcome = child.wait(timeout=30)
         records += _receive(channel, by_index, on_cell, server)  # what it sent after the last poll
         channel.close()
-        # its processes' start ends where they could run its first cell: a wait for a place to run is not part of it
-        _add_timeline(timeline, records, by_index, spawned + server.begin_waited_s)
+        _add_timeline(timeline, records, by_index, spawned)
         # inside the speed test's time: how much of it was a wait for a slot, how much for the GPU to itself
-        lease_wait = server.waited_s - server.slot_waited_s - server.begin_waited_s
-        for label, seconds in ((BEGIN_WAIT, server.begin_waited_s), (SLOT_WAIT, server.slot_waited_s),
-                               (LEASE_WAIT, lease_wait), (HELD, server.held_s), (STOPPED, stopped)):
+        for label, seconds in ((SLOT_WAIT, server.slot_waited_s), (LEASE_WAIT, server.waited_s - server.slot_waited_s),
+                               (HELD, server.held_s), (STOPPED, stopped)):
             if seconds > 0:
                 timeline[label] = timeline.get(label, 0.0) + seconds
         _take_verdicts(records, by_index, verdicts, flags, refused_in)

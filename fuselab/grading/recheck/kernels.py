@@ -77,7 +77,9 @@ class KernelHost:
         it, held until the caller closes it, through the rest of the worker's speed test (its refreshed inputs'
         check) and the checker's own batches: one settling of the GPU, not two. Any other ask is refused, and the
         worker times without it."""
-        self.compile_ahead()
+        if self.ahead:
+            ahead, self.ahead = self.ahead, []
+            self.process.request(("compile_ahead", ahead))  # returns at once: the compilers run in the background
         reply = self.process.request(message)
         while _is(reply, "lease"):
             if hold is None or self.holding:
@@ -91,13 +93,6 @@ class KernelHost:
         if type(reply) is list and len(reply) == 4 and reply[0] == "raise" and reply[1] == "fuselab":
             raise _kernel_error(reply[2], reply[3])
         return reply
-
-    def compile_ahead(self) -> None:
-        """Send the builds to compile ahead, once; returns when the worker has imported torch and started its
-        compilers (they run in the background)."""
-        if self.ahead:
-            ahead, self.ahead = self.ahead, []
-            self.process.request(("compile_ahead", ahead))
 
     def build(self, kwargs: dict, protos, backend: str, source: str, name: str):
         reply = self.request(("build", kwargs))

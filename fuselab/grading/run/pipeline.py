@@ -695,8 +695,6 @@ def _grade(source, settings: Settings) -> ClassResult:
 
     workers = schedule.workers_for(devices, settings.jobs_per_gpu)
     settings.cpu_threads = _threads_per_child(len(workers))
-    for device, shared in leases.items():  # as many run their tests on it as it has workers; more start meanwhile
-        shared.limit_running(workers.count(device))
     bar = None
     if settings.progress and todo:
         from tqdm import tqdm
@@ -717,7 +715,7 @@ def _grade(source, settings: Settings) -> ClassResult:
             stop.set()  # no other submission is graded by a broken sandbox either
             raise
 
-    outcomes = schedule.run_jobs(todo, workers + schedule.starting_ahead(workers), work, on_done=done, stop=stop)
+    outcomes = schedule.run_jobs(todo, workers, work, on_done=done, stop=stop)
     if bar is not None:
         bar.close()
     refused = next((o for o in outcomes if isinstance(o, GradingRefused)), None)

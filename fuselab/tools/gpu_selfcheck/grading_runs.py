@@ -268,7 +268,6 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
 # the clean recheck's timeline labels (``recheck``) that are waits for the GPU inside a speed test's time
 _TIMING_WAITS = ("waiting for a speed test slot", "waiting for the GPU alone", "stopped for others' timings")
 _HELD = "the GPU held alone"
-_PLACE_WAIT = "waiting for a place to run"  # started ahead: its processes ready, before its first cell
 
 
 def cells_told(result) -> dict:
@@ -294,8 +293,7 @@ def phases_of(result, wall: float) -> dict:
     n = max(1, result.graded_now or len(result.results))
     fixed_names = ("intake and course", "reference runs")
     out_names = ("gradebook", "feedback", "export and report")
-    steps: dict = {"start": [], "waiting to run": [], "build": [], "tests": [], "timing waits": [], "GPU held": [],
-                   "other": []}
+    steps: dict = {"start": [], "build": [], "tests": [], "timing waits": [], "GPU held": [], "other": []}
     cpu_steps: dict = {}  # (step kind, process) → CPU seconds, summed over the submission-labs
     for r in result.results:
         kinds = dict.fromkeys(steps, 0.0)
@@ -332,12 +330,9 @@ def phases_of(result, wall: float) -> dict:
 
 
 def _step_kind(label: str) -> str:
-    """A clean-recheck timeline label's kind of step: start, waiting to run, build, tests, timing waits, GPU held
-    or other."""
+    """A clean-recheck timeline label's kind of step: start, build, tests, timing waits, GPU held or other."""
     if label == "process start":
         return "start"
-    if label == _PLACE_WAIT:
-        return "waiting to run"
     if label in _TIMING_WAITS:
         return "timing waits"
     if label == _HELD:
