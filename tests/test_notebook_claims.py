@@ -1355,3 +1355,41 @@ def test_results_quotes_the_runs_of_ad58618():
                  "with the GPU held",
                  f"GPU memory peak {t['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB"):
         assert text in results, text
+
+
+def test_results_quotes_the_reverted_start_ahead_runs_of_6dcd33a():
+    """The runs of 6dcd33a (submissions started ahead, reverted): the sample class, the two stopped runs' progress,
+    and the six-copy run's numbers are the saved files'; the comparison with ad58618's class is its file's."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    saved = json.loads((folder / "selfcheck-h100-samples-6dcd33a.json").read_text())
+    assert saved["env"]["commit"] == "6dcd33a" and saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    samples = saved["samples"]
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
+    assert f"**40/40 samples got the grade they deserve at 6dcd33a**, {samples['seconds']:.0f} s" in results
+    runs = (folder / "throughput-h100-6dcd33a-partial.log").read_text().split("== ")[1:]
+    assert [run.split(",")[0] for run in runs] == ["FUSELAB_THROUGHPUT_JOBS=10", "FUSELAB_THROUGHPUT_JOBS=16"]
+    last = [run.strip().splitlines()[-1].split(" at ") for run in runs]
+    assert all(int(done.split("/")[0]) < 120 for done, _ in last)  # neither ended
+    assert f"**{last[0][0]} graded after {last[0][1]}** of grading" in results
+    assert f"With 16 sharing: **{last[1][0]} after {last[1][1]}**" in results
+    before = json.loads((folder / "throughput-h100-ad58618.json").read_text())["throughput"]["phases"]["submissions"]
+    minutes, seconds = last[0][1].split(":")
+    assert before["count"] == 120 and before["seconds"] < 60 * int(minutes) + int(seconds)  # it was all done earlier
+    assert f"ad58618 graded all 120 in {before['seconds']:.1f} s" in results
+    six = json.loads((folder / "throughput-h100-6dcd33a-six-copies.json").read_text())
+    assert "env" not in six  # the stage alone, on the same warm machine: its commit is in the file's name
+    t = six["throughput"]
+    assert t["jobs"] == 10 and t["phases"]["submissions"]["count"] == 24 and t["full_marks"] == 24
+    start = t["phases"]["per_submission_median"]["start"]
+    earlier = json.loads((folder / "throughput-h100-ad58618.json").read_text())["throughput"]
+    assert start > earlier["phases"]["per_submission_median"]["start"]
+    retried = [s for s in t["submissions"] if s["retried"]]
+    assert all(s["lab"] == "lab0" and set(s["retried"]) == {"test_speedup"} and
+               "ran out of memory" in s["retried"]["test_speedup"] for s in retried)
+    for text in (f"**{t['phases']['submissions']['seconds_each']:.2f} s** per submission-lab",
+                 f"started in **{start:.2f} s** (median; "
+                 f"{earlier['phases']['per_submission_median']['start']:.2f} s at ad58618)",
+                 f"**{len(retried)} Lab 0 speed tests ran out of the GPU's memory**",
+                 f"GPU memory peaked at {t['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB"):
+        assert text in results, text
