@@ -88,3 +88,15 @@ def compute_pids(device=None) -> list:
         found += _ask(each, lambda nvml, handle: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]) \
             or []
     return found
+
+
+def compute_memory_mib(device=None) -> dict:
+    """PID → GPU memory it holds, in MiB, of each process with a compute context on ``device`` (every GPU where
+    None; a process on several, summed); {} where NVML cannot tell (a PID's use unknown to it counts 0)."""
+    found: dict = {}
+    for each in indices() if device is None else [device]:
+        listed = _ask(each, lambda nvml, handle: [(p.pid, p.usedGpuMemory or 0)
+                                                  for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)])
+        for pid, used in listed or []:
+            found[pid] = found.get(pid, 0.0) + used / 2**20
+    return found

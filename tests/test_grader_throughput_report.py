@@ -9,6 +9,7 @@ import pytest
 from fuselab import gpu_facts
 from fuselab.grading.gpus import schedule
 from fuselab.tools import load_sampler
+from fuselab.tools.gpu_selfcheck import grading_runs
 from fuselab.tools.load_sampler import LoadSampler
 
 
@@ -105,6 +106,42 @@ def test_gpu_memory_is_read_from_nvml_by_index_or_uuid(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert schedule.visible_gpus() == ["0", "1", "2"]
     assert load_sampler._gpu_memory_used_mib() is None  # one card unreadable: no sum that leaves it out
+
+
+def test_the_load_sampler_says_which_processes_held_the_gpus_memory(monkeypatch):
+    # Who held the GPU's memory limits how many submissions share it: NVML's per-process view, by kind of process
+    # as the CPU scan names it (a process NVML names that no scan saw is "other"), at the sample where they held
+    # the most together, and the most one process of each kind held.
+    cards = _FakeNvml({0: ("GPU-aaaa", 81559), 1: ("GPU-bbbb", 81559)})
+    on_cards = iter([{0: [(11, 500 * 2**20), (12, 2**30)]},
+                     {0: [(11, 512 * 2**20), (12, 4 * 2**30), (99, 100 * 2**20)], 1: [(13, 2 * 2**30)]},
+                     {0: [(12, 2**30)]}] + [{}] * 1000)
+    now: dict = {}
+
+    def processes(handle):
+        if handle == 0:
+            now.clear()
+            now.update(next(on_cards))
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in now.get(handle, [])]
+    cards.nvmlDeviceGetComputeRunningProcesses = processes
+    monkeypatch.setattr(gpu_facts, "_nvml", lambda: cards)
+    monkeypatch.setattr(load_sampler, "_process_cpu", lambda: {
+        11: ("checker", 1.0, 0.1), 12: ("kernel worker", 1.0, 0.1), 13: ("kernel worker", 1.0, 0.1)})
+    monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda: None)  # only the memory here
+    with LoadSampler(every_s=0.02, processes=True) as load:
+        deadline = time.monotonic() + 30
+        while len(load.process_gpu_memory) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    held = load.gpu_memory_by_kind()
+    assert held["at_peak"] == {"kernel worker": {"gib": 6.0, "processes": 2},
+                               "checker": {"gib": 0.5, "processes": 1}, "other": {"gib": 0.1, "processes": 1}}
+    assert held["one_process_peak_gib"] == {"kernel worker": 4.0, "checker": 0.5, "other": 0.1}
+    assert load.gpu_memory_by_kind(time.monotonic() + 60) == {}  # no samples there: nothing said
+    line = grading_runs.by_process({"phases": {"submissions": {"count": 2}}, "gpu_memory_by_process": held})
+    assert ("GPU memory at its peak by process (GiB in processes): kernel worker 6.0 in 2, checker 0.5 in 1, "
+            "other 0.1 in 1; the most one process held (GiB): kernel worker 4.00") in line
+    monkeypatch.setattr(gpu_facts, "_nvml", lambda: None)
+    assert gpu_facts.compute_memory_mib() == {}
 
 
 def test_no_nvml_or_a_failing_one_gives_no_gpu_facts(monkeypatch):

@@ -141,6 +141,8 @@ class LoadSampler:
         self.samples = []
         # (time.monotonic(), {kind: CPU seconds since the last sample}, {kind: of them in the kernel})
         self.process_cpu = []
+        # with ``processes``: (time.monotonic(), {kind: [MiB of GPU memory each process of that kind holds]})
+        self.process_gpu_memory = []
         self._seen = {}        # pid (or one of this process's threads) → (CPU seconds, in the kernel) at its last sample
         self._counted_dead = (0.0, 0.0)  # this process's ended threads' seconds counted while they ran
         self._stop = threading.Event()
@@ -191,6 +193,11 @@ class LoadSampler:
             in_kernel[kind] = in_kernel.get(kind, 0.0) + max(0.0, system - before_system)
         self._seen = {pid: (seconds, system) for pid, (_, seconds, system) in now.items()}
         self.process_cpu.append((time.monotonic(), used, in_kernel))
+        held: dict = {}  # who holds the GPUs' memory: a process NVML names but no scan saw is "other"
+        for pid, mib in gpu_facts.compute_memory_mib().items():
+            held.setdefault(now[pid][0] if pid in now else "other", []).append(mib)
+        if held:
+            self.process_gpu_memory.append((time.monotonic(), held))
 
     def __enter__(self):
         self._thread.start()
@@ -223,6 +230,24 @@ class LoadSampler:
         if memory:
             result["gpu_memory_peak_gib"] = round(max(memory) / 1024, 1)
         return result
+
+    def gpu_memory_by_kind(self, since: float | None = None, until: float | None = None) -> dict:
+        """Who held the GPUs' memory between two ``time.monotonic()`` instants, by kind of process: at the sample
+        where they held the most together, each kind's GiB and number of processes (``at_peak``); and the most one
+        process of each kind held at any sample (``one_process_peak_gib``). {} without NVML's per-process view."""
+        window = [held for when, held in self.process_gpu_memory
+                  if (since is None or when >= since) and (until is None or when <= until)]
+        if not window:
+            return {}
+        peak = max(window, key=lambda held: sum(map(sum, held.values())))
+        one: dict = {}
+        for held in window:
+            for kind, each in held.items():
+                one[kind] = max(one.get(kind, 0.0), max(each))
+        return {"at_peak": {kind: {"gib": round(sum(each) / 1024, 1), "processes": len(each)}
+                            for kind, each in sorted(peak.items(), key=lambda kv: -sum(kv[1]))},
+                "one_process_peak_gib": {kind: round(mib / 1024, 2) for kind, mib in
+                                         sorted(one.items(), key=lambda kv: -kv[1])}}
 
     def cpu_by_kind(self, since: float | None = None, until: float | None = None, kernel: bool = False) -> dict:
         """CPU seconds each kind of process (``PROCESS_KINDS``) used between two ``time.monotonic()`` instants, and

@@ -248,6 +248,8 @@ def _throughput_run(work, name, jobs_per_gpu, gpus="auto", students=None):
         "phase_seconds": phases, "submission_phase_per_submission": per_submission,
         "load_while_grading": load.summary(*result.phase_spans["submissions"]),
         "cpu_by_process": load.cpu_by_kind(*result.phase_spans["submissions"]),
+        # who held the GPU's memory (NVML's per-process view): what limits how many submissions share it
+        "gpu_memory_by_process": load.gpu_memory_by_kind(*result.phase_spans["submissions"]),
         "cpu_in_kernel_by_process": load.cpu_by_kind(*result.phase_spans["submissions"], kernel=True),
         "time_by_lab": median_steps(result.results),
         # the part that cannot overlap: timings with the GPU to themselves
@@ -354,6 +356,13 @@ def by_process(run: dict) -> str:
     if run.get("cpu_in_kernel_by_process"):
         lines += "\n  of it in the kernel (system time; missed: interrupts and what no scan saw): " + \
             line("cpu_in_kernel_by_process")
+    memory = run.get("gpu_memory_by_process") or {}
+    if memory:
+        lines += ("\n  GPU memory at its peak by process (GiB in processes): " +
+                  ", ".join(f"{kind} {held['gib']:.1f} in {held['processes']}"
+                            for kind, held in memory["at_peak"].items()) +
+                  "; the most one process held (GiB): " +
+                  ", ".join(f"{kind} {gib:.2f}" for kind, gib in memory["one_process_peak_gib"].items()))
     return lines
 
 
