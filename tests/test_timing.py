@@ -7,7 +7,6 @@ deterministic; the tests marked ``gpu`` run only where torch sees a CUDA device.
 import itertools
 import json
 import math
-import sys
 
 import matplotlib
 
@@ -381,22 +380,6 @@ def test_comparison_repr_and_dict(comparison):
     json.dumps(record)
     assert record["candidates"]["fused"]["speedup"] == pytest.approx(2.0, rel=0.05)
     assert record["verdict_allowed"] is False and record["verdict_reason"] == "not measured (no GPU)"
-
-
-def test_to_dataframe_without_pandas_says_what_is_missing(monkeypatch, comparison):
-    monkeypatch.setitem(sys.modules, "pandas", None)  # makes `import pandas` fail
-    with pytest.raises(ImportError, match="needs pandas"):
-        comparison.to_dataframe()
-    with pytest.raises(ImportError, match="needs pandas"):
-        comparison["fused"].to_dataframe()
-
-
-def test_to_dataframe_with_pandas(comparison):
-    pytest.importorskip("pandas")
-    frame = comparison.to_dataframe()
-    assert list(frame.index) == ["unfused", "fused"]
-    assert frame.loc["fused", "speedup"] == pytest.approx(2.0, rel=0.05)
-    assert len(comparison["fused"].to_dataframe()) == comparison["fused"].n
 
 
 def test_plots_return_their_axes(comparison):

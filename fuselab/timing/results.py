@@ -10,16 +10,6 @@ from .modes import TimingModeError, parse_mode
 from .units import format_time, time_unit
 
 
-def _require_pandas():
-    try:
-        import pandas
-    except ImportError as error:
-        raise ImportError(
-            "to_dataframe() needs pandas, which is not installed; use to_dict() or `pip install pandas`"
-        ) from error
-    return pandas
-
-
 def _mode_name(mode) -> str:
     try:
         return parse_mode(mode).description
@@ -112,12 +102,6 @@ class Measurement:
         out = self.summary()
         out.update(times_s=list(self.times), target_rse=self.target_rse, notes=list(self.notes))
         return out
-
-    def to_dataframe(self):
-        """One row per sample (``time_s``), the summary columns repeated, ready for seaborn or groupby."""
-        pandas = _require_pandas()
-        summary = self.summary()
-        return pandas.DataFrame([{**summary, "sample": i, "time_s": t} for i, t in enumerate(self.times)])
 
     def __repr__(self):
         q1, q3 = self.quartiles
@@ -237,16 +221,6 @@ class Comparison:
                 for name, m in self.measurements.items()
             },
         }
-
-    def to_dataframe(self):
-        """One row per candidate: median, IQR, n, rse, speedup and its interval."""
-        pandas = _require_pandas()
-        rows = []
-        for name, m in self.measurements.items():
-            s = self.speedups[name]
-            rows.append({**m.summary(), "candidate": name, "baseline": self.baseline, "speedup": s.value,
-                         "speedup_low": s.low, "speedup_high": s.high, "verdict_allowed": self.verdict_allowed})
-        return pandas.DataFrame(rows).set_index("candidate")
 
     def __repr__(self):
         first = next(iter(self.measurements.values()))
