@@ -1377,6 +1377,15 @@ def test_results_quotes_the_reverted_start_ahead_runs_of_6dcd33a():
     minutes, seconds = last[0][1].split(":")
     assert before["count"] == 120 and before["seconds"] < 60 * int(minutes) + int(seconds)  # it was all done earlier
     assert f"ad58618 graded all 120 in {before['seconds']:.1f} s" in results
+    # against every saved H100 run of 120 with 10 sharing: this one is past the slowest of them
+    each = [t["phases"]["submissions"]["seconds_each"] for t in (
+        json.loads(path.read_text())["throughput"] for path in folder.glob("throughput-h100-*.json"))
+        if t.get("jobs") == 10 and t.get("phases", {}).get("submissions", {}).get("count") == 120]
+    done = int(last[0][0].split("/")[0])
+    pace = (60 * int(minutes) + int(seconds)) / done
+    assert len(each) >= 5 and pace > max(each)
+    assert (f"The saved H100 runs of 120 with 10 sharing took {min(each):.2f}–{max(each):.2f} s per "
+            f"submission-lab; this one took {pace:.2f} s for each of its first {done}") in results
     six = json.loads((folder / "throughput-h100-6dcd33a-six-copies.json").read_text())
     assert "env" not in six  # the stage alone, on the same warm machine: its commit is in the file's name
     t = six["throughput"]
