@@ -90,13 +90,17 @@ def compute_pids(device=None) -> list:
     return found
 
 
-def compute_memory_mib(device=None) -> dict:
-    """PID → GPU memory it holds, in MiB, of each process with a compute context on ``device`` (every GPU where
-    None; a process on several, summed); {} where NVML cannot tell (a PID's use unknown to it counts 0)."""
+def compute_memory_mib(devices=None) -> dict:
+    """PID → GPU memory it holds, in MiB, of each process with a compute context on ``devices`` (every GPU where
+    None; a process on several, summed); None for a process whose use NVML does not know (a MIG slice without
+    the rights, some virtual machines); {} where NVML cannot tell."""
     found: dict = {}
-    for each in indices() if device is None else [device]:
-        listed = _ask(each, lambda nvml, handle: [(p.pid, p.usedGpuMemory or 0)
+    for each in indices() if devices is None else devices:
+        listed = _ask(each, lambda nvml, handle: [(p.pid, p.usedGpuMemory)
                                                   for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)])
         for pid, used in listed or []:
-            found[pid] = found.get(pid, 0.0) + used / 2**20
+            if used is None or found.get(pid, 0.0) is None:
+                found[pid] = None  # unknown on one card: unknown in all
+            else:
+                found[pid] = found.get(pid, 0.0) + used / 2**20
     return found

@@ -109,12 +109,16 @@ def test_gpu_memory_is_read_from_nvml_by_index_or_uuid(monkeypatch):
 
 
 def test_the_load_sampler_says_which_processes_held_the_gpus_memory(monkeypatch):
-    # Who held the GPU's memory limits how many submissions share it: NVML's per-process view, by kind of process
-    # as the CPU scan names it (a process NVML names that no scan saw is "other"), at the sample where they held
-    # the most together, and the most one process of each kind held.
-    cards = _FakeNvml({0: ("GPU-aaaa", 81559), 1: ("GPU-bbbb", 81559)})
+    # Who held the GPU's memory limits how many submissions share it: NVML's per-process view of the visible GPUs,
+    # by kind of process as the CPU scan names it, at the sample where they held the most together, and the most
+    # one process of each kind held. A PID the scan did not see is said apart: still there (started meanwhile),
+    # or of another PID namespace (NVML gives the driver's PIDs); a use NVML does not know is never a 0.
+    import os
+    gone = 2**22 + 7  # above any pid_max: no such process here
+    cards = _FakeNvml({0: ("GPU-aaaa", 81559), 1: ("GPU-bbbb", 81559), 2: ("GPU-cccc", 81559)})
     on_cards = iter([{0: [(11, 500 * 2**20), (12, 2**30)]},
-                     {0: [(11, 512 * 2**20), (12, 4 * 2**30), (99, 100 * 2**20)], 1: [(13, 2 * 2**30)]},
+                     {0: [(11, 512 * 2**20), (12, 4 * 2**30), (gone, 100 * 2**20), (os.getpid(), 2**29)],
+                      1: [(13, 2 * 2**30), (os.getppid(), 2**28), (14, None)], 2: [(15, 50 * 2**30)]},
                      {0: [(12, 2**30)]}] + [{}] * 1000)
     now: dict = {}
 
@@ -125,21 +129,36 @@ def test_the_load_sampler_says_which_processes_held_the_gpus_memory(monkeypatch)
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in now.get(handle, [])]
     cards.nvmlDeviceGetComputeRunningProcesses = processes
     monkeypatch.setattr(gpu_facts, "_nvml", lambda: cards)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # card 2 is another program's: never counted
     monkeypatch.setattr(load_sampler, "_process_cpu", lambda: {
-        11: ("checker", 1.0, 0.1), 12: ("kernel worker", 1.0, 0.1), 13: ("kernel worker", 1.0, 0.1)})
+        11: ("checker", 1.0, 0.1), 12: ("kernel worker", 1.0, 0.1), 13: ("kernel worker", 1.0, 0.1),
+        14: ("solution worker", 1.0, 0.1)})
     monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda: None)  # only the memory here
     with LoadSampler(every_s=0.02, processes=True) as load:
         deadline = time.monotonic() + 30
         while len(load.process_gpu_memory) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
     held = load.gpu_memory_by_kind()
-    assert held["at_peak"] == {"kernel worker": {"gib": 6.0, "processes": 2},
-                               "checker": {"gib": 0.5, "processes": 1}, "other": {"gib": 0.1, "processes": 1}}
-    assert held["one_process_peak_gib"] == {"kernel worker": 4.0, "checker": 0.5, "other": 0.1}
+    assert held["at_peak"] == {
+        "kernel worker": {"gib": 6.0, "processes": 2}, "checker": {"gib": 0.5, "processes": 1},
+        load_sampler.OWN_PROCESS: {"gib": 0.5, "processes": 1}, load_sampler.NOT_SCANNED: {"gib": 0.25, "processes": 1},
+        load_sampler.OTHER_NAMESPACE: {"gib": 0.1, "processes": 1},
+        "solution worker": {"gib": 0.0, "processes": 1, "unknown": 1}}
+    assert held["one_process_peak_gib"]["kernel worker"] == 4.0 and held["one_process_peak_gib"]["checker"] == 0.5
     assert load.gpu_memory_by_kind(time.monotonic() + 60) == {}  # no samples there: nothing said
     line = grading_runs.by_process({"phases": {"submissions": {"count": 2}}, "gpu_memory_by_process": held})
-    assert ("GPU memory at its peak by process (GiB in processes): kernel worker 6.0 in 2, checker 0.5 in 1, "
-            "other 0.1 in 1; the most one process held (GiB): kernel worker 4.00") in line
+    assert ("GPU memory at its peak by process (GiB in processes): kernel worker 6.00 in 2, checker 0.50 in 1"
+            in line and "solution worker 0.00 in 1 (1 of them unknown to NVML)" in line)
+    assert "the most one process held (GiB): kernel worker 4.00" in line
+
+    def broken(handle):
+        raise RuntimeError("a binding's surprise")
+    cards.nvmlDeviceGetComputeRunningProcesses = broken
+    with LoadSampler(every_s=0.02, processes=True) as load:  # a sample's memory view is lost, not the sampling
+        deadline = time.monotonic() + 30
+        while len(load.process_cpu) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(load.process_cpu) >= 3 and load.process_gpu_memory == []
     monkeypatch.setattr(gpu_facts, "_nvml", lambda: None)
     assert gpu_facts.compute_memory_mib() == {}
 

@@ -1338,6 +1338,7 @@ def test_results_quotes_the_runs_of_ad58618():
     t = run["throughput"]
     phases, count = t["phases"], t["phases"]["submissions"]["count"]
     assert t["jobs"] == 10 and count == 120
+    assert t["load_while_grading"]["cores"] == 16 and "one_student_regrade" not in run  # "16 cores", "no regrade"
     met = {x["target"].split(",")[0]: x["met"] for x in t["targets"]}
     assert met["class of 120 all-in"] and met["fixed cost of the class's run"]
     assert not met["submissions phase per submission-lab"] and not met["CPU per submission-lab"]
@@ -1364,6 +1365,7 @@ def test_results_quotes_the_reverted_start_ahead_runs_of_6dcd33a():
     folder = ROOT / "docs" / "results"
     saved = json.loads((folder / "selfcheck-h100-samples-6dcd33a.json").read_text())
     assert saved["env"]["commit"] == "6dcd33a" and saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert "reverted, on another H100 machine" in results  # a fresh machine: not the ad58618 runs' one
     samples = saved["samples"]
     assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
     assert f"**40/40 samples got the grade they deserve at 6dcd33a**, {samples['seconds']:.0f} s" in results
@@ -1385,17 +1387,24 @@ def test_results_quotes_the_reverted_start_ahead_runs_of_6dcd33a():
     pace = (60 * int(minutes) + int(seconds)) / done
     assert len(each) >= 5 and pace > max(each)
     assert (f"The saved H100 runs of 120 with 10 sharing took {min(each):.2f}–{max(each):.2f} s per "
-            f"submission-lab; this one took {pace:.2f} s for each of its first {done}") in results
+            f"submission-lab; this one took {last[0][1]} for its first {done} to end ({pace:.2f} s each") in results
     six = json.loads((folder / "throughput-h100-6dcd33a-six-copies.json").read_text())
     assert "env" not in six  # the stage alone, on the same warm machine: its commit is in the file's name
     t = six["throughput"]
     assert t["jobs"] == 10 and t["phases"]["submissions"]["count"] == 24 and t["full_marks"] == 24
+    assert t["load_while_grading"]["cores"] == 16 and "one_student_regrade" not in six  # "16 cores", "no regrade"
     start = t["phases"]["per_submission_median"]["start"]
     earlier = json.loads((folder / "throughput-h100-ad58618.json").read_text())["throughput"]
     assert start > earlier["phases"]["per_submission_median"]["start"]
     retried = [s for s in t["submissions"] if s["retried"]]
-    assert all(s["lab"] == "lab0" and set(s["retried"]) == {"test_speedup"} and
-               "ran out of memory" in s["retried"]["test_speedup"] for s in retried)
+    assert all(s["lab"] == "lab0" and set(s["retried"]) == {"test_speedup"} and "retried alone" in s["clean_timeline"]
+               and "ran out of memory" in s["retried"]["test_speedup"] for s in retried)
+    roles = ("kernel worker", "checker", "solution worker")
+    cpu, cpu_before = (run["phases"]["cpu_per_submission_mean"] for run in (t, earlier))
+    assert all(cpu[f"start, {role}"] > cpu_before[f"start, {role}"] for role in roles)  # "took more CPU"
+    assert ("their starts took more CPU: the kernel worker's {:.2f} core-s, the checker's {:.2f} and the solution "
+            "worker's {:.2f}, against {:.2f}, {:.2f} and {:.2f} at ad58618").format(
+        *(cpu[f"start, {role}"] for role in roles), *(cpu_before[f"start, {role}"] for role in roles)) in results
     for text in (f"**{t['phases']['submissions']['seconds_each']:.2f} s** per submission-lab",
                  f"started in **{start:.2f} s** (median; "
                  f"{earlier['phases']['per_submission_median']['start']:.2f} s at ad58618)",

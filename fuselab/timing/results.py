@@ -1,5 +1,5 @@
 """Value objects for timing results, in the spirit of ``torch.utils.benchmark.Measurement``: they hold the raw
-samples and how they were taken, print readably, plot themselves and export to dicts or DataFrames."""
+samples and how they were taken, print readably, plot themselves and export to dicts."""
 
 import dataclasses
 import functools

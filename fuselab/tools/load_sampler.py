@@ -132,6 +132,23 @@ def _own_threads() -> dict:
     return found
 
 
+OWN_PROCESS = "the sampling process itself"  # the GPU self-check's: its earlier stages left a CUDA context in it
+NOT_SCANNED = "not seen by the scan"           # a process that started between the /proc scan and NVML's answer
+OTHER_NAMESPACE = "another PID namespace"      # NVML's PIDs are the driver's: a container may not see them
+
+
+def _gpu_memory_by_kind(scanned: dict) -> dict:
+    """kind → [MiB of GPU memory each process of that kind holds on the visible GPUs (None: NVML does not know)],
+    a process named by its kind in ``scanned`` (``_process_cpu``'s pid → (kind, ...))."""
+    held: dict = {}
+    devices = visible_gpus() if gpu_facts.indices() else []
+    for pid, mib in (gpu_facts.compute_memory_mib(devices) if devices else {}).items():
+        kind = scanned[pid][0] if pid in scanned else NOT_SCANNED if os.path.exists(f"/proc/{pid}") else \
+            OTHER_NAMESPACE
+        held.setdefault(kind, []).append(mib)
+    return held
+
+
 class LoadSampler:
     def __init__(self, every_s: float = 1.0, processes: bool = False):
         self.every_s = every_s
@@ -193,9 +210,10 @@ class LoadSampler:
             in_kernel[kind] = in_kernel.get(kind, 0.0) + max(0.0, system - before_system)
         self._seen = {pid: (seconds, system) for pid, (_, seconds, system) in now.items()}
         self.process_cpu.append((time.monotonic(), used, in_kernel))
-        held: dict = {}  # who holds the GPUs' memory: a process NVML names but no scan saw is "other"
-        for pid, mib in gpu_facts.compute_memory_mib().items():
-            held.setdefault(now[pid][0] if pid in now else "other", []).append(mib)
+        try:  # a sample's view of the GPUs' memory is lost, never the sampling
+            held = _gpu_memory_by_kind({**now, os.getpid(): (OWN_PROCESS, 0.0, 0.0)})
+        except Exception:  # noqa: BLE001 - NVML through a binding that may raise anything
+            held = {}
         if held:
             self.process_gpu_memory.append((time.monotonic(), held))
 
@@ -239,13 +257,19 @@ class LoadSampler:
                   if (since is None or when >= since) and (until is None or when <= until)]
         if not window:
             return {}
-        peak = max(window, key=lambda held: sum(map(sum, held.values())))
+        def known(each):
+            return [mib for mib in each if mib is not None]
+        peak = max(window, key=lambda held: sum(sum(known(each)) for each in held.values()))
         one: dict = {}
         for held in window:
             for kind, each in held.items():
-                one[kind] = max(one.get(kind, 0.0), max(each))
-        return {"at_peak": {kind: {"gib": round(sum(each) / 1024, 1), "processes": len(each)}
-                            for kind, each in sorted(peak.items(), key=lambda kv: -sum(kv[1]))},
+                one[kind] = max([one.get(kind, 0.0), *known(each)])
+        at_peak = {}
+        for kind, each in sorted(peak.items(), key=lambda kv: -sum(known(kv[1]))):
+            at_peak[kind] = {"gib": round(sum(known(each)) / 1024, 2), "processes": len(each)}
+            if len(known(each)) < len(each):  # NVML did not say what these held: not counted as 0
+                at_peak[kind]["unknown"] = len(each) - len(known(each))
+        return {"at_peak": at_peak,
                 "one_process_peak_gib": {kind: round(mib / 1024, 2) for kind, mib in
                                          sorted(one.items(), key=lambda kv: -kv[1])}}
 

@@ -359,7 +359,8 @@ def by_process(run: dict) -> str:
     memory = run.get("gpu_memory_by_process") or {}
     if memory:
         lines += ("\n  GPU memory at its peak by process (GiB in processes): " +
-                  ", ".join(f"{kind} {held['gib']:.1f} in {held['processes']}"
+                  ", ".join(f"{kind} {held['gib']:.2f} in {held['processes']}" +
+                            (f" ({held['unknown']} of them unknown to NVML)" if held.get("unknown") else "")
                             for kind, held in memory["at_peak"].items()) +
                   "; the most one process held (GiB): " +
                   ", ".join(f"{kind} {gib:.2f}" for kind, gib in memory["one_process_peak_gib"].items()))
