@@ -83,11 +83,7 @@ def busy_percent(device) -> int | None:
 def compute_pids(device=None) -> list:
     """PIDs with a compute context on ``device`` (every GPU where None), as the driver sees them (a container's
     PIDs may be of another PID namespace); [] where NVML cannot tell."""
-    found = []
-    for each in indices() if device is None else [device]:
-        found += _ask(each, lambda nvml, handle: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]) \
-            or []
-    return found
+    return list(compute_memory_mib(None if device is None else [device]))
 
 
 def compute_memory_mib(devices=None) -> dict:

@@ -47,7 +47,7 @@ def test_the_load_sampler_averages_the_gpus_utilisation_and_the_kernels_share(mo
     read_busy = load_sampler._gpu_busy_percent
     monkeypatch.setattr(load_sampler, "_gpu_memory_used_mib", lambda: None)
     busy = iter([[0], [100], [50], [30]] + [[0]] * 1000)  # one GPU's NVML utilisation, one reading a sample
-    monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda: next(busy))
+    monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda gpus=None: next(busy))
     jiffies = iter([(100, 1000, 10), (300, 1400, 60), (500, 1800, 110), (700, 2200, 160)] + [(700, 2200, 160)] * 1000)
     monkeypatch.setattr(load_sampler, "_cpu_jiffies", lambda: next(jiffies))
     with LoadSampler(every_s=0.02) as load:
@@ -133,7 +133,7 @@ def test_the_load_sampler_says_which_processes_held_the_gpus_memory(monkeypatch)
     monkeypatch.setattr(load_sampler, "_process_cpu", lambda: {
         11: ("checker", 1.0, 0.1), 12: ("kernel worker", 1.0, 0.1), 13: ("kernel worker", 1.0, 0.1),
         14: ("solution worker", 1.0, 0.1)})
-    monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda: None)  # only the memory here
+    monkeypatch.setattr(load_sampler, "_gpu_busy_percent", lambda gpus=None: None)  # only the memory here
     with LoadSampler(every_s=0.02, processes=True) as load:
         deadline = time.monotonic() + 30
         while len(load.process_gpu_memory) < 3 and time.monotonic() < deadline:

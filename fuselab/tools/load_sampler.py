@@ -52,10 +52,16 @@ def _gpu_memory_used_mib():
     return used if used and None not in used else None
 
 
-def _gpu_busy_percent():
-    """NVML's utilisation of each GPU this process may use (``CUDA_VISIBLE_DEVICES``: a shard on one card of eight
-    reads that card's), percent of its last sample period with a kernel running; None where NVML is missing."""
-    busy = [gpu_facts.busy_percent(device) for device in (visible_gpus() if gpu_facts.indices() else [])]
+def _sampled_gpus() -> list:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES``: a shard on one card of eight samples that card);
+    [] where NVML sees none."""
+    return visible_gpus() if gpu_facts.indices() else []
+
+
+def _gpu_busy_percent(gpus=None):
+    """NVML's utilisation of each GPU in ``gpus`` (``_sampled_gpus()`` where None), percent of its last sample
+    period with a kernel running; None where NVML is missing."""
+    busy = [gpu_facts.busy_percent(device) for device in (_sampled_gpus() if gpus is None else gpus)]
     return busy if busy and None not in busy else None
 
 
@@ -137,16 +143,20 @@ NOT_SCANNED = "not seen by the scan"           # a process that started between 
 OTHER_NAMESPACE = "another PID namespace"      # NVML's PIDs are the driver's: a container may not see them
 
 
-def _gpu_memory_by_kind(scanned: dict) -> dict:
-    """kind → [MiB of GPU memory each process of that kind holds on the visible GPUs (None: NVML does not know)],
-    a process named by its kind in ``scanned`` (``_process_cpu``'s pid → (kind, ...))."""
+def _gpu_memory_by_kind(scanned: dict, gpus: list) -> dict:
+    """kind → [MiB of GPU memory each process of that kind holds on ``gpus`` (None: NVML does not know)], a
+    process named by its kind in ``scanned`` (``_process_cpu``'s pid → (kind, ...))."""
     held: dict = {}
-    devices = visible_gpus() if gpu_facts.indices() else []
-    for pid, mib in (gpu_facts.compute_memory_mib(devices) if devices else {}).items():
+    for pid, mib in (gpu_facts.compute_memory_mib(gpus) if gpus else {}).items():
         kind = scanned[pid][0] if pid in scanned else NOT_SCANNED if os.path.exists(f"/proc/{pid}") else \
             OTHER_NAMESPACE
         held.setdefault(kind, []).append(mib)
     return held
+
+
+def _known(each: list) -> list:
+    """The MiB NVML did say, of one kind's processes' (None: not known, never counted as 0)."""
+    return [mib for mib in each if mib is not None]
 
 
 class LoadSampler:
@@ -176,9 +186,10 @@ class LoadSampler:
                 return
 
     def _sample(self):
+        gpus = _sampled_gpus()  # asked once a sample, for both views of the GPUs
         self.samples.append((time.monotonic(), _cpu_jiffies(), _gpu_memory_used_mib(), _host_memory_used_gib(),
-                             _gpu_busy_percent()))
-        self._sample_processes()
+                             _gpu_busy_percent(gpus)))
+        self._sample_processes(gpus)
 
     def _threads(self) -> dict:
         """``_own_threads``, with what a thread that ended was already counted for before it ended taken out of the
@@ -194,7 +205,7 @@ class LoadSampler:
                                     max(0.0, system - self._counted_dead[1]))
         return now
 
-    def _sample_processes(self):
+    def _sample_processes(self, gpus: list):
         """With ``processes``: each kind's CPU seconds since the last sample (a process first seen now counts from
         its start; what a process did between its last sample and its end is missed: ``cpu_by_kind`` says how
         much)."""
@@ -211,7 +222,7 @@ class LoadSampler:
         self._seen = {pid: (seconds, system) for pid, (_, seconds, system) in now.items()}
         self.process_cpu.append((time.monotonic(), used, in_kernel))
         try:  # a sample's view of the GPUs' memory is lost, never the sampling
-            held = _gpu_memory_by_kind({**now, os.getpid(): (OWN_PROCESS, 0.0, 0.0)})
+            held = _gpu_memory_by_kind({**now, os.getpid(): (OWN_PROCESS, 0.0, 0.0)}, gpus)
         except Exception:  # noqa: BLE001 - NVML through a binding that may raise anything
             held = {}
         if held:
@@ -257,18 +268,16 @@ class LoadSampler:
                   if (since is None or when >= since) and (until is None or when <= until)]
         if not window:
             return {}
-        def known(each):
-            return [mib for mib in each if mib is not None]
-        peak = max(window, key=lambda held: sum(sum(known(each)) for each in held.values()))
+        peak = max(window, key=lambda held: sum(sum(_known(each)) for each in held.values()))
         one: dict = {}
         for held in window:
             for kind, each in held.items():
-                one[kind] = max([one.get(kind, 0.0), *known(each)])
+                one[kind] = max([one.get(kind, 0.0), *_known(each)])
         at_peak = {}
-        for kind, each in sorted(peak.items(), key=lambda kv: -sum(known(kv[1]))):
-            at_peak[kind] = {"gib": round(sum(known(each)) / 1024, 2), "processes": len(each)}
-            if len(known(each)) < len(each):  # NVML did not say what these held: not counted as 0
-                at_peak[kind]["unknown"] = len(each) - len(known(each))
+        for kind, each in sorted(peak.items(), key=lambda kv: -sum(_known(kv[1]))):
+            at_peak[kind] = {"gib": round(sum(_known(each)) / 1024, 2), "processes": len(each)}
+            if len(_known(each)) < len(each):  # NVML did not say what these held: not counted as 0
+                at_peak[kind]["unknown"] = len(each) - len(_known(each))
         return {"at_peak": at_peak,
                 "one_process_peak_gib": {kind: round(mib / 1024, 2) for kind, mib in
                                          sorted(one.items(), key=lambda kv: -kv[1])}}
