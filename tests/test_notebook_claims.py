@@ -1013,7 +1013,7 @@ def test_results_mds_lab0_sweep_is_the_shipped_file():
 def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     """docs/ta-guide.md and docs/RESULTS.md quote the 2-core throughput run: the numbers must be that file's."""
     root = Path(__file__).resolve().parents[1]
-    saved = json.loads((root / "docs" / "results" / "throughput-cpu2-31d47a5.json").read_text())
+    saved = json.loads((root / "docs" / "results" / "throughput-cpu2-2f55c78.json").read_text())
     phases = saved["phases"]
     each, fixed = f"{phases['submissions']['seconds_each']:.2f} s", f"{phases['fixed']['seconds']:.1f} s"
     regrade = f"{saved['one_student_regrade']['phases']['wall_seconds']:.1f} s"
@@ -1025,6 +1025,28 @@ def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     assert f"{cpu:.1f} core-s" in results and "2 CPU workers" in saved["headline"]
     design = squash((root / "docs" / "design.md").read_text())
     assert f"{each} each on the CPU emulation of an idle 2-core machine" in design, each
+
+
+def test_results_sets_the_2_core_run_against_the_one_before():
+    """docs/RESULTS.md compares the 2-core run with 31d47a5's: both files' numbers, and reference runs slower on the
+    later machine (what makes part of the difference the machine's)."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    runs = {commit: json.loads((ROOT / "docs" / "results" / f"throughput-cpu2-{commit}.json").read_text())
+            for commit in ("31d47a5", "2f55c78")}
+    before, now = runs["31d47a5"], runs["2f55c78"]
+    cpu = next(t["measured"] for t in before["targets"] if t["target"].startswith("CPU per submission-lab"))
+    assert (f"took {before['phases']['submissions']['seconds_each']:.2f} s, "
+            f"{before['phases']['fixed']['seconds']:.1f} s and {cpu:.1f} core-s") in results
+    spans = {commit: (min(run["reference_seconds"].values()), max(run["reference_seconds"].values()))
+             for commit, run in runs.items()}
+    assert (f"took {spans['31d47a5'][0]:.1f}-{spans['31d47a5'][1]:.1f} s against "
+            f"{spans['2f55c78'][0]:.1f}-{spans['2f55c78'][1]:.1f} s here") in results
+    assert spans["2f55c78"][0] > spans["31d47a5"][1]  # every reference run slower here than any before
+    mean = now["phases"]["cpu_per_submission_mean"]
+    starts = [v for k, v in mean.items() if k.startswith("start, ")]
+    steps = {step: sum(v for k, v in mean.items() if k.startswith(f"{step}, ")) for step in ("tests", "build")}
+    assert (f"the three processes' starts, {min(starts):.2f}-{max(starts):.2f} each (each imports torch), the tests "
+            f"{steps['tests']:.1f}, the builds {steps['build']:.1f}") in results
 
 
 def test_results_quotes_the_sample_class_at_5798945_on_the_h200():
