@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from fuselab.grading.records import nbgrader_run, term
 from fuselab.grading.run import cli, samplecheck, slurm
 
 from .conftest import REPO
@@ -27,6 +28,10 @@ pytestmark = [
 ]
 CLASS = [("compile_error", "lab0"), ("edge_bug", "lab0")]
 GRADING = ["--cell-timeout", "30", "--submission-timeout", "400"]
+DUE = ["--due", "lab0=2026-09-14T23:59"]
+# a Canvas roster: its one person handed nothing in, so both runs' grades.csv and LMS export name them as missing
+ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"
+          "\"Absent, Ann\",4242,s42,aabsent,A,\n")
 WAIT_S = 420  # the whole class, twice over on CI's two cores: a bound on a hang, not a timing
 
 
@@ -40,7 +45,14 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_host(tmp_path_factory, instructor_references):
+def roster_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("roster") / "canvas.csv"
+    path.write_text(ROSTER)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory, instructor_references, roster_file):
     """The same class graded on one host (``fuselab grade``), in the background while the cluster grades it: the
     shards leave a core idle while one of them runs alone."""
     folder = tmp_path_factory.mktemp("one-host")
@@ -49,7 +61,8 @@ def one_host(tmp_path_factory, instructor_references):
     instructor_references.into(folder / "run", ["lab0"])
     log = open(folder / "log.txt", "w")
     process = subprocess.Popen([sys.executable, "-m", "grader", str(examples), "--out", str(folder / "run"),
-                                *GRADING], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                                *GRADING, *DUE, "--roster", str(roster_file)], cwd=REPO, stdout=log,
+                               stderr=subprocess.STDOUT)
 
     def finished():
         assert process.wait(timeout=WAIT_S) == 0, (folder / "log.txt").read_text()[-3000:]
@@ -93,10 +106,11 @@ def _same_verdicts(merged, one_host):
 
 
 def test_a_class_graded_on_slurm_equals_one_host_through_a_killed_task_and_reruns(cluster, one_host, tmp_path,
-                                                                                   capsys):
+                                                                                   capsys, roster_file):
+    """... with a due date and a roster, which only the merge uses: its outputs show them as one host's do."""
     out = tmp_path / "run"
     command = ["grade", str(one_host["examples"]), "--slurm", "--gpus-per-task", "0", "--shards", "2",
-               "--out", str(out), *GRADING]
+               "--out", str(out), *GRADING, *DUE, "--roster", str(roster_file)]
     assert cli.main(command) == 0
     plan = slurm.read_json(out / "slurm" / "plan.json")
     assert plan["shards"] == 2 and sorted(e["shard"] for e in plan["submissions"]) == [0, 1]
@@ -131,6 +145,19 @@ def test_a_class_graded_on_slurm_equals_one_host_through_a_killed_task_and_rerun
     assert (out / "grades.csv").read_text() == (reference / "grades.csv").read_text()
     assert _gradebook(out) == _gradebook(reference)
     assert len(_gradebook(out)) == len(CLASS)  # each submission merged once
+    # the due date and the roster reached the merge: the gradebook's due date, the roster's absent student
+    assert nbgrader_run.due_dates(out / "course" / "gradebook.db") == \
+        nbgrader_run.due_dates(reference / "course" / "gradebook.db") != {}
+    assert "absentann_4242" in (out / "grades.csv").read_text()
+    # the results lie where one host keeps them, for later runs into this folder and the export
+    assert {k: r.total for k, r in term.saved_results(out).items()} == \
+        {k: r.total for k, r in term.saved_results(reference).items()} != {}
+    exports = {}
+    for name, folder in (("cluster", out), ("one host", reference)):
+        assert cli.main(["export", str(folder), "--to", str(tmp_path / f"export-{name}")]) == 0
+        exports[name] = {p.name: p.read_bytes() for p in (tmp_path / f"export-{name}").iterdir()}
+    assert exports["cluster"] == exports["one host"] and "canvas-grades.csv" in exports["cluster"]
+    assert b"4242" in exports["cluster"]["canvas-grades.csv"]  # the roster's person, in the LMS's file
     assert sorted(p.relative_to(out / "feedback") for p in (out / "feedback").rglob("*.html")) == \
         sorted(p.relative_to(reference / "feedback") for p in (reference / "feedback").rglob("*.html"))
     report = (out / "report.md").read_text()
@@ -187,12 +214,14 @@ def test_status_of_a_folder_without_a_plan_says_so(tmp_path, capsys):
         cli.main(["grade", "--status", str(tmp_path)])
 
 
-@pytest.mark.parametrize("given", [["--roster", "canvas.csv"], ["--due", "lab0=2026-09-14T23:59"]])
-def test_options_the_cluster_jobs_do_not_carry_are_refused(tmp_path, capsys, given):
-    """--roster and --due do not reach the shards or the merge: a class graded with them on the cluster would have
-    had no late penalty and no roster's missing students, silently. Refused before anything is submitted."""
+@pytest.mark.parametrize("given, said", [
+    (["--roster", "missing.csv"], "--roster"),
+    (["--due", "lab9=2026-09-14T23:59"], "no such lab"),
+    (["--due", "lab0=next friday"], "--due lab0=next friday"),
+])
+def test_a_roster_or_due_date_that_cannot_be_read_is_refused_before_anything_is_submitted(tmp_path, given, said):
+    """The merge job would meet them on another node, long after: read here, as one host reads them."""
     (tmp_path / "class").mkdir()
-    assert cli.main(["grade", str(tmp_path / "class"), "--slurm", "--out", str(tmp_path / "run"), *given]) == 3
-    err = capsys.readouterr().err
-    assert f"--slurm does not take {given[0]}" in err and "on one host" in err
+    with pytest.raises(SystemExit, match=said):
+        cli.main(["grade", str(tmp_path / "class"), "--slurm", "--out", str(tmp_path / "run"), *given])
     assert not (tmp_path / "run" / "slurm").exists()

@@ -116,16 +116,11 @@ def run(args) -> int:
     if args.command == "grade":
         if args.slurm or args.status:
             problem = out_problem(Path(args.out)) if args.slurm and args.out else None
-            carried_not = [name for name, given in (("--roster", args.roster), ("--due", args.due)) if given]
-            if args.slurm and carried_not:  # the shards and the merge would grade as if they were not given
-                problem = (f"--slurm does not take {' or '.join(carried_not)} yet: the cluster's jobs would grade "
-                           "without them (no late penalty, no roster's missing students or Moodle worksheet). "
-                           "Grade this class on one host (the same command without --slurm and its options)")
             if problem:
                 print(f"fuselab grade: {problem}", file=sys.stderr)
                 return 3
             from .slurm import main_cli
-            return main_cli(args)
+            return main_cli(args, due=_due_arguments(args.due))
         if args.submissions is None:
             raise SystemExit("fuselab grade: give the submissions (a folder or zip)")
         return main_grade(args)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ... import course, gpu_facts, locks
 from ...kernelbuild import shared as shared_builds
-from ..records import intake, nbgrader_run, term, unsandboxed
+from ..records import intake, nbgrader_run, roster, term, unsandboxed
 from . import pipeline
 from ..gpus import schedule
 from ..gpus.lease import grading_lease
@@ -84,6 +84,11 @@ class Options:
     cpus_per_task: int | None = None
     time: str | None = None
     sbatch_args: list = field(default_factory=list)
+    # the class's outputs only (the merge's): what one host does with them, its gradebook's due dates and late
+    # penalties, its roster's missing students, names and Moodle worksheet. The shards grade without them; the
+    # roster travels as a copy in the plan's folder (``ROSTER``), which the merge job reads on its node.
+    due: dict = field(default_factory=dict)  # lab → due date as given (``pipeline._due_dates`` reads it)
+    roster_sha: str | None = None            # the copy's, so a rerun with another roster merges again
 
     def grading(self) -> dict:
         """The options that decide grades: a rerun must give the same ones to resume (a GPU measures speed
@@ -97,6 +102,11 @@ class Options:
 
 def slurm_dir(out: Path) -> Path:
     return Path(out) / "slurm"
+
+
+def roster_copy(out: Path) -> Path:
+    """The ``--roster`` the class was last submitted with, copied where every node sees it."""
+    return slurm_dir(out) / "roster.csv"
 
 
 def shard_zip(out: Path, index: int) -> Path:
@@ -149,9 +159,10 @@ def _now() -> str:
 
 # --- planning: intake once, shards as zips ----------------------------------------------------------------------
 
-def intake_class(source: Path, options: Options) -> tuple:
+def intake_class(source: Path, options: Options, moodle_ids: dict | None = None) -> tuple:
     """The class's submissions as ``[{student, lab, sha, origin, path}]`` (sorted) and the intake's problems; the
-    notebooks are copied into a temporary folder the caller removes."""
+    notebooks are copied into a temporary folder the caller removes. ``moodle_ids``: as one host's intake
+    (``pipeline._moodle_ids``: a Moodle worksheet's ids by email)."""
     labs = [lab for lab in course.lab_names() if not options.labs or lab in options.labs]
     unknown = sorted(set(options.labs or []) - set(labs))
     if unknown:
@@ -159,7 +170,7 @@ def intake_class(source: Path, options: Options) -> tuple:
     staging = Path(tempfile.mkdtemp(prefix="fuselab-intake-"))
     names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}
     submissions, problems = intake.collect(Path(source), staging / "submissions", names,
-                                           students=options.students, only_labs=labs)
+                                           students=options.students, only_labs=labs, moodle_ids=moodle_ids)
     entries = sorted(({"student": s.student, "lab": s.lab, "sha": _sha(s.notebook), "origin": s.origin,
                        "path": str(s.notebook), "late": s.late, "lms_id": s.lms_id, "lms": s.lms,
                        "submitted": s.submitted} for s in submissions), key=lambda e: (e["student"], e["lab"]))
@@ -178,9 +189,9 @@ def split(entries: list, shards: int | None) -> list:
     return shard_of
 
 
-def write_plan(out: Path, source: Path, options: Options) -> dict:
+def write_plan(out: Path, source: Path, options: Options, moodle_ids: dict | None = None) -> dict:
     """Intake once, write one zip per shard and ``plan.json``; the plan."""
-    entries, problems, staging = intake_class(source, options)
+    entries, problems, staging = intake_class(source, options, moodle_ids)
     try:
         if not entries:
             raise ValueError(f"no gradable submission under {source}" +
@@ -207,13 +218,13 @@ def write_plan(out: Path, source: Path, options: Options) -> dict:
     return plan
 
 
-def same_class(plan: dict, source: Path, options: Options) -> str | None:
+def same_class(plan: dict, source: Path, options: Options, moodle_ids: dict | None = None) -> str | None:
     """Why the submissions or grading options differ from the plan's (a rerun must not mix two classes), or None."""
     then = Options(**plan["options"]).grading()
     if then != options.grading():
         differ = ", ".join(f"{k} {then[k]!r} then, {v!r} now" for k, v in options.grading().items() if then[k] != v)
         return f"the grading options differ from the first run's ({differ})"
-    entries, _, staging = intake_class(source, options)
+    entries, _, staging = intake_class(source, options, moodle_ids)
     shutil.rmtree(staging, ignore_errors=True)
     now = {(e["student"], e["lab"]): e["sha"] for e in entries}
     then = {(e["student"], e["lab"]): e["sha"] for e in plan["submissions"]}
@@ -452,9 +463,10 @@ def merge(out: Path) -> int:
 
 
 def merged_from(out: Path, plan: dict) -> dict:
-    """The completions (each shard's ``done.json`` token) the outputs would be made from now."""
-    return {str(i): (read_json(done_file(out, i)) or {}).get("completion")
-            for i in range(plan["shards"])}
+    """The completions (each shard's ``done.json`` token) the outputs would be made from now, and the due dates and
+    roster they would show (a rerun that changes either merges again)."""
+    return {**{str(i): (read_json(done_file(out, i)) or {}).get("completion") for i in range(plan["shards"])},
+            "due": plan["options"].get("due") or {}, "roster": plan["options"].get("roster_sha")}
 
 
 def merge_outputs(out: Path, plan: dict) -> int:
@@ -483,6 +495,11 @@ def merge_outputs(out: Path, plan: dict) -> int:
                 raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
                                    f"{done_file(out, index)} and rerun the command to regrade it")
             results[(student, lab)] = SubmissionResult.from_json(saved_result)
+    # where a one-host run keeps them: later runs into this folder (a regrade, next week's lab), hand grades and
+    # `fuselab export` read the course's results from <out>/work, never from the shards
+    for (student, lab), result in results.items():
+        (out / "work" / student / lab).mkdir(parents=True, exist_ok=True)
+        pipeline._write_result(out / "work" / student / lab / "result.json", result)
     reference = {}
     for model in sorted(models):
         for lab in sorted({lab for _, lab in results}):
@@ -491,7 +508,9 @@ def merge_outputs(out: Path, plan: dict) -> int:
                 reference[lab if len(models) == 1 else f"{lab} on {model}"] = saved
     settings = pipeline.Settings(out=out, labs=options["labs"], feedback=options["feedback"])
     labs = [lab for lab in course.lab_names() if not options["labs"] or lab in options["labs"]]  # as on one host
+    people = roster.read(roster_copy(out)) if options.get("roster_sha") else None  # read at submit: it reads
     nbgrader_run.prepare_course(out / "course", labs)
+    nbgrader_run.set_due_dates(out / "course" / "gradebook.db", pipeline._due_dates(options.get("due") or {}))
     nbgrader_run.add_students(out / "course" / "gradebook.db", sorted({e["student"] for e in plan["submissions"]}))
     first = read_json(done_file(out, 0))
     class_result = pipeline.ClassResult(out=out, results=[results[k] for k in sorted(results)], problems=problems,
@@ -501,7 +520,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
                                 lms_id=e.get("lms_id"), lms=e.get("lms"), submitted=e.get("submitted"))
               for e in plan["submissions"]]  # the staged notebooks are the shards' (the plan keeps no path)
     run_labs = options["labs"] or {e["lab"] for e in plan["submissions"]} | {p.lab for p in problems if p.lab}
-    term.record_run(out, merged, set(results), problems, run_labs)
+    term.record_course(out, merged, set(results), problems, run_labs, people)
     pipeline.write_outputs(class_result, settings)
     write_json(slurm_dir(out) / "merged.json", {"from": completions, "merged": _now(), "results": len(results),
                                                 "gpu_models": sorted(models)})
@@ -516,16 +535,32 @@ def _merged(out: Path, plan: dict) -> bool:
     return (read_json(slurm_dir(out) / "merged.json") or {}).get("from") == merged_from(out, plan)
 
 
-def submit(source, out: Path, options: Options, force: bool = False) -> str:
-    """``fuselab grade SUBMISSIONS --slurm``: plan (once) and submit what is missing; what was done, in words."""
+def submit(source, out: Path, options: Options, force: bool = False, roster_file: Path | None = None) -> str:
+    """``fuselab grade SUBMISSIONS --slurm``: plan (once) and submit what is missing; what was done, in words.
+    ``roster_file``: ``--roster``, read here (an unreadable one stops the run before anything is submitted) and
+    copied beside the plan for the merge; without it, a roster given before stays the class's."""
     out = Path(out).resolve()
+    pipeline._due_dates(options.due)  # a --due that is no lab or no date stops the run here, as on one host
+    try:
+        people = roster.read(roster_file) if roster_file else None
+        moodle_ids = pipeline._moodle_ids(pipeline.Settings(out=out, labs=options.labs), people)
+    except (OSError, roster.RosterError) as exc:
+        raise ValueError(f"--roster: {exc}") from None
     out.mkdir(parents=True, exist_ok=True)
     with locked(slurm_dir(out) / "submit.lock"):
+        if roster_file:
+            copy = roster_copy(out)
+            temporary = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+            shutil.copyfile(roster_file, temporary)
+            os.replace(temporary, copy)
+            options.roster_sha = _sha(copy)
+        else:
+            options.roster_sha = (read_json(slurm_dir(out) / "plan.json") or {}).get("options", {}).get("roster_sha")
         plan = read_json(slurm_dir(out) / "plan.json")
         in_queue = queued(out) if plan else {"shards": {}, "merge": {}}
         busy = in_queue["shards"] or in_queue["merge"]
         if plan and not force:  # a rerun must not mix two classes, whatever the queue holds
-            why = same_class(plan, source, options)
+            why = same_class(plan, source, options, moodle_ids)
             if why:
                 raise ValueError(f"{why}: grade them into a new --out, or add --force to regrade the class in {out}")
         if plan and busy:
@@ -546,7 +581,7 @@ def submit(source, out: Path, options: Options, force: bool = False) -> str:
             plan["options"].update({k: v for k, v in asdict(options).items() if k not in options.grading()})
             write_json(slurm_dir(out) / "plan.json", plan)  # sbatch options may change between runs
         else:
-            plan = write_plan(out, source, options)
+            plan = write_plan(out, source, options, moodle_ids)
         states = shard_states(out, plan, None)
         missing = [i for i, s in states.items() if s != "done"]
         if missing:
@@ -629,18 +664,19 @@ def status_text(out: Path) -> str:
     return "\n".join(lines)
 
 
-def main_cli(args) -> int:
-    """``fuselab grade --slurm ...`` and ``fuselab grade --status OUT`` (the arguments are cli.py's)."""
+def main_cli(args, due: dict | None = None) -> int:
+    """``fuselab grade --slurm ...`` and ``fuselab grade --status OUT`` (the arguments are cli.py's; ``due``: its
+    ``--due``, read)."""
     try:
         if args.status:
             print(status_text(Path(args.status)))
             return 0
-        return _submit_from_cli(args)
-    except (SlurmError, ValueError, FileNotFoundError) as exc:
+        return _submit_from_cli(args, due or {})
+    except (SlurmError, ValueError, FileNotFoundError, pipeline.GradingRefused) as exc:
         raise SystemExit(f"fuselab grade: {exc}") from None
 
 
-def _submit_from_cli(args) -> int:
+def _submit_from_cli(args, due: dict) -> int:
     if not args.submissions or not args.out:
         raise SystemExit("fuselab grade --slurm needs the submissions and --out, a folder on a file system every "
                          "node of the cluster sees")
@@ -650,8 +686,9 @@ def _submit_from_cli(args) -> int:
                       jobs_per_gpu=args.jobs_per_gpu,
                       cpu_workers=args.cpu_workers, shards=args.shards, partition=args.partition,
                       account=args.account, gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
-                      time=args.time, sbatch_args=shlex.split(args.sbatch_args or ""))
-    print(submit(args.submissions, Path(args.out), options, force=args.force))
+                      time=args.time, sbatch_args=shlex.split(args.sbatch_args or ""), due=due)
+    print(submit(args.submissions, Path(args.out), options, force=args.force,
+                 roster_file=Path(args.roster) if args.roster else None))
     return 0
 
 
