@@ -419,6 +419,30 @@ def test_a_moodle_lab_again_keeps_its_numbers_and_a_number_off_the_worksheet_is_
         pipeline.check_identities(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=other, progress=False))
 
 
+def test_a_slurm_class_takes_its_moodle_ids_and_due_dates_as_one_host_does(tmp_path, monkeypatch):
+    """``--slurm`` with a Moodle grading worksheet and a due date: the plan's students get their ids by email, as
+    one host's intake gives them, the roster is copied beside the plan for the merge job, and the due date rides
+    in the plan. A worksheet that does not name the download's numbers is refused there, before anything is
+    submitted (sbatch is never called in this test)."""
+    from fuselab.grading.run import slurm
+    submitted = []
+    monkeypatch.setattr(slurm, "queued", lambda out: {"shards": {}, "merge": {}})
+    monkeypatch.setattr(slurm, "submit_shards", lambda out, plan, indices, reason: submitted.append(indices) or
+                        {"array": "1", "merge": "2"})
+    lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True)])
+    out = tmp_path / "course"
+    other = _write(tmp_path / "other.csv", WORKSHEET_HEADER + "Participant 999,Al Bo,al@uni.edu,,,-\n")
+    with pytest.raises(SystemExit, match="1234 of the download are not on the grading worksheet"):
+        cli.main(["grade", str(lab0), "--slurm", "--out", str(out), "--labs", "lab0", "--roster", str(other)])
+    assert not (out / "slurm").exists() and submitted == []
+    assert cli.main(["grade", str(lab0), "--slurm", "--out", str(out), "--labs", "lab0", "--roster", str(sheet0),
+                     "--due", "lab0=2026-09-14T23:59"]) == 0
+    plan = slurm.read_json(out / "slurm" / "plan.json")
+    assert [e["student"] for e in plan["submissions"]] == [roster.email_id("js@uni.edu")] and submitted == [[0]]
+    assert (out / "slurm" / "roster.csv").read_bytes() == sheet0.read_bytes()
+    assert plan["options"]["due"] == {"lab0": "2026-09-14T23:59"} and plan["options"]["roster_sha"]
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"

@@ -541,11 +541,13 @@ def submit(source, out: Path, options: Options, force: bool = False, roster_file
     copied beside the plan for the merge; without it, a roster given before stays the class's."""
     out = Path(out).resolve()
     pipeline._due_dates(options.due)  # a --due that is no lab or no date stops the run here, as on one host
+    settings = pipeline.Settings(out=out, labs=options.labs, students=options.students, roster=roster_file)
     try:
         people = roster.read(roster_file) if roster_file else None
-        moodle_ids = pipeline._moodle_ids(pipeline.Settings(out=out, labs=options.labs), people)
+        moodle_ids = pipeline._moodle_ids(settings, people)
     except (OSError, roster.RosterError) as exc:
         raise ValueError(f"--roster: {exc}") from None
+    pipeline.check_identities(Path(source), settings)  # a Moodle lab that would make the course's students new ones
     out.mkdir(parents=True, exist_ok=True)
     with locked(slurm_dir(out) / "submit.lock"):
         if roster_file:
