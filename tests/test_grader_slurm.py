@@ -8,6 +8,7 @@ same command run again finishes that shard alone; once more, it has nothing to d
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -225,3 +226,27 @@ def test_a_roster_or_due_date_that_cannot_be_read_is_refused_before_anything_is_
     with pytest.raises(SystemExit, match=said):
         cli.main(["grade", str(tmp_path / "class"), "--slurm", "--out", str(tmp_path / "run"), *given])
     assert not (tmp_path / "run" / "slurm").exists()
+
+
+def test_a_merge_keeps_a_later_one_host_regrade_of_a_student(tmp_path):
+    """The merge keeps each shard's result where one host keeps it; a result written there after the shard's (a
+    one-host regrade of that student since) stays, and the outputs show it; a shard graded again (--force)
+    after that regrade wins once more."""
+    from fuselab.grading.records.results import SubmissionResult
+    out, saved = tmp_path / "run", tmp_path / "run" / "slurm" / "shard-000" / "work" / "ann" / "lab0" / "result.json"
+    saved.parent.mkdir(parents=True)
+    saved.write_text(json.dumps(SubmissionResult("ann", "lab0", total=3.0, max_total=10.0).to_json()))
+    target = out / "work" / "ann" / "lab0" / "result.json"
+
+    def merged():
+        shard = SubmissionResult.from_json(json.loads(saved.read_text()))
+        return slurm._kept_in_course(out, "ann", "lab0", saved, shard).total
+    assert merged() == 3.0 and json.loads(target.read_text())["total"] == 3.0
+    assert merged() == 3.0  # merged again (a new roster): the same
+    target.write_text(json.dumps(SubmissionResult("ann", "lab0", total=9.0, max_total=10.0).to_json()))
+    later = saved.stat().st_mtime + 60
+    os.utime(target, (later, later))  # the one-host regrade, a minute after the shard
+    assert merged() == 9.0 and json.loads(target.read_text())["total"] == 9.0
+    saved.write_text(json.dumps(SubmissionResult("ann", "lab0", total=5.0, max_total=10.0).to_json()))
+    os.utime(saved, (later + 60, later + 60))  # the class regraded on the cluster after that
+    assert merged() == 5.0 and json.loads(target.read_text())["total"] == 5.0

@@ -469,6 +469,23 @@ def merged_from(out: Path, plan: dict) -> dict:
             "due": plan["options"].get("due") or {}, "roster": plan["options"].get("roster_sha")}
 
 
+def _kept_in_course(out: Path, student: str, lab: str, saved: Path, result: SubmissionResult) -> SubmissionResult:
+    """A shard's result, kept where a one-host run keeps it (``<out>/work/<student>/<lab>``): later runs into this
+    folder (next week's lab), hand grades and ``fuselab export`` read the course's results there, never from the
+    shards. A result there that was written after the shard's (a one-host regrade of that student since) stays,
+    and is the one the outputs show: a merge run again for a new roster or due date never undoes it."""
+    target = out / "work" / student / lab / "result.json"
+    try:
+        if target.stat().st_mtime > saved.stat().st_mtime:
+            return SubmissionResult.from_json(json.loads(target.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # none there, or none readable: the shard's
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pipeline._write_result(target, result)
+    os.utime(target, (saved.stat().st_atime, saved.stat().st_mtime))  # as old as the grading it records
+    return result
+
+
 def merge_outputs(out: Path, plan: dict) -> int:
     """Every shard is complete: the class's gradebook, grades.csv, feedback and report, once per set of
     completions (``merged.json``)."""
@@ -495,11 +512,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
                 raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
                                    f"{done_file(out, index)} and rerun the command to regrade it")
             results[(student, lab)] = SubmissionResult.from_json(saved_result)
-    # where a one-host run keeps them: later runs into this folder (a regrade, next week's lab), hand grades and
-    # `fuselab export` read the course's results from <out>/work, never from the shards
-    for (student, lab), result in results.items():
-        (out / "work" / student / lab).mkdir(parents=True, exist_ok=True)
-        pipeline._write_result(out / "work" / student / lab / "result.json", result)
+            results[(student, lab)] = _kept_in_course(out, student, lab, saved, results[(student, lab)])
     reference = {}
     for model in sorted(models):
         for lab in sorted({lab for _, lab in results}):
