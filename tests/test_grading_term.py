@@ -439,8 +439,38 @@ def test_a_slurm_class_takes_its_moodle_ids_and_due_dates_as_one_host_does(tmp_p
                      "--due", "lab0=2026-09-14T23:59"]) == 0
     plan = slurm.read_json(out / "slurm" / "plan.json")
     assert [e["student"] for e in plan["submissions"]] == [roster.email_id("js@uni.edu")] and submitted == [[0]]
-    assert (out / "slurm" / "roster.csv").read_bytes() == sheet0.read_bytes()
+    assert slurm.roster_copy(out, plan["options"]["roster_sha"]).read_bytes() == sheet0.read_bytes()
     assert plan["options"]["due"] == {"lab0": "2026-09-14T23:59"} and plan["options"]["roster_sha"]
+
+
+def test_a_moodle_lab_merged_on_slurm_is_recorded_as_one_host_records_it(tmp_path, monkeypatch):
+    """The same Moodle lab and grading worksheet, graded on one host and through --slurm's shard and merge (sbatch
+    replaced, the grading faked on both sides): the same students by email, the same entries (who is missing),
+    the same roster with the lab's participant numbers, the same grades.csv."""
+    from fuselab.grading.run import slurm
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, device, settings, *a, **k:
+                        _fake_grade_lab(sub, settings.out))
+    monkeypatch.setattr(slurm, "queued", lambda out: {"shards": {}, "merge": {}})
+    monkeypatch.setattr(slurm, "submit_shards", lambda *a, **k: {"array": "1", "merge": "2"})
+    lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True),
+                                                  ("Bo Park", "bp@uni.edu", "1236", False)])
+    one, cluster = tmp_path / "one", tmp_path / "cluster"
+    pipeline.grade(lab0, pipeline.Settings(out=one, labs=["lab0"], roster=sheet0, progress=False))
+    assert cli.main(["grade", str(lab0), "--slurm", "--gpus-per-task", "0", "--out", str(cluster), "--labs", "lab0",
+                     "--roster", str(sheet0)]) == 0
+    assert slurm.run_shard(cluster, 0) == 0
+    assert slurm.merge_outputs(cluster, slurm.read_json(cluster / "slurm" / "plan.json")) == 0
+
+    def recorded(out):
+        entries = {k: (e.status, e.lms_id, e.late) for k, e in term.load_entries(out).items()}
+        people = sorted((p["student"], p.get("lab_ids")) for p in roster.load(out))
+        return entries, people, (out / "grades.csv").read_text()
+    assert recorded(cluster) == recorded(one)
+    entries, people, _ = recorded(one)
+    assert dict(people)[roster.email_id("bp@uni.edu")] == {"lab0": "1236"}  # who handed in nothing: by email too
+    assert roster.email_id("bp@uni.edu") in _  # and listed in grades.csv
 
 
 # ------------------------------------------------------------------------------------------------- the term

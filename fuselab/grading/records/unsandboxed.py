@@ -59,7 +59,7 @@ def believed(record: Path, out: Path) -> bool:
         return False
 
 
-def _marked(folder: Path) -> bool:
+def marked(folder: Path) -> bool:
     return os.path.lexists(Path(folder) / MARK)
 
 
@@ -72,7 +72,7 @@ def fresh_builds(shared_root: Path, out: Path) -> bool:
     shared_root, out = Path(os.path.abspath(shared_root)), Path(out)
     stamp = shared_root / STAMP
     discard = False
-    if _marked(out) or _marked(shared_root):
+    if marked(out) or marked(shared_root):
         try:
             regular = stat.S_ISREG(os.lstat(stamp).st_mode) and not os.path.islink(shared_root)
         except OSError:

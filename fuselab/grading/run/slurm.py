@@ -86,9 +86,10 @@ class Options:
     sbatch_args: list = field(default_factory=list)
     # the class's outputs only (the merge's): what one host does with them, its gradebook's due dates and late
     # penalties, its roster's missing students, names and Moodle worksheet. The shards grade without them; the
-    # roster travels as a copy in the plan's folder (``ROSTER``), which the merge job reads on its node.
+    # roster travels as a copy in the plan's folder named by its hash (``roster_copy``), which the merge job reads
+    # on its node. As on one host, a submit without --roster applies none (the course folder keeps the last).
     due: dict = field(default_factory=dict)  # lab → due date as given (``pipeline._due_dates`` reads it)
-    roster_sha: str | None = None            # the copy's, so a rerun with another roster merges again
+    roster_sha: str | None = None            # the --roster given with the submit that made or updated the plan
 
     def grading(self) -> dict:
         """The options that decide grades: a rerun must give the same ones to resume (a GPU measures speed
@@ -104,9 +105,10 @@ def slurm_dir(out: Path) -> Path:
     return Path(out) / "slurm"
 
 
-def roster_copy(out: Path) -> Path:
-    """The ``--roster`` the class was last submitted with, copied where every node sees it."""
-    return slurm_dir(out) / "roster.csv"
+def roster_copy(out: Path, sha: str) -> Path:
+    """A ``--roster`` the class was submitted with, copied where every node sees it; named by its hash, so a copy
+    a plan names is never replaced by another submit's."""
+    return slurm_dir(out) / f"roster-{sha[:16]}.csv"
 
 
 def shard_zip(out: Path, index: int) -> Path:
@@ -486,6 +488,17 @@ def _kept_in_course(out: Path, student: str, lab: str, saved: Path, result: Subm
     return result
 
 
+def _submitted_roster(out: Path, sha: str | None) -> list | None:
+    """The people of the roster given with the plan's submit (None: none given), from its copy."""
+    if not sha:
+        return None
+    copy = roster_copy(out, sha)
+    if not copy.is_file() or _sha(copy) != sha:
+        raise RuntimeError(f"{copy}, the --roster this class was submitted with, is missing or changed: rerun the "
+                           "same `fuselab grade --slurm` command with --roster to merge again")
+    return roster.read(copy)
+
+
 def merge_outputs(out: Path, plan: dict) -> int:
     """Every shard is complete: the class's gradebook, grades.csv, feedback and report, once per set of
     completions (``merged.json``)."""
@@ -493,6 +506,18 @@ def merge_outputs(out: Path, plan: dict) -> int:
     if (read_json(slurm_dir(out) / "merged.json") or {}).get("from") == completions:
         print("already merged")
         return 0
+    try:  # the course folder is one host's too (a regrade there, next week's lab): one run writes it at a time
+        lock = pipeline.lock_out(out)
+    except pipeline.GradingRefused as refused:
+        print(f"not merged: {refused}; then rerun the same `fuselab grade --slurm` command", file=sys.stderr)
+        return 1
+    try:
+        return _merge_locked(out, plan, completions)
+    finally:
+        lock.release()
+
+
+def _merge_locked(out: Path, plan: dict, completions: dict) -> int:
     options = plan["options"]
     results, models, graded_now, seen = {}, set(), 0, set()
     problems = [intake.Problem(**p) for p in plan["problems"]]
@@ -513,6 +538,10 @@ def merge_outputs(out: Path, plan: dict) -> int:
                                    f"{done_file(out, index)} and rerun the command to regrade it")
             results[(student, lab)] = SubmissionResult.from_json(saved_result)
             results[(student, lab)] = _kept_in_course(out, student, lab, saved, results[(student, lab)])
+    if not options["sandbox"] or any(unsandboxed.marked(shard_dir(out, i)) for i in range(plan["shards"])):
+        # the copies just made of results a --no-sandbox submission could have written: marked after them, so a
+        # sandboxed run into this folder never believes their claim of a sandboxed grading (``unsandboxed``)
+        unsandboxed.mark(out)
     reference = {}
     for model in sorted(models):
         for lab in sorted({lab for _, lab in results}):
@@ -521,7 +550,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
                 reference[lab if len(models) == 1 else f"{lab} on {model}"] = saved
     settings = pipeline.Settings(out=out, labs=options["labs"], feedback=options["feedback"])
     labs = [lab for lab in course.lab_names() if not options["labs"] or lab in options["labs"]]  # as on one host
-    people = roster.read(roster_copy(out)) if options.get("roster_sha") else None  # read at submit: it reads
+    people = _submitted_roster(out, options.get("roster_sha"))
     nbgrader_run.prepare_course(out / "course", labs)
     nbgrader_run.set_due_dates(out / "course" / "gradebook.db", pipeline._due_dates(options.get("due") or {}))
     nbgrader_run.add_students(out / "course" / "gradebook.db", sorted({e["student"] for e in plan["submissions"]}))
@@ -533,6 +562,7 @@ def merge_outputs(out: Path, plan: dict) -> int:
                                 lms_id=e.get("lms_id"), lms=e.get("lms"), submitted=e.get("submitted"))
               for e in plan["submissions"]]  # the staged notebooks are the shards' (the plan keeps no path)
     run_labs = options["labs"] or {e["lab"] for e in plan["submissions"]} | {p.lab for p in problems if p.lab}
+    pipeline._moodle_ids(settings, people)  # a Moodle worksheet's people get their ids by email, as on one host
     term.record_course(out, merged, set(results), problems, run_labs, people)
     pipeline.write_outputs(class_result, settings)
     write_json(slurm_dir(out) / "merged.json", {"from": completions, "merged": _now(), "results": len(results),
@@ -563,14 +593,12 @@ def submit(source, out: Path, options: Options, force: bool = False, roster_file
     pipeline.check_identities(Path(source), settings)  # a Moodle lab that would make the course's students new ones
     out.mkdir(parents=True, exist_ok=True)
     with locked(slurm_dir(out) / "submit.lock"):
-        if roster_file:
-            copy = roster_copy(out)
+        if roster_file:  # by its hash: a plan that names another copy still finds its own
+            options.roster_sha = _sha(roster_file)
+            copy = roster_copy(out, options.roster_sha)
             temporary = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
             shutil.copyfile(roster_file, temporary)
             os.replace(temporary, copy)
-            options.roster_sha = _sha(copy)
-        else:
-            options.roster_sha = (read_json(slurm_dir(out) / "plan.json") or {}).get("options", {}).get("roster_sha")
         plan = read_json(slurm_dir(out) / "plan.json")
         in_queue = queued(out) if plan else {"shards": {}, "merge": {}}
         busy = in_queue["shards"] or in_queue["merge"]
