@@ -473,6 +473,27 @@ def test_a_moodle_lab_merged_on_slurm_is_recorded_as_one_host_records_it(tmp_pat
     assert roster.email_id("bp@uni.edu") in _  # and listed in grades.csv
 
 
+def test_a_no_sandbox_class_merged_on_slurm_leaves_its_results_unbelieved(tmp_path, monkeypatch):
+    """A --no-sandbox class on the cluster: its submissions could write their own result.json (here one that claims
+    a sandboxed grading). The merge's copies in <out>/work are marked as one host's --no-sandbox run marks its
+    folder, so a later sandboxed run there grades them again rather than believe them."""
+    from fuselab.grading.records import unsandboxed
+    from fuselab.grading.run import slurm
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, device, settings, *a, **k:
+                        _fake_grade_lab(sub, settings.out))  # its result says "sandbox": true
+    monkeypatch.setattr(slurm, "queued", lambda out: {"shards": {}, "merge": {}})
+    monkeypatch.setattr(slurm, "submit_shards", lambda *a, **k: {"array": "1", "merge": "2"})
+    lab0, _ = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True)])
+    out = tmp_path / "cluster"
+    assert cli.main(["grade", str(lab0), "--slurm", "--no-sandbox", "--gpus-per-task", "0", "--out", str(out),
+                     "--labs", "lab0"]) == 0
+    assert slurm.run_shard(out, 0) == 0
+    assert slurm.merge_outputs(out, slurm.read_json(out / "slurm" / "plan.json")) == 0
+    [copy] = out.glob("work/*/lab0/result.json")
+    assert json.loads(copy.read_text())["sandbox"] is True and not unsandboxed.believed(copy, out)
+
+
 # ------------------------------------------------------------------------------------------------- the term
 
 CANVAS_ROSTER = ("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n"
