@@ -85,6 +85,8 @@ def test_filters_and_student_ids(tmp_path):
     subs, _ = intake.collect(root, tmp_path / "staging", LABS, students=["b"], only_labs=["lab1"])
     assert _found(subs) == [("b", "lab1")]
     assert intake.student_id("Zoë O'Neil ") == "Zo_O_Neil"
+    # the same name as a Mac writes it (a letter and a combining mark): the same student
+    assert intake.student_id("Zoe\u0308 O'Neil ") == intake.student_id("Zo\u00eb O'Neil") == "Zo_O_Neil"
 
 
 def test_a_moodle_name_that_holds_another_participants_number_is_never_theirs(tmp_path):

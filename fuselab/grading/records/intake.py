@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -100,7 +101,10 @@ class Problem:
 def student_id(raw: str) -> str:
     """An nbgrader-safe student id: letters, digits, ``_ . -``; case kept. Never starting with ``-``: nbgrader's
     command line would read ``--force`` or ``-rf`` as an option, and its run of that student would be lost."""
-    cleaned = re.sub(r"^[-._]+|[._]+$", "", re.sub(r"[^A-Za-z0-9_.-]+", "_", raw.strip()))
+    # composed first: a folder zipped on a Mac names "Zoë" as "Zoe" and a combining mark (NFD), elsewhere as one
+    # letter (NFC); both are one student's, so both give "Zo"
+    cleaned = re.sub(r"^[-._]+|[._]+$", "", re.sub(r"[^A-Za-z0-9_.-]+", "_",
+                                                   unicodedata.normalize("NFC", raw).strip()))
     return cleaned or "unnamed"
 
 
