@@ -122,13 +122,24 @@ def _oom_on_first_try(marker):
             "GPU 0 has a total capacity of 79.18 GiB of which 76.56 MiB is free.')\nassert answer() == 42")
 
 
-def test_a_test_that_ran_out_of_the_shared_gpus_memory_is_retried_alone(tmp_path):
+def _oom_in_a_hidden_test(marker):
+    # as a kernel worker's launch meets it: a RuntimeError carrying torch's words, raised inside a hidden test,
+    # whose message the student never sees (on an H100 with 14 sharing, a correct Lab 0 lost 3 points so)
+    return ("### BEGIN HIDDEN TESTS\n" + _oom_on_first_try(marker).replace("torch.OutOfMemoryError", "RuntimeError")
+            + "\n### END HIDDEN TESTS")
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_a_test_that_ran_out_of_the_shared_gpus_memory_is_retried_alone(tmp_path, hidden):
     marker = tmp_path / "gpu-full"
     marker.write_text("")
-    nb = _instructor([_cell(_oom_on_first_try(marker), "test_big", graded=True, points=2)])
+    source = (_oom_in_a_hidden_test if hidden else _oom_on_first_try)(marker)
+    nb = _instructor([_cell(source, "test_big", graded=True, points=2)])
     first = _run(nb, tmp_path / "first", **LIMITS)
     big = first.cells["test_big"]
-    assert big.points == 0 and big.status == "failed" and "OutOfMemoryError" in big.message
+    assert big.points == 0 and big.status == "failed"
+    assert "The GPU ran out of memory." in big.message and "512.00 MiB" not in big.message if hidden else \
+        "OutOfMemoryError" in big.message, big.message
     assert first.retries_due == ["test_big"] and big.retry["first_try"] == recheck.GPU_MEMORY_RAN_OUT
     result = _retry(first, nb, tmp_path)
     big = result.cells["test_big"]

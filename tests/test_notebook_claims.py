@@ -1027,6 +1027,37 @@ def test_the_ta_guides_time_without_a_gpu_is_the_saved_throughput_run():
     assert f"{each} each on the CPU emulation of an idle 2-core machine" in design, each
 
 
+def test_results_quotes_who_held_the_gpus_memory_at_b88b1fb():
+    """docs/RESULTS.md's table of who held the H100's memory, 10 and 14 sharing: each number is the raw file's."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    saved = json.loads((ROOT / "docs" / "results" / "throughput-h100-b88b1fb-memory.json").read_text())
+    assert saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    runs = {run["jobs"]: run for run in saved["throughput"]["runs"]}
+    assert sorted(runs) == [10, 14]
+    for jobs, run in runs.items():
+        count = len(run["submissions"])
+        assert count == 32 and f"**32 submission-labs**" in results
+        assert f"{run['phases']['submissions']['seconds_each']:.2f} s" in results
+        assert f"{run['full_marks']}/{count}" in results
+        assert f"{run['load_while_grading']['gpu_memory_peak_gib']} GiB" in results
+        memory = run["gpu_memory_by_process"]
+        for kind, row in memory["at_peak"].items():
+            assert f"{row['gib']:.2f} GiB in {row['processes']}" in results, (jobs, kind)
+        one = memory["one_process_peak_gib"]
+        assert (f"kernel worker {one['kernel worker']:.2f} GiB, checker {one['checker']:.2f} GiB, solution worker "
+                f"{one['solution worker']:.2f} GiB") in results
+    at_ten = runs[10]["gpu_memory_by_process"]["at_peak"]
+    share = at_ten["checker"]["gib"] / sum(row["gib"] for row in at_ten.values())
+    assert 0.7 <= share <= 0.8  # "about three quarters"
+    assert f"{at_ten['checker']['gib'] / at_ten['checker']['processes']:.1f} GiB each on average" in results
+    assert runs[14]["phases"]["submissions"]["seconds_each"] > runs[10]["phases"]["submissions"]["seconds_each"]
+    [lost] = [s for s in runs[14]["submissions"] if s["total"] < s["max_total"]]
+    assert lost["lab"] == "lab0" and lost["max_total"] - lost["total"] == 3.0
+    assert "your code raised RuntimeError by your kernel (its launcher mul)" in lost["lost"]["test_unfused"]
+    from fuselab.grading.recheck import clean
+    assert lost["retried"] == {"test_speedup": clean.GPU_MEMORY_RAN_OUT}
+
+
 def test_results_sets_the_2_core_run_against_the_one_before():
     """docs/RESULTS.md compares the 2-core run with 31d47a5's: both files' numbers, and reference runs slower on the
     later machine (what makes part of the difference the machine's)."""

@@ -94,12 +94,17 @@ def hidden_message(exc: BaseException, plan_cells: list) -> str:
     name = type(exc).__name__
     origin, raised = _origin(exc)
     where = _where(origin, plan_cells)
+    # said even where the rest of a hidden test's error is not: it names no input, and without it the grader could
+    # not tell a test that lost the shared GPU's memory to the others (``clean.retry_overruns`` runs it again
+    # alone) from one that failed on its own; a kernel worker's launch that met it arrives as a RuntimeError
+    memory = f" {GPU_MEMORY_RAN_OUT_SAID}" if any(says_gpu_memory_ran_out(str(link))
+                                                 for link in itertools.islice(_chain(exc), 8)) else ""
     if where and raised is not exc:
-        return f"{name} in a hidden test: your code raised {type(raised).__name__} {where}. {HIDDEN_NOTE}"
+        return f"{name} in a hidden test: your code raised {type(raised).__name__} {where}.{memory} {HIDDEN_NOTE}"
     if where:
-        return f"{name} in a hidden test, raised {where}. {HIDDEN_NOTE}"
+        return f"{name} in a hidden test, raised {where}.{memory} {HIDDEN_NOTE}"
     what = " (the test's check of your result failed)" if isinstance(exc, AssertionError) else ""
-    return f"{name} in a hidden test{what}. {HIDDEN_NOTE}"
+    return f"{name} in a hidden test{what}.{memory} {HIDDEN_NOTE}"
 
 
 def bound_names(cell: dict) -> set:
@@ -172,6 +177,7 @@ def _where(origin, plan_cells: list) -> str:
 # the errors torch and the CUDA libraries raise when an allocation on the GPU fails (``clean.retry_overruns`` runs
 # such a test again alone: on a shared GPU, the others' tensors may have taken the memory)
 GPU_MEMORY_ERRORS = ("outofmemoryerror", "out of memory", "alloc_failed", "erroralloc", "errormemoryallocation")
+GPU_MEMORY_RAN_OUT_SAID = "The GPU ran out of memory."  # a hidden test's words for it (``hidden_message``)
 
 
 def says_gpu_memory_ran_out(text: str) -> bool:
