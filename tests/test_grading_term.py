@@ -443,10 +443,9 @@ def test_a_slurm_class_takes_its_moodle_ids_and_due_dates_as_one_host_does(tmp_p
     assert plan["options"]["due"] == {"lab0": "2026-09-14T23:59"} and plan["options"]["roster_sha"]
 
 
-def test_a_moodle_lab_merged_on_slurm_is_recorded_as_one_host_records_it(tmp_path, monkeypatch):
-    """The same Moodle lab and grading worksheet, graded on one host and through --slurm's shard and merge (sbatch
-    replaced, the grading faked on both sides): the same students by email, the same entries (who is missing),
-    the same roster with the lab's participant numbers, the same grades.csv."""
+def _cluster_faked(monkeypatch):
+    """``slurm``, with sbatch and squeue replaced and the grading faked (``_fake_grade_lab``, into each run's own
+    folder: one host's, or a shard's), so a test runs ``run_shard`` and ``merge_outputs`` itself."""
     from fuselab.grading.run import slurm
     monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
     monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
@@ -454,6 +453,14 @@ def test_a_moodle_lab_merged_on_slurm_is_recorded_as_one_host_records_it(tmp_pat
                         _fake_grade_lab(sub, settings.out))
     monkeypatch.setattr(slurm, "queued", lambda out: {"shards": {}, "merge": {}})
     monkeypatch.setattr(slurm, "submit_shards", lambda *a, **k: {"array": "1", "merge": "2"})
+    return slurm
+
+
+def test_a_moodle_lab_merged_on_slurm_is_recorded_as_one_host_records_it(tmp_path, monkeypatch):
+    """The same Moodle lab and grading worksheet, graded on one host and through --slurm's shard and merge (sbatch
+    replaced, the grading faked on both sides): the same students by email, the same entries (who is missing),
+    the same roster with the lab's participant numbers, the same grades.csv."""
+    slurm = _cluster_faked(monkeypatch)
     lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True),
                                                   ("Bo Park", "bp@uni.edu", "1236", False)])
     one, cluster = tmp_path / "one", tmp_path / "cluster"
@@ -478,12 +485,7 @@ def test_a_no_sandbox_class_merged_on_slurm_leaves_its_results_unbelieved(tmp_pa
     a sandboxed grading). The merge's copies in <out>/work are marked as one host's --no-sandbox run marks its
     folder, so a later sandboxed run there grades them again rather than believe them."""
     from fuselab.grading.records import unsandboxed
-    from fuselab.grading.run import slurm
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, device, settings, *a, **k:
-                        _fake_grade_lab(sub, settings.out))  # its result says "sandbox": true
-    monkeypatch.setattr(slurm, "queued", lambda out: {"shards": {}, "merge": {}})
-    monkeypatch.setattr(slurm, "submit_shards", lambda *a, **k: {"array": "1", "merge": "2"})
+    slurm = _cluster_faked(monkeypatch)  # the fake grading's result says "sandbox": true
     lab0, _ = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True)])
     out = tmp_path / "cluster"
     assert cli.main(["grade", str(lab0), "--slurm", "--no-sandbox", "--gpus-per-task", "0", "--out", str(out),

@@ -476,15 +476,15 @@ def _kept_in_course(out: Path, student: str, lab: str, saved: Path, result: Subm
     folder (next week's lab), hand grades and ``fuselab export`` read the course's results there, never from the
     shards. A result there that was written after the shard's (a one-host regrade of that student since) stays,
     and is the one the outputs show: a merge run again for a new roster or due date never undoes it."""
-    target = out / "work" / student / lab / "result.json"
+    target, graded = out / "work" / student / lab / "result.json", saved.stat()
     try:
-        if target.stat().st_mtime > saved.stat().st_mtime:
+        if target.stat().st_mtime > graded.st_mtime:
             return SubmissionResult.from_json(json.loads(target.read_text()))
     except (OSError, ValueError, TypeError, AttributeError):
         pass  # none there, or none readable: the shard's
     target.parent.mkdir(parents=True, exist_ok=True)
     pipeline._write_result(target, result)
-    os.utime(target, (saved.stat().st_atime, saved.stat().st_mtime))  # as old as the grading it records
+    os.utime(target, (graded.st_atime, graded.st_mtime))  # as old as the grading it records
     return result
 
 
@@ -536,8 +536,8 @@ def _merge_locked(out: Path, plan: dict, completions: dict) -> int:
             if saved_result is None:
                 raise RuntimeError(f"{saved} is missing or unreadable although shard {index} finished: delete "
                                    f"{done_file(out, index)} and rerun the command to regrade it")
-            results[(student, lab)] = SubmissionResult.from_json(saved_result)
-            results[(student, lab)] = _kept_in_course(out, student, lab, saved, results[(student, lab)])
+            results[(student, lab)] = _kept_in_course(out, student, lab, saved,
+                                                      SubmissionResult.from_json(saved_result))
     if not options["sandbox"] or any(unsandboxed.marked(shard_dir(out, i)) for i in range(plan["shards"])):
         # the copies just made of results a --no-sandbox submission could have written: marked after them, so a
         # sandboxed run into this folder never believes their claim of a sandboxed grading (``unsandboxed``)
