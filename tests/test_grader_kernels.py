@@ -477,3 +477,86 @@ def test_a_refusal_is_flagged_from_the_checkers_own_error_and_a_hidden_test_neve
     flags = [f for f in result.flags if "kernel library" in f]
     assert flags == ["a kernel library was refused by the grader's check of native code (see the message of "
                      "test_hidden, test_visible)"], result.flags
+
+
+def test_at_a_tests_end_the_kernel_worker_lets_go_of_its_launches_copies():
+    """The worker keeps a launch's copies for the next call of the same sizes (a kernel meets the addresses it saw,
+    as in a student's own loop) until the test ends; then they go, with the caching allocator's blocks, for the
+    other submissions sharing the GPU. The checker asks only when the worker launched since it last let go, and
+    never asks a worker that is gone or poisoned."""
+    from fuselab.grading.recheck import kernel_worker
+    memory = transfer.make()
+    worker = kernel_worker.KernelWorker(memory)
+    first = worker.buffer(0, 64, "cpu")
+    assert worker.buffer(0, 64, "cpu").data_ptr() == first.data_ptr()  # within a test: the same memory
+    assert kernel_worker.REQUESTS["release"](worker) == ["ok", ["v", None]]
+    assert worker.buffers == {}
+
+    class Process:
+        gone = False
+
+        def __init__(self):
+            self.sent = []
+
+        def request(self, message):
+            self.sent.append(message)
+            return ["ok", ["v", None]]
+
+        def result(self, reply):
+            return None
+
+    host = kernels.KernelHost(Process(), memory)
+    host.release()
+    assert host.process.sent == []  # nothing launched: nothing to let go of
+    host.launches = 3
+    host.release()
+    host.release()
+    assert host.process.sent == [("release",)]
+    host.launches = 4
+    host.poisoned = True
+    host.release()
+    host.poisoned, host.process.gone = False, True
+    host.release()
+    assert host.process.sent == [("release",)]
+    host.transfer.unmap()
+    os.close(memory)
+
+
+def test_the_checker_lets_go_of_each_tests_gpu_memory_and_collects_a_failures_cycles(monkeypatch, tmp_path):
+    """After each graded cell (and only those), the checker has the kernel worker let go and returns its own
+    allocator's blocks; after a failed one it first collects the cycles a caught exception's frames make."""
+    import contextlib
+    import warnings
+    from fuselab.grading.recheck import cellrunner, cuda_waits, lazy_plots
+    monkeypatch.setattr(lazy_plots, "defer", lambda: None)
+    monkeypatch.setattr(cuda_waits, "sleep_in_waits", lambda: "")
+    monkeypatch.setattr(cellrunner, "_solution_process", lambda: None)
+    monkeypatch.setattr(cellrunner, "_cuda_poisoned", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as on a GPU, where the tests made CUDA's state
+    freed = []
+    monkeypatch.setattr(kernels, "_free_gpu_memory", lambda collect=True: freed.append(collect))
+
+    class Host:
+        ahead, current_source, host_writes, poisoned = (), "", [], False
+        process = type("Process", (), {"gone": False})()
+        released = 0
+
+        def release(self):
+            self.released += 1
+    host = Host()
+    monkeypatch.setattr(cellrunner, "_kernel_host", lambda: host)
+    cells = [{"index": 0, "grade_id": "setup", "source": "x = 1", "graded": False},
+             {"index": 1, "grade_id": "test_passes", "source": "assert x == 1", "graded": True},
+             {"index": 2, "grade_id": "helper", "source": "y = 2", "graded": False},
+             {"index": 3, "grade_id": "test_fails", "source": "assert x == 2", "graded": True}]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"cells": cells}))
+    read, write = os.pipe()
+    try:
+        with warnings.catch_warnings():  # the filters the checker sets for its process
+            assert cellrunner.main(str(plan), write) == 0
+    finally:
+        os.close(read)
+        with contextlib.suppress(OSError):
+            os.close(write)
+    assert host.released == 2 and freed == [False, True]

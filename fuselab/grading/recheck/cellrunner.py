@@ -114,6 +114,20 @@ def _unusable(host, worker=None) -> str:
     return ""
 
 
+def _let_go_of_test_memory(host, failed: bool) -> None:
+    """After a test: the GPU memory it used here (its inputs and float64 references, kept by PyTorch's caching
+    allocator once freed) and in the kernel worker (its launches' copies) goes back to the driver. Submissions
+    sharing a GPU share its memory, and a test's blocks are not the next test's sizes: kept, they were most of
+    what a grading held at its peak (``docs/RESULTS.md``)."""
+    if host is not None:
+        host.release()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        from .kernels import _free_gpu_memory
+        with contextlib.suppress(Exception):
+            _free_gpu_memory(collect=failed)  # a failure's traceback holds its frames' tensors in a cycle
+
+
 def _display(*objects, **_):
     for obj in objects:
         print(repr(obj))
@@ -238,6 +252,8 @@ def main(plan_path, channel_fd: int) -> int:
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
             to_grader.send(channel.Poisoned(index, cell["grade_id"], why))
             return 3
+        if cell["graded"]:
+            _let_go_of_test_memory(host, failed=error is not None)
     to_grader.send(channel.Done())
     return 0
 

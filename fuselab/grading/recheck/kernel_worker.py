@@ -15,7 +15,8 @@ buffers a launch sends back in its own memory, and bounds a speed measured here 
 Requests (pickles from the checker): ``("cell", label, source, values)``, ``("compile_ahead", builds)``,
 ``("build", kwargs)``,
 ``("launch", handle, launcher, places, args, kwargs)`` (the storages wait in ``transfer``'s memory), ``("thread_order", handle, order, seed)``,
-``("speed_warm",)``, ``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
+``("speed_warm",)``, ``("speed", source, test_id)``, ``("speed_batch", calls)``, ``("speed_end",)``,
+``("release",)``. Replies (``wire.dump_tree``): ``["ok", value]``,
 ``["built", handle, info]``, ``["refused", message]``, ``["poisoned", message]``, ``["raise", type, message]``
 or ``["raise", "fuselab", type, message]``. In the middle of a request, a timing here asks for the GPU with
 ``["lease"]`` and waits for the checker's answer (``_lease_from_checker``).
@@ -137,6 +138,13 @@ class KernelWorker:
             self.buffers[key] = torch.empty(size, dtype=torch.uint8, device=device)
         return self.buffers[key]
 
+    def release(self) -> list:
+        """A test is over: its launches' copies are let go and the caching allocator's blocks returned, so the
+        other submissions sharing the GPU can have them (a test's copies are not the next test's sizes)."""
+        self.buffers.clear()
+        _free_gpu_memory(collect=False)  # the copies are this dict's alone: no cycle holds them
+        return ["ok", ["v", None]]
+
     def thread_order(self, handle, order, seed) -> list:
         try:
             self.modules[handle].set_thread_order(order, seed)
@@ -225,7 +233,7 @@ def _error_record(exc: BaseException) -> list:
 REQUESTS = {"cell": KernelWorker.cell, "compile_ahead": KernelWorker.compile_ahead, "build": KernelWorker.build, "launch": KernelWorker.launch,
             "thread_order": KernelWorker.thread_order, "speed": KernelWorker.speed,
             "speed_batch": KernelWorker.speed_batch, "speed_end": KernelWorker.speed_end,
-            "speed_warm": KernelWorker.speed_warm}
+            "speed_warm": KernelWorker.speed_warm, "release": KernelWorker.release}
 
 
 @contextlib.contextmanager

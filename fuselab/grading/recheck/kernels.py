@@ -66,6 +66,7 @@ class KernelHost:
         self.poisoned = False        # a launch left the worker's CUDA context unusable
         self.current_source = ""     # the cell the checker is running (a speed test runs it in the worker)
         self.launches = 0
+        self.released = 0  # ``launches`` when the worker last let go of its copies (``release``)
         self.holding = False         # the grader's lease, taken for the worker's timing (``request``)
         # launchers whose host code wrote kernel memory outside a kernel (emulation): the cell that launched
         # them fails, and is flagged, even if it caught the error
@@ -129,6 +130,16 @@ class KernelHost:
         self.process.result(reply)  # raises what the launch raised
         for storage, (offset, size) in zip(storages, regions):  # only where, and as much as, the checker sent
             storage.copy_(self.transfer.region(offset, size))
+
+    def release(self) -> None:
+        """At a test's end: the worker lets go of the GPU memory its launches kept, if it launched since it last
+        did (``KernelWorker.release``). Never at the cost of the next cell: a gone or poisoned worker is the next
+        cell's to meet."""
+        if self.launches == self.released or self.process.gone or self.poisoned:
+            return
+        self.released = self.launches
+        with contextlib.suppress(Exception):
+            self.process.result(self.request(("release",)))
 
     def run_cell(self, label: str, source: str, namespace: dict, exports=()):
         """Run an instructor's cell that is not a test in the kernel worker too, after the solution values it may
@@ -285,11 +296,13 @@ def _synchronize():
         torch.cuda.synchronize()
 
 
-def _free_gpu_memory():
+def _free_gpu_memory(collect: bool = True):
     """Return what PyTorch's caching allocator keeps of tensors no longer used to the driver (other processes
-    sharing the GPU can then have it)."""
-    import gc
-    gc.collect()
+    sharing the GPU can then have it). ``collect``: first free what only reference cycles still hold (a caught
+    exception's frames, say); it costs some 30 ms of CPU with torch imported, so a test that passed skips it."""
+    if collect:
+        import gc
+        gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
