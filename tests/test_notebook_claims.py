@@ -1464,3 +1464,56 @@ def test_results_quotes_the_reverted_start_ahead_runs_of_6dcd33a():
                  f"**{len(retried)} Lab 0 speed tests ran out of the GPU's memory**",
                  f"GPU memory peaked at {t['load_while_grading']['gpu_memory_peak_gib']:.1f} GiB"):
         assert text in results, text
+
+
+def test_results_quotes_the_16_sharing_run_of_d7c7a9e():
+    """The H100 run at d7c7a9e, 16 sharing: the memory, the marks, the turns' share of the submissions phase and the
+    comparison with ad58618's 10 and b88b1fb's memory are the saved files' numbers."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    run = json.loads((folder / "throughput-h100-d7c7a9e-16.json").read_text())
+    assert run["env"]["commit"] == "d7c7a9e" and run["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    t = run["throughput"]
+    phases, count = t["phases"], t["phases"]["submissions"]["count"]
+    assert t["jobs"] == 16 and count == 120 and "one_student_regrade" not in run
+    assert f"**{t['full_marks']}/{count} full marks with 16 sharing an H100**" in results
+    retried = [s for s in t["submissions"] if s["retried"]]
+    assert all(s["total"] == s["max_total"] for s in retried)
+    assert f"{len(retried)} speed tests ran out of the shared memory and were run again alone" in results
+    assert all(set(s["retried"]) == {"test_speedup"} for s in retried)
+    memory = t["gpu_memory_by_process"]
+    at_peak, one = memory["at_peak"], memory["one_process_peak_gib"]
+    assert f"GPU memory at the peak ({t['load_while_grading']['gpu_memory_peak_gib']} GiB)" in results
+    for kind in ("checker", "kernel worker", "solution worker"):
+        assert f"{at_peak[kind]['gib']:.2f} GiB in {at_peak[kind]['processes']}" in results, kind
+    before = json.loads((folder / "throughput-h100-b88b1fb-memory.json").read_text())
+    [ten] = [r for r in before["throughput"]["runs"] if r["jobs"] == 10]
+    each = {name: r["gpu_memory_by_process"]["at_peak"]["checker"] for name, r in (("now", t), ("then", ten))}
+    each = {name: row["gib"] / row["processes"] for name, row in each.items()}
+    assert each["now"] < each["then"]
+    assert f"**{each['now']:.1f} GiB a checker on average**, against {each['then']:.1f} at b88b1fb" in results
+    assert (f"kernel worker {one['kernel worker']:.2f} GiB, checker {one['checker']:.2f} GiB): that is one hidden "
+            "test's own inputs") in results
+    then_one = ten["gpu_memory_by_process"]["one_process_peak_gib"]
+    assert abs(then_one["checker"] - one["checker"]) < 0.2 and abs(then_one["kernel worker"] - one["kernel worker"]) < 0.2
+
+    ad = json.loads((folder / "throughput-h100-ad58618.json").read_text())["throughput"]
+    assert ad["jobs"] == 10
+    each_now, each_ad = phases["submissions"]["seconds_each"], ad["phases"]["submissions"]["seconds_each"]
+    assert each_now > each_ad  # "16 sharing is slower"
+    assert (f"{phases['wall_seconds']:.0f} s all-in, submissions phase **{each_now:.2f} s** per submission-lab, "
+            f"against {ad['phases']['wall_seconds']:.1f} s and {each_ad:.2f} s for 10 sharing at ad58618") in results
+    load = t["load_while_grading"]
+    assert f"The CPU was {load['cpu_busy']:.0%} busy and the GPU {load['gpu_busy']:.0%}" in results.replace(" %", "%")
+    waits = [s["clean_timeline"].get("waiting for the GPU alone", 0.0) for s in t["submissions"]]
+    held = t["gpu_held_seconds_total"]
+    turns = sum(waits) + held
+    assert (f"({sum(waits) / len(waits):.2f} s on average, {sum(waits):.0f} s in all) and then holds it "
+            f"({held:.0f} s in all)") in results
+    assert f"for **{turns:.0f} s of the {phases['submissions']['seconds']:.0f} s** no other submission ran" in results
+    stopped = sorted(s["clean_timeline"].get("stopped for others' timings", 0.0) for s in t["submissions"])
+    median = (stopped[59] + stopped[60]) / 2
+    assert f"a median {median:.1f} s of its wall time stopped for others' timings" in results
+    by_process = t["cpu_by_process"]
+    assert (f"{phases['submissions']['cpu_seconds_each']:.2f} core-s by step, {_cpu_per_submission_lab(t):.1f} "
+            f"counted by process (of it {by_process['grader: limit watchers'] / count:.2f} core-s") in results
