@@ -784,3 +784,121 @@ def test_a_misspelled_student_is_said_before_a_sandbox_that_does_not_work(tmp_pa
     with pytest.raises(pipeline.GradingRefused, match="sandbox does not work"):
         pipeline.grade(tmp_path / "class", pipeline.Settings(out=out, students=["doejane_1003"], progress=False))
     assert checked == [1]
+
+
+def test_an_older_download_graded_again_never_replaces_a_resubmission(tmp_path, monkeypatch, capsys):
+    """Canvas's first download of a lab, graded again after its second (a resubmission in it): the older upload is
+    not graded over the newer one. The newer grade, notebook, late mark and entry stay, and a note says what was
+    skipped and how to grade it anyway; naming the student in a --force run does. The same holds by nbgrader's
+    times handed in, where the uploads have no Canvas numbers."""
+    first, second = tmp_path / "canvas-lab0.zip", tmp_path / "canvas-lab0-v2.zip"
+    honest, newer = course.LABS / "lab0" / "lab0.ipynb", course.SOLUTIONS / "lab0" / "lab0.ipynb"
+    with zipfile.ZipFile(first, "w") as zf:
+        zf.write(honest, "parkkim_1005_5005_lab0.ipynb")
+        zf.write(honest, "leeann_1004_5001_lab0.ipynb")
+    with zipfile.ZipFile(second, "w") as zf:
+        zf.write(honest, "parkkim_1005_5005_lab0.ipynb")
+        zf.write(newer, "parkkim_LATE_1005_5006_lab0-1.ipynb")
+        zf.write(honest, "leeann_1004_5001_lab0.ipynb")
+    out = tmp_path / "course"
+    graded = []
+
+    def grade(sub, *args, **kwargs):
+        graded.append((sub.student, pipeline._sha(Path(sub.notebook))))
+        return _fake_grade_lab(sub, out)
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", grade)
+    pipeline.grade(second, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    shas = dict(graded)  # of the notebooks as staged
+    newer_sha, honest_sha = shas["parkkim_1005"], shas["leeann_1004"]
+    assert len(graded) == 2 and newer_sha != honest_sha
+    staged = out / "submissions" / "parkkim_1005" / "lab0" / "lab0.ipynb"
+
+    def unchanged():
+        assert pipeline._sha(staged) == newer_sha  # the newer notebook stays where formgrader and resume read it
+        entry = term.load_entries(out)[("parkkim_1005", "lab0")]
+        assert entry.status == term.GRADED and entry.late and entry.where == "parkkim_LATE_1005_5006_lab0-1.ipynb"
+        saved = json.loads((out / "work" / "parkkim_1005" / "lab0" / "result.json").read_text())
+        assert saved["notebook_sha"] == newer_sha
+        assert _rows(out / "grades.csv")["parkkim_1005"]["lab0 status"] == "graded"
+
+    for force in (False, True):  # the whole class again from the first download, and a --force regrade of it
+        graded.clear()
+        pipeline.grade(first, pipeline.Settings(out=out, labs=["lab0"], force=force, progress=False))
+        assert [who for who, _ in graded] == (["leeann_1004"] if force else [])
+        unchanged()
+        said = capsys.readouterr().out + (out / "report.md").read_text()
+        assert "parkkim_1005/lab0: note: parkkim_1005_5005_lab0.ipynb: older than the upload of lab0 graded " \
+               "before (parkkim_LATE_1005_5006_lab0-1.ipynb)" in said.replace("**", "")
+        assert "--students parkkim_1005 --labs lab0 --force" in said
+
+    graded.clear()  # the TA names the student: the older upload is graded in the newer one's place
+    pipeline.grade(first, pipeline.Settings(out=out, labs=["lab0"], students=["parkkim_1005"], force=True,
+                                            progress=False))
+    assert graded == [("parkkim_1005", honest_sha)]
+    assert term.load_entries(out)[("parkkim_1005", "lab0")].where == "parkkim_1005_5005_lab0.ipynb"
+
+    # nbgrader's collected layout: the times handed in say which upload is older
+    later_out = tmp_path / "course-by-time"
+    for folder, given, when in (("new", newer, "2026-09-15 10:00:00 UTC"), ("old", honest, "2026-09-14 10:00:00 UTC")):
+        _write(tmp_path / folder / "ann" / "lab0" / "lab0.ipynb", given.read_text())
+        _write(tmp_path / folder / "ann" / "lab0" / "timestamp.txt", when)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, later_out))
+    pipeline.grade(tmp_path / "new", pipeline.Settings(out=later_out, labs=["lab0"], progress=False))
+    pipeline.grade(tmp_path / "old", pipeline.Settings(out=later_out, labs=["lab0"], progress=False))
+    saved = json.loads((later_out / "work" / "ann" / "lab0" / "result.json").read_text())
+    assert saved["notebook_sha"] == newer_sha and "older than the upload of lab0" in (later_out / "report.md").read_text()
+
+
+def test_a_download_of_another_lab_says_so(tmp_path, monkeypatch, capsys):
+    """``--labs lab0`` given lab 1's download: nothing is graded, and the run says which labs the download holds."""
+    source = tmp_path / "lab1-download"
+    _write(source / "ann" / "lab1" / "lab1.ipynb", (course.LABS / "lab1" / "lab1.ipynb").read_text())
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("nothing of lab0 to grade"))
+    pipeline.grade(source, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    said = capsys.readouterr().out + (out / "report.md").read_text()
+    assert "no notebook of lab0 in these submissions (it holds notebooks of lab1): nothing of lab0 was graded" in said
+
+
+def test_the_same_force_command_after_a_stop_finishes_the_regrade(tmp_path, monkeypatch):
+    """A ``--force`` regrade of the class stopped half-way: the same command again grades only what the stopped run
+    did not (what it graded is kept, as a resume keeps it); once finished, the command regrades everyone again."""
+    source = tmp_path / "class"
+    for who in ("ann", "bob", "cy", "dee"):
+        _write(source / who / "lab0" / "lab0.ipynb", (course.LABS / "lab0" / "lab0.ipynb").read_text())
+    out = tmp_path / "course"
+    graded, stop_after = [], [None]
+
+    def grade(sub, *args, **kwargs):
+        if stop_after[0] is not None and len(graded) >= stop_after[0]:
+            raise pipeline.GradingRefused("stopped")  # the run ends here, as Ctrl-C ends it
+        graded.append(sub.student)
+        return _fake_grade_lab(sub, out)
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", grade)
+
+    def run(**options):
+        graded.clear()
+        pipeline.grade(source, pipeline.Settings(out=out, labs=["lab0"], progress=False, cpu_workers=1, **options))
+        return sorted(graded)
+    assert run() == ["ann", "bob", "cy", "dee"]
+    stop_after[0] = 2
+    with pytest.raises(pipeline.GradingRefused):
+        run(force=True)
+    first_two = sorted(graded)
+    stop_after[0] = None
+    assert run(force=True) == sorted({"ann", "bob", "cy", "dee"} - set(first_two))
+    assert not (out / pipeline.FORCED_RUN).exists()
+    assert run(force=True) == ["ann", "bob", "cy", "dee"]  # finished: the command regrades anew
+    assert run() == []
+    stop_after[0] = 1  # another --force command (of the one student graded since) is not the stopped one's rest
+    with pytest.raises(pipeline.GradingRefused):
+        run(force=True)
+    [regraded] = graded
+    stop_after[0] = None
+    assert run(force=True, students=[regraded]) == [regraded]

@@ -486,3 +486,16 @@ def test_a_new_upload_sets_aside_the_hand_grades_it_made_stale(graded_run, monke
     monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("a kept result was regraded"))
     pipeline.grade(source, settings)  # recorded again: nothing more is set aside
     assert len((out / "course" / nbgrader_run.SET_ASIDE).read_text().splitlines()) == 2
+
+    def set_aside_said():
+        return sorted(re.findall(r"ann/lab0: \*\*hand grade set aside\*\*: (\w+):", (out / "report.md").read_text()))
+    # every later run still says them (a TA may not have read the run that set them aside), until a person grades
+    # the cell again: the answer, and the test whose new score the TA keeps by entering it
+    assert set_aside_said() == ["answer_sweep", "test_fused"]
+    _hand_grade(out, "ann", "answer_sweep", 0.0, "No answer.")
+    pipeline.grade(source, settings)
+    assert set_aside_said() == ["test_fused"]
+    _hand_grade(out, "ann", "test_fused", points=0.0)
+    pipeline.grade(source, settings)
+    assert set_aside_said() == []
+    assert len((out / "course" / nbgrader_run.SET_ASIDE).read_text().splitlines()) == 2  # the record stays whole

@@ -381,7 +381,7 @@ def _attention(class_result, standings, whole) -> list:
     for p in class_result.problems:
         this_run.add((p.student, p.lab or ""))
         attention.append([_t(f"{p.student or '?'}{'/' + p.lab if p.lab else ''}: "),
-                          _b("note" if p.of_the_run else "not graded"),
+                          _b("note" if p.note else "not graded"),
                           _t(f": {_cut(p.where, 300)}: {_cut(p.message, 500)}")] + whole(p.student, p.lab or ""))
     for s in standings:  # what an earlier run of the term could not grade: still to look at
         if s.status == term.NOT_GRADED and (s.student, s.lab) not in this_run and (s.student, "") not in this_run:
@@ -389,14 +389,14 @@ def _attention(class_result, standings, whole) -> list:
                               _t(f" (an earlier run): {_cut(s.why, 300)}")] + whole(s.student, s.lab))
     attention += [[_t(f"{student}/{lab}: feedback: {_cut(problem, 300)}")]
                   for student, lab, problem in getattr(class_result, "feedback_problems", [])]
-    # a hand grade given on an earlier upload that this one made stale: out of the gradebook, kept in the course
-    # folder's record of them (``nbgrader_run.SET_ASIDE``)
+    # a hand grade given on an earlier upload that a newer one made stale, until a person grades the cell again:
+    # out of the gradebook, kept in the course folder's record of them (``nbgrader_run.SET_ASIDE``)
     attention += [[_t(f"{a.student}/{a.lab}: "), _b("hand grade set aside"),
                    _t(f": {a.cell}: {'' if a.points is None else f'{a.points:g} points'}"
                       f"{', ' if a.points is not None and a.comment else ''}"
                       f"{f'comment {_cut(a.comment, 200)!r}' if a.comment else ''} given on an earlier upload; "
-                      f"{a.why}. Grade it again in formgrader if it still applies (kept in course/"
-                      f"{SET_ASIDE})")]
+                      f"{a.why}. Grade it again in formgrader (for a test whose new score stands, enter that "
+                      f"score): said here until you do (kept in course/{SET_ASIDE})")]
                   for a in getattr(class_result, "hand_grades_set_aside", [])]
     return attention + _not_on_the_roster(standings) + _to_grade_by_hand(standings)
 

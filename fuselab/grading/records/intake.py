@@ -93,6 +93,12 @@ class Problem:
     lab: str | None = None
     grader_failed: bool = False  # the grader's own failure, not the submission's: a run again grades it
     of_the_run: bool = False     # about the run itself (the shared builds changed), not about an upload
+    older_upload: bool = False   # an upload older than the one graded: skipped, the graded one's entry unchanged
+
+    @property
+    def note(self) -> bool:
+        """Told in the report's "to look at", and no entry of the course: no upload went ungraded for it."""
+        return self.of_the_run or self.older_upload
 
     def __post_init__(self):
         self.where, self.message = printable(self.where), printable(self.message)
@@ -436,13 +442,17 @@ def _class_folder(root: Path, labs: dict) -> Path:
 
 
 def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None, seen: set | None = None,
-            moodle_ids: dict | None = None):
+            moodle_ids: dict | None = None, graded: dict | None = None, labs_found: set | None = None):
     """Find every submission under ``source`` (a folder or a zip) and copy it to ``staging/<student>/<lab>/``.
 
     ``labs``: ``{lab: notebook file name}`` of the course. Returns ``(submissions, problems)``; ``seen``, where
     given, gets the id of every student in ``source`` (whatever ``students`` picks). ``moodle_ids``: ``{participant
     number: student id}`` from the lab's grading worksheet (``roster.by_email``): a Moodle entry whose number is
-    there gets that id, the same in every lab, instead of ``<Full Name>_<number>``.
+    there gets that id, the same in every lab, instead of ``<Full Name>_<number>``. ``graded``: ``{(student, lab):
+    (origin, submitted)}`` of the uploads the course folder graded: an upload older than that one
+    (``older_than_graded``) is not staged, so an earlier download graded again never replaces a resubmission's
+    grade or its notebook; a note says so. ``labs_found``, where given, gets every lab a notebook in ``source`` is
+    of (whatever ``only_labs`` picks).
     """
     source = Path(source)
     staging = Path(staging)
@@ -570,6 +580,8 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                 continue
             per_lab.setdefault(lab, []).append((path, origin))
         for lab, candidates in sorted(per_lab.items()):
+            if labs_found is not None:
+                labs_found.add(lab)
             if only_labs and lab not in only_labs:
                 continue
             earlier = []  # Canvas's earlier uploads of the notebook graded: listed on it, never dropped unsaid
@@ -582,6 +594,13 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                     continue
                 candidates, earlier = ordered[-1:], [printable(o) for _, o in ordered[:-1]]
             path, origin = candidates[0]
+            then = (graded or {}).get((student, lab))
+            if then and older_than_graded(printable(origin), _timestamp(path, root), then):
+                problems.append(Problem(origin, f"older than the upload of {lab} graded before ({then[0]}): not "
+                                                "graded, and the newer upload's grade stays. To grade this one in "
+                                                f"its place: --students {student} --labs {lab} --force",
+                                        student=student, lab=lab, older_upload=True))
+                continue
             why = check_notebook(path)
             if why:
                 if earlier:  # the student's latest word stands: an earlier upload is never graded in its place
@@ -618,6 +637,31 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
         problem.student = renamed.get(problem.student, problem.student)
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems
+
+
+def canvas_upload_number(origin: str) -> int | None:
+    """Canvas's number of an upload (a later upload has a larger one) from its name in Canvas's download
+    (``<student>_[LATE_]<id>_<upload>_<name>``, at the top of it), or None."""
+    if "/" in origin or ":" in origin or _MOODLE_FILE.match(origin):
+        return None
+    canvas = _CANVAS_ID.match(origin)
+    return int(canvas["file"]) if canvas else None
+
+
+def older_than_graded(origin: str, submitted: str | None, graded: tuple) -> bool:
+    """Whether an upload is older than the one graded (``graded``: its ``(origin, submitted)``), by what both say:
+    Canvas's upload numbers, else the times they were handed in. Where neither tells, it is not."""
+    then_origin, then_submitted = graded
+    mine, theirs = canvas_upload_number(origin), canvas_upload_number(then_origin or "")
+    if mine is not None and theirs is not None:
+        return mine < theirs
+    if submitted and then_submitted:
+        from nbgrader.utils import parse_utc
+        try:
+            return parse_utc(submitted) < parse_utc(then_submitted)
+        except Exception:  # noqa: BLE001 - a time that does not read as one tells nothing
+            return False
+    return False
 
 
 def canvas_uploads_in_order(candidates: list):

@@ -157,6 +157,39 @@ class SetAside:
     why: str
 
 
+def set_aside_waiting(course_root: Path) -> list:
+    """The hand grades set aside (``SET_ASIDE``) that nobody has graded again: each cell's last record, while the
+    gradebook holds no hand score on that cell (nor, for a comment alone, a comment). A TA's decision is theirs
+    to enter, so the report says each one until it is (for a test, the grader's score entered by hand keeps it)."""
+    from nbgrader.api import Gradebook, MissingEntry
+    try:
+        lines = (course_root / SET_ASIDE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    last: dict = {}
+    for line in lines:
+        try:
+            item = SetAside(**json.loads(line))
+        except (ValueError, TypeError):
+            continue
+        last[(item.student, item.lab, item.cell)] = item
+    if not last:
+        return []
+    waiting = []
+    with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
+        for item in last.values():
+            try:
+                notebook = gradebook.find_submission_notebook(Path(notebook_name(item.lab)).stem, item.lab,
+                                                              item.student)
+            except (MissingEntry, ValueError):  # a lab or student the gradebook no longer has
+                continue
+            scored = any(g.name == item.cell and g.manual_score is not None for g in notebook.grades)
+            commented = any(c.name == item.cell and (c.manual_comment or "").strip() for c in notebook.comments)
+            if not (scored or (item.points is None and commented)):
+                waiting.append(item)
+    return waiting
+
+
 def _cell_texts(notebook) -> dict | None:
     """grade_id → source text of a formgrader copy (a path, or the notebook itself); None where there is none."""
     if isinstance(notebook, Path):

@@ -100,8 +100,8 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
     run_labs = sorted(run_labs)
     new: dict = {}
     for problem in problems:
-        if problem.of_the_run:
-            continue  # about the run, not an upload: listed in the report's "to look at" of this run
+        if problem.note:
+            continue  # about the run, or an older upload skipped: listed in the report's "to look at" of this run
         student = problem.student or nobodys(problem.where)
         lab = problem.lab or (run_labs[0] if len(run_labs) == 1 else UNKNOWN_LAB)
         entry = new.get((student, lab))
@@ -129,6 +129,15 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
         entries.pop((student, UNKNOWN_LAB), None)  # now known for a lab
     save_entries(out, entries)
     return entries
+
+
+def graded_uploads(out: Path, keep_out=()) -> dict:
+    """``{(student, lab): (origin, submitted)}`` of the uploads the course folder graded (``intake.collect``'s
+    ``graded``), but for the students in ``keep_out``. A time a Moodle worksheet gave is not the download's, so it
+    is left out."""
+    from .roster import WORKSHEET
+    return {key: (entry.where, entry.submitted if entry.late_from != WORKSHEET else None)
+            for key, entry in load_entries(out).items() if entry.status == GRADED and key[0] not in keep_out}
 
 
 def by_participant_number(entry: Entry) -> bool:

@@ -249,7 +249,7 @@ def _grade_into(args, out: Path) -> int:
         print("\nran past a wall-clock limit (a busy machine?) or out of the shared GPU's memory, and were run again "
               "alone:\n" + "\n".join(retried))
     for problem in result.problems:
-        print(f"{'note' if problem.of_the_run else 'not graded'}: {shown(problem.where)}: {shown(problem.message)}")
+        print(f"{'note' if problem.note else 'not graded'}: {shown(problem.where)}: {shown(problem.message)}")
     if not args.students:  # a regrade of some students says nothing of the others
         line = missing_line(result.standings, {r.lab for r in result.results} | set(args.labs or []))
         if line:

@@ -639,9 +639,15 @@ def _grade(source, settings: Settings) -> ClassResult:
     # what is left of them once the course is set up.
     with ThreadPoolExecutor(max_workers=max(1, len(labs))) as pool:
         with run_progress.phase("course set-up", 2, "step", settings.progress) as bar:
+            # an upload older than the one graded is not graded over it, unless a --force regrade names its student
+            forced = settings.students if settings.force and settings.students else ()
+            labs_found: set = set()
             submissions, problems = intake.collect(Path(source), settings.out / "submissions", notebook_names,
                                                    students=settings.students, only_labs=labs, seen=seen,
-                                                   moodle_ids=moodle_ids)
+                                                   moodle_ids=moodle_ids,
+                                                   graded=term.graded_uploads(settings.out, keep_out=forced),
+                                                   labs_found=labs_found)
+            problems += _labs_not_found(settings.labs, labs_found, source)
             bar.update()
             _check_students(settings.students, seen, source)
             if settings.students:  # a run over some students changes nobody else's rows
@@ -681,14 +687,16 @@ def _grade(source, settings: Settings) -> ClassResult:
     clock = phase_done("reference runs", clock)
 
     todo, results = [], {}
+    forced_since = _forced_run(settings, source, labs)
     for sub in submissions:
         saved = settings.out / "work" / sub.student / sub.lab / "result.json"
-        if saved.exists() and not settings.force:
+        if saved.exists():
             try:
                 previous = json.loads(saved.read_text())
+                fresh = forced_since is None or saved.stat().st_mtime >= forced_since
             except (OSError, ValueError):
-                previous = {}
-            if isinstance(previous, dict) and _kept(previous, saved, sub, settings):
+                previous, fresh = {}, False
+            if fresh and isinstance(previous, dict) and _kept(previous, saved, sub, settings):
                 results[(sub.student, sub.lab)] = SubmissionResult.from_json(previous)
                 continue
         todo.append(sub)
@@ -734,7 +742,43 @@ def _grade(source, settings: Settings) -> ClassResult:
     class_result = ClassResult(out=settings.out, results=[results[k] for k in sorted(results)], problems=problems,
                                reference=reference, phase_seconds=phases, phase_spans=spans, phase_cpu=cpu,
                                graded_now=len(todo), workers=workers)
-    return write_outputs(class_result, settings, clock, lab_pages=lab_pages)
+    written = write_outputs(class_result, settings, clock, lab_pages=lab_pages)
+    (settings.out / FORCED_RUN).unlink(missing_ok=True)  # done: the same --force command again regrades anew
+    return written
+
+
+FORCED_RUN = Path("course") / "forced-run.json"  # a --force run not finished yet: what it was asked, since when
+
+
+def _forced_run(settings: Settings, source, labs) -> float | None:
+    """For a ``--force`` run, the time before which a saved result is graded again (None: a run without it keeps
+    every saved result of the same notebook). The same --force command run again after one was stopped finishes
+    it: what that run graded since it began is kept, as a resume keeps what a stopped run graded."""
+    if not settings.force:
+        return None
+    asked = {"source": str(Path(source).resolve()), "labs": sorted(labs), "students": sorted(settings.students or [])}
+    marker = settings.out / FORCED_RUN
+    try:
+        then = json.loads(marker.read_text())
+        if then.get("asked") == asked and isinstance(then.get("since"), (int, float)):
+            return float(then["since"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    since = time.time()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    temporary = marker.with_name(marker.name + f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"asked": asked, "since": since}))
+    os.replace(temporary, marker)
+    return since
+
+
+def _labs_not_found(asked, found: set, source) -> list:
+    """A note for each lab ``--labs`` asked for that no notebook in the submissions is of: another lab's download,
+    say, which would otherwise grade nothing and say nothing."""
+    held = f"it holds notebooks of {', '.join(sorted(found))}" if found else "it holds no lab's notebook"
+    return [intake.Problem(str(source), f"no notebook of {lab} in these submissions ({held}): nothing of {lab} was "
+                                        "graded; is it the download of another lab?", lab=lab, of_the_run=True)
+            for lab in sorted(set(asked or []) - found)]
 
 
 def check_names(source: Path, settings: Settings) -> None:
@@ -929,11 +973,13 @@ def _gradebook_and_feedback(class_result: ClassResult, settings: Settings, lab_p
     bar = run_progress.phase("gradebook", len(ordered), "submission", getattr(settings, "progress", False))
     # formgrader's copy is the notebook as submitted, its hidden tests cut (``nbgrader_run.record``): nbgrader's
     # feedback buttons render it
-    class_result.hand_grades_set_aside = nbgrader_run.record(course_root, [
+    nbgrader_run.record(course_root, [
         nbgrader_run.Recorded(result.student, result.lab, result.points, result.notebook,
                               getattr(late.get((result.student, result.lab)), "submitted", None))
         for result in ordered], progress=bar.update)
     bar.close()
+    # this run's and every earlier run's, until a TA grades the cell again in formgrader
+    class_result.hand_grades_set_aside = nbgrader_run.set_aside_waiting(course_root)
     # what teaching assistants entered in formgrader since: into grades.csv, the report and the feedback pages
     ordered = handgrading.apply(ordered, course_root / "gradebook.db")
     for result in ordered:  # what the LMS said (Canvas's LATE_, a worksheet's status), for the student's page

@@ -161,10 +161,11 @@ def _now() -> str:
 
 # --- planning: intake once, shards as zips ----------------------------------------------------------------------
 
-def intake_class(source: Path, options: Options, moodle_ids: dict | None = None) -> tuple:
+def intake_class(source: Path, options: Options, moodle_ids: dict | None = None, graded: dict | None = None) -> tuple:
     """The class's submissions as ``[{student, lab, sha, origin, path}]`` (sorted) and the intake's problems; the
     notebooks are copied into a temporary folder the caller removes. ``moodle_ids``: as one host's intake
-    (``pipeline._moodle_ids``: a Moodle worksheet's ids by email)."""
+    (``pipeline._moodle_ids``: a Moodle worksheet's ids by email); ``graded``: as one host's, the course folder's
+    graded uploads, none of which an older upload replaces (``term.graded_uploads``)."""
     labs = [lab for lab in course.lab_names() if not options.labs or lab in options.labs]
     unknown = sorted(set(options.labs or []) - set(labs))
     if unknown:
@@ -172,7 +173,8 @@ def intake_class(source: Path, options: Options, moodle_ids: dict | None = None)
     staging = Path(tempfile.mkdtemp(prefix="fuselab-intake-"))
     names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}
     submissions, problems = intake.collect(Path(source), staging / "submissions", names,
-                                           students=options.students, only_labs=labs, moodle_ids=moodle_ids)
+                                           students=options.students, only_labs=labs, moodle_ids=moodle_ids,
+                                           graded=graded)
     entries = sorted(({"student": s.student, "lab": s.lab, "sha": _sha(s.notebook), "origin": s.origin,
                        "path": str(s.notebook), "late": s.late, "lms_id": s.lms_id, "lms": s.lms,
                        "submitted": s.submitted} for s in submissions), key=lambda e: (e["student"], e["lab"]))
@@ -191,9 +193,10 @@ def split(entries: list, shards: int | None) -> list:
     return shard_of
 
 
-def write_plan(out: Path, source: Path, options: Options, moodle_ids: dict | None = None) -> dict:
+def write_plan(out: Path, source: Path, options: Options, moodle_ids: dict | None = None,
+               graded: dict | None = None) -> dict:
     """Intake once, write one zip per shard and ``plan.json``; the plan."""
-    entries, problems, staging = intake_class(source, options, moodle_ids)
+    entries, problems, staging = intake_class(source, options, moodle_ids, graded)
     try:
         if not entries:
             raise ValueError(f"no gradable submission under {source}" +
@@ -624,7 +627,9 @@ def submit(source, out: Path, options: Options, force: bool = False, roster_file
             plan["options"].update({k: v for k, v in asdict(options).items() if k not in options.grading()})
             write_json(slurm_dir(out) / "plan.json", plan)  # sbatch options may change between runs
         else:
-            plan = write_plan(out, source, options, moodle_ids)
+            # as on one host: an upload older than the one graded is not graded over it, unless --force names them
+            forced = options.students if force and options.students else ()
+            plan = write_plan(out, source, options, moodle_ids, term.graded_uploads(out, keep_out=forced))
         states = shard_states(out, plan, None)
         missing = [i for i, s in states.items() if s != "done"]
         if missing:
