@@ -1517,3 +1517,51 @@ def test_results_quotes_the_16_sharing_run_of_d7c7a9e():
     by_process = t["cpu_by_process"]
     assert (f"{phases['submissions']['cpu_seconds_each']:.2f} core-s by step, {_cpu_per_submission_lab(t):.1f} "
             f"counted by process (of it {by_process['grader: limit watchers'] / count:.2f} core-s") in results
+
+
+def test_results_quotes_the_runs_of_d762de5_and_its_base():
+    """The sample class at d762de5 and the 24-submission runs of d762de5 against 5ee7b83: the saved files' numbers,
+    the memory peak lower and the time within 2 %."""
+    results = squash((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    folder = ROOT / "docs" / "results"
+    saved = json.loads((folder / "selfcheck-h100-samples-d762de5.json").read_text())
+    assert saved["env"]["commit"] == "d762de5" and saved["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    samples = saved["samples"]
+    assert all(row["ok"] for row in samples["rows"]) and len(samples["rows"]) == 40 and samples["problems"] == []
+    assert (f"**40/40 samples got the grade they deserve on the H100**, {samples['seconds']:.0f} s. "
+            in results)
+    rows = samples["wall_bound"]["rows"]
+    ratios = [row["ratio"] for row in rows]
+    assert f"{min(ratios):.3f}–{max(ratios):.3f} over {len(ratios)} speed tests: the widest yet" in results
+    [capped] = [row for row in rows if row["capped"]]
+    assert capped["submission"] == "correct/lab1" and capped["ratio"] == max(ratios)
+    assert f"correct {capped['ratio']:.3f}, capped at the outside clock's {capped['wall']:.3f}×" in results
+    [correct] = [r for r in samples["rows"] if (r["sample"], r["lab"]) == ("correct", "lab1")]
+    assert correct["total"] == correct["max"] and correct["flags"] == 1  # "flagged for the TA, points unchanged"
+    [lying] = [row for row in rows if row["submission"] == "lying_int/lab1"]
+    assert f"lying_int {lying['ratio']:.3f}" in results
+    earlier = []
+    for path in folder.glob("selfcheck-h100-samples-*.json"):
+        if "d762de5" not in path.name:
+            earlier += [r["ratio"] for r in json.loads(path.read_text())["samples"]["wall_bound"]["rows"]
+                        if "lab1" in r["test"]]
+    assert max(ratios) > max(earlier)
+    assert f"Earlier H100 runs' Lab 1 ratios were at most {max(earlier):.3f}" in results
+
+    runs = {commit: json.loads((folder / f"throughput-h100-{commit}-24.json").read_text())["throughput"]
+            for commit in ("5ee7b83", "d762de5")}
+    for commit, run in runs.items():
+        phases = run["phases"]
+        assert run["jobs"] == 10 and phases["submissions"]["count"] == 24 and run["full_marks"] == 24
+    assert "**24 submission-labs**" in results
+    for label, value in (("submissions phase per submission-lab", lambda r: "%.2f s" % r["phases"]["submissions"]["seconds_each"]),
+                         ("CPU per submission-lab (by step)",
+                          lambda r: "%.2f core-s" % r["phases"]["submissions"]["cpu_seconds_each"]),
+                         ("GPU memory peak", lambda r: "%s GiB" % r["load_while_grading"]["gpu_memory_peak_gib"])):
+        row = " | ".join(value(runs[c]) for c in ("5ee7b83", "d762de5"))
+        assert f"| {label} | {row} |" in results, label
+    peaks = {c: r["load_while_grading"]["gpu_memory_peak_gib"] for c, r in runs.items()}
+    assert f"lowered the GPU's peak by **{peaks['5ee7b83'] - peaks['d762de5']:.1f} GiB**" in results
+    each = {c: r["phases"]["submissions"]["seconds_each"] for c, r in runs.items()}
+    cpu = {c: r["phases"]["submissions"]["cpu_seconds_each"] for c, r in runs.items()}
+    assert abs(each["d762de5"] / each["5ee7b83"] - 1) <= 0.02 and cpu["d762de5"] <= cpu["5ee7b83"]
