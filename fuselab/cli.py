@@ -23,9 +23,9 @@ def main(argv=None) -> int:
                            "under grader/runs)")
     hand.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     hand.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    from .grading.run.cli import add_parsers as add_grading_parsers
+    from .grading.run.cli import add_parsers as add_grading_parsers, parse
     add_grading_parsers(sub)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.command in ("grade", "export", "calibrate", "samples"):
         from .grading.run.cli import run as run_grading
         return run_grading(args)

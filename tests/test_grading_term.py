@@ -740,6 +740,17 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
         assert said in capsys.readouterr().err
     with pytest.raises(SystemExit, match="LAB=WHEN"):
         cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--due", "lab0"])
+    # a date and its time as two words (unquoted in a shell), after the submissions or before them
+    semicolons = _write(tmp_path / "semi.csv", "Student;ID;SIS User ID;Section\nAnn Lee;1;a1;S1\n")
+    for argv in (["grade", str(tmp_path / "class"), "--due", "lab0=2026-09-14", "23:59", "--out", str(out)],
+                 ["grade", "--due", "lab0=2026-09-14", "23:59", str(tmp_path / "class"), "--out", str(out)]):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(argv)
+        assert stopped.value.code == 2
+        assert "--due lab0=2026-09-14 23:59: a date and its time are one word, joined by a T: " \
+               "--due lab0=2026-09-14T23:59" in capsys.readouterr().err
+    assert cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--roster", str(semicolons)]) != 0
+    assert "separated by semicolons" in capsys.readouterr().err
     assert not (out / "work").exists() and not (out / "grades.csv").exists()
 
 

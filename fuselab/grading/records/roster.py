@@ -103,9 +103,13 @@ def read(path: Path) -> list:
                                "first_name": cell["first name"], "last_name": cell["last name"]})
         columns = {}
     else:
+        # a spreadsheet set to a language whose decimal mark is a comma saves "CSV" with semicolons: one column
+        semicolons = ("; its columns are separated by semicolons (a spreadsheet saved it so): give the LMS's own "
+                      "download, unedited, or save it as CSV with commas") if len(header) == 1 and ";" in header[0] \
+            else ""
         raise RosterError(f"{path}: not a roster this reads (its columns: {', '.join(printable(h) for h in header[:8])}"
-                          "). Give Canvas's gradebook export (Student, ID, ...) or Moodle's grading worksheet "
-                          "(Identifier, Full name, ...) or grade export (First name, Last name, ...)")
+                          f"{semicolons}). Give Canvas's gradebook export (Student, ID, ...) or Moodle's grading "
+                          "worksheet (Identifier, Full name, ...) or grade export (First name, Last name, ...)")
     for person in people:
         person["columns"] = columns  # Canvas: its assignment columns and their points, for the export
     return people

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -311,6 +312,21 @@ def retry_lines(results) -> list:
     return lines
 
 
+def parse(parser, argv):
+    """``parser.parse_args(argv)``, but a date and time given to ``--due`` as two words (``--due lab0=2026-09-14
+    23:59``) is said as such, not as argparse's "unrecognized arguments" (or the time taken for the submissions)."""
+    args, extra = parser.parse_known_args(argv)
+    # the time is left over, or taken for the submissions where they come after it
+    words = [w for w in (extra[:1] + [getattr(args, "submissions", None)]) if isinstance(w, str)]
+    time = next((w for w in words if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?\S*", w)), None)
+    if getattr(args, "due", None) and time:
+        parser.exit(2, f"fuselab grade: --due {args.due[-1]} {time}: a date and its time are one word, joined by "
+                       f"a T: --due {args.due[-1]}T{time}\n")
+    if extra:
+        parser.parse_args(argv)  # argparse's own error for anything else
+    return args
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader")
     sub = parser.add_subparsers(dest="command")
@@ -318,4 +334,4 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("grade", "export", "calibrate", "samples", "-h", "--help"):
         argv = ["grade", *argv]
-    return run(parser.parse_args(argv))
+    return run(parse(parser, argv))
