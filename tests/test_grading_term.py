@@ -913,3 +913,15 @@ def test_the_same_force_command_after_a_stop_finishes_the_regrade(tmp_path, monk
     [regraded] = graded
     stop_after[0] = None
     assert run(force=True, students=[regraded]) == [regraded]
+
+
+def test_the_consoles_table_says_a_late_penalty_beside_the_tests():
+    """The console's table is the tests' points; nbgrader's late penalty (set on the results by the outputs'
+    ``handgrading.apply``) comes off the lab's total in grades.csv, so the table says it on the lab's line."""
+    from fuselab.grading.records.results import CellResult, SubmissionResult
+    late = SubmissionResult("alice", "lab0", cells={"test_fused": CellResult(points=6.0, max_points=10.0)},
+                            total=6.0, max_total=10.0, late_penalty=6.0)
+    on_time = SubmissionResult("bob", "lab0", cells={"test_fused": CellResult(points=6.0, max_points=10.0)},
+                               total=6.0, max_total=10.0)
+    table = cli.grade_table([late, on_time]).splitlines()
+    assert table[0].endswith("fused=6/10  late penalty -6 (grades.csv)") and "late" not in table[1]

@@ -281,7 +281,9 @@ def grade_table(results) -> str:
     for r in map(SubmissionResult.of, results):
         tests = " ".join(f"{shown(k.replace('test_', ''))}={c.points:g}/{c.max_points:g}" for k, c in r.cells.items())
         flags = r.attention
-        lines.append(f"{shown(r.student + '/' + r.lab):<32} {r.total:>5g}/{r.max_total:<4g} {tests}"
+        # nbgrader's late penalty comes off the whole lab (grades.csv's total): said beside the tests' points
+        late = f"  late penalty -{r.late_penalty:g} (grades.csv)" if r.late_penalty else ""
+        lines.append(f"{shown(r.student + '/' + r.lab):<32} {r.total:>5g}/{r.max_total:<4g} {tests}{late}"
                      f"{'  [' + str(flags) + ' flag(s)]' if flags else ''}")
     return "\n".join(lines)
 
