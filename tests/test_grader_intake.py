@@ -339,3 +339,20 @@ def test_a_zip_member_nested_past_any_layout_is_said_and_the_class_is_graded(tmp
     assert _found(subs) == [("alice", "lab0"), ("mallory", "lab0")]
     assert len(problems) == 2 and all("1501 folders deep (at most 64)" in str(p) for p in problems), problems
     assert all(len(str(p)) < 600 for p in problems)  # the 3 KB name cut to its start and end
+
+
+def test_which_upload_is_older_by_canvas_numbers_or_times_handed_in():
+    """Canvas numbers every upload, a later one larger (a notebook in an uploaded zip is the zip's upload); where
+    either upload has no Canvas number, the times handed in decide, and where nothing tells, no upload is older."""
+    from fuselab.grading.records import intake
+    assert intake.canvas_upload_number("parkkim_LATE_1005_5006_lab0-1.ipynb") == 5006
+    assert intake.canvas_upload_number("parkkim_1005_5005_work.zip:lab0/lab0.ipynb") == 5005
+    for name in ("ann/lab0/lab0.ipynb", "ann.zip:lab0/lab0.ipynb", "Ann Lee_12_assignsubmission_file_lab0.ipynb"):
+        assert intake.canvas_upload_number(name) is None, name
+    older = intake.older_than_graded
+    assert older("p_1005_5005_work.zip:lab0.ipynb", None, ("p_1005_5006_lab0.ipynb", None))
+    assert not older("p_1005_5007_lab0.ipynb", "2026-01-01T00:00:00", ("p_1005_5006_lab0.ipynb", "2026-09-01T00:00:00"))
+    assert older("ann/lab0/lab0.ipynb", "2026-09-14T10:00:00", ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00+00:00"))
+    assert not older("ann/lab0/lab0.ipynb", "2026-09-16T10:00:00", ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00"))
+    assert not older("ann/lab0/lab0.ipynb", None, ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00"))
+    assert not older("ann/lab0/lab0.ipynb", "not a time", ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00"))

@@ -641,10 +641,12 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
 
 def canvas_upload_number(origin: str) -> int | None:
     """Canvas's number of an upload (a later upload has a larger one) from its name in Canvas's download
-    (``<student>_[LATE_]<id>_<upload>_<name>``, at the top of it), or None."""
-    if "/" in origin or ":" in origin or _MOODLE_FILE.match(origin):
+    (``<student>_[LATE_]<id>_<upload>_<name>``, at the top of it; a notebook in an uploaded zip, ``<zip's
+    name>:<member>``, is the zip's), or None."""
+    upload = origin.split(":", 1)[0]
+    if "/" in upload or _MOODLE_FILE.match(upload):
         return None
-    canvas = _CANVAS_ID.match(origin)
+    canvas = _CANVAS_ID.match(upload)
     return int(canvas["file"]) if canvas else None
 
 
