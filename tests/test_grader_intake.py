@@ -356,3 +356,16 @@ def test_which_upload_is_older_by_canvas_numbers_or_times_handed_in():
     assert not older("ann/lab0/lab0.ipynb", "2026-09-16T10:00:00", ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00"))
     assert not older("ann/lab0/lab0.ipynb", None, ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00"))
     assert not older("ann/lab0/lab0.ipynb", "not a time", ("ann/lab0/lab0.ipynb", "2026-09-15T10:00:00"))
+
+
+def test_a_timestamp_txt_in_an_lms_download_is_the_students_file_not_a_time(tmp_path):
+    """nbgrader's collected layout says when each notebook was handed in (``timestamp.txt``); in Moodle's download
+    that file is one more upload of the student's, whose date would set their late penalty and which of two
+    uploads counts as older: it is never read there."""
+    source = tmp_path / "class"
+    for folder in ("ann/lab0", "Bo Li_77_assignsubmission_file_/lab0"):
+        _write(source / folder / "lab0.ipynb")
+        (source / folder / "timestamp.txt").write_text("2030-01-01 00:00:00 UTC")
+    subs, problems = intake.collect(source, tmp_path / "staging", LABS)
+    when = {s.student: s.submitted for s in subs}
+    assert when == {"ann": "2030-01-01T00:00:00", "Bo_Li_77": None}, (when, problems)

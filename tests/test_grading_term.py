@@ -743,7 +743,9 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
     # a date and its time as two words (unquoted in a shell), after the submissions or before them
     semicolons = _write(tmp_path / "semi.csv", "Student;ID;SIS User ID;Section\nAnn Lee;1;a1;S1\n")
     for argv in (["grade", str(tmp_path / "class"), "--due", "lab0=2026-09-14", "23:59", "--out", str(out)],
-                 ["grade", "--due", "lab0=2026-09-14", "23:59", str(tmp_path / "class"), "--out", str(out)]):
+                 ["grade", "--due", "lab0=2026-09-14", "23:59", str(tmp_path / "class"), "--out", str(out)],
+                 ["grade", "--due=lab0=2026-09-14", "23:59", "--due", "lab1=2026-09-21T23:59", str(tmp_path / "class"),
+                  "--out", str(out)]):
         with pytest.raises(SystemExit) as stopped:
             cli.main(argv)
         assert stopped.value.code == 2
@@ -751,6 +753,8 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
                "--due lab0=2026-09-14T23:59" in capsys.readouterr().err
     assert cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--roster", str(semicolons)]) != 0
     assert "separated by semicolons" in capsys.readouterr().err
+    assert cli.main(["grade", str(tmp_path / "no-such-class"), "--out", str(tmp_path / "other")]) == 3
+    assert "no such folder or zip: " in capsys.readouterr().err and not (tmp_path / "other").exists()
     assert not (out / "work").exists() and not (out / "grades.csv").exists()
 
 
@@ -913,6 +917,11 @@ def test_the_same_force_command_after_a_stop_finishes_the_regrade(tmp_path, monk
     [regraded] = graded
     stop_after[0] = None
     assert run(force=True, students=[regraded]) == [regraded]
+    stop_after[0] = 2  # nor is the same command with other grading options (a longer test time, say)
+    with pytest.raises(pipeline.GradingRefused):
+        run(force=True)
+    stop_after[0] = None
+    assert run(force=True, cell_timeout=600.0) == ["ann", "bob", "cy", "dee"]
 
 
 def test_the_consoles_table_says_a_late_penalty_beside_the_tests():

@@ -238,6 +238,8 @@ def main(plan_path, channel_fd: int) -> int:
         if asker is not None and cell["graded"]:
             with asker(channel.MEMORY):  # what the submission holds as its test ends, checked before its verdict
                 pass
+        if cell["graded"]:  # within the test's time: a kernel of its own still running holds it up, not the next
+            _let_go_of_test_memory(host, failed=error is not None)
         records, seen = _new_grade_records(grade_log, seen)
         number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
         stdout, stderr = output["stdout"][-MAX_TEXT:], output["stderr"][-MAX_TEXT:]
@@ -252,8 +254,6 @@ def main(plan_path, channel_fd: int) -> int:
         if why:  # the next cells get a fresh checker and fresh workers (a cell may have swallowed the error)
             to_grader.send(channel.Poisoned(index, cell["grade_id"], why))
             return 3
-        if cell["graded"]:
-            _let_go_of_test_memory(host, failed=error is not None)
     to_grader.send(channel.Done())
     return 0
 

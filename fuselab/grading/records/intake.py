@@ -373,9 +373,16 @@ def _lms_facts(relative: Path) -> dict:
 
 def _timestamp(notebook: Path, within: Path) -> str | None:
     """nbgrader's ``timestamp.txt`` beside a submitted notebook (its own collected layout), as ISO 8601 UTC; None
-    where there is none or it does not read as a time. Read as data: at most a line, never followed as a link."""
+    where there is none or it does not read as a time. Read as data: at most a line, never followed as a link.
+    Never in an LMS's download: there a ``timestamp.txt`` is one more file the student uploaded (a date of their
+    choosing would set their late penalty, and which of two uploads is older)."""
     stamp = notebook.parent / "timestamp.txt"
     if notebook.parent == within or stamp.is_symlink() or not stamp.is_file():
+        return None
+    try:
+        if _lms_facts(notebook.relative_to(within)):
+            return None
+    except ValueError:  # not below the class folder (a notebook from a student's zip): no time of nbgrader's
         return None
     try:
         with open(stamp, "rb") as handle:

@@ -318,12 +318,14 @@ def parse(parser, argv):
     """``parser.parse_args(argv)``, but a date and time given to ``--due`` as two words (``--due lab0=2026-09-14
     23:59``) is said as such, not as argparse's "unrecognized arguments" (or the time taken for the submissions)."""
     args, extra = parser.parse_known_args(argv)
-    # the time is left over, or taken for the submissions where they come after it
-    words = [w for w in (extra[:1] + [getattr(args, "submissions", None)]) if isinstance(w, str)]
-    time = next((w for w in words if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?\S*", w)), None)
-    if getattr(args, "due", None) and time:
-        parser.exit(2, f"fuselab grade: --due {args.due[-1]} {time}: a date and its time are one word, joined by "
-                       f"a T: --due {args.due[-1]}T{time}\n")
+    if getattr(args, "due", None):
+        words = list(argv or [])
+        for i, word in enumerate(words):
+            value = words[i - 1][len("--due="):] if i >= 1 and words[i - 1].startswith("--due=") else \
+                words[i - 1] if i >= 2 and words[i - 2] == "--due" else None
+            if value and "=" in value and re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?(Z|[+-]\d{2}:?\d{2})?", word):
+                parser.exit(2, f"fuselab grade: --due {value} {word}: a date and its time are one word, joined by "
+                               f"a T: --due {value}T{word}\n")
     if extra:
         parser.parse_args(argv)  # argparse's own error for anything else
     return args

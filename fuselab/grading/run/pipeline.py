@@ -551,6 +551,9 @@ def keep_references(reference: dict, settings: Settings) -> None:
 def grade(source, settings: Settings) -> ClassResult:
     """Grade every submission under ``source`` (a folder or a zip); see the module doc. Raises ``GradingRefused``
     (before anything is graded) for a sandbox that does not work, an ``--out`` in use or in the wrong place."""
+    if not Path(source).exists():  # said before anything is written (a course folder, its lock)
+        raise GradingRefused(f"no such folder or zip: {source} (give the class's submissions: the LMS's download, "
+                             "or a folder of <student>/<lab>/<notebook>.ipynb)")
     check_out(settings.out, Path(source))
     check_source(Path(source), settings)
     check_names(Path(source), settings)  # a misspelled name is said first: before a sandbox that may not work
@@ -687,7 +690,7 @@ def _grade(source, settings: Settings) -> ClassResult:
     clock = phase_done("reference runs", clock)
 
     todo, results = [], {}
-    forced_since = _forced_run(settings, source, labs)
+    forced_since = _forced_run(settings, source, labs, devices[0])
     for sub in submissions:
         saved = settings.out / "work" / sub.student / sub.lab / "result.json"
         if saved.exists():
@@ -750,13 +753,22 @@ def _grade(source, settings: Settings) -> ClassResult:
 FORCED_RUN = Path("course") / "forced-run.json"  # a --force run not finished yet: what it was asked, since when
 
 
-def _forced_run(settings: Settings, source, labs) -> float | None:
+# What a --force run's verdicts depend on besides the notebooks: its grading options (``_forced_run``)
+GRADING_OPTIONS = ("gpus", "jobs_per_gpu", "cpu_workers", "cell_timeout", "submission_timeout", "cell_wall_timeout",
+                   "submission_wall_timeout", "memory_bytes", "sandbox", "shared_builds", "remeasure_references")
+
+
+def _forced_run(settings: Settings, source, labs, device) -> float | None:
     """For a ``--force`` run, the time before which a saved result is graded again (None: a run without it keeps
     every saved result of the same notebook). The same --force command run again after one was stopped finishes
-    it: what that run graded since it began is kept, as a resume keeps what a stopped run graded."""
+    it: what that run graded since it began is kept, as a resume keeps what a stopped run graded. The same: the
+    same submissions, labs, students and grading options, on the same course (each lab's instructor folder and the
+    package, the machine and torch: ``reference_cache.key``); anything else regrades everything it names."""
     if not settings.force:
         return None
-    asked = {"source": str(Path(source).resolve()), "labs": sorted(labs), "students": sorted(settings.students or [])}
+    asked = {"source": str(Path(source).resolve()), "labs": sorted(labs), "students": sorted(settings.students or []),
+             "options": {name: repr(getattr(settings, name)) for name in GRADING_OPTIONS},
+             "course": {lab: reference_cache.key(lab, device) for lab in sorted(labs)}}
     marker = settings.out / FORCED_RUN
     try:
         then = json.loads(marker.read_text())
