@@ -317,18 +317,16 @@ def retry_lines(results) -> list:
 def parse(parser, argv):
     """``parser.parse_args(argv)``, but a date and time given to ``--due`` as two words (``--due lab0=2026-09-14
     23:59``) is said as such, not as argparse's "unrecognized arguments" (or the time taken for the submissions)."""
-    args, extra = parser.parse_known_args(argv)
+    args, _ = parser.parse_known_args(argv)
     if getattr(args, "due", None):
-        words = list(argv or [])
+        words = list(sys.argv[1:] if argv is None else argv)
         for i, word in enumerate(words):
             value = words[i - 1][len("--due="):] if i >= 1 and words[i - 1].startswith("--due=") else \
                 words[i - 1] if i >= 2 and words[i - 2] == "--due" else None
             if value and "=" in value and re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?(Z|[+-]\d{2}:?\d{2})?", word):
                 parser.exit(2, f"fuselab grade: --due {value} {word}: a date and its time are one word, joined by "
                                f"a T: --due {value}T{word}\n")
-    if extra:
-        parser.parse_args(argv)  # argparse's own error for anything else
-    return args
+    return parser.parse_args(argv)  # argparse's own reading, and its error for anything else
 
 
 def main(argv=None) -> int:
