@@ -601,8 +601,9 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                     continue
                 candidates, earlier = ordered[-1:], [printable(o) for _, o in ordered[:-1]]
             path, origin = candidates[0]
+            submitted = _timestamp(path, root)
             then = (graded or {}).get((student, lab))
-            if then and older_than_graded(printable(origin), _timestamp(path, root), then):
+            if then and older_than_graded(printable(origin), submitted, then):
                 problems.append(Problem(origin, f"older than the upload of {lab} graded before ({then[0]}): not "
                                                 "graded, and the newer upload's grade stays. To grade this one in "
                                                 f"its place: --students {student} --labs {lab} --force",
@@ -622,7 +623,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                           late=facts.get(student, {}).get("late", False),
                                           lms_id=facts.get(student, {}).get("lms_id"),
                                           lms=facts.get(student, {}).get("lms"),
-                                          submitted=_timestamp(path, root)))
+                                          submitted=submitted))
             if earlier:
                 submissions[-1].warnings.append(f"Canvas's latest upload for {lab} was graded: {printable(origin)}; "
                                                 f"not graded, as earlier uploads: {', '.join(earlier)}")
