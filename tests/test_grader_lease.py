@@ -678,3 +678,55 @@ def test_a_child_that_ended_is_never_signalled_by_its_pid(monkeypatch):
             child.stop()
             child.wait()
     assert signalled == [([running.process.pid], signal.SIGSTOP), ([running.process.pid], signal.SIGCONT)]
+
+
+def test_a_timing_waiting_takes_the_gpu_straight_on_and_the_others_stay_stopped(tmp_path, monkeypatch):
+    # Resumed between two timings, the others would queue GPU work the next idle wait must drain: the GPU passes
+    # from one timing to the next waiting with the others stopped throughout, the first holder stopped in its turn.
+    import signal
+    import threading
+    monkeypatch.setattr(lease, "gpu_busy_percent", lambda device: None)
+    shared = lease.DeviceLease("0")
+    counters = {name: tmp_path / name for name in ("first", "second", "other")}
+    children = {name: isolate.Child([sys.executable, "-c", COUNTER, str(path)], limits=_limits(), registry=shared)
+                for name, path in counters.items()}
+    signalled = []
+    real = lease._signal_trees
+    monkeypatch.setattr(lease, "_signal_trees",
+                        lambda roots, sig: signalled.append((sorted(roots), sig)) or real(roots, sig))
+
+    def read(name):
+        return int(counters[name].read_text() or 0)
+
+    def runs(name):  # its counter moves within half a second
+        before = read(name)
+        time.sleep(0.5)
+        return read(name) > before
+    try:
+        for path in counters.values():
+            _wait_for_file(path)
+        assert shared.acquire(children["first"]) is not None
+        second = threading.Thread(target=shared.acquire, args=(children["second"],))
+        second.start()
+        deadline = time.monotonic() + 10
+        while shared._waiting == 0:
+            assert time.monotonic() < deadline, "the second timing never waited"
+            time.sleep(0.01)
+        assert runs("first") and not runs("second") and not runs("other")
+        shared.release()          # handed on: the second timing takes the GPU
+        second.join(timeout=10)
+        assert not second.is_alive()
+        assert runs("second") and not runs("first") and not runs("other")
+        shared.release()          # nobody waits: everyone runs again
+        assert all(runs(name) for name in counters)
+        paused = {name: shared.stopped_seconds(child) for name, child in children.items()}
+    finally:
+        for child in children.values():
+            child.stop()
+            child.wait()
+    pid = {name: child.process.pid for name, child in children.items()}
+    # the other submission: stopped once, resumed once, its pause the two timings together
+    assert [sig for roots, sig in signalled if pid["other"] in roots] == [signal.SIGSTOP, signal.SIGCONT]
+    assert [sig for roots, sig in signalled if pid["first"] in roots] == [signal.SIGSTOP, signal.SIGCONT]
+    assert [sig for roots, sig in signalled if pid["second"] in roots] == [signal.SIGSTOP, signal.SIGCONT]
+    assert paused["other"] >= 2.0 and paused["first"] >= 1.0 and 1.0 <= paused["second"] < paused["other"]

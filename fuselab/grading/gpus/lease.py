@@ -4,7 +4,9 @@ Building, nbgrader's run and the correctness checks of a few submissions can sha
 measurement cannot. So a graded timing asks for a *lease* on its GPU: the grader stops (``SIGSTOP``) every other
 process tree it runs on that GPU, waits until the GPU has no kernel running (NVML's utilisation reads 0), lets
 the timing run, and resumes the others (``SIGCONT``). One timing per GPU at a time; the stopped ones lose a few
-seconds of wall time and nothing else.
+seconds of wall time and nothing else. Where another timing is already waiting, the GPU passes straight to it and
+the others stay stopped: their queued work drained before the first timing began, so the next idle wait is only
+for the GPU's own clock to see the last timing end (resumed and stopped again, each would queue more work first).
 
 The timing runs in the clean recheck's child (its checker), which asks on its channel to the grader and reads the
 grant from a pipe the grader opened for it before it started (``recheck.channel``: ``Ask``, ``GiveBack``,
@@ -119,6 +121,7 @@ class DeviceLease:
         self._holder = None
         self._stopped: dict = {}      # child → (root pid, since) for the current timing
         self._stopped_s: dict = {}    # child → seconds it spent stopped, finished pauses
+        self._waiting = 0             # timings waiting for ``_timing``: a release hands the GPU on to one of them
 
     def register(self, child) -> None:
         """A child process (``isolate.Child``) started on this GPU; stopped at once if a timing is running."""
@@ -133,11 +136,23 @@ class DeviceLease:
     def _stop_all(self, children) -> None:
         now = time.monotonic()
         # a child whose process ended and was reaped (``poll``) but is not yet unregistered (``wait``): its pid is
-        # free for any process, a thread of the grader's own among them (stopping that would stop the grader)
-        children = [child for child in children if child.process.returncode is None]
+        # free for any process, a thread of the grader's own among them (stopping that would stop the grader);
+        # one stopped already (for the timing before, handed on) keeps its pause as it is
+        children = [child for child in children if child.process.returncode is None and child not in self._stopped]
         for child in children:
             self._stopped[child] = (child.process.pid, now)  # first: whatever happens, it is resumed
         _signal_trees([child.process.pid for child in children], signal.SIGSTOP)
+
+    def _resume(self, children) -> None:
+        """Resume those of ``children`` that are stopped, their pauses counted (from the leaves up)."""
+        now = time.monotonic()
+        stopped = [(child, self._stopped.pop(child)) for child in children if child in self._stopped]
+        if not stopped:
+            return
+        for child, (pid, since) in stopped:
+            self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
+        with contextlib.suppress(OSError):
+            _signal_trees([pid for child, (pid, _) in stopped if child.process.returncode is None], signal.SIGCONT)
 
     def unregister(self, child) -> None:
         with self._lock:
@@ -177,14 +192,22 @@ class DeviceLease:
 
         def waited():
             return time.monotonic() - entered - (self.stopped_seconds(holder) - stopped_before)
+        own = {holder, *getattr(holder, "companions", ())}
         while True:
-            self._timing.acquire()
+            with self._lock:
+                self._waiting += 1
+            try:
+                self._timing.acquire()
+            finally:
+                with self._lock:
+                    self._waiting -= 1
             try:
                 time.sleep(max(0.0, self._cooldown_until - time.monotonic()))  # nobody is stopped meanwhile
                 with self._lock:
                     self._holder = holder
-                    self._stop_all([child for child in self._children
-                                    if child is not holder and child not in getattr(holder, "companions", ())])
+                    # handed on from the timing before: its holder was stopped for it, everyone else still is
+                    self._resume([child for child in self._stopped if child in own])
+                    self._stop_all([child for child in self._children if child not in own])
                 busy = wait_until_idle(self.device, self.settle_s)
                 if not busy:
                     return waited(), ""
@@ -193,9 +216,9 @@ class DeviceLease:
                                       f"every other submission stopped at each try ({give_up_why}): this timing "
                                       "may be disturbed")
             except BaseException:
-                self.release()
+                self.release(hand_on=False)
                 raise
-            self.release()  # everyone runs again during the cool-down, the culprit towards its own time limit
+            self.release(hand_on=False)  # everyone runs during the cool-down, the culprit towards its time limit
             self._cooldown_until = time.monotonic() + 2 * self.settle_s
             if not holder.alive():
                 return None
@@ -220,16 +243,14 @@ class DeviceLease:
         foreign = [p for p in on_gpu if p not in ours and os.path.exists(f"/proc/{p}")]
         return sharing, foreign
 
-    def release(self) -> None:
+    def release(self, hand_on: bool = True) -> None:
+        """End the timing: everyone resumes, unless (``hand_on``) another timing waits to take the GPU next, which
+        then resumes its own and stops the one just ended."""
         try:
             with self._lock:
-                now = time.monotonic()
-                stopped, self._stopped, self._holder = self._stopped, {}, None
-                for child, (pid, since) in stopped.items():
-                    self._stopped_s[child] = self._stopped_s.get(child, 0.0) + now - since
-                with contextlib.suppress(OSError):
-                    _signal_trees([pid for child, (pid, _) in stopped.items() if child.process.returncode is None],
-                                  signal.SIGCONT)
+                self._holder = None
+                if not (hand_on and self._waiting):
+                    self._resume(list(self._stopped))
         finally:
             self._timing.release()
 
