@@ -369,3 +369,25 @@ def test_a_timestamp_txt_in_an_lms_download_is_the_students_file_not_a_time(tmp_
     subs, problems = intake.collect(source, tmp_path / "staging", LABS)
     when = {s.student: s.submitted for s in subs}
     assert when == {"ann": "2030-01-01T00:00:00", "Bo_Li_77": None}, (when, problems)
+
+
+def test_an_empty_zip_or_folder_is_a_note_of_the_run_not_a_student(tmp_path):
+    # An empty download unpacked to no folder at all, which the walk reported as an unreadable upload of
+    # "(no student) ." kept in the term's records for good. It is a note about this run, and nobody's row.
+    empty_zip = tmp_path / "empty.zip"
+    zipfile.ZipFile(empty_zip, "w").close()
+    empty_folder = tmp_path / "empty"
+    empty_folder.mkdir()
+    for source, kind in ((empty_zip, "zip"), (empty_folder, "folder")):
+        subs, problems = intake.collect(source, tmp_path / f"staging-{kind}", LABS)
+        assert subs == []
+        [problem] = problems
+        assert problem.note and problem.student is None
+        assert f"the {kind} holds no files" in problem.message
+    # a zip holding only a folder is not empty of students' files: its folder is said as it is
+    only_folder = tmp_path / "folder-only.zip"
+    with zipfile.ZipFile(only_folder, "w") as zf:
+        zf.writestr("alice/lab0.ipynb", json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                    "nbformat_minor": 5}))
+    subs, problems = intake.collect(only_folder, tmp_path / "staging-one", LABS)
+    assert not any("holds no files" in p.message for p in problems)

@@ -472,6 +472,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     if source.is_file():
         root = unpacked / "root"
         extracted = safe_extract(source, root, budget)
+        root.mkdir(parents=True, exist_ok=True)  # an empty zip unpacks to nothing: a class folder of no files
         root = _class_folder(root.resolve(), labs)
         problems += [_zip_problem(source, p, root, unpacked / "root") for p in extracted]
     else:
@@ -484,7 +485,9 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     facts: dict = {}        # student id → what the LMS's names say (lms_id, late)
     renamed: dict = {}      # a Moodle entry's <Full Name>_<number> → its id by email (``moodle_ids``)
     unreadable: list = []
+    files = 0
     for relative in _files(root, unreadable):
+        files += 1
         path = root / relative
         if len(_MOODLE_MARK.findall(relative.parts[0])) > 1:
             # a Moodle name holds the student's full name, which a student may be able to edit, before its own
@@ -553,6 +556,9 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
 
     if seen is not None:
         seen.update(raw_owners)
+    if not files and not unreadable and not problems:
+        problems.append(Problem(str(source), f"the {'zip' if source.is_file() else 'folder'} holds no files: "
+                                             "nothing was graded; is it the right download?", of_the_run=True))
     for error in unreadable:
         problems.append(_unreadable(error, root))
     for student, relative, below in others:  # a student with no notebook at all: the wrong file is the reason
