@@ -934,3 +934,65 @@ def test_the_consoles_table_says_a_late_penalty_beside_the_tests():
                                total=6.0, max_total=10.0)
     table = cli.grade_table([late, on_time]).splitlines()
     assert table[0].endswith("fused=6/10  late penalty -6 (grades.csv)") and "late" not in table[1]
+
+
+def test_a_student_renamed_in_canvas_between_two_labs_stays_one_student(tmp_path, monkeypatch):
+    """Canvas names a download's files after the student's name that week and their Canvas id: a student renamed
+    between lab 0 and lab 1 (Lee Ann, then Park Ann, id 1004) is one student of the course, one row of grades.csv
+    and one row of Canvas's import, and lab 0's download graded again keeps its grade where it was."""
+    lab0, lab1 = tmp_path / "canvas-lab0.zip", tmp_path / "canvas-lab1.zip"
+    with zipfile.ZipFile(lab0, "w") as zf:
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "leeann_1004_5004_lab0.ipynb")
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "smithjohn_1002_5002_lab0.ipynb")
+    with zipfile.ZipFile(lab1, "w") as zf:
+        zf.write(course.LABS / "lab1" / "lab1.ipynb", "parkann_1004_6004_lab1.ipynb")
+        zf.write(course.LABS / "lab1" / "lab1.ipynb", "smithjohn_1002_6002_lab1.ipynb")
+    out = tmp_path / "course"
+    graded = []
+
+    def grade(sub, *args, **kwargs):
+        graded.append((sub.student, sub.lab))
+        return _fake_grade_lab(sub, out)
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", grade)
+    pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], progress=False))
+    pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], progress=False))
+    assert sorted(graded) == [("leeann_1004", "lab0"), ("leeann_1004", "lab1"), ("smithjohn_1002", "lab0"),
+                              ("smithjohn_1002", "lab1")]
+    entries = term.load_entries(out)
+    assert {student for student, _ in entries} == {"leeann_1004", "smithjohn_1002"}
+    assert entries[("leeann_1004", "lab1")].where == "parkann_1004_6004_lab1.ipynb"
+    rows = _rows(out / "grades.csv")
+    assert set(rows) == {"leeann_1004", "smithjohn_1002"}
+    assert rows["leeann_1004"]["lab0 status"] == rows["leeann_1004"]["lab1 status"] == "graded"
+
+    # a --students run names the student by the id they have in the course
+    graded.clear()
+    pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], students=["leeann_1004"], force=True,
+                                           progress=False))
+    assert graded == [("leeann_1004", "lab1")]
+
+    done = export.write(out)
+    canvas = list(csv.reader((out / "export" / "canvas-grades.csv").open(encoding="utf-8")))
+    assert [row[1] for row in canvas[2:]].count("1004") == 1, canvas
+    assert done is not None
+
+
+def test_the_canvas_import_is_refused_where_two_students_share_one_canvas_id(tmp_path, monkeypatch):
+    """A course folder whose records give one Canvas id two students (graded before ids were kept by Canvas id):
+    their two rows would be one Canvas student's, the later replacing the earlier's grades. No canvas-grades.csv;
+    the error names both ids."""
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    for lab, name in (("lab0", "leeann_1004_5004_lab0.ipynb"), ("lab1", "parkann_1004_6004_lab1.ipynb")):
+        with zipfile.ZipFile(tmp_path / f"{lab}.zip", "w") as zf:
+            zf.write(course.LABS / lab / f"{lab}.ipynb", name)
+        monkeypatch.setattr(term, "canvas_ids", lambda out: {})  # as a fuselab without ids by Canvas id did
+        pipeline.grade(tmp_path / f"{lab}.zip", pipeline.Settings(out=out, labs=[lab], progress=False))
+    assert {s for s, _ in term.load_entries(out)} == {"leeann_1004", "parkann_1004"}
+    with pytest.raises(export.ExportError, match="Canvas ID 1004 is leeann_1004 and parkann_1004"):
+        export.write(out)
+    assert not (out / "export" / "canvas-grades.csv").exists()

@@ -183,7 +183,18 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
                                   f"{_number(theirs)} (\"{column}\")")
             else:
                 wrong.append(f"{lab} is worth {_number(ours)} points, Canvas's \"{column}\" {_number(theirs)}")
-        if wrong:  # a decision for the TA, whatever was asked: never a silent change of Canvas's points
+        owners: dict = {}  # Canvas id → the students of the course folder under it
+        for student, p in canvas.items():
+            owners.setdefault(next(iter(p["ids"]["canvas"].values())), []).append(student)
+        shared = {lms_id: sorted(students) for lms_id, students in owners.items() if len(students) > 1}
+        if shared:  # Canvas takes the rows one after the other: a second row's blanks and zeros replace the first's
+            (to / "canvas-grades.csv").unlink(missing_ok=True)
+            refused.append("no canvas-grades.csv: " + "; ".join(
+                f"Canvas ID {lms_id} is {' and '.join(students)}" for lms_id, students in sorted(shared.items())) +
+                " in this course folder (a student renamed in Canvas between two labs, graded by an older "
+                "fuselab): two rows of one Canvas student, the later row's grades would replace the earlier's. "
+                "Enter that student's grades in Canvas by hand, from totals.csv")
+        elif wrong:  # a decision for the TA, whatever was asked: never a silent change of Canvas's points
             (to / "canvas-grades.csv").unlink(missing_ok=True)  # nor an earlier export's file left to upload
             refused.append("no canvas-grades.csv: " + "; ".join(wrong) + ". Set the assignment's points in Canvas "
                             "to the lab's and export its gradebook again as --roster of the next fuselab grade, or "

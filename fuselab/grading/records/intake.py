@@ -449,13 +449,16 @@ def _class_folder(root: Path, labs: dict) -> Path:
 
 
 def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=None, seen: set | None = None,
-            moodle_ids: dict | None = None, graded: dict | None = None, labs_found: set | None = None):
+            moodle_ids: dict | None = None, graded: dict | None = None, labs_found: set | None = None,
+            canvas_ids: dict | None = None):
     """Find every submission under ``source`` (a folder or a zip) and copy it to ``staging/<student>/<lab>/``.
 
     ``labs``: ``{lab: notebook file name}`` of the course. Returns ``(submissions, problems)``; ``seen``, where
     given, gets the id of every student in ``source`` (whatever ``students`` picks). ``moodle_ids``: ``{participant
     number: student id}`` from the lab's grading worksheet (``roster.by_email``): a Moodle entry whose number is
-    there gets that id, the same in every lab, instead of ``<Full Name>_<number>``. ``graded``: ``{(student, lab):
+    there gets that id, the same in every lab, instead of ``<Full Name>_<number>``. ``canvas_ids``: ``{Canvas user
+    id: student id}`` of the course folder (``term.canvas_ids``): a Canvas upload of a student renamed since keeps
+    the id they were graded under. ``graded``: ``{(student, lab):
     (origin, submitted)}`` of the uploads the course folder graded: an upload older than that one
     (``older_than_graded``) is not staged, so an earlier download graded again never replaces a resubmission's
     grade or its notebook; a note says so. ``labs_found``, where given, gets every lab a notebook in ``source`` is
@@ -483,7 +486,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     on_disk: dict = {}      # student id → the first folder or file of theirs, by its name on disk
     others: list = []       # (student id or None, path below the root, path below the student): not notebooks
     facts: dict = {}        # student id → what the LMS's names say (lms_id, late)
-    renamed: dict = {}      # a Moodle entry's <Full Name>_<number> → its id by email (``moodle_ids``)
+    renamed: dict = {}      # an LMS's name for an entry → the id it has (``moodle_ids``, ``canvas_ids``)
     unreadable: list = []
     files = 0
     for relative in _files(root, unreadable):
@@ -497,11 +500,13 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                                    "either's; look at it in Moodle", student=None))
             continue
         owner, below = _owner(relative)
-        if moodle_ids and owner is not None:
+        if (moodle_ids or canvas_ids) and owner is not None:
             said = _lms_facts(relative)
-            if said.get("lms") == "moodle" and said["lms_id"] in moodle_ids:
-                renamed[student_id(owner)] = moodle_ids[said["lms_id"]]
-                owner = moodle_ids[said["lms_id"]]
+            known = (moodle_ids if said.get("lms") == "moodle" else canvas_ids if said.get("lms") == "canvas"
+                     else None) or {}
+            if said.get("lms_id") in known:
+                renamed[student_id(owner)] = known[said["lms_id"]]
+                owner = known[said["lms_id"]]
         hidden = _hidden(relative)
         if hidden == "junk":
             continue

@@ -140,6 +140,18 @@ def graded_uploads(out: Path, keep_out=()) -> dict:
             for key, entry in load_entries(out).items() if entry.status == GRADED and key[0] not in keep_out}
 
 
+def canvas_ids(out: Path) -> dict:
+    """``{Canvas user id: student id}`` of the students the course folder has Canvas entries of (``intake.collect``'s
+    ``canvas_ids``): Canvas names a download's files after the student's name as it is that week, but the id is
+    the person's, so a student renamed between two labs stays one student. Where records made before this give
+    one id two students, the one with more entries keeps it."""
+    held: dict = {}
+    for entry in load_entries(out).values():
+        if entry.lms == "canvas" and entry.lms_id and not entry.student.startswith(NOBODY):
+            held.setdefault(entry.lms_id, []).append(entry.student)
+    return {lms_id: min(set(students), key=lambda s: (-students.count(s), s)) for lms_id, students in held.items()}
+
+
 def by_participant_number(entry: Entry) -> bool:
     """A Moodle entry under ``<Full Name>_<participant number>`` (graded without its lab's grading worksheet, or by
     a fuselab before ids by email): that id is its lab's alone."""

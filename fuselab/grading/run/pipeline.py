@@ -649,7 +649,7 @@ def _grade(source, settings: Settings) -> ClassResult:
                                                    students=settings.students, only_labs=labs, seen=seen,
                                                    moodle_ids=moodle_ids,
                                                    graded=term.graded_uploads(settings.out, keep_out=forced),
-                                                   labs_found=labs_found)
+                                                   labs_found=labs_found, canvas_ids=term.canvas_ids(settings.out))
             problems += _labs_not_found(settings.labs, labs_found, source)
             bar.update()
             _check_students(settings.students, seen, source)
@@ -812,7 +812,8 @@ def check_names(source: Path, settings: Settings) -> None:
     with tempfile.TemporaryDirectory(prefix="fuselab-names-") as scratch:
         intake.collect(Path(source), Path(scratch) / "submissions",
                        {lab: nbgrader_run.notebook_name(lab) for lab in known}, students=settings.students,
-                       only_labs=settings.labs, seen=seen, moodle_ids=moodle_ids)
+                       only_labs=settings.labs, seen=seen, moodle_ids=moodle_ids,
+                       canvas_ids=term.canvas_ids(settings.out))
     _check_students(settings.students, seen, source)
 
 

@@ -161,11 +161,13 @@ def _now() -> str:
 
 # --- planning: intake once, shards as zips ----------------------------------------------------------------------
 
-def intake_class(source: Path, options: Options, moodle_ids: dict | None = None, graded: dict | None = None) -> tuple:
+def intake_class(source: Path, options: Options, moodle_ids: dict | None = None, graded: dict | None = None,
+                 canvas_ids: dict | None = None) -> tuple:
     """The class's submissions as ``[{student, lab, sha, origin, path}]`` (sorted) and the intake's problems; the
     notebooks are copied into a temporary folder the caller removes. ``moodle_ids``: as one host's intake
     (``pipeline._moodle_ids``: a Moodle worksheet's ids by email); ``graded``: as one host's, the course folder's
-    graded uploads, none of which an older upload replaces (``term.graded_uploads``)."""
+    graded uploads, none of which an older upload replaces (``term.graded_uploads``); ``canvas_ids``: the course
+    folder's students by Canvas id (``term.canvas_ids``)."""
     labs = [lab for lab in course.lab_names() if not options.labs or lab in options.labs]
     unknown = sorted(set(options.labs or []) - set(labs))
     if unknown:
@@ -174,7 +176,7 @@ def intake_class(source: Path, options: Options, moodle_ids: dict | None = None,
     names = {lab: nbgrader_run.notebook_name(lab) for lab in course.lab_names()}
     submissions, problems = intake.collect(Path(source), staging / "submissions", names,
                                            students=options.students, only_labs=labs, moodle_ids=moodle_ids,
-                                           graded=graded)
+                                           graded=graded, canvas_ids=canvas_ids)
     entries = sorted(({"student": s.student, "lab": s.lab, "sha": _sha(s.notebook), "origin": s.origin,
                        "path": str(s.notebook), "late": s.late, "lms_id": s.lms_id, "lms": s.lms,
                        "submitted": s.submitted} for s in submissions), key=lambda e: (e["student"], e["lab"]))
@@ -196,7 +198,7 @@ def split(entries: list, shards: int | None) -> list:
 def write_plan(out: Path, source: Path, options: Options, moodle_ids: dict | None = None,
                graded: dict | None = None) -> dict:
     """Intake once, write one zip per shard and ``plan.json``; the plan."""
-    entries, problems, staging = intake_class(source, options, moodle_ids, graded)
+    entries, problems, staging = intake_class(source, options, moodle_ids, graded, term.canvas_ids(out))
     try:
         if not entries:
             raise ValueError(f"no gradable submission under {source}" +
@@ -223,13 +225,14 @@ def write_plan(out: Path, source: Path, options: Options, moodle_ids: dict | Non
     return plan
 
 
-def same_class(plan: dict, source: Path, options: Options, moodle_ids: dict | None = None) -> str | None:
+def same_class(plan: dict, source: Path, options: Options, moodle_ids: dict | None = None,
+               canvas_ids: dict | None = None) -> str | None:
     """Why the submissions or grading options differ from the plan's (a rerun must not mix two classes), or None."""
     then = Options(**plan["options"]).grading()
     if then != options.grading():
         differ = ", ".join(f"{k} {then[k]!r} then, {v!r} now" for k, v in options.grading().items() if then[k] != v)
         return f"the grading options differ from the first run's ({differ})"
-    entries, _, staging = intake_class(source, options, moodle_ids)
+    entries, _, staging = intake_class(source, options, moodle_ids, canvas_ids=canvas_ids)
     shutil.rmtree(staging, ignore_errors=True)
     now = {(e["student"], e["lab"]): e["sha"] for e in entries}
     then = {(e["student"], e["lab"]): e["sha"] for e in plan["submissions"]}
@@ -606,7 +609,7 @@ def submit(source, out: Path, options: Options, force: bool = False, roster_file
         in_queue = queued(out) if plan else {"shards": {}, "merge": {}}
         busy = in_queue["shards"] or in_queue["merge"]
         if plan and not force:  # a rerun must not mix two classes, whatever the queue holds
-            why = same_class(plan, source, options, moodle_ids)
+            why = same_class(plan, source, options, moodle_ids, term.canvas_ids(out))
             if why:
                 raise ValueError(f"{why}: grade them into a new --out, or add --force to regrade the class in {out}")
         if plan and busy:
