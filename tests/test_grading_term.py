@@ -562,7 +562,7 @@ def test_week_one_accounts_for_everyone_on_the_roster(term_folder):
     assert "late" in doe and "test_fused" in doe and "[page](feedback/doejane_1003/lab0.html)" in doe
     assert "wrong file type" in next(line for line in report.splitlines() if line.startswith("| nguyenbao_1005 |"))
     late_page = (term_folder["out"] / "feedback" / "doejane_1003" / "lab0.html").read_text()
-    assert "Marked late by the course&#39;s LMS" in late_page or "Marked late by the course's LMS" in late_page
+    assert "Marked late (handed in after the due date); no late penalty was taken off here" in late_page
     assert "Marked late" not in (term_folder["out"] / "feedback" / "smithjohn_1002" / "lab0.html").read_text()
     # the re-upload is graded (6 above, the correct sample's), and the TA and the student are told which
     taken = ("Canvas's latest upload for lab0 was graded: smithjohn_1002_9001_lab0-1.ipynb; not graded, as "
@@ -738,8 +738,9 @@ def test_a_wrong_due_date_or_roster_stops_the_run_before_grading(tmp_path, capsy
                         (["--roster", str(tmp_path / "class.zip")], "a zip archive")):
         assert cli.main(["grade", str(tmp_path / "class"), "--out", str(out), *wrong]) != 0
         assert said in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="LAB=WHEN"):
+    with pytest.raises(SystemExit) as stopped:  # refused as every other argument the run refuses
         cli.main(["grade", str(tmp_path / "class"), "--out", str(out), "--due", "lab0"])
+    assert stopped.value.code == 3 and "write it as LAB=WHEN" in capsys.readouterr().err
     # a date and its time as two words (unquoted in a shell), after the submissions or before them
     semicolons = _write(tmp_path / "semi.csv", "Student;ID;SIS User ID;Section\nAnn Lee;1;a1;S1\n")
     for argv in (["grade", str(tmp_path / "class"), "--due", "lab0=2026-09-14", "23:59", "--out", str(out)],
@@ -996,3 +997,85 @@ def test_the_canvas_import_is_refused_where_two_students_share_one_canvas_id(tmp
     with pytest.raises(export.ExportError, match="Canvas ID 1004 is leeann_1004 and parkann_1004"):
         export.write(out)
     assert not (out / "export" / "canvas-grades.csv").exists()
+
+
+def test_a_moodle_extension_is_the_students_own_due_date(tmp_path, monkeypatch):
+    """A grading worksheet's "Extension granted until ..." is that student's own due date: handed in after the
+    lab's due date but before their own, they are not late, and nbgrader's late penalty takes nothing off."""
+    import datetime
+    import sys
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # its alembic
+    subs, problems, out = _moodle_download(tmp_path, "Ann Lee_1235_assignsubmission_file_/lab0.ipynb")
+    sheet = _write(tmp_path / "worksheet.csv", WORKSHEET_HEADER + JOHN_TWO_HOURS_LATE +
+                   "Participant 1235,Ann Lee,al@uni.edu,\"Submitted for grading - Extension granted until Friday, "
+                   "18 September 2026, 11:59 PM\",,\"Wednesday, 16 September 2026, 10:00 AM\"\n")
+    due = {"lab0": datetime.datetime(2026, 9, 14, 23, 59)}
+    db = out / "course" / "gradebook.db"
+    db.parent.mkdir()
+    nbgrader_run.set_due_dates(db, due)
+    graded = {("John_Smith_1234", "lab0"), ("Ann_Lee_1235", "lab0")}
+    entries = term.record_course(out, subs, graded, problems, {"lab0"}, roster.read(sheet))
+    kept = nbgrader_run.due_dates(db)
+    assert kept == {"lab0": due["lab0"], "lab0:Ann_Lee_1235": datetime.datetime(2026, 9, 18, 23, 59)}
+    from fuselab.grading.records.results import SubmissionResult
+    results = [SubmissionResult(s, "lab0", total=3.0, max_total=10.0) for s, _ in sorted(graded)]
+    rows = {s.student: s for s in term.standings(results, entries, roster.load(out), kept)}
+    assert rows["John_Smith_1234"].late and not rows["Ann_Lee_1235"].late
+    # nbgrader's penalty (every point off where late, the plugin told so) reads the student's own due date
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        gradebook.add_notebook("lab0", "lab0")
+        gradebook.add_grade_cell("test_fused", "lab0", "lab0", max_score=10, cell_type="code")
+
+    class Zero:
+        class plugin_inst:
+            @staticmethod
+            def late_submission_penalty(student, score, seconds):
+                return score
+    monkeypatch.setattr(nbgrader_run, "notebook_name", lambda lab: "lab0.ipynb")
+    nbgrader_run.record(out / "course", [
+        nbgrader_run.Recorded(s.student, "lab0", {"test_fused": 3.0}, None, s.submitted)
+        for s in rows.values() if s.status == term.GRADED], late_penalties=Zero)
+    with Gradebook(f"sqlite:///{db}") as gradebook:
+        penalty = {s: gradebook.find_submission_notebook("lab0", "lab0", s).late_submission_penalty
+                   for s in ("John_Smith_1234", "Ann_Lee_1235")}
+    assert penalty == {"John_Smith_1234": 3.0, "Ann_Lee_1235": None}
+
+
+def test_one_students_own_due_date_is_given_with_due_lab_colon_student(tmp_path, monkeypatch, capsys):
+    """``--due lab0:ann=WHEN`` gives one student their own due date, kept in the course folder for later runs;
+    a lab-wide --due in a --students run, which would move everyone's late marks, is refused saying how to give
+    the student theirs; a --due given twice with two dates, or a student's own for a lab with none, is refused."""
+    import datetime
+    root = tmp_path / "in"
+    for student, when in (("ann", "2026-09-16 10:00:00 UTC"), ("bob", "2026-09-16 10:00:00 UTC")):
+        _write(root / student / "lab0" / "lab0.ipynb", (course.LABS / "lab0" / "lab0.ipynb").read_text())
+        _write(root / student / "lab0" / "timestamp.txt", when)
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    pipeline.grade(root, pipeline.Settings(out=out, labs=["lab0"], progress=False,
+                                           due={"lab0": "2026-09-14T23:59", "lab0:ann": "2026-09-18T23:59"}))
+    rows = _rows(out / "grades.csv")
+    assert rows["bob"]["lab0 late"] == "late" and rows["ann"]["lab0 late"] == ""
+    # a later run without --due keeps both
+    pipeline.grade(root, pipeline.Settings(out=out, labs=["lab0"], force=True, progress=False))
+    rows = _rows(out / "grades.csv")
+    assert rows["bob"]["lab0 late"] == "late" and rows["ann"]["lab0 late"] == ""
+    assert nbgrader_run.due_dates(out / "course" / "gradebook.db")["lab0:ann"] == datetime.datetime(2026, 9, 18, 23, 59)
+    # bob's extension the wrong way: the lab's due date in a run over bob alone
+    with pytest.raises(pipeline.GradingRefused, match="--due lab0:bob=2026-09-17T23:59"):
+        pipeline.grade(root, pipeline.Settings(out=out, labs=["lab0"], students=["bob"], force=True,
+                                               progress=False, due={"lab0": "2026-09-17T23:59"}))
+    assert _rows(out / "grades.csv")["bob"]["lab0 late"] == "late"
+    pipeline.grade(root, pipeline.Settings(out=out, labs=["lab0"], students=["bob"], force=True, progress=False,
+                                           due={"lab0:bob": "2026-09-17T23:59"}))
+    rows = _rows(out / "grades.csv")
+    assert rows["bob"]["lab0 late"] == rows["ann"]["lab0 late"] == ""
+    # a student's own due date for a lab with none, and one --due given twice
+    with pytest.raises(pipeline.GradingRefused, match="lab1 has no due date"):
+        pipeline.check_due(out, {"lab1:ann": "2026-09-18T23:59"}, None)
+    with pytest.raises(SystemExit) as stopped:
+        cli._due_arguments(["lab0=2026-09-14T23:59", "lab0=2026-09-15T23:59"])
+    assert stopped.value.code == 3 and "--due lab0 is given twice" in capsys.readouterr().err

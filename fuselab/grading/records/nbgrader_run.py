@@ -52,24 +52,62 @@ def prepare_course(root: Path, labs) -> None:
         generate_assignments(stale, *course_args(root))
 
 
+# One student's own due date for a lab (an extension), ``{"lab:student": ISO 8601 UTC}``, beside the gradebook:
+# nbgrader keeps an extension on a submission, which a student who has not handed in yet does not have; each
+# recording sets it from here (``_record_one``)
+STUDENT_DUE = "student-due-dates.json"
+
+
 def set_due_dates(db: Path, due: dict) -> None:
     """Each lab's due date (``{lab: datetime in UTC}``) in the course gradebook, where nbgrader's late penalty
-    and formgrader read it; a lab not given keeps the one it has."""
+    and formgrader read it; a lab not given keeps the one it has. A key ``"lab:student"`` is that student's own
+    due date for the lab (``STUDENT_DUE``), kept until another is given."""
     if not due:
         return
     from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{db}") as gradebook:
-        for lab, when in due.items():
-            gradebook.update_or_create_assignment(lab, duedate=when)
+    labs = {key: when for key, when in due.items() if ":" not in key}
+    if labs:
+        with Gradebook(f"sqlite:///{db}") as gradebook:
+            for lab, when in labs.items():
+                gradebook.update_or_create_assignment(lab, duedate=when)
+    own = {key: when.isoformat() for key, when in due.items() if ":" in key}
+    if own:
+        path = Path(db).parent / STUDENT_DUE
+        kept = {**_student_due_texts(path), **own}
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps(kept, indent=1, sort_keys=True))
+        temporary.replace(path)
+
+
+def _student_due_texts(path: Path) -> dict:
+    try:
+        kept = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in kept.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(kept, dict) else {}
+
+
+def student_due_dates(course_root: Path) -> dict:
+    """``{"lab:student": due date (datetime, UTC)}``: the students' own due dates (``STUDENT_DUE``)."""
+    from datetime import datetime
+    found = {}
+    for key, text in _student_due_texts(Path(course_root) / STUDENT_DUE).items():
+        try:
+            found[key] = datetime.fromisoformat(text)
+        except ValueError:
+            continue
+    return found
 
 
 def due_dates(db: Path) -> dict:
-    """``{lab: due date (datetime, UTC)}`` of the labs the course gradebook has one for."""
+    """``{lab: due date (datetime, UTC)}`` of the labs the course gradebook has one for, and ``{"lab:student":
+    due date}`` of the students given their own (``student_due_dates``)."""
     if not Path(db).exists():
         return {}
     from nbgrader.api import Gradebook
     with Gradebook(f"sqlite:///{db}") as gradebook:
-        return {a.name: a.duedate for a in gradebook.assignments if a.duedate is not None}
+        labs = {a.name: a.duedate for a in gradebook.assignments if a.duedate is not None}
+    return {**labs, **student_due_dates(Path(db).parent)}
 
 
 def late_penalty_plugin():
@@ -117,6 +155,7 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
     """
     from nbgrader.api import Gradebook
     set_aside: list = []
+    own_due = student_due_dates(course_root)
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
         assigner = None
         for entry in entries:
@@ -126,7 +165,7 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
                 copy = formgrader_copy(Path(entry.notebook_copy))
                 set_aside += _set_aside(gradebook, entry, _cell_texts(target), _cell_texts(copy))
                 _write_copy(copy, target)
-            notebook, seconds_late = _record_one(gradebook, entry)
+            notebook, seconds_late = _record_one(gradebook, entry, own_due.get(f"{entry.lab}:{entry.student}"))
             notebook.late_submission_penalty = None
             if seconds_late > 0:
                 assigner = assigner or late_penalties or late_penalty_plugin()
@@ -248,8 +287,10 @@ def _set_aside(gradebook, entry, before: dict | None, now: dict) -> list:
     return found
 
 
-def _record_one(gradebook, entry: Recorded):
-    """``entry``'s scores and timestamp into an open gradebook, committed; its notebook and seconds late."""
+def _record_one(gradebook, entry: Recorded, own_due=None):
+    """``entry``'s scores and timestamp into an open gradebook, committed; its notebook and seconds late.
+    ``own_due``: the student's own due date for the lab, nbgrader's extension of the lab's (which its late
+    penalty and formgrader read)."""
     from nbgrader.api import MissingEntry
     from nbgrader.utils import parse_utc
     student, lab = entry.student, entry.lab
@@ -271,6 +312,8 @@ def _record_one(gradebook, entry: Recorded):
             grade.needs_manual_grade = True  # a written answer waits for a person
     submission = gradebook.find_submission(lab, student)
     submission.timestamp = parse_utc(entry.timestamp) if entry.timestamp else None
+    if own_due is not None and submission.assignment.duedate is not None:
+        submission.extension = own_due - submission.assignment.duedate
     gradebook.db.commit()
     return notebook, submission.total_seconds_late
 

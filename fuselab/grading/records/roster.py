@@ -89,7 +89,8 @@ def read(path: Path) -> list:
                            "identifier": cell["identifier"],
                            "worksheet": {"late": "late" in cell.get("status", "").lower(),
                                          "submitted": _moodle_time(cell.get("last modified (submission)", "")),
-                                         "maximum": _points(cell.get("maximum grade", ""))}})
+                                         "maximum": _points(cell.get("maximum grade", "")),
+                                         "extension": _moodle_extension(cell.get("status", ""))}})
         columns = {}
     elif "first name" in lower and "last name" in lower:  # Moodle's grade export, participants
         at = {name: lower.index(name) for name in ("first name", "last name", "email address", "id number")
@@ -160,13 +161,24 @@ def _moodle_time(text: str) -> str | None:
         return None
 
 
+def _moodle_extension(status: str) -> str | None:
+    """The due date of a Moodle extension in a worksheet's status ("... - Extension granted until Friday, 18
+    September 2026, 11:59 PM"), as ISO 8601 (read as UTC, as its times are); None where there is none."""
+    granted = re.search(r"extension granted until\s+([^\n]+?)\s*(?:\s-\s.*)?$", status, re.I)
+    return _moodle_time(granted.group(1)) if granted else None
+
+
 WORKSHEET = "worksheet"  # an entry's ``late_from``: its late mark and time came from a grading worksheet
 
 
-def worksheet_facts(people: list, entries: dict, lab: str) -> None:
+def worksheet_facts(people: list, entries: dict, lab: str) -> dict:
     """A Moodle grading worksheet's late marks and times onto the entries of ``lab`` (the run's one lab) that
-    have none of their own."""
+    have none of their own; returns its extensions, ``{"lab:student": due date}`` (``nbgrader_run.set_due_dates``:
+    the students' own due dates)."""
     by_id = {p["student"]: p.get("worksheet") for p in people if p.get("worksheet")}
+    from datetime import datetime
+    extended = {f"{lab}:{student}": datetime.fromisoformat(facts["extension"]) for student, facts in by_id.items()
+                if isinstance(facts.get("extension"), str)}
     for (student, entry_lab), entry in entries.items():
         facts = by_id.get(student)
         if entry_lab == lab and facts:
@@ -174,6 +186,7 @@ def worksheet_facts(people: list, entries: dict, lab: str) -> None:
                 entry.late_from = WORKSHEET  # kept by a later run of the lab without the worksheet
             entry.late = entry.late or facts["late"]
             entry.submitted = entry.submitted or facts["submitted"]
+    return extended
 
 
 EMAIL = "email"  # a person's ``identity``: their student id is their email address's (``email_id``)

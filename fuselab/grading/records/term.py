@@ -171,8 +171,11 @@ def record_course(out: Path, submissions: list, graded: set, problems: list, run
     if kept:
         roster.save(out, roster.match(kept, entries))
     if people and len(set(run_labs)) == 1:  # a grading worksheet is one assignment's: this run's lab
-        roster.worksheet_facts(people, entries, next(iter(run_labs)))
+        extended = roster.worksheet_facts(people, entries, next(iter(run_labs)))
         save_entries(out, entries)
+        if extended:  # Moodle's extensions: the students' own due dates, as --due LAB:STUDENT gives them
+            from .nbgrader_run import set_due_dates
+            set_due_dates(Path(out) / "course" / "gradebook.db", extended)
     return entries
 
 
@@ -204,7 +207,8 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
     """One ``Standing`` per (student, lab): every result, every entry not graded, and for each student of the class
     (the roster's, and any the course graded a lab of, but under a Moodle id) with nothing for a lab the course has
     graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
-    or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``)."""
+    or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``), or the student's own
+    (``"lab:student"``: ``nbgrader_run.due_dates``)."""
     by_key: dict = {}
     for result in map(SubmissionResult.of, results):
         entry = entries.get((result.student, result.lab))
@@ -235,7 +239,7 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
                                                        lms_id=lab_ids[lab] if lab_ids is not None else lms_id,
                                                        lms=lms))
     for standing in by_key.values():
-        when = (due or {}).get(standing.lab)
+        when = (due or {}).get(f"{standing.lab}:{standing.student}", (due or {}).get(standing.lab))
         if when is not None and standing.submitted:
             from nbgrader.utils import parse_utc
             standing.late = standing.late or parse_utc(standing.submitted) > when

@@ -46,7 +46,8 @@ def add_parsers(sub) -> None:
     grade.add_argument("--due", action="append", default=[], metavar="LAB=WHEN",
                        help="a lab's due date and time, e.g. lab0=2026-09-14T23:59 (UTC, or with an offset: "
                             "2026-09-14T23:59-05:00), once per lab: "
-                            "kept in the course's gradebook for nbgrader's late penalty")
+                            "kept in the course's gradebook for nbgrader's late penalty; LAB:STUDENT=WHEN gives "
+                            "one student their own (an extension), kept until another is given")
     grade.add_argument("--gpus", default="auto", help="'auto' (every visible GPU), a count, or a list like 0,2")
     grade.add_argument("--jobs-per-gpu", type=_count, default=None,
                        help="submissions graded side by side on each GPU; their timings still take the GPU one at "
@@ -266,12 +267,20 @@ def _grade_into(args, out: Path) -> int:
 
 
 def _due_arguments(pairs) -> dict:
+    """``--due LAB=WHEN`` and ``--due LAB:STUDENT=WHEN`` as ``{key: WHEN}``; a key given twice with two dates is
+    refused (which one the TA meant cannot be told)."""
     due = {}
     for pair in pairs:
-        lab, equals, when = pair.partition("=")
-        if not equals or not lab or not when:
-            raise SystemExit(f"fuselab grade: --due {pair}: write it as LAB=WHEN, e.g. lab0=2026-09-14T23:59")
-        due[lab.strip()] = when.strip()
+        key, equals, when = pair.partition("=")
+        key, when = key.strip(), when.strip()
+        if not equals or not key or not when:
+            print(f"fuselab grade: --due {pair}: write it as LAB=WHEN, e.g. lab0=2026-09-14T23:59 (one student's "
+                  "own: lab0:alice=2026-09-16T23:59)", file=sys.stderr)
+            raise SystemExit(3)
+        if due.get(key, when) != when:
+            print(f"fuselab grade: --due {key} is given twice, {due[key]} and {when}: give it once", file=sys.stderr)
+            raise SystemExit(3)
+        due[key] = when
     return due
 
 

@@ -557,7 +557,7 @@ def grade(source, settings: Settings) -> ClassResult:
     check_out(settings.out, Path(source))
     check_source(Path(source), settings)
     check_names(Path(source), settings)  # a misspelled name is said first: before a sandbox that may not work
-    _due_dates(settings.due)  # so is a --due that is not a date and time: nothing is written before it
+    check_due(settings.out, settings.due, settings.students)  # and a --due that is not a date and time
     check_identities(Path(source), settings)  # a Moodle lab that would make its students new ones
     check_sandbox(settings)
     settings.out = Path(settings.out).resolve()
@@ -899,14 +899,41 @@ _DUE_FORM = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?(Z|[+-]\d{2}:\d{2
 _DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
+def check_due(out: Path, due: dict, students) -> dict:
+    """``_due_dates``, and refuse (``GradingRefused``) a student's own due date for a lab that has none, or a run
+    over some students (``students``) that would move a lab's due date, and so everyone else's late marks and
+    penalties: a run over some students changes nobody else's rows."""
+    parsed = _due_dates(due)
+    db = Path(out) / "course" / "gradebook.db"
+    kept = {k: v for k, v in nbgrader_run.due_dates(db).items() if ":" not in k} if db.exists() else {}
+    for key in parsed:
+        lab = key.partition(":")[0]
+        if ":" in key and lab not in parsed and lab not in kept:
+            raise GradingRefused(f"--due {key}: {lab} has no due date in {out} to extend: give --due "
+                                 f"{lab}=WHEN as well")
+        if ":" not in key and students and kept.get(key) != parsed[key]:
+            then = f"it is {kept[key].isoformat(timespec='minutes')}" if key in kept else "it has none"
+            raise GradingRefused(f"--due {key}={due[key]} with --students would move {key}'s due date for the whole "
+                                 f"class ({then}), and everyone's late marks with it. To give these students "
+                                 f"their own: --due {key}:{sorted(students)[0]}={due[key]}; to move everyone's, "
+                                 "run without --students")
+    return parsed
+
+
 def _due_dates(due: dict) -> dict:
     """``{lab: datetime in UTC, without zone}`` (as nbgrader keeps it) from ``--due LAB=WHEN``: WHEN is
     2026-09-14T23:59, optionally with seconds and a zone (Z, -05:00); without one it is UTC. Anything else, a date
-    without a time included, raises ``GradingRefused`` naming the value and the form to use."""
+    without a time included, raises ``GradingRefused`` naming the value and the form to use. ``--due
+    LAB:STUDENT=WHEN``, one student's own due date (an extension), is kept under ``"LAB:STUDENT"``."""
     parsed = {}
-    for lab, when in (due or {}).items():
+    for key, when in (due or {}).items():
+        lab, _, student = key.partition(":")
         if lab not in course.lab_names():
-            raise UnknownNames(f"--due {lab}: no such lab (labs: {', '.join(course.lab_names())})")
+            raise UnknownNames(f"--due {key}: no such lab (labs: {', '.join(course.lab_names())})")
+        if ":" in key and (not student or intake.student_id(student) != student):
+            raise GradingRefused(f"--due {key}: write one student's own due date as LAB:STUDENT=WHEN, STUDENT "
+                                 "their id in grades.csv, e.g. lab0:alice=2026-09-16T23:59")
+        lab = key
         form = f"e.g. {lab}=2026-09-14T23:59 (UTC) or {lab}=2026-09-14T23:59-05:00"
         if _DATE_ONLY.fullmatch(when):  # midnight at its start, or at its end? the TA says which
             raise GradingRefused(f"--due {lab}={when}: give a date and time, {form}")

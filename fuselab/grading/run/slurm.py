@@ -589,7 +589,7 @@ def submit(source, out: Path, options: Options, force: bool = False, roster_file
     ``roster_file``: ``--roster``, read here (an unreadable one stops the run before anything is submitted) and
     copied beside the plan for the merge; without it, a roster given before stays the class's."""
     out = Path(out).resolve()
-    pipeline._due_dates(options.due)  # a --due that is no lab or no date stops the run here, as on one host
+    pipeline.check_due(out, options.due, options.students)  # a --due that is no lab or no date stops it here
     settings = pipeline.Settings(out=out, labs=options.labs, students=options.students, roster=roster_file)
     try:
         people = roster.read(roster_file) if roster_file else None
