@@ -96,3 +96,39 @@ def test_a_failed_capture_leaves_random_inputs_working():
     torch.manual_seed(5)
     assert capture(torch.cuda.CUDAGraph(), synchronizes) is not None
     assert torch.equal(torch.randn(3, device="cuda"), expected)  # works, and from the same state
+
+
+def test_a_cache_keyed_by_a_few_sampled_values_fails_the_one_element_check(monkeypatch):
+    """The timed calls repeat unchanged inputs, and the refreshed check changes every value: a launcher that skips
+    its work while a few sampled values (and the pointers) stay the same passes both. A few elements changed at
+    random places, which no such sample sees, leave it returning the last output; an honest op passes. On the CPU
+    (the check is device-agnostic), the place drawn fixed (the first input's last element: past the cache's
+    sample; raised by 8 each time, the ReLU passes it on)."""
+    import secrets
+    monkeypatch.setattr(secrets, "randbelow", lambda n: 0 if n == 3 else n - 1)  # a's last element
+    torch.manual_seed(0)
+    a, b, e = (torch.randn(64, 1000) for _ in range(3))
+    out = torch.empty(64, 1000)
+
+    def reference(a, b, e):
+        return torch.relu(a + b) * e
+
+    def honest(a, b, e, out):
+        out.copy_(reference(a, b, e))
+
+    def sample(*tensors):
+        return tuple((t.data_ptr(), tuple(t.reshape(-1)[:16].tolist())) for t in tensors)
+    last = {}
+
+    def sampled_cache(a, b, e, out):
+        if last.get("key") == sample(a, b, e, out):
+            return  # "nothing changed": the last output stands
+        honest(a, b, e, out)
+        last["key"] = sample(a, b, e, out)
+
+    graded.one_element_check(honest, reference, [a.clone(), b.clone(), e.clone()], out)
+    sets = [a.clone(), b.clone(), e.clone()]
+    sampled_cache(*sets, out)
+    sampled_cache(*sets, out)  # as the timing calls it: unchanged, skipped
+    with pytest.raises(AssertionError, match="bad"):
+        graded.one_element_check(sampled_cache, reference, sets, out)

@@ -19,7 +19,8 @@ anything else would count as full marks). The test:
    (while the grader shares the GPU: with the GPU to itself for the timing alone, and steps 3-6 in one of the few
    speed test slots the GPU's memory allows at once);
 6. refreshes every input set's contents in place and checks the outputs again, so a result cache keyed by
-   pointer returns stale results and fails;
+   pointer returns stale results and fails; then changes one element of one input, at a place drawn at random,
+   and checks again, so a cache keyed by a few sampled values (the timed calls repeat unchanged inputs) fails too;
 7. turns the speedup into points: 0 at 1.0x, linear to full points at the threshold.
 
 The numbers also go to ``FUSELAB_GRADE_LOG`` (JSON lines) when set, for the grader's report.
@@ -220,12 +221,14 @@ def speedup_test(test_id, *, candidate, reference_op, make_inputs, reference, mo
         speedup = result.graded_speedup("student")
         record.update(student_s=result["student"].median, reference_s=result["reference"].median)
 
-        # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results
+        # 6. fresh contents at the same addresses: a cache keyed by pointer now returns stale results; then one
+        # element changed where no sample of a few places looks: a cache keyed by sampled values does too
         phase("refreshed check")
         for k, inputs in enumerate(sets):
             _refill(inputs, make_inputs(shape, seed=2000 + k))
             candidate(*inputs, outs["student"][k])
             assert_close(outs["student"][k], reference(*[x.double() if torch.is_tensor(x) else x for x in inputs]))
+        one_element_check(candidate, reference, sets[0], outs["student"][0])
 
         phase(None)
         points = timing.speedup_points(speedup, threshold, max_points)
@@ -258,6 +261,24 @@ def _time_tuned(reference_call, tuned_call, mode, budget_s) -> dict:
                 "tuned_status": "measured"}
     except Exception as exc:  # noqa: BLE001 - the tuned solution is the picture's, never a verdict
         return {"tuned_status": f"not measured ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"}
+
+
+def one_element_check(candidate, reference, inputs, out, places: int = 8) -> None:
+    """Change a few elements of the floating-point inputs of ``inputs`` in place (``places``, each at a place drawn
+    at random, not from any generator the process seeds), call ``candidate`` again and check its output. Any real
+    computation gives the new output; a launcher that skips its work while the few values it samples (and the
+    pointers) are the same as last time returns the last one, and fails here: a sample of a few places misses a
+    few elements of millions. Raises AssertionError (the check's) where the output is wrong."""
+    import secrets
+    tensors = [x for x in inputs if torch.is_tensor(x) and x.is_floating_point() and x.numel() > 0]
+    for _ in range(places if tensors else 0):
+        x = tensors[secrets.randbelow(len(tensors))]
+        place = tuple(int(i) for i in torch.unravel_index(torch.tensor(secrets.randbelow(x.numel())), x.shape))
+        # raised well past the inputs' spread: a change that a ReLU after it would keep at zero is rare, and
+        # each of the few places has its own chance to show in the output
+        x[place] = x[place] + 8.0
+    candidate(*inputs, out)
+    assert_close(out, reference(*[t.double() if torch.is_tensor(t) else t for t in inputs]))
 
 
 def _refill(inputs, fresh) -> None:
