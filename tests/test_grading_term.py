@@ -257,6 +257,18 @@ def test_a_student_graded_in_one_lab_and_not_on_the_roster_is_missing_in_the_nex
     assert report._not_on_the_roster([s for s in standings if not s.person]) == []  # no roster given: no line
 
 
+def test_a_student_whose_only_upload_was_not_graded_is_missing_in_the_other_labs():
+    """A student known only by an upload that could not be graded (not a notebook, say) is of the class: the lab
+    they handed nothing in for shows them missing with 0, as it does a student graded there."""
+    from fuselab.grading.records.results import SubmissionResult
+    entries = {("ann", "lab0"): term.Entry("ann", "lab0", term.GRADED),
+               ("ann", "lab1"): term.Entry("ann", "lab1", term.GRADED),
+               ("dave", "lab1"): term.Entry("dave", "lab1", term.NOT_GRADED, why="not a notebook")}
+    results = [SubmissionResult("ann", lab, total=1.0, max_total=10.0) for lab in ("lab0", "lab1")]
+    rows = {(s.student, s.lab): s for s in term.standings(results, entries, [])}
+    assert rows[("dave", "lab0")].status == term.MISSING and rows[("dave", "lab1")].status == term.NOT_GRADED
+
+
 def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_path, monkeypatch):
     """A notebook at the top of the class zip (whose, nobody can tell) and two zip members of one name (which copy
     is bob's, nobody can tell) are rows of grades.csv and the report, "not graded" and why, and stay rows when a

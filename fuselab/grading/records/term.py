@@ -227,8 +227,9 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
     # one lab's: its worksheet, given as --roster, says who is missing there)
     # a Moodle student with an id by email (their worksheets') is of the class in each lab whose worksheet named
     # them, with that lab's participant number
+    # (one whose upload could not be graded is of the class as much as one graded: missing in the other labs)
     known = {s.student: (s.lms_id, s.lms) for s in by_key.values()
-             if s.status == GRADED and s.lms != "moodle" and not s.student.startswith(NOBODY)}
+             if s.status in (GRADED, NOT_GRADED) and s.lms != "moodle" and not s.student.startswith(NOBODY)}
     known.update({student: (p.get("lms_id"), p.get("lms")) for student, p in people_by_id.items()})
     for student, (lms_id, lms) in known.items():
         lab_ids = _lab_ids(people_by_id.get(student, {}))
