@@ -465,24 +465,29 @@ def test_a_folder_swapped_for_a_link_mid_walk_is_never_followed(tmp_path):
 SECRETS = {"FUSELAB_TOKEN": "q7Zk2", "CUDA_API_KEY": "Wm4xR9", "TA_PASSWORD": "p4ssW0d", "GITHUB_TOKEN": "gh8Tq2Lx",
            "FUSELAB_GRADING_KEY": "k3yK3Y"}
 
+# what the files it can read hold first, then the environments: the grader keeps only the tail of a child's output
+# (``isolate.OUTPUT_TAIL_BYTES``), and the environments must all be in it. The marker between them is made at run
+# time, so that the program's own text (its /proc/PID/cmdline) does not hold it.
 DUMP = textwrap.dedent('''
     import glob, os, sys
-    found = [repr(dict(os.environ)).encode()]
-    for pattern in ("/proc/*/environ", "/proc/*/cmdline", "/proc/self/auxv"):
-        for path in glob.glob(pattern):
-            try:
-                found.append(open(path, "rb").read())
-            except OSError:
-                pass
-    found.append(b"=====FILES=====")  # above: environments; below: what files it could read
+    found = []
     for folder in (os.environ.get("HOME", "/"), "/tmp", "/dev/shm"):
         for path in glob.glob(folder + "/**", recursive=True):
             try:
                 found.append(open(path, "rb").read(1 << 20))
             except OSError:
                 pass
+    found.append(b"=" * 5 + b"ENVIRONMENTS" + b"=" * 5)  # above: what files it could read; below: environments
+    found.append(repr(dict(os.environ)).encode())
+    for pattern in ("/proc/*/environ", "/proc/*/cmdline", "/proc/self/auxv"):
+        for path in glob.glob(pattern):
+            try:
+                found.append(open(path, "rb").read())
+            except OSError:
+                pass
     sys.stdout.buffer.write(b"\\n".join(found))
 ''')
+ENVIRONMENTS = b"=====ENVIRONMENTS====="
 
 
 def _encodings(secret: str) -> list:
@@ -507,12 +512,15 @@ def test_no_secret_of_the_graders_environment_is_inside_the_sandbox(tmp_path, mo
     result = outcome.wait()
     assert result.ok and len(result.stdout) > 1000, result.stderr
     inside = result.stdout.encode("utf-8", "surrogateescape")
+    assert inside.count(ENVIRONMENTS) == 1, "the environments are not all in the output's tail"
+    environments = inside.split(ENVIRONMENTS)[1]
+    assert b"PATH=" in environments  # what it read of them is there
     for name, value in SECRETS.items():
         for encoded in _encodings(value):
             assert encoded not in inside, f"{name} reached the sandbox ({encoded!r})"
         # a name may stand in the course's own files it can read (this test, isolate.py's comments): never in an
         # environment
-        assert name.encode() not in inside.split(b"=====FILES=====")[0], f"{name} is set inside the sandbox"
+        assert name.encode() not in environments, f"{name} is set inside the sandbox"
 
 
 def test_a_compiler_the_grader_names_outside_the_sandbox_never_breaks_a_build_inside(tmp_path, monkeypatch):
