@@ -643,3 +643,26 @@ def test_the_deep_removal_opens_locked_folders_and_never_touches_a_links_target(
     untrusted.remove_tree(root)
     assert not root.exists() and target.read_text() == "the host's"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_a_record_is_written_whole_and_never_through_a_link_at_its_temporary_name(tmp_path):
+    """A result, roster or marker is written beside its path and renamed over it: a link planted where the
+    temporary goes (the grader's own pid, a folder a submission once wrote into) is replaced, its target untouched;
+    a link at the record's own path is replaced too; and a write that fails leaves the old record and no
+    temporary."""
+    from fuselab.grading.records.whole import write_whole
+    target = tmp_path / "host-file"
+    target.write_text("the host's")
+    record = tmp_path / "result.json"
+    (tmp_path / f"result.json.{os.getpid()}.tmp").symlink_to(target)
+    write_whole(record, '{"score": 1}')
+    assert record.read_text() == '{"score": 1}' and not record.is_symlink()
+    assert target.read_text() == "the host's"
+    record.unlink()
+    record.symlink_to(target)
+    write_whole(record, '{"score": 2}')
+    assert record.read_text() == '{"score": 2}' and not record.is_symlink() and target.read_text() == "the host's"
+    with pytest.raises(UnicodeEncodeError):
+        write_whole(record, "\ud800")  # a lone surrogate: the write itself fails
+    assert record.read_text() == '{"score": 2}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host-file", "result.json"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...course import GRADER, SOLUTIONS, generate_assignments, nbgrader
+from .whole import write_whole
 
 
 NBGRADER_CONFIG = GRADER / "nbgrader_config.py"  # the course's: its late-penalty plugin settings are used
@@ -58,6 +59,16 @@ def prepare_course(root: Path, labs) -> None:
 STUDENT_DUE = "student-due-dates.json"
 
 
+def own_due_key(lab: str, student: str) -> str:
+    """The key of ``student``'s own due date for ``lab`` among the due dates (``due_dates``)."""
+    return f"{lab}:{student}"
+
+
+def is_own_due(key: str) -> bool:
+    """Whether a due dates' key is one student's own (``own_due_key``) rather than a lab's."""
+    return ":" in key
+
+
 def set_due_dates(db: Path, due: dict) -> None:
     """Each lab's due date (``{lab: datetime in UTC}``) in the course gradebook, where nbgrader's late penalty
     and formgrader read it; a lab not given keeps the one it has. A key ``"lab:student"`` is that student's own
@@ -65,18 +76,15 @@ def set_due_dates(db: Path, due: dict) -> None:
     if not due:
         return
     from nbgrader.api import Gradebook
-    labs = {key: when for key, when in due.items() if ":" not in key}
+    labs = {key: when for key, when in due.items() if not is_own_due(key)}
     if labs:
         with Gradebook(f"sqlite:///{db}") as gradebook:
             for lab, when in labs.items():
                 gradebook.update_or_create_assignment(lab, duedate=when)
-    own = {key: when.isoformat() for key, when in due.items() if ":" in key}
+    own = {key: when.isoformat() for key, when in due.items() if is_own_due(key)}
     if own:
         path = Path(db).parent / STUDENT_DUE
-        kept = {**_student_due_texts(path), **own}
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(kept, indent=1, sort_keys=True))
-        temporary.replace(path)
+        write_whole(path, json.dumps({**_student_due_texts(path), **own}, indent=1, sort_keys=True))
 
 
 def _student_due_texts(path: Path) -> dict:

@@ -34,6 +34,7 @@ from pathlib import Path
 from ... import course
 from ...kernelbuild import shared as shared_builds
 from ..sandbox import untrusted
+from .whole import write_whole
 
 ENTRY = "reference.json"
 ENTRY_LIMIT = 16 * 2**20
@@ -145,7 +146,4 @@ def store(workdir: Path, result: dict, wanted: dict, builds: dict, sandbox: bool
     cache = {"key": wanted, "builds": dict(builds), "sandbox": bool(sandbox), "digest": ""}
     cache["digest"] = hashlib.sha256(_canonical({**body, "cache": cache})).hexdigest()
     path = Path(workdir) / ENTRY
-    temporary = path.with_name(f"{ENTRY}.{os.getpid()}.tmp")
-    temporary.unlink(missing_ok=True)
-    temporary.write_text(json.dumps({**body, "cache": cache}, indent=1))
-    os.replace(temporary, path)
+    write_whole(path, json.dumps({**body, "cache": cache}, indent=1))

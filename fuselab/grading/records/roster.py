@@ -30,11 +30,12 @@ import csv
 import hashlib
 import io
 import json
-import os
 import re
 from pathlib import Path
 
 from .intake import printable, student_id
+from .nbgrader_run import own_due_key
+from .whole import write_whole
 
 ROSTER = "roster.json"
 MAX_ROSTER_BYTES = 20 * 2**20
@@ -177,7 +178,7 @@ def worksheet_facts(people: list, entries: dict, lab: str) -> dict:
     the students' own due dates)."""
     by_id = {p["student"]: p.get("worksheet") for p in people if p.get("worksheet")}
     from datetime import datetime
-    extended = {f"{lab}:{student}": datetime.fromisoformat(facts["extension"]) for student, facts in by_id.items()
+    extended = {own_due_key(lab, student): datetime.fromisoformat(facts["extension"]) for student, facts in by_id.items()
                 if isinstance(facts.get("extension"), str)}
     for (student, entry_lab), entry in entries.items():
         facts = by_id.get(student)
@@ -311,10 +312,7 @@ def to_gradebook(db: Path, people: list) -> None:
 
 
 def save(out: Path, people: list) -> None:
-    path = Path(out) / ROSTER
-    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(people, indent=1))
-    os.replace(temporary, path)
+    write_whole(Path(out) / ROSTER, json.dumps(people, indent=1))
 
 
 def load(out: Path) -> list:

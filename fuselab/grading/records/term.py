@@ -16,11 +16,12 @@ LMS export.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import nbgrader_run
 from .results import SubmissionResult
+from .whole import write_whole
 
 ENTRIES = "entries.json"
 GRADED, NOT_GRADED, MISSING = "graded", "not graded", "missing"
@@ -74,10 +75,7 @@ def load_entries(out: Path) -> dict:
 
 def save_entries(out: Path, entries: dict) -> None:
     """Written whole or not at all."""
-    path = Path(out) / ENTRIES
-    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps([asdict(e) for _, e in sorted(entries.items())], indent=1))
-    os.replace(temporary, path)
+    write_whole(Path(out) / ENTRIES, json.dumps([asdict(e) for _, e in sorted(entries.items())], indent=1))
 
 
 NOBODY = "(no student) "  # the start of the row name of an upload no student could be told for
@@ -174,8 +172,7 @@ def record_course(out: Path, submissions: list, graded: set, problems: list, run
         extended = roster.worksheet_facts(people, entries, next(iter(run_labs)))
         save_entries(out, entries)
         if extended:  # Moodle's extensions: the students' own due dates, as --due LAB:STUDENT gives them
-            from .nbgrader_run import set_due_dates
-            set_due_dates(Path(out) / "course" / "gradebook.db", extended)
+            nbgrader_run.set_due_dates(Path(out) / "course" / "gradebook.db", extended)
     return entries
 
 
@@ -240,7 +237,7 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
                                                        lms_id=lab_ids[lab] if lab_ids is not None else lms_id,
                                                        lms=lms))
     for standing in by_key.values():
-        when = (due or {}).get(f"{standing.lab}:{standing.student}", (due or {}).get(standing.lab))
+        when = (due or {}).get(nbgrader_run.own_due_key(standing.lab, standing.student), (due or {}).get(standing.lab))
         if when is not None and standing.submitted:
             from nbgrader.utils import parse_utc
             standing.late = standing.late or parse_utc(standing.submitted) > when

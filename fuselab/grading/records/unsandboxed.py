@@ -25,6 +25,7 @@ import stat
 from pathlib import Path
 
 from ..sandbox import untrusted
+from .whole import write_whole
 
 MARK = ".unsandboxed-run"
 REBUILT = ("the instructor's shared builds were removed and built again: a --no-sandbox run had graded into this "
@@ -34,11 +35,8 @@ STAMP = ".sandboxed-builds"  # in the shared-builds folder: a sandboxed run foun
 
 def mark(out: Path) -> None:
     """Record that a ``--no-sandbox`` run wrote into ``out`` (now): replaced, never followed or appended to."""
-    out = Path(out)
-    temporary = out / f"{MARK}.{os.getpid()}.tmp"
-    temporary.unlink(missing_ok=True)
-    temporary.write_text("a --no-sandbox run graded into this folder; see fuselab/grading/records/unsandboxed.py\n")
-    os.replace(temporary, out / MARK)
+    write_whole(Path(out) / MARK, "a --no-sandbox run graded into this folder; see "
+                "fuselab/grading/records/unsandboxed.py\n")
 
 
 def believed(record: Path, out: Path) -> bool:
@@ -82,9 +80,6 @@ def fresh_builds(shared_root: Path, out: Path) -> bool:
         untrusted.remove_tree(shared_root)
     shared_root.mkdir(parents=True, exist_ok=True)
     if discard or not os.path.lexists(stamp):
-        temporary = shared_root / f"{STAMP}.{os.getpid()}.tmp"
-        temporary.unlink(missing_ok=True)
-        temporary.write_text("a sandboxed run found these builds believable; see "
-                             "fuselab/grading/records/unsandboxed.py\n")
-        os.replace(temporary, stamp)
+        write_whole(stamp, "a sandboxed run found these builds believable; see "
+                    "fuselab/grading/records/unsandboxed.py\n")
     return discard

@@ -40,6 +40,7 @@ from . import build_ahead, run_progress
 from ..gpus import schedule
 from ..gpus.lease import grading_lease
 from ..records.results import CellResult, SubmissionResult
+from ..records.whole import write_whole
 from ..outputs.terminal import shown
 from ..sandbox.untrusted import Folder, remove_tree
 
@@ -147,10 +148,7 @@ def check_sandbox(settings: Settings) -> None:
 
 def _write_result(path: Path, result: SubmissionResult) -> None:
     """Written whole or not at all, replacing (never following) whatever is at ``path``."""
-    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
-    temporary.unlink(missing_ok=True)
-    temporary.write_text(json.dumps(result.to_json(), indent=1))
-    os.replace(temporary, path)
+    write_whole(path, json.dumps(result.to_json(), indent=1))
 
 
 def _kept(previous: dict, saved: Path, sub, settings: Settings) -> bool:
@@ -778,9 +776,7 @@ def _forced_run(settings: Settings, source, labs, device) -> float | None:
         pass
     since = time.time()
     marker.parent.mkdir(parents=True, exist_ok=True)
-    temporary = marker.with_name(marker.name + f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"asked": asked, "since": since}))
-    os.replace(temporary, marker)
+    write_whole(marker, json.dumps({"asked": asked, "since": since}))
     return since
 
 
@@ -905,13 +901,13 @@ def check_due(out: Path, due: dict, students) -> dict:
     penalties: a run over some students changes nobody else's rows."""
     parsed = _due_dates(due)
     db = Path(out) / "course" / "gradebook.db"
-    kept = {k: v for k, v in nbgrader_run.due_dates(db).items() if ":" not in k} if db.exists() else {}
+    kept = {k: v for k, v in nbgrader_run.due_dates(db).items() if not nbgrader_run.is_own_due(k)}
     for key in parsed:
         lab = key.partition(":")[0]
-        if ":" in key and lab not in parsed and lab not in kept:
+        if nbgrader_run.is_own_due(key) and lab not in parsed and lab not in kept:
             raise GradingRefused(f"--due {key}: {lab} has no due date in {out} to extend: give --due "
                                  f"{lab}=WHEN as well")
-        if ":" not in key and students and kept.get(key) != parsed[key]:
+        if not nbgrader_run.is_own_due(key) and students and kept.get(key) != parsed[key]:
             then = f"it is {kept[key].isoformat(timespec='minutes')}" if key in kept else "it has none"
             raise GradingRefused(f"--due {key}={due[key]} with --students would move {key}'s due date for the whole "
                                  f"class ({then}), and everyone's late marks with it. To give these students "
@@ -930,22 +926,21 @@ def _due_dates(due: dict) -> dict:
         lab, _, student = key.partition(":")
         if lab not in course.lab_names():
             raise UnknownNames(f"--due {key}: no such lab (labs: {', '.join(course.lab_names())})")
-        if ":" in key and (not student or intake.student_id(student) != student):
+        if nbgrader_run.is_own_due(key) and (not student or intake.student_id(student) != student):
             raise GradingRefused(f"--due {key}: write one student's own due date as LAB:STUDENT=WHEN, STUDENT "
                                  "their id in grades.csv, e.g. lab0:alice=2026-09-16T23:59")
-        lab = key
-        form = f"e.g. {lab}=2026-09-14T23:59 (UTC) or {lab}=2026-09-14T23:59-05:00"
+        form = f"e.g. {key}=2026-09-14T23:59 (UTC) or {key}=2026-09-14T23:59-05:00"
         if _DATE_ONLY.fullmatch(when):  # midnight at its start, or at its end? the TA says which
-            raise GradingRefused(f"--due {lab}={when}: give a date and time, {form}")
+            raise GradingRefused(f"--due {key}={when}: give a date and time, {form}")
         if not _DUE_FORM.fullmatch(when):
-            raise GradingRefused(f"--due {lab}={when}: not a date and time in the form YYYY-MM-DDTHH:MM, {form}")
+            raise GradingRefused(f"--due {key}={when}: not a date and time in the form YYYY-MM-DDTHH:MM, {form}")
         try:
             moment = datetime.fromisoformat(when.replace("Z", "+00:00"))  # Python 3.10's fromisoformat has no Z
         except ValueError as exc:  # the form, but no such day or time: 2026-02-30, 24:00
-            raise GradingRefused(f"--due {lab}={when}: not a date and time ({exc}), {form}") from None
+            raise GradingRefused(f"--due {key}={when}: not a date and time ({exc}), {form}") from None
         if moment.tzinfo is not None:
             moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
-        parsed[lab] = moment
+        parsed[key] = moment
     return parsed
 
 
