@@ -26,6 +26,7 @@ from fuselab.grading.run import pipeline
 from fuselab.grading.records.results import CellResult, SubmissionResult
 
 from . import formgrader_api
+from .conftest import REPO
 
 LAB = "lab0"
 STUDENTS = ("ann", "bob")
@@ -130,7 +131,7 @@ def test_hidden_test_regions_are_cut_from_any_notebook(tmp_path):
                     "not a cell"]}
     path = tmp_path / "in.ipynb"
     path.write_text(json.dumps(nb))
-    nbgrader_run.write_without_hidden_tests(path, tmp_path / "out.ipynb")
+    nbgrader_run.write_without_hidden_tests(path, tmp_path / "out.ipynb", course.LABS / LAB / f"{LAB}.ipynb")
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     assert cells[0]["source"] == "a = 1\nb" and cells[0]["outputs"] == []  # what a hidden test printed goes too
     assert cells[1]["source"] == "x" and cells[2] == "not a cell"
@@ -324,7 +325,10 @@ def test_formgraders_copy_of_a_submission_runs_nothing_in_the_tas_browser(tmp_pa
     submitted = tmp_path / "lab0.ipynb"
     submitted.write_text(json.dumps(_hostile_notebook()))
     copy = tmp_path / "autograded.ipynb"
-    nbgrader_run.write_without_hidden_tests(submitted, copy)
+    release = tmp_path / "release.ipynb"  # the written answer's grade, as the lab's release has it
+    release.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": "Answer here", "metadata": {
+        "nbgrader": {"grade_id": "written", "grade": True, "solution": True, "locked": False, "points": 2}}}]}))
+    nbgrader_run.write_without_hidden_tests(submitted, copy, release)
     config = Config()  # nbgrader's formgrader extension (FormgradeExtension.build_extra_config) renders so
     config.HTMLExporter.template_name = "formgrade"
     config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
@@ -338,7 +342,7 @@ def test_formgraders_copy_of_a_submission_runs_nothing_in_the_tas_browser(tmp_pa
     # what a TA grades is still there, as text: the answer, the outputs, the graded cell's nbgrader metadata
     assert "My answer" in page and "PWN11()" in page and "PWN18()" in page
     assert kept["cells"][0]["metadata"]["nbgrader"] == {"grade_id": "written", "grade": True, "solution": True,
-                                                        "points": 2}
+                                                        "locked": False, "points": 2}
     assert kept["cells"][3]["outputs"][6]["data"]["image/png"] == "iVBORw0KGgo="
 
 
@@ -499,3 +503,62 @@ def test_a_new_upload_sets_aside_the_hand_grades_it_made_stale(graded_run, monke
     pipeline.grade(source, settings)
     assert set_aside_said() == []
     assert len((out / "course" / nbgrader_run.SET_ASIDE).read_text().splitlines()) == 2  # the record stays whole
+
+
+def _moved(notebook: dict, moves) -> dict:
+    """``notebook`` with each of ``moves`` done to its cells: (grade id, what), what one of "drop" (the cell's
+    nbgrader metadata deleted), ("as", other id, points) (the cell claims another grade and its points), or
+    ("decoy after", other id, points, text) (a markdown cell of the student's own claiming a grade, after it)."""
+    cells = []
+    for cell in notebook["cells"]:
+        grading = cell["metadata"].get("nbgrader") or {}
+        cells.append(cell)
+        for grade_id, what in moves:
+            if grading.get("grade_id") != grade_id:
+                continue
+            if what == "drop":
+                del cell["metadata"]["nbgrader"]
+            elif what[0] == "as":
+                grading.update(grade_id=what[1], points=what[2])
+            else:
+                cells.append({"cell_type": "markdown", "source": what[3], "metadata": {"nbgrader": {
+                    **grading, "grade_id": what[1], "points": what[2]}}})
+    return {**notebook, "cells": cells}
+
+
+@pytest.mark.parametrize("moves", [
+    [("test_speedup", "drop"), ("answer_sweep", ("as", "test_speedup", 1))],
+    [("test_speedup", "drop"), ("answer_sweep", ("decoy after", "test_speedup", 1, "Beyond the L2, continued"))],
+    [("answer_sweep", ("decoy after", "test_unfused", 30, "see above")), ("answer_sweep", ("as", "test_fused", 9))],
+    [("test_fused", ("as", "answer_sweep", 1))],
+], ids=["renamed-answer", "decoy-cell", "two-claims", "test-as-answer"])
+def test_a_student_cannot_move_a_grade_onto_a_cell_of_their_own_in_formgrader(tmp_path, moves):
+    """formgrader builds each score box, its maximum and its id from the ``autograded/`` copy's nbgrader metadata,
+    and a person's score on a test replaces the grader's: a student who deleted a test's metadata and gave its
+    grade id to their written answer (or to a cell of their own, with the points they chose) had the TA's "full
+    credit" on that answer land on the test. The copy's graded cells are the release's: each grade at most once,
+    on a cell of the release's kind, with the release's points and flags, a locked cell with the release's text."""
+    release = course.LABS / LAB / f"{LAB}.ipynb"
+    truth = nbgrader_run.graded_cells(release)
+    submitted = tmp_path / "lab0.ipynb"
+    submitted.write_text(json.dumps(_moved(json.loads((REPO / "grader" / "examples" / "correct" / LAB /
+                                                       f"{LAB}.ipynb").read_text()), moves)))
+    copy = nbgrader_run.formgrader_copy(submitted, truth)
+    seen = []
+    for cell in copy["cells"]:
+        grading = cell["metadata"].get("nbgrader")
+        if grading is None:
+            continue
+        released = truth[grading["grade_id"]]
+        seen.append(grading["grade_id"])
+        assert cell["cell_type"] == released["cell_type"]
+        for key in ("grade", "solution", "locked", "points"):
+            assert grading.get(key) == released["metadata"]["nbgrader"].get(key), (grading["grade_id"], key)
+        if grading.get("locked") and not grading.get("solution"):
+            assert ipynb.source(cell) == ipynb.source(released)
+    assert len(seen) == len(set(seen))
+    for grade_id, what in moves:  # a grade claimed by the student's cell is on no cell of theirs
+        claimed = what[1] if what != "drop" else None
+        if claimed in truth and truth[claimed]["metadata"]["nbgrader"].get("locked"):
+            holders = [c for c in copy["cells"] if (c["metadata"].get("nbgrader") or {}).get("grade_id") == claimed]
+            assert all(ipynb.source(c) == ipynb.source(truth[claimed]) for c in holders)

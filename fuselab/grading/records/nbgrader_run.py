@@ -164,16 +164,19 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
     from nbgrader.api import Gradebook
     set_aside: list = []
     own_due = student_due_dates(course_root)
+    releases: dict = {}  # lab → its release notebook's graded cells, read once
     with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
         assigner = None
         for entry in entries:
             target = course_root / "autograded" / entry.student / entry.lab / notebook_name(entry.lab)
             target.parent.mkdir(parents=True, exist_ok=True)
             if entry.notebook_copy and Path(entry.notebook_copy).is_file():  # an earlier run's copy may be gone
-                copy = formgrader_copy(Path(entry.notebook_copy))
+                if entry.lab not in releases:
+                    releases[entry.lab] = graded_cells(course_root / "release" / entry.lab / notebook_name(entry.lab))
+                copy = formgrader_copy(Path(entry.notebook_copy), releases[entry.lab])
                 set_aside += _set_aside(gradebook, entry, _cell_texts(target), _cell_texts(copy))
                 _write_copy(copy, target)
-            notebook, seconds_late = _record_one(gradebook, entry, own_due.get(f"{entry.lab}:{entry.student}"))
+            notebook, seconds_late = _record_one(gradebook, entry, own_due.get(own_due_key(entry.lab, entry.student)))
             notebook.late_submission_penalty = None
             if seconds_late > 0:
                 assigner = assigner or late_penalties or late_penalty_plugin()
@@ -329,9 +332,9 @@ def _record_one(gradebook, entry: Recorded, own_due=None):
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"  # nbgrader's ClearHiddenTests delimiters
 
 
-def write_without_hidden_tests(notebook: Path, target: Path) -> None:
-    """``notebook`` into ``target`` as ``formgrader_copy`` makes it."""
-    _write_copy(formgrader_copy(notebook), target)
+def write_without_hidden_tests(notebook: Path, target: Path, release: Path) -> None:
+    """``notebook`` into ``target`` as ``formgrader_copy`` makes it, its graded cells those of ``release``."""
+    _write_copy(formgrader_copy(notebook, graded_cells(release)), target)
 
 
 def _write_copy(copy: dict, target: Path) -> None:
@@ -339,15 +342,61 @@ def _write_copy(copy: dict, target: Path) -> None:
     target.write_text(json.dumps(copy, indent=1))
 
 
-def formgrader_copy(notebook: Path) -> dict:
+def graded_cells(release: Path) -> dict:
+    """grade_id → cell of the lab's release notebook (the course folder's own, made by nbgrader from
+    ``solutions/``): the graded cells a formgrader copy may have. Empty where it cannot be read."""
+    try:
+        cells = json.loads(Path(release).read_text())["cells"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    found = {}
+    for cell in cells:
+        grading = cell.get("metadata", {}).get("nbgrader") or {}
+        if isinstance(grading.get("grade_id"), str):
+            found.setdefault(grading["grade_id"], cell)
+    return found
+
+
+def _graded_as_released(cells: list, release: dict) -> None:
+    """Each cell's nbgrader metadata (which grade it is, its points, whether a person scores it), and a locked
+    cell's text, made the release's: formgrader builds its score boxes, their maximum and their ids from the
+    copy's metadata, and a person's score on a test replaces the grader's, so a student who moved a test's grade
+    id onto their written answer (or wrote a cell of their own with it) would have the TA score that test there.
+    A cell keeps a grade only where the release has that grade id, once (the first), and takes the release's
+    cell type with it; any other cell's nbgrader metadata is dropped. A locked cell (a visible test, an
+    instruction) shows the release's text, as nbgrader's own autograde restores it (``OverwriteCells``)."""
+    taken = set()
+    for cell in cells:
+        if not isinstance(cell, dict):
+            continue
+        metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+        grading = metadata.get("nbgrader") if isinstance(metadata.get("nbgrader"), dict) else {}
+        grade_id = grading.get("grade_id")
+        released = release.get(grade_id) if isinstance(grade_id, str) and grade_id not in taken else None
+        metadata = {k: v for k, v in metadata.items() if k != "nbgrader"}
+        cell["metadata"] = metadata
+        if released is None:
+            continue
+        taken.add(grade_id)
+        truth = released["metadata"]["nbgrader"]
+        metadata["nbgrader"] = dict(truth)
+        if released.get("cell_type") != cell.get("cell_type"):
+            cell["cell_type"] = released.get("cell_type")
+            cell.pop("outputs", None)
+        if truth.get("locked") and not truth.get("solution"):
+            cell["source"] = released.get("source", "")
+
+
+def formgrader_copy(notebook: Path, release: dict) -> dict:
     """``notebook`` as formgrader's ``autograded/`` holds it: with no hidden test in it and nothing that runs
     in a browser (``inert``): nbgrader's formgrader and "Generate feedback" render that copy with nbconvert as it
     is, at the Jupyter server's own address (its feedback converter has no ClearHiddenTests, and neither
     sanitises a notebook: a student's HTML output, markdown or cell metadata would run as script in the teaching
     assistant's formgrader, with their server's rights). A hidden-test region is cut the way ClearHiddenTests
     cuts it (an unclosed one to the cell's end, never an error: the notebook is the student's), and the outputs
-    of a cell that had one go with it. A notebook that is not JSON is written as an empty notebook (nbgrader
-    could not show it anyway)."""
+    of a cell that had one go with it. Its graded cells are the release's (``release``, from ``graded_cells``:
+    ``_graded_as_released``). A notebook that is not JSON is written as an empty notebook (nbgrader could not
+    show it anyway)."""
     try:
         nb = json.loads(notebook.read_text())
         cells = nb["cells"]
@@ -371,6 +420,7 @@ def formgrader_copy(notebook: Path) -> dict:
             cell["source"] = "\n".join(kept)
             if "outputs" in cell:
                 cell["outputs"] = []
+    _graded_as_released(cells, release)
     return inert(nb)
 
 
