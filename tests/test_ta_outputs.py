@@ -400,3 +400,22 @@ def test_a_test_a_ta_rescored_says_so_in_the_report(tmp_path):
     assert rows["ann"]["lab0/test_fused"] == "9"
     md = (out / "report.md").read_text()
     assert "9 *by a TA (grader: 7)*" in md and "9 *failed*" not in md, md
+
+
+def test_extra_credit_a_ta_gives_in_formgrader_counts_as_nbgrader_counts_it(tmp_path):
+    """formgrader's extra credit adds to a cell's score in nbgrader's own totals (``Grade.score``) and export:
+    grades.csv, the report and ``fuselab export`` count it too, on a test (the grader's score or the TA's, plus
+    it) and on a written answer (once it is graded)."""
+    out = _course(tmp_path)
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        gradebook.find_grade("test_fused", "lab0", "lab0", "ann").extra_credit = 1.0
+        answer = gradebook.find_grade("answer", "lab0", "lab0", "ann")
+        answer.manual_score, answer.extra_credit = 1.5, 0.5
+        gradebook.db.commit()
+        nbgrader_total = gradebook.find_submission("lab0", "ann").score
+    rows = _outputs(out)
+    assert nbgrader_total == 7 + 1 + 1.5 + 0.5
+    assert float(rows["ann"]["lab0 total"]) == nbgrader_total
+    assert (rows["ann"]["lab0/test_fused"], rows["ann"]["lab0/answer"]) == ("8", "2")
+    assert "by a TA (grader: 7)" in (out / "report.md").read_text()

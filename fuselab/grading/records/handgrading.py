@@ -6,7 +6,8 @@ answer's score, a changed score of an autograded test, and comments there. The o
 puts them in ``grades.csv``, the report's totals and the feedback pages without regrading anything (a kept
 result is never graded again). ``result.json`` never holds them: the gradebook stays the one place they are.
 
-A cell's points are nbgrader's own rule: the hand-given score where a person gave one, else the grader's.
+A cell's points are nbgrader's own rule (``Grade.score``): the hand-given score where a person gave one, else the
+grader's, plus any extra credit a person gave.
 The maxima are nbgrader's too: every hand-graded cell counts in a lab's maximum, graded yet or not.
 
 Late work: the late penalty nbgrader's plugin gave a submission (``nbgrader_run.record``, as the course's
@@ -22,18 +23,20 @@ from .results import SubmissionResult
 
 
 def read(gradebook_db: Path) -> dict:
-    """``{(student, lab): {grade_id: {"manual": score or None, "auto": nbgrader's score or None, "max": max points,
-    "comment": text}}}``: what a person entered in formgrader, and nbgrader's own score beside it."""
+    """``{(student, lab): {grade_id: {"manual": score or None, "auto": nbgrader's score or None, "extra": extra
+    credit (0 where none), "max": max points, "comment": text}}}``: what a person entered in formgrader, and
+    nbgrader's own score beside it."""
     found: dict = {}
     for assignment, submission in _submissions(gradebook_db):
         cells = found.setdefault((submission.student_id, assignment.name), {})
         for notebook in submission.notebooks:
             for grade in notebook.grades:
                 cells[grade.name] = {"manual": grade.manual_score, "auto": grade.auto_score,
-                                     "max": grade.max_score, "comment": ""}
+                                     "extra": grade.extra_credit or 0.0, "max": grade.max_score, "comment": ""}
             for comment in notebook.comments:
                 if (comment.manual_comment or "").strip():
-                    cells.setdefault(comment.name, {"manual": None, "auto": None, "max": None})["comment"] = \
+                    cells.setdefault(comment.name, {"manual": None, "auto": None, "extra": 0.0,
+                                                    "max": None})["comment"] = \
                         comment.manual_comment
     return found
 
@@ -62,23 +65,27 @@ def _submissions(gradebook_db: Path):
 
 def apply(results: list, gradebook_db: Path) -> list:
     """``results`` (SubmissionResults) with the gradebook's hand grading applied: each result's ``hand_graded``
-    (grade_id → points or None while ungraded, max_points, comment) and an autograded test a person re-scored
-    (``by_hand`` on its cell, and ``total``). Only these in-memory copies change; nothing is saved."""
+    (grade_id → points or None while ungraded, max_points, comment) and an autograded test a person re-scored or
+    gave extra credit (``by_hand`` on its cell, and ``total``). Only these in-memory copies change; nothing is
+    saved."""
     entered = read(gradebook_db)
     penalties = late_penalties(gradebook_db)
     applied = []
     for result in map(SubmissionResult.of, results):
         mine = entered.get((result.student, result.lab), {})
         for grade_id, cell in result.cells.items():
-            manual = (mine.get(grade_id) or {}).get("manual")
-            if manual is not None and abs(manual - cell.points) > 1e-9:
-                cell.by_hand = {"points": manual, "grader": cell.points}
-                cell.points = float(manual)
+            entry = mine.get(grade_id) or {}
+            manual, extra = entry.get("manual"), entry.get("extra") or 0.0
+            points = (cell.points if manual is None else float(manual)) + extra
+            if abs(points - cell.points) > 1e-9:
+                cell.by_hand = {"points": points, "grader": cell.points}
+                cell.points = points
         hand = {}
         for grade_id in result.manual_cells:
             entry = mine.get(grade_id) or {}
-            hand[grade_id] = {"points": entry.get("manual"), "max_points": entry.get("max"),
-                              "comment": entry.get("comment") or ""}
+            given = entry.get("manual") if entry.get("manual") is not None else entry.get("auto")
+            hand[grade_id] = {"points": None if given is None else given + (entry.get("extra") or 0.0),
+                              "max_points": entry.get("max"), "comment": entry.get("comment") or ""}
         result.hand_graded = hand
         result.late_penalty = penalties.get((result.student, result.lab), 0.0)
         # ``total`` stays the autograded tests' (a person's re-score included), ``max_total`` theirs: what the
