@@ -1091,3 +1091,85 @@ def test_one_students_own_due_date_is_given_with_due_lab_colon_student(tmp_path,
     with pytest.raises(SystemExit) as stopped:
         cli._due_arguments(["lab0=2026-09-14T23:59", "lab0=2026-09-15T23:59"])
     assert stopped.value.code == 3 and "--due lab0 is given twice" in capsys.readouterr().err
+
+
+def _canvas_lab0_with_a_stray(tmp_path):
+    """Lab 0's Canvas download: John's lab 0, Kim's lab 1 uploaded to lab 0's assignment, and Ann's lab 0 with a
+    lab 1 notebook beside it."""
+    bulk = tmp_path / "canvas-lab0.zip"
+    with zipfile.ZipFile(bulk, "w") as zf:
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "smithjohn_1002_5002_lab0.ipynb")
+        zf.write(course.LABS / "lab1" / "lab1.ipynb", "leekim_1005_5005_lab1.ipynb")
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "doeann_1004_5004_lab0.ipynb")
+        zf.write(course.LABS / "lab1" / "lab1.ipynb", "doeann_1004_5014_lab1.ipynb")
+    return bulk
+
+
+def test_a_notebook_of_another_lab_in_an_lms_download_is_said_never_dropped(tmp_path, monkeypatch):
+    """An LMS's download is one assignment's: a lab 1 notebook in lab 0's is a stray. With --labs lab0, the
+    student who uploaded only that is "not graded" in lab 0 with the reason (not "missing", nothing submitted),
+    and one who uploaded both has a note on the lab 0 graded. Without --labs the run is refused before anything
+    is graded or written (each stray would open lab 1 for the whole class, everyone else "missing" there)."""
+    bulk = _canvas_lab0_with_a_stray(tmp_path)
+    subs, problems = intake.collect(bulk, tmp_path / "staging", LABS, only_labs=["lab0"])
+    by = {s.student: s for s in subs}
+    assert sorted(by) == ["doeann_1004", "smithjohn_1002"]
+    assert any("also uploaded a lab1 notebook (doeann_1004_5014_lab1.ipynb)" in w for w in by["doeann_1004"].warnings)
+    [stray] = problems
+    assert (stray.student, stray.lab, stray.lms_id) == ("leekim_1005", "lab0", "1005")
+    assert "a lab1 notebook, in a download graded for lab0: not graded" in stray.message
+
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    with pytest.raises(pipeline.GradingRefused, match=r"holds notebooks of 2 labs .*give --labs"):
+        pipeline.grade(bulk, pipeline.Settings(out=out, progress=False))
+    assert not (out / "grades.csv").exists() and not term.load_entries(out)
+    roster_file = tmp_path / "roster.csv"
+    roster_file.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777),Lab 1 (778)\n"
+                           "    Points Possible,,,,,12,17\n\"Smith, John\",1002,S2,js,A,,\n\"Lee, Kim\",1005,S5,kl,A,,\n"
+                           "\"Doe, Ann\",1004,S4,ad,A,,\n")
+    pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], roster=roster_file, progress=False))
+    rows = _rows(out / "grades.csv")
+    assert rows["leekim_1005"]["lab0 status"].startswith("not graded")
+    assert "lab1 status" not in rows["leekim_1005"] or rows["leekim_1005"]["lab1 status"] == ""
+
+
+def test_an_upload_not_graded_keeps_its_canvas_id_and_its_student(tmp_path, monkeypatch):
+    """Canvas's file name carries the student's Canvas id: an upload that cannot be graded (not JSON) keeps it, so
+    the roster finds its student by id even where the names differ (renamed, or a name Canvas spells otherwise),
+    and grades.csv has one row for them, "not graded", not a second one "missing"."""
+    bulk = tmp_path / "canvas-lab0.zip"
+    with zipfile.ZipFile(bulk, "w") as zf:
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "smithjohn_1002_5002_lab0.ipynb")
+        zf.writestr("doeanne_1004_5004_lab0.ipynb", (course.LABS / "lab0" / "lab0.ipynb").read_text()[:5000])
+    roster_file = tmp_path / "roster.csv"
+    roster_file.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n    Points Possible,,,,,12\n"
+                           "\"Smith, John\",1002,S2,js,A,\n\"Doe, Ann\",1004,S4,ad,A,\n")
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], roster=roster_file, progress=False))
+    rows = _rows(out / "grades.csv")
+    assert sorted(rows) == ["doeanne_1004", "smithjohn_1002"]
+    assert rows["doeanne_1004"]["lab0 status"].startswith("not graded")
+
+
+def test_a_roster_of_another_course_is_refused_before_grading(tmp_path, monkeypatch):
+    """A --roster that names none of the submissions' students (by Canvas id or id), nor any of the course
+    folder's, is another course's: refused before anything is graded, saying so; the course folder unchanged."""
+    bulk = _canvas_lab0_with_a_stray(tmp_path)
+    wrong = tmp_path / "other-course.csv"
+    wrong.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (9001)\n    Points Possible,,,,,12\n"
+                     "\"Other, One\",8001,S1,o1,B,\n\"Other, Two\",8002,S2,o2,B,\n")
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("nothing is graded"))
+    with pytest.raises(pipeline.GradingRefused, match=r"names none of the 3 students .*another course"):
+        pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], roster=wrong, progress=False))
+    assert not (out / "grades.csv").exists() and not roster.load(out)
+    # one student of the course on it (a late enrolment's fresh download) is this course's
+    assert term.unrelated_roster([{"student": "x", "lms_id": "1004"}], {"doeann_1004"}, {"1004"}, out) is None

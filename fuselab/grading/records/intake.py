@@ -94,6 +94,8 @@ class Problem:
     grader_failed: bool = False  # the grader's own failure, not the submission's: a run again grades it
     of_the_run: bool = False     # about the run itself (the shared builds changed), not about an upload
     older_upload: bool = False   # an upload older than the one graded: skipped, the graded one's entry unchanged
+    lms_id: str | None = None    # the student's id in the LMS, where the upload's name says (roster.match by it)
+    lms: str | None = None
 
     @property
     def note(self) -> bool:
@@ -585,6 +587,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                     "no notebook found", student=student))
 
     submissions = []
+    strays: list = []  # (student, lab, origins, whether they have a notebook of a lab asked for)
     for student, notebooks in sorted(found.items()):
         if students and student not in students:
             continue
@@ -597,10 +600,13 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
                                         student=student))
                 continue
             per_lab.setdefault(lab, []).append((path, origin))
+        asked_here = [lab for lab in per_lab if not only_labs or lab in only_labs]
         for lab, candidates in sorted(per_lab.items()):
             if labs_found is not None:
                 labs_found.add(lab)
             if only_labs and lab not in only_labs:
+                if facts.get(student, {}).get("lms"):  # an LMS's download is one assignment's: a stray, said
+                    strays.append((student, lab, [o for _, o in candidates], bool(asked_here)))
                 continue
             earlier = []  # Canvas's earlier uploads of the notebook graded: listed on it, never dropped unsaid
             if len(candidates) > 1:
@@ -652,10 +658,56 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     for key, names in beside.items():  # one note, however many files
         graded[key].warnings.append(f"also uploaded {', '.join(names[:5])}{' and more' if len(names) > 5 else ''}"
                                     ": not a notebook, not graded")
+    problems += _strays(strays, submissions, sorted(only_labs or []))
     for problem in problems:  # a problem told by the name on disk (a zip member, an unreadable folder)
         problem.student = renamed.get(problem.student, problem.student)
+        said = facts.get(problem.student or "", {})
+        if problem.lms_id is None and said.get("lms_id"):  # its LMS id, that the roster knows them by
+            problem.lms_id, problem.lms = said["lms_id"], said.get("lms")
     shutil.rmtree(unpacked, ignore_errors=True)
     return submissions, problems
+
+
+def _strays(strays: list, submissions: list, asked: list) -> list:
+    """A notebook of a lab not asked for (``--labs``) in an LMS's download, which is one assignment's: uploaded to
+    the wrong assignment, most likely. Never dropped unsaid: a note on the student's graded notebook of the lab
+    asked for, or, where they have none, the reason their entry for it is "not graded" (not "missing")."""
+    problems = []
+    by_key = {(s.student, s.lab): s for s in submissions}
+    one = asked[0] if len(asked) == 1 else None
+    for student, lab, origins, has_asked in strays:
+        named = ", ".join(printable(o) for o in origins)
+        graded = [by_key[(student, a)] for a in asked if (student, a) in by_key]
+        also = f"also uploaded a {lab} notebook ({named}): not graded in this run (--labs {' '.join(asked)})"
+        if graded:
+            graded[0].warnings.append(also)
+        elif has_asked:  # their notebook of the lab asked for is not graded either: its reason, and this
+            problems.append(Problem(named, also, student=student, lab=one))
+        else:
+            problems.append(Problem(named, f"a {lab} notebook, in a download graded for {' '.join(asked)}: not "
+                                           f"graded. Uploaded to the wrong assignment? If it is the student's "
+                                           f"{one or 'work for this lab'}, rename it after that lab and run again; "
+                                           f"if it is {lab}'s, it is graded with {lab}'s download",
+                                    student=student, lab=one))
+    return problems
+
+
+def mixed_download(submissions: list) -> str | None:
+    """Why an LMS's download (Canvas's or Moodle's: one assignment's) that holds notebooks of several labs cannot be
+    graded without ``--labs``, or None: each stray notebook would open a lab of its own for the whole class (every
+    other student "missing" there, 0 in the export) and leave its student "missing" in the lab uploaded to."""
+    held: dict = {}
+    for sub in submissions:
+        if sub.lms:
+            held.setdefault(sub.lab, []).append(sub.student)
+    if len(held) < 2:
+        return None
+    counts = "; ".join(f"{lab}: {len(students)} ({', '.join(sorted(students)[:3])}"
+                       f"{', ...' if len(students) > 3 else ''})" for lab, students in sorted(held.items()))
+    return (f"this {'Canvas' if any(s.lms == 'canvas' for s in submissions) else 'Moodle'} download holds "
+            f"notebooks of {len(held)} labs ({counts}), and an LMS's download is one assignment's: give --labs "
+            "with the lab of the assignment it was downloaded from; a notebook of another lab is then listed, "
+            "not graded")
 
 
 def canvas_upload_number(origin: str) -> int | None:

@@ -104,7 +104,8 @@ def record_run(out: Path, submissions: list, graded: set, problems: list, run_la
         lab = problem.lab or (run_labs[0] if len(run_labs) == 1 else UNKNOWN_LAB)
         entry = new.get((student, lab))
         if entry is None or entry.status == GRADED:
-            entry = new[(student, lab)] = Entry(student, lab, NOT_GRADED, where=problem.where)
+            entry = new[(student, lab)] = Entry(student, lab, NOT_GRADED, where=problem.where,
+                                                lms_id=problem.lms_id, lms=problem.lms)
         entry.why = "; ".join(filter(None, [entry.why, f"{problem.where}: {problem.message}"]))
     for sub in submissions:
         key = (sub.student, sub.lab)
@@ -148,6 +149,29 @@ def canvas_ids(out: Path) -> dict:
         if entry.lms == "canvas" and entry.lms_id and not entry.student.startswith(NOBODY):
             held.setdefault(entry.lms_id, []).append(entry.student)
     return {lms_id: min(set(students), key=lambda s: (-students.count(s), s)) for lms_id, students in held.items()}
+
+
+def unrelated_roster(people: list, students: set, lms_ids: set, out: Path) -> str | None:
+    """Why ``people`` (a ``--roster`` just read) is not this course's, or None: it names none of ``students`` (this
+    run's, whose LMS ids are ``lms_ids``) nor any student of the course folder ``out``, by LMS id or by id. Another course's export would put its
+    people in every lab as "missing" (0 in the export, under its assignments' columns) and take this course's
+    names and missing students out of grades.csv."""
+    import re
+    known = {e.student for e in load_entries(out).values() if not e.student.startswith(NOBODY)} | set(students)
+    known.discard(None)
+    if not people or not known:
+        return None
+    ids = {e.lms_id for e in load_entries(out).values() if e.lms_id} | set(lms_ids)
+    for person in people:
+        student = str(person.get("student") or "")
+        if student in known or (person.get("lms_id") and person["lms_id"] in ids) or \
+                any(re.fullmatch(re.escape(student) + r"_\d+", s) for s in known):  # Moodle's grade export
+            return None
+    return (f"the roster names none of the {len(known)} students of these submissions or of {out} (e.g. "
+            f"{', '.join(sorted(known)[:3])}), by LMS id or name; its {len(people)} people are others (e.g. "
+            f"{', '.join(sorted(str(p.get('name') or p.get('student')) for p in people)[:3])}). Is it another "
+            "course's or assignment's download? Give this course's: Canvas's Grades > Export, or Moodle's grading "
+            "worksheet of the lab graded")
 
 
 def by_participant_number(entry: Entry) -> bool:

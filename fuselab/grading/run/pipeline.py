@@ -649,6 +649,13 @@ def _grade(source, settings: Settings) -> ClassResult:
                                                    graded=term.graded_uploads(settings.out, keep_out=forced),
                                                    labs_found=labs_found, canvas_ids=term.canvas_ids(settings.out))
             problems += _labs_not_found(settings.labs, labs_found, source)
+            mixed = None if settings.labs else intake.mixed_download(submissions)
+            if mixed:  # before anything is graded or recorded
+                raise GradingRefused(mixed)
+            unrelated = term.unrelated_roster(people, {x.student for x in [*submissions, *problems] if x.student},
+                                              {x.lms_id for x in [*submissions, *problems] if x.lms_id}, settings.out)
+            if unrelated:
+                raise GradingRefused(f"--roster {settings.roster}: {unrelated}")
             bar.update()
             _check_students(settings.students, seen, source)
             if settings.students:  # a run over some students changes nobody else's rows

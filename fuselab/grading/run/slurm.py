@@ -177,6 +177,10 @@ def intake_class(source: Path, options: Options, moodle_ids: dict | None = None,
     submissions, problems = intake.collect(Path(source), staging / "submissions", names,
                                            students=options.students, only_labs=labs, moodle_ids=moodle_ids,
                                            graded=graded, canvas_ids=canvas_ids)
+    mixed = None if options.labs else intake.mixed_download(submissions)
+    if mixed:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ValueError(mixed)
     entries = sorted(({"student": s.student, "lab": s.lab, "sha": _sha(s.notebook), "origin": s.origin,
                        "path": str(s.notebook), "late": s.late, "lms_id": s.lms_id, "lms": s.lms,
                        "submitted": s.submitted} for s in submissions), key=lambda e: (e["student"], e["lab"]))
@@ -196,13 +200,18 @@ def split(entries: list, shards: int | None) -> list:
 
 
 def write_plan(out: Path, source: Path, options: Options, moodle_ids: dict | None = None,
-               graded: dict | None = None) -> dict:
-    """Intake once, write one zip per shard and ``plan.json``; the plan."""
+               graded: dict | None = None, people: list | None = None) -> dict:
+    """Intake once, write one zip per shard and ``plan.json``; the plan. ``people``: the ``--roster`` given, which
+    must name some student of the class (``term.unrelated_roster``)."""
     entries, problems, staging = intake_class(source, options, moodle_ids, graded, term.canvas_ids(out))
     try:
         if not entries:
             raise ValueError(f"no gradable submission under {source}" +
                              "".join(f"\n  {p['where']}: {p['message']}" for p in problems))
+        unrelated = term.unrelated_roster(people, {e["student"] for e in [*entries, *problems] if e["student"]},
+                                          {e["lms_id"] for e in [*entries, *problems] if e["lms_id"]}, out)
+        if unrelated:
+            raise ValueError(f"--roster: {unrelated}")
         shards = split(entries, options.shards)
         for index in sorted(set(shards)):
             target = shard_zip(out, index)
@@ -632,7 +641,7 @@ def submit(source, out: Path, options: Options, force: bool = False, roster_file
         else:
             # as on one host: an upload older than the one graded is not graded over it, unless --force names them
             forced = options.students if force and options.students else ()
-            plan = write_plan(out, source, options, moodle_ids, term.graded_uploads(out, keep_out=forced))
+            plan = write_plan(out, source, options, moodle_ids, term.graded_uploads(out, keep_out=forced), people)
         states = shard_states(out, plan, None)
         missing = [i for i, s in states.items() if s != "done"]
         if missing:
