@@ -219,6 +219,56 @@ def test_a_student_named_points_possible_is_a_student_not_canvas_points(tmp_path
     assert all(p["columns"] == {"Lab 0 (111)": 10.0} for p in people), people
 
 
+CANVAS_HEADERS = {  # Canvas's identity columns are each optional; its totals follow the assignments
+    "no SIS": "Student,ID,Section,{labs}",
+    "every one": "Student,ID,SIS User ID,SIS Login ID,Integration ID,Root Account,Section,{labs},"
+                 "Assignments Current Points,Assignments Final Points,Current Score,Unposted Current Score,"
+                 "Final Score,Current Grade,Final Grade",
+    "moved": "ID,Section,Student,{labs},Current Points"}
+
+
+@pytest.mark.parametrize("layout", sorted(CANVAS_HEADERS))
+def test_canvas_assignments_are_found_by_name_not_by_position(tmp_path, capsys, layout):
+    """The assignments were the columns from the sixth on: a Canvas export without SIS columns lost "Lab 0 (5001)"
+    and its 10 points, so the export wrote a new "lab0" column worth 12 and Canvas's 10 went unchecked; one with
+    Integration ID and Root Account took those for assignments, its totals too. An assignment is a column Canvas
+    names "Title (id)", wherever it stands."""
+    header = CANVAS_HEADERS[layout].format(labs="Lab 0 (5001),Lab 1 (5002)")
+    names = header.split(",")
+    values = {"Student": "Ames, Ann", "ID": "1001", "Section": "A", "Lab 0 (5001)": "7", "Lab 1 (5002)": "3"}
+    possible = {"Lab 0 (5001)": "10", "Lab 1 (5002)": "17"}
+    path = tmp_path / "canvas.csv"
+    identity = ("Student", "ID", "SIS User ID", "SIS Login ID", "Integration ID", "Root Account", "Section")
+    canvas_row = {"Student": "    Points Possible", **dict.fromkeys(identity[1:], ""), **possible}
+    path.write_text(header + "\n" + ",".join(canvas_row.get(n, "(read only)") for n in names) + "\n"
+                    + ",".join(f'"{values[n]}"' if n in values else "" for n in names) + "\n")
+    [ann] = roster.read(path)
+    assert (ann["lms_id"], ann["name"], ann["section"]) == ("1001", "Ames, Ann", "A")
+    assert ann["columns"] == {"Lab 0 (5001)": 10.0, "Lab 1 (5002)": 17.0}
+    # the export checks Canvas's points of the lab's own column: 10, not the lab's 12
+    people = [dict(ann, student="ann")] + CANVAS[1:]
+    out = _course(tmp_path, people=people)
+    _outputs(out)
+    assert cli.main(["export", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lab0 is worth 12 points, Canvas's \"Lab 0 (5001)\" 10" in err, err
+
+
+def test_a_canvas_export_without_student_or_id_is_refused_saying_what_to_give(tmp_path):
+    for header, lacking in (("Student,SIS User ID,Section,Lab 0 (5001)", "ID column"),
+                            ("ID,SIS Login ID,Lab 0 (5001)", "Student column"),
+                            ("Name,Lab 0 (5001),Current Score", "Student and ID columns")):
+        path = tmp_path / "canvas.csv"
+        path.write_text(header + "\nx,1,2,3\n")
+        with pytest.raises(roster.RosterError) as refused:
+            roster.read(path)
+        said = str(refused.value)
+        assert f"a Canvas gradebook export without its {lacking}" in said and "Grades > Export" in said, said
+    path.write_text("id,name,score\n1,x,2\n")  # not Canvas's: the message names every LMS's export
+    with pytest.raises(roster.RosterError, match="Student, ID.*Identifier, Full name"):
+        roster.read(path)
+
+
 @pytest.mark.parametrize("columns", [["Lab 0 Quiz (222)", "Lab 0 Fusion (111)"], ["Lab 0 (111)", "Lab 0 (333)"]])
 def test_an_export_never_guesses_between_two_canvas_columns_of_a_lab(tmp_path, capsys, columns):
     """The first column that started like the lab's took its grades: "Lab 0 Quiz" before "Lab 0 Fusion" would have

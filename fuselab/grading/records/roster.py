@@ -3,9 +3,10 @@
 Read as it comes out of the LMS (``fuselab grade --roster FILE``):
 
 - Canvas's gradebook export (Grades > Export): ``Student`` ("Last, First"), ``ID`` (the user id Canvas puts in
-  its submission file names), ``SIS User ID``, ``SIS Login ID``, ``Section``, then the assignments' columns;
-  its "Points Possible" row gives each assignment's points in Canvas (``fuselab export`` never changes them),
-  the test student is skipped;
+  its submission file names), and where it has them ``SIS User ID``, ``SIS Login ID``, ``Section``; the
+  assignments' columns are those named as Canvas names them, ``Title (assignment id)``, wherever they stand
+  (its totals, "Current Score" and the like, are none); its "Points Possible" row gives each assignment's points
+  in Canvas (``fuselab export`` never changes them), the test student is skipped;
 - Moodle's grading worksheet (Assignment > Download grading worksheet): ``Identifier`` ("Participant 1234", the
   number Moodle puts in its submission names), ``Full name``, ``Email address``, and for that assignment
   ``Status`` (Moodle says "... late") and ``Last modified (submission)``: when the run covers that one lab,
@@ -41,6 +42,10 @@ ROSTER = "roster.json"
 MAX_ROSTER_BYTES = 20 * 2**20
 
 
+# Canvas's name of an assignment's column: its title and its id, "Lab 0 (5001)"
+CANVAS_ASSIGNMENT = re.compile(r".*\S\s*\(\d+\)")
+
+
 class RosterError(ValueError):
     """The file is not a roster this reads: says which columns it looked for."""
 
@@ -62,13 +67,16 @@ def read(path: Path) -> list:
     if "student" in lower and "id" in lower:  # Canvas
         at = {name: lower.index(name) for name in ("student", "id", "sis user id", "sis login id", "section")
               if name in lower}
+        # the assignments by name, wherever they are: Canvas's identity columns before them vary (SIS, Integration
+        # ID, Root Account, Section, each optional) and its totals ("Current Score", "Final Grade") follow them
+        assignments = [i for i, h in enumerate(header) if CANVAS_ASSIGNMENT.fullmatch(h)]
         possible = None  # Canvas's "Points Possible" row: each assignment's points in Canvas
         for row in rows[1:]:
             cell = {name: (row[i].strip() if i < len(row) else "") for name, i in at.items()}
             # Canvas's own row comes before the students' and has no id: a student whose name reads "Points
             # Possible" is a student, whose scores are never taken for the assignments' points
             if cell["student"].lower() == "points possible" and not cell["id"] and possible is None and not people:
-                possible = {h: _points(row[i]) for i, h in enumerate(header) if i >= 5 and i < len(row)}
+                possible = {header[i]: _points(row[i]) for i in assignments if i < len(row)}
                 continue
             if not cell["id"].isdigit() or cell["student"].lower() == "student, test":
                 continue
@@ -76,7 +84,8 @@ def read(path: Path) -> list:
                            "name": cell["student"], "lms_id": cell["id"], "lms": "canvas",
                            "sis_id": cell.get("sis user id", ""), "sis_login": cell.get("sis login id", ""),
                            "section": cell.get("section", ""), "email": ""})
-        columns = {h: (possible or {}).get(h) for h in header[5:]}  # an assignment column: its points in Canvas
+        # an assignment column: its points in Canvas
+        columns = {header[i]: (possible or {}).get(header[i]) for i in assignments}
     elif "identifier" in lower and "full name" in lower:  # Moodle's grading worksheet
         at = {name: lower.index(name) for name in ("identifier", "full name", "email address", "status",
                                                    "last modified (submission)", "maximum grade") if name in lower}
@@ -104,6 +113,15 @@ def read(path: Path) -> list:
                                "email": cell.get("email address", ""), "id_number": cell.get("id number", ""),
                                "first_name": cell["first name"], "last_name": cell["last name"]})
         columns = {}
+    elif {"student", "sis user id", "sis login id"} & set(lower) or any(map(CANVAS_ASSIGNMENT.fullmatch, header)):
+        # Canvas's columns, but not the two every person is known by: a roster edited, or another tool's export
+        # (an "ID" alone says nothing: many a CSV has one)
+        lacking = [name for name in ("Student", "ID") if name.lower() not in lower]
+        raise RosterError(f"{path}: a Canvas gradebook export without its {' and '.join(lacking)} column"
+                          f"{'s' if len(lacking) > 1 else ''} (its columns: "
+                          f"{', '.join(printable(h) for h in header[:8])}): Student (\"Last, First\") and ID (Canvas's "
+                          "user id, in its submission file names) say who each row is. Download it again from "
+                          "Canvas (Grades > Export) and give it unedited")
     else:
         # a spreadsheet set to a language whose decimal mark is a comma saves "CSV" with semicolons: one column
         semicolons = ("; its columns are separated by semicolons (a spreadsheet saved it so): give the LMS's own "
