@@ -206,6 +206,37 @@ def test_canvas_points_possible_are_never_changed_silently(tmp_path, capsys):
     assert by_id["1002"] == ""                                                  # not graded: left as it is
 
 
+def test_the_export_says_whose_written_answers_still_wait_for_a_person(tmp_path, capsys):
+    """nbgrader counts a written answer not graded yet 0: the export wrote such totals (ann 7 of 12 while her
+    2-point answer waited) without a word, and a TA uploaded partial grades. Its output says, per lab, how many
+    submissions wait and whose (the report's own line); the numbers it writes stay nbgrader's."""
+    out = _course(tmp_path, people=CANVAS)
+    _outputs(out)
+    assert cli.main(["export", str(out)]) == 0
+    said = capsys.readouterr().out
+    waits = [line for line in said.splitlines() if line.startswith("partial totals: ")]
+    assert waits == ["partial totals: lab0: to grade by hand: written answers of 1 submission(s) still to be "
+                     "graded in formgrader (docs/ta-guide.md): ann. Their totals in these files count those "
+                     "answers 0: export again once they are graded"], said
+    assert [row[5] for row in csv.reader((out / "export" / "canvas-grades.csv").open(encoding="utf-8"))
+            if row[1] == "1001"] == ["7"]
+    assert export.write(out).by_hand == [waits[0].removeprefix("partial totals: ")]
+    # an export that stops for a TA's decision says it too, beside the files it did write
+    roster.save(out, [dict(p, columns={"Lab 0 (77)": 10.0}) for p in CANVAS])
+    assert cli.main(["export", str(out)]) == 2
+    assert "wrote " in (said := capsys.readouterr().out) and "partial totals: lab0: " in said and "ann" in said
+    # graded in formgrader: nothing waits, the total has the answer's points
+    roster.save(out, CANVAS)
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
+        gradebook.find_grade("answer", "lab0", "lab0", "ann").manual_score = 1.5
+        gradebook.db.commit()
+    assert cli.main(["export", str(out)]) == 0
+    assert "partial totals" not in capsys.readouterr().out
+    assert [row[5] for row in csv.reader((out / "export" / "canvas-grades.csv").open(encoding="utf-8"))
+            if row[1] == "1001"] == ["8.5"]
+
+
 def test_a_student_named_points_possible_is_a_student_not_canvas_points(tmp_path):
     """Canvas's "Points Possible" row comes first and has no id. A student whose name reads the same (with an id,
     among the students) was taken for that row: their scores became every assignment's points in Canvas, which

@@ -21,7 +21,8 @@ What the LMS holds is never changed behind the TA's back: where the roster's Can
 assignment's points and they differ from the lab's maximum, the export stops (``ExportError``) unless
 ``--scale`` asks for the points scaled to Canvas's. Every file that cannot be written is said, with what to do:
 asked for with ``--lms``, it is an error (exit status 2); else a line of the output. A row the LMS cannot
-match (no LMS id from intake or the roster) is left out of that LMS's file and listed.
+match (no LMS id from intake or the roster) is left out of that LMS's file and listed. A written answer nobody
+has graded yet counts 0 in nbgrader's total: the output says, per lab, whose (the report's "to grade by hand").
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..records import nbgrader_run, roster, term
+from ..records import handgrading, nbgrader_run, roster, term
 from ..records.intake import printable
+from .report import _to_grade_by_hand
 from .terminal import shown, spreadsheet_cell
 
 
@@ -45,6 +47,7 @@ class Export:
     not_graded: list = field(default_factory=list)   # (student, lab, why): left blank
     notes: list = field(default_factory=list)        # what the TA must know about a file written
     problems: list = field(default_factory=list)     # a file not written, and what to do
+    by_hand: list = field(default_factory=list)      # per lab, the submissions whose written answers wait
 
 
 def nbgrader_scores(db: Path) -> tuple:
@@ -101,7 +104,8 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
         raise FileNotFoundError(f"{course_folder} is not a graded course folder (no course/gradebook.db): give the "
                                 "--out of your fuselab grade runs")
     entries = term.load_entries(course_folder)
-    results = term.course_results(course_folder, [], entries)
+    # the hand grading only says which written answers wait (the points written are nbgrader's, below)
+    results = handgrading.apply(term.course_results(course_folder, [], entries), db)
     standings = term.standings(results, entries, roster.load(course_folder),
                                nbgrader_run.due_dates(db))
     scores, maxima = nbgrader_scores(db)
@@ -110,6 +114,10 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
         raise ExportError(f"nothing graded yet in {course_folder}: run fuselab grade with --out {course_folder} "
                           "first")
     done = Export(labs=labs)
+    # the report's own lines: a written answer not graded yet counts 0 in nbgrader's total, so a total uploaded
+    # now is partial, and the TA who reads only the export's output must know it
+    done.by_hand = ["".join(part[1] for part in line) + ". Their totals in these files count those answers 0: "
+                    "export again once they are graded" for line in _to_grade_by_hand(standings)]
     cells: dict = {}  # (student, lab) → the grade (None where not graded)
     for s in standings:
         if s.lab not in labs:
@@ -280,6 +288,8 @@ def main(args) -> int:
         written = exc.args[1] if len(exc.args) > 1 else None
         for path in getattr(written, "files", []):
             print(f"wrote {path}")
+        for line in getattr(written, "by_hand", []) if getattr(written, "files", []) else []:
+            print(f"partial totals: {shown(line)}")
         for problem in [] if written is None or getattr(args, "lms", None) not in (None, "all") else written.problems:
             print(f"not written: {problem}")
         print(f"fuselab export: {exc.args[0]}", file=sys.stderr)
@@ -287,6 +297,8 @@ def main(args) -> int:
     for path in done.files:
         print(f"wrote {path}")
     print(f"labs: {', '.join(done.labs)}")
+    for line in done.by_hand:
+        print(f"partial totals: {shown(line)}")
     for note in done.notes:
         print(note)
     for problem in done.problems:
