@@ -1,6 +1,7 @@
 """fuselab.check: each test runs a small pure-torch candidate with one known bug and asserts the report names it."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -811,3 +812,62 @@ def test_an_all_zero_relu_output_is_not_called_integer_division():
     assert "integer division" not in hint and "fmaxf(NaN, 0.0f)" in hint and "out of bounds" in hint, hint
     hint = hint_for(_evidence(torch.zeros_like(expected), expected))
     assert "integer division" in hint, hint
+
+
+# --- what a report of many failing cases leads with ------------------------------------------------------------
+
+
+def _doubled(shape, seed):
+    return (torch.randn(shape),)
+
+
+def test_a_bound_one_short_is_not_told_that_nothing_was_written():
+    """`i < n - 1`: the 1-element case writes nothing, every larger case all but its last element. The tiny case,
+    shown first, told the student that nothing was written (did the kernel launch?), which is true of no other
+    failing case; the cases' lines (how many bad, where the first is) and the pattern of a larger case lead."""
+    def all_but_the_last(x, out):
+        out[: x.numel() - 1] = 2 * x[: x.numel() - 1]
+
+    result = check(all_but_the_last, lambda x: 2 * x, _doubled, [(1,), (5,), (9,)], seeds=(0, 1),
+                   raise_on_fail=False, verbose=False)
+    report = result.report()
+    assert "nothing was written" not in report and "Did the kernel launch" not in report, report
+    assert result.to_dict()["cases"][0]["outputs"][0]["hint"] == ""  # what the grader keeps says no more
+    lines = report.split("\n\n")[1].splitlines()
+    assert lines == ["  ✗ shape=(1,)  out: 1 of 1 bad, first at out[0]",
+                     "  ✗ shape=(5,)  out: 1 of 5 bad, first at out[4]",
+                     "  ✗ shape=(9,)  out: 1 of 9 bad, first at out[8]"], report
+    assert report.index("out[4] on is never written") < report.index("✗ all_but_the_last, shape=(1,)"), report
+    assert "more failing case" not in report  # each case is on a line already
+    # nothing written in any case: the hint is true, and said
+    nothing = check(lambda x, out: None, lambda x: 2 * x, _doubled, [(1,), (5,)], seeds=(0,), raise_on_fail=False,
+                    verbose=False)
+    assert "nothing was written to `out`. Did the kernel launch" in nothing.report()
+
+
+def test_the_cases_lines_say_the_seeds_only_where_not_every_seed_fails_alike():
+    def wrong_for_seed_1(x, out):
+        out.copy_(2 * x + (1.0 if float(x.flatten()[0]) == float(torch.randn(x.shape, generator=torch.Generator()
+                                                                                  .manual_seed(1)).flatten()[0])
+                           else 0.0))
+
+    def seeded(shape, seed):
+        return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)
+
+    report = check(wrong_for_seed_1, lambda x: 2 * x, seeded, [(3,), (4,)], seeds=(0, 1, 2), raise_on_fail=False,
+                   verbose=False).report()
+    assert "  ✗ shape=(3,), seed=1  out: 3 of 3 bad, first at out[0]" in report, report
+    assert "  ✗ shape=(4,), seed=1  out: 4 of 4 bad, first at out[0]" in report, report
+
+
+def test_the_cases_lines_stop_short_enough_for_a_feedback_page_and_the_rest_follow():
+    shapes = [(n,) for n in range(2, 40)]
+    result = check(lambda x, out: out.copy_(3 * x), lambda x: 2 * x, _doubled, shapes, seeds=(0,),
+                   raise_on_fail=False, verbose=False)
+    report = result.report()
+    overview = report.split("\n\n")[1]
+    assert len(overview) < 500 and overview.splitlines()[0].startswith("  ✗ shape=(2,)  out: 2 of 2 bad"), report
+    left = int(re.search(r"… and (\d+) more failing cases, below", overview).group(1))
+    listed = len(overview.splitlines()) - 1
+    assert listed + left == len(shapes) and f"\n\n{left} more failing cases:\n" in report, report
+    assert "✗ shape=(39,), seed=0" in report  # every case said, once

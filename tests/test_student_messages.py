@@ -84,6 +84,22 @@ def test_an_off_by_one_bound_is_named_as_one():
     assert not result.passed and "off-by-one" in report and "`i <= n`" in report, report
 
 
+def test_a_bound_one_short_leads_with_the_cases_and_not_with_an_unwritten_output():
+    """`i < n - 1` (grader/examples/edge_bug): the 1-element case writes nothing, every other case all but its last
+    element. The feedback page (a message's first 600 characters) showed only the 1-element case, hinting that
+    nothing was written (did the kernel launch?), while "1 of 1000 bad, first at out[999]" was cut off."""
+    from fuselab.grading.outputs import feedback
+    mod = fused_module(bound="i < n - 1", name="msg_one_short")
+    result = fuselab.check(lab0.fused(mod), lab0.reference, make, lab0.SMALL_SHAPES, verbose=False,
+                           raise_on_fail=False)
+    page = feedback.clean_text(f"CheckFailed: {result.report()}", feedback.MAX_MESSAGE_CHARS)
+    page = page.split("\n… (")[0]  # what the page shows
+    assert "nothing was written" not in result.report() and "Did the kernel launch" not in result.report()
+    for n in (7, 255, 1000, 4099):
+        assert f"✗ shape=({n},)  out: 1 of {n} bad, first at out[{n - 1}]" in page, page
+    assert "everything from out[6] on is never written" in page, page
+
+
 def test_a_missing_bounds_check_is_named_as_one():
     mod = fused_module(bound="true", name="msg_no_bound")
     result = fuselab.check(lab0.fused(mod), lab0.reference, make, [(random.Random(3).randint(1, 200),)], seeds=(0,),

@@ -85,6 +85,7 @@ def check(
             continue
         break
 
+    _drop_untrue_hints(result)
     if verbose:
         print(result.headline())
         result.announced = True
@@ -92,6 +93,18 @@ def check(
         first_exception = next((case.exception for case in result.cases if case.exception is not None), None)
         raise CheckFailed(result.report(), result) from first_exception
     return result
+
+
+def _drop_untrue_hints(result: CheckResult) -> None:
+    """Drop the "nothing was written to `out`" hint (did the kernel launch? every index lands outside?) from the
+    cases where no element of `out` was written, when another failing case wrote some: it is true of the failures
+    only if none did. A bound one short (`i < n - 1`) leaves a 1-element output unwritten, and the hint sent the
+    student looking at the launch; the larger cases' own hints say where the writes stop."""
+    failing = [c for case in result.failures for c in case.comparisons if not c.problem and c.numel]
+    written = {c.name for c in failing if c.n_not_written < c.numel}
+    for comparison in failing:
+        if comparison.name in written and comparison.n_not_written == comparison.numel:
+            comparison.hint = ""
 
 
 def _missing_name_note(exc: NameError) -> str:

@@ -56,14 +56,15 @@ class OutputComparison:
     def fraction_bad(self) -> float:
         return self.n_bad / self.numel if self.numel else 0.0
 
-    def summary(self) -> str:
-        """One line."""
+    def summary(self, share: bool = True) -> str:
+        """One line; ``share=False`` leaves out the share of elements bad (the counts say it)."""
         if self.problem:
             return f"{self.name}: {self.problem}"
         if self.passed:
             return f"{self.name}: max abs error {format_error(self.max_abs_error)}"
         where = f", first at {format_index(self.name, self.first_bad.index)}" if self.first_bad else ""
-        return f"{self.name}: {self.n_bad} of {self.numel} bad ({self.fraction_bad:.1%}){where}"
+        percent = f" ({self.fraction_bad:.1%})" if share else ""
+        return f"{self.name}: {self.n_bad} of {self.numel} bad{percent}{where}"
 
     def report(self, indent: str = "") -> str:
         """Several lines, for a student."""

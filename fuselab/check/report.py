@@ -7,6 +7,11 @@ from .formatting import format_error, format_shape, is_named_case, plural
 
 # A failure message shows this many failing cases in full; the rest get one line each.
 _DETAILED_FAILURES = 3
+# The failing cases' lines, before any case in full, stop near this many characters, each case's problem at
+# _OVERVIEW_WHAT: a feedback page shows a message's first 600, and these lines are what pins the bug there (the
+# first cases in full are often tiny: one element, one pixel)
+_OVERVIEW_CHARS = 400
+_OVERVIEW_WHAT = 100
 
 
 @dataclass
@@ -44,13 +49,17 @@ class CaseResult:
 
     def line(self) -> str:
         """One line: ✓/✗, the case, and its most important number or problem."""
-        mark = "✓" if self.passed else "✗"
+        return f"{'✓' if self.passed else '✗'} {self.label}  {self.what()}"
+
+    def what(self, share: bool = True) -> str:
+        """The case's most important number or problem, one line (``share``: as ``OutputComparison.summary``)."""
         if self.error:
             what = f"raised {self.error}"
         else:
             failing = [c for c in self.comparisons if not c.passed]
-            what = "; ".join([c.summary() for c in failing] + self.problems) or "; ".join(c.summary() for c in self.comparisons)
-        return f"{mark} {self.label}  {_first_line(what)}"
+            what = "; ".join([c.summary(share) for c in failing] + self.problems) or \
+                "; ".join(c.summary(share) for c in self.comparisons)
+        return _first_line(what)
 
     def details(self, hint: bool = True, said: set = frozenset()) -> str:
         """The case in full; ``hint=False`` leaves out the case's own hint, and ``said`` the emulation's notes, that
@@ -131,6 +140,11 @@ class CheckResult:
             return f"{self.name} could not run: {self.could_not_run}"
         failures = self.failures
         parts = [self.summary() + "."]
+        errors = {case.error for case in failures}
+        same_error = len(failures) > 1 and len(errors) == 1 and None not in errors  # said once, below
+        # the failing cases, a line per shape, before any in full: which fail, how many elements bad, where the
+        # first is (said after what the emulation saw and what sets the failing cases apart, which say more)
+        lines, listed = _overview(self.cases) if not same_error else ([], set())
         said = set()  # a case's own hint and the emulation's notes, once per report
         # what the emulation saw while a case failed (a race, a barrier not every thread reached) was observed, not
         # read from which cases fail: it comes before any guess from the cases
@@ -143,27 +157,28 @@ class CheckResult:
                      or _separating_equality(self.cases))
         if separated:
             parts.append(separated)
-        errors = {case.error for case in failures}
-        if len(failures) > 1 and len(errors) == 1 and None not in errors:
+        if lines:
+            parts.append("\n".join(lines))
+        if same_error:
             # the same exception in every failing case (a launch error, a wrong argument): said once
             parts.append(f"✗ each of the {len(failures)} failing cases (the first: {failures[0].label}) raised the "
                          f"same error:\n    {failures[0].error}")
             failures = []
-        for case in failures[:_DETAILED_FAILURES]:
+        shown = failures[:_DETAILED_FAILURES]
+        if shown and not any(c.hint for c in shown[0].comparisons):
+            # the first failing cases are often tiny (one channel, one pixel): too small to show a pattern. The
+            # first that shows one is said before them, where a page that shows the message's first lines has it
+            telling = next(((case, c) for case in failures[1:] for c in case.comparisons if c.hint), None)
+            if telling:
+                case, comparison = telling
+                parts.append(f"a later failing case, {case.label}, shows a pattern:\n    hint: {comparison.hint}")
+        for case in shown:
             parts.append(case.details(hint=case.hint not in said, said=said))
             said.update(case.emulation_notes)
             if case.wrong_values:
                 said.add(case.hint)
-        shown = failures[:_DETAILED_FAILURES]
-        if shown and not any(c.hint for case in shown for c in case.comparisons):
-            # the first failing cases are often tiny (one channel, one pixel): too small to show a pattern
-            telling = next(((case, c) for case in failures[_DETAILED_FAILURES:] for c in case.comparisons if c.hint),
-                           None)
-            if telling:
-                case, comparison = telling
-                parts.append(f"a later failing case, {case.label}, shows a pattern:\n    hint: {comparison.hint}")
-        if len(failures) > _DETAILED_FAILURES:
-            more = failures[_DETAILED_FAILURES:]
+        more = [case for case in failures[_DETAILED_FAILURES:] if id(case) not in listed]
+        if more:
             parts.append(f"{plural(len(more), 'more failing case')}:\n" + "\n".join("  " + case.line() for case in more))
         passed = [case for case in self.cases if case.passed]
         if passed:
@@ -200,6 +215,37 @@ class CheckResult:
 
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
+
+
+def _overview(cases) -> tuple:
+    """``(lines, ids of the cases they cover)``: a line per failing shape, its seeds together where they fail
+    alike (``✗ shape=(7,)  out: 1 of 7 bad, first at out[6]``; the seeds said only where not every seed of the
+    shape is on the line), for at most ``_OVERVIEW_CHARS``; the cases past them are said as one more line. Nothing
+    for a single failing case, whose details follow."""
+    failures = [case for case in cases if not case.passed]
+    if len(failures) < 2:
+        return [], set()
+    runs: dict = {}  # the case without its seed → how many seeds ran it
+    groups: dict = {}  # (the case without its seed, what went wrong) → its cases, in the cases' order
+    for case in cases:
+        shape = case.label.rsplit(", seed=", 1)[0]
+        runs[shape] = runs.get(shape, 0) + 1
+        if not case.passed:
+            groups.setdefault((shape, case.what(share=False)), []).append(case)
+    lines, listed, used = [], set(), 0
+    for (shape, what), group in groups.items():
+        seeds = "" if len(group) == runs[shape] else f", seed={group[0].seed}" if len(group) == 1 else \
+            f", seeds {', '.join(str(case.seed) for case in group)}"
+        cut = len(what) > _OVERVIEW_WHAT  # an exception's text, say: whole in the cases' own lines, below
+        line = f"  ✗ {shape}{seeds}  {what[:_OVERVIEW_WHAT] + '…' if cut else what}"
+        if lines and used + len(line) > _OVERVIEW_CHARS:
+            lines.append(f"  … and {plural(len(failures) - len(listed), 'more failing case')}, below")
+            break
+        lines.append(line)
+        used += len(line) + 1
+        if not cut:
+            listed.update(id(case) for case in group)
+    return lines, listed
 
 
 __all__ = ["CaseResult", "CheckResult", "OutputComparison"]
