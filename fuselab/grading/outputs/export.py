@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..records import handgrading, nbgrader_run, roster, term
 from ..records.intake import printable
-from .report import _to_grade_by_hand
+from .report import to_grade_by_hand
 from .terminal import shown, spreadsheet_cell
 
 
@@ -117,7 +117,7 @@ def write(course_folder: Path, to: Path | None = None, lms: list | None = None, 
     # the report's own lines: a written answer not graded yet counts 0 in nbgrader's total, so a total uploaded
     # now is partial, and the TA who reads only the export's output must know it
     done.by_hand = ["".join(part[1] for part in line) + ". Their totals in these files count those answers 0: "
-                    "export again once they are graded" for line in _to_grade_by_hand(standings)]
+                    "export again once they are graded" for line in to_grade_by_hand(standings)]
     cells: dict = {}  # (student, lab) → the grade (None where not graded)
     for s in standings:
         if s.lab not in labs:

@@ -398,7 +398,7 @@ def _attention(class_result, standings, whole) -> list:
                       f"{a.why}. Grade it again in formgrader (for a test whose new score stands, enter that "
                       f"score): said here until you do (kept in course/{SET_ASIDE})")]
                   for a in getattr(class_result, "hand_grades_set_aside", [])]
-    return attention + _not_on_the_roster(standings) + _to_grade_by_hand(standings)
+    return attention + _not_on_the_roster(standings) + to_grade_by_hand(standings)
 
 
 def _not_on_the_roster(standings) -> list:
@@ -420,7 +420,7 @@ def _number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _to_grade_by_hand(standings) -> list:
+def to_grade_by_hand(standings) -> list:
     """One line per lab whose written answers wait for a person (formgrader): how many submissions, who first."""
     waiting: dict = {}
     for r in [s.result for s in standings if s.result is not None]:
