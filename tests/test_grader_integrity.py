@@ -233,6 +233,33 @@ def test_a_copied_solution_cell_runs_as_in_the_notebook(tmp_path):
                                                              "test_fold": 3.0}, result.cells
 
 
+
+def test_a_solution_cell_that_lost_its_id_is_graded_from_the_students_cell_that_defines_its_names(tmp_path):
+    """A solution cell deleted and typed again, or pasted into a new cell, has no nbgrader id (Jupyter keeps the
+    metadata with the cell): nbgrader's own run of the notebook would find its names, so the clean recheck takes
+    the student's last cell without an id that defines them all, and says so; where none does, the flag says what
+    the student can do. A cell that defines only some of the names is not taken."""
+    nb = _notebook(INSTRUCTOR)
+    student = json.loads(json.dumps(nb))
+    index = next(i for i, c in enumerate(student["cells"]) if c["metadata"]["nbgrader"]["grade_id"] == "sol_size")
+    retyped = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+               "source": "def out_size(n, k, s, p):\n    return (n + 2 * p - k) // s + 1\n"}
+    partial = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+               "source": "BLOCK = 2\n"}
+    student["cells"][index:index + 1] = [partial, retyped]
+    cells, flags = recheck.clean_plan(nb, student)
+    [flag] = [f for f in flags if f.startswith("sol_size:")]
+    assert "no cell of the submission has this solution cell's nbgrader id" in flag and "graded with" in flag
+    assert next(c for c in cells if c["grade_id"] == "sol_size")["source"] == retyped["source"]
+    result = recheck.run_clean(nb, student, tmp_path, cell_timeout=60, total_timeout=180,
+                               limits=isolate.Limits(memory_bytes=3 * 2**30))
+    assert result.cells["test_size"].points == 1.0, result.cells["test_size"]
+    del student["cells"][index + 1]  # only the cell that defines some of the names is left
+    cells, flags = recheck.clean_plan(nb, student)
+    [flag] = [f for f in flags if f.startswith("sol_size:")]
+    assert "copy the cell from the released notebook" in flag
+    assert next(c for c in cells if c["grade_id"] == "sol_size")["source"] == ""
+
 # --- the restricted decoder -------------------------------------------------------------------------------
 
 def _roundtrip(value):

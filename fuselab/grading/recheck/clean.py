@@ -156,11 +156,13 @@ def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
     if problems:
         raise ValueError("the instructor's notebook tags as demo what the recheck cannot leave out: "
                          + "; ".join(problems))
-    copies = {}
+    copies, unmarked = {}, []
     for cell in student_nb.get("cells", []):
         grade_id = ipynb.nbgrader(cell).get("grade_id")
         if grade_id and cell.get("cell_type") == "code":
             copies.setdefault(grade_id, []).append(cell)
+        elif cell.get("cell_type") == "code":
+            unmarked.append(cell)
     cells, flags = [], []
     student = {}
     for grade_id, found in copies.items():
@@ -179,7 +181,15 @@ def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
         if solution:
             mine = student.get(grade_id)
             if mine is None:
-                flags.append(f"{grade_id}: the solution cell is missing from the submission")
+                mine = _unmarked_solution(unmarked, exports)
+                names = ", ".join(exports) or "nothing"
+                flags.append(f"{grade_id}: no cell of the submission has this solution cell's nbgrader id (deleted, "
+                             "or re-created as a new cell); " +
+                             (f"graded with the student's cell that defines {names}, as nbgrader's own run would"
+                              if mine is not None else
+                              f"no cell defines {names} either, so the tests that use them fail: the student can "
+                              "copy the cell from the released notebook and move their code into it"))
+            if mine is None:
                 source = ""
             else:
                 source = ipynb.source(mine)  # as written: it runs in the solution worker, never in the checker
@@ -202,6 +212,19 @@ def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
                       "graded": bool(meta.get("grade")), "points": float(meta.get("points") or 0)})
     last_graded = max((c["index"] for c in cells if c["graded"]), default=-1)
     return cells[: last_graded + 1], flags  # cells after the last test cannot change a grade
+
+
+def _unmarked_solution(unmarked: list, exports: list):
+    """The student's own code cell, without nbgrader's metadata, that defines every name of a solution cell whose
+    id their notebook lost (a cell deleted and typed again, or pasted into a new one: Jupyter keeps the metadata
+    with the cell, not with its text), the last such (the definition in force after a run from the top); None
+    where there is none. It is their code, run in the solution worker like any solution cell; nbgrader's own
+    autograde runs every cell of the notebook and would have found these names."""
+    from .cellrunner import _without_magics
+    if not exports:
+        return None
+    found = [cell for cell in unmarked if set(exports) <= set(_defined_names(_without_magics(ipynb.source(cell))))]
+    return found[-1] if found else None
 
 
 def _defined_names(source: str) -> list:
