@@ -1173,3 +1173,37 @@ def test_a_roster_of_another_course_is_refused_before_grading(tmp_path, monkeypa
     assert not (out / "grades.csv").exists() and not roster.load(out)
     # one student of the course on it (a late enrolment's fresh download) is this course's
     assert term.unrelated_roster([{"student": "x", "lms_id": "1004"}], {"doeann_1004"}, {"1004"}, out) is None
+
+
+def test_a_student_who_left_the_roster_is_not_missing_in_later_labs(tmp_path, monkeypatch):
+    """Bo is on lab 0's roster and graded in lab 0, then dropped the course: lab 1's fresh roster does not list
+    him. His lab 0 grade stays; lab 1 does not count him "missing" (0 in grades.csv and in Canvas's import); the
+    report says he left the roster. Back on a later roster, he is counted again."""
+    lab0, lab1 = tmp_path / "canvas-lab0.zip", tmp_path / "canvas-lab1.zip"
+    with zipfile.ZipFile(lab0, "w") as zf:
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "amesann_1001_5001_lab0.ipynb")
+        zf.write(course.LABS / "lab0" / "lab0.ipynb", "bellbo_1002_5002_lab0.ipynb")
+    with zipfile.ZipFile(lab1, "w") as zf:
+        zf.write(course.LABS / "lab1" / "lab1.ipynb", "amesann_1001_6001_lab1.ipynb")
+    header = "Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777),Lab 1 (778)\n    Points Possible,,,,,12,17\n"
+    both, ann_only = tmp_path / "roster-week1.csv", tmp_path / "roster-week2.csv"
+    both.write_text(header + "\"Ames, Ann\",1001,S1,aa,A,,\n\"Bell, Bo\",1002,S2,bb,A,,\n")
+    ann_only.write_text(header + "\"Ames, Ann\",1001,S1,aa,A,,\n")
+    out = tmp_path / "course"
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=both, progress=False))
+    pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], roster=ann_only, progress=False))
+    rows = _rows(out / "grades.csv")
+    assert rows["bellbo_1002"]["lab0 status"] == "graded" and rows["bellbo_1002"]["lab1 status"] == ""
+    assert rows["amesann_1001"]["lab1 status"] == "graded"
+    report = (out / "report.md").read_text()
+    assert "left the roster" in report and "bellbo_1002" in report.split("left the roster")[1][:300]
+    export.write(out)
+    canvas = list(csv.reader((out / "export" / "canvas-grades.csv").open(encoding="utf-8")))
+    column = canvas[0].index("Lab 1 (778)")
+    assert all(row[column] in ("", None) for row in canvas[2:] if row[1] == "1002"), canvas
+    # enrolled again: on the next roster, and missing where he has nothing
+    pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], roster=both, progress=False))
+    assert _rows(out / "grades.csv")["bellbo_1002"]["lab1 status"].startswith("missing")

@@ -398,7 +398,7 @@ def _attention(class_result, standings, whole) -> list:
                       f"{a.why}. Grade it again in formgrader (for a test whose new score stands, enter that "
                       f"score): said here until you do (kept in course/{SET_ASIDE})")]
                   for a in getattr(class_result, "hand_grades_set_aside", [])]
-    return attention + _not_on_the_roster(standings) + to_grade_by_hand(standings)
+    return attention + _not_on_the_roster(standings) + _left_the_roster(standings) + to_grade_by_hand(standings)
 
 
 def _not_on_the_roster(standings) -> list:
@@ -414,6 +414,18 @@ def _not_on_the_roster(standings) -> list:
     return [[_b("not on the roster"), _t(f": {len(strangers)} student(s) graded whom the kept roster does not list "
                                          f"({named}): download the LMS's grade export again and give it as "
                                          "--roster on the next run (docs/ta-guide.md)")]]
+
+
+def _left_the_roster(standings) -> list:
+    """One line for the students an earlier roster listed and the last one given does not (they dropped the
+    course): their graded labs stay in every output, and no later lab counts them "missing" (0)."""
+    left = sorted({s.student for s in standings if s.person.get("left")})
+    if not left:
+        return []
+    named = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    return [[_b("left the roster"), _t(f": {len(left)} student(s) an earlier --roster listed and the last one does "
+                                       f"not ({named}): their graded labs stay; no later lab counts them missing. "
+                                       "Back on a later roster, they are counted again")]]
 
 
 def _number(value) -> float:

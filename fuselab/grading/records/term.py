@@ -191,7 +191,11 @@ def record_course(out: Path, submissions: list, graded: set, problems: list, run
     if people and len(set(run_labs)) == 1:
         kept = roster.with_lab_ids(people, before, next(iter(run_labs)))
     if kept:
-        roster.save(out, roster.match(kept, entries))
+        kept = roster.match(kept, entries)
+        if people:  # whoever the roster kept before listed and this one does not has left the class (dropped)
+            listed = {person["student"] for person in kept}
+            kept += [{**person, "left": True} for person in before if person["student"] not in listed]
+        roster.save(out, kept)
     if people and len(set(run_labs)) == 1:  # a grading worksheet is one assignment's: this run's lab
         extended = roster.worksheet_facts(people, entries, next(iter(run_labs)))
         save_entries(out, entries)
@@ -226,8 +230,8 @@ def course_results(out: Path, this_run: list, entries: dict) -> list:
 
 def standings(results: list, entries: dict, people: list, due: dict | None = None) -> list:
     """One ``Standing`` per (student, lab): every result, every entry not graded, and for each student of the class
-    (the roster's, and any the course graded a lab of, but under a Moodle id) with nothing for a lab the course has
-    graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
+    (the roster's, and any the course graded a lab of, but under a Moodle id; not one a later roster left out,
+    ``left``) with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
     or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``), or the student's own
     (``"lab:student"``: ``nbgrader_run.due_dates``)."""
     by_key: dict = {}
@@ -253,6 +257,8 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
              if s.status in (GRADED, NOT_GRADED) and s.lms != "moodle" and not s.student.startswith(NOBODY)}
     known.update({student: (p.get("lms_id"), p.get("lms")) for student, p in people_by_id.items()})
     for student, (lms_id, lms) in known.items():
+        if people_by_id.get(student, {}).get("left"):
+            continue  # dropped: their graded labs stay, no later lab counts them missing
         lab_ids = _lab_ids(people_by_id.get(student, {}))
         for lab in graded_labs:
             if lab_ids is not None and lab not in lab_ids:
