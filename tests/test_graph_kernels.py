@@ -24,6 +24,21 @@ def test_a_kernel_is_foreign_unless_named_after_one_of_the_students_own():
     assert graded._foreign(kernels, own) == kernels[1:]
 
 
+@pytest.mark.parametrize("name", ["fused(float const*, float*, int)", "void ns::fused<128>(float*)",
+                                  "(anonymous namespace)::fused(float*)", "fused", "_Z5fusedPKfPfi",
+                                  "_ZN2ns5fusedEPf", "_Z5fusedILi128EEvPf", "void fused<(int)128, float>(float*)"])
+def test_a_kernel_is_the_students_own_by_its_function_name_however_it_is_written(name):
+    assert graded.kernel_identifier(name) == "fused" and graded._foreign([name], {"fused"}) == []
+
+
+def test_a_kernel_whose_name_only_holds_the_students_is_foreign():
+    """A ``__global__ void gemm`` the student never launches must not vouch for cuBLAS's one fused kernel, nor a
+    ``relu`` for PyTorch's ``relu_kernel``: the function's name itself, not a name that holds it."""
+    kernels = ["sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_bias_relu_kernel__5x_cublas",
+               "void at::native::relu_kernel<float>(float*)", "gemm2(float*)", "_Z7my_gemmPf"]
+    assert graded._foreign(kernels, {"gemm", "relu"}) == kernels
+
+
 @gpu
 def test_a_capture_lists_what_the_profiler_lists():
     x = torch.randn(1000, 1001, device="cuda")
