@@ -139,6 +139,13 @@ def test_hidden_test_regions_are_cut_from_any_notebook(tmp_path):
 
 def test_a_manual_grade_in_formgrader_reaches_grades_csv_report_and_feedback(graded_run, tmp_path):
     source, out, settings = graded_run
+    # formgrader's copy carries the release's graded cells: the written answer's box, its points the release's
+    copy = json.loads((out / "course" / "autograded" / "ann" / LAB / f"{LAB}.ipynb").read_text())
+    released = nbgrader_run.graded_cells(out / "course" / "release" / LAB / f"{LAB}.ipynb")
+    boxes = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in copy["cells"]
+             if "nbgrader" in c["metadata"]}
+    assert boxes["answer_sweep"]["points"] == released["answer_sweep"]["metadata"]["nbgrader"]["points"]
+    assert boxes["test_speedup"]["points"] == released["test_speedup"]["metadata"]["nbgrader"]["points"]
     before = list(csv.DictReader((out / "grades.csv").open()))
     ann = next(r for r in before if r["student"] == "ann")
     assert ann["lab0/answer_sweep"] == ""  # not yet graded by hand
