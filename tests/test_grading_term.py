@@ -1117,7 +1117,12 @@ def test_a_notebook_of_another_lab_in_an_lms_download_is_said_never_dropped(tmp_
     assert any("also uploaded a lab1 notebook (doeann_1004_5014_lab1.ipynb)" in w for w in by["doeann_1004"].warnings)
     [stray] = problems
     assert (stray.student, stray.lab, stray.lms_id) == ("leekim_1005", "lab0", "1005")
-    assert "a lab1 notebook, in a download graded for lab0: not graded" in stray.message
+    assert "a lab1 notebook, in a download graded for lab0: not graded" in stray.message and not stray.note
+    # Kim's lab 0 graded by an earlier run (another download): the stray is a note, that grade's entry stays
+    _, problems = intake.collect(bulk, tmp_path / "staging2", LABS, only_labs=["lab0"],
+                                 graded={("leekim_1005", "lab0"): ("leekim_1005_4005_lab0.ipynb", None)})
+    [stray] = problems
+    assert stray.note and stray.graded_before and "also uploaded a lab1 notebook" in stray.message
 
     out = tmp_path / "course"
     monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
@@ -1207,3 +1212,17 @@ def test_a_student_who_left_the_roster_is_not_missing_in_later_labs(tmp_path, mo
     # enrolled again: on the next roster, and missing where he has nothing
     pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], roster=both, progress=False))
     assert _rows(out / "grades.csv")["bellbo_1002"]["lab1 status"].startswith("missing")
+
+
+def test_a_lab_missed_before_leaving_the_roster_still_counts_missing():
+    """Cy missed lab 0 while on the roster, then left it before lab 1: lab 0 still counts him missing (0, as it
+    did); lab 1, graded after he left, does not. Only Canvas people leave (by their Canvas id): a Moodle grade
+    export's people, whose ids are names, never do."""
+    from fuselab.grading.records.results import SubmissionResult
+    results = [SubmissionResult("ann", lab, total=1.0, max_total=1.0) for lab in ("lab0", "lab1")]
+    cy = {"student": "cy", "lms_id": "1003", "lms": "canvas", "left": True, "enrolled_labs": ["lab0"]}
+    standings = {(s.student, s.lab): s.status for s in term.standings(results, {}, [cy])}
+    assert standings[("cy", "lab0")] == term.MISSING and ("cy", "lab1") not in standings
+    before = [dict(cy, left=False, enrolled_labs=None), {"student": "Jane_Doe", "lms_id": None, "lms": "moodle"}]
+    assert term._left_out(before, []) == [before[0]]
+    assert term._left_out(before, [{"student": "renamed_1003", "lms_id": "1003", "lms": "canvas"}]) == []

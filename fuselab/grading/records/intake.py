@@ -94,13 +94,14 @@ class Problem:
     grader_failed: bool = False  # the grader's own failure, not the submission's: a run again grades it
     of_the_run: bool = False     # about the run itself (the shared builds changed), not about an upload
     older_upload: bool = False   # an upload older than the one graded: skipped, the graded one's entry unchanged
+    graded_before: bool = False  # about a student's lab the course folder graded before: that entry stays
     lms_id: str | None = None    # the student's id in the LMS, where the upload's name says (roster.match by it)
     lms: str | None = None
 
     @property
     def note(self) -> bool:
         """Told in the report's "to look at", and no entry of the course: no upload went ungraded for it."""
-        return self.of_the_run or self.older_upload
+        return self.of_the_run or self.older_upload or self.graded_before
 
     def __post_init__(self):
         self.where, self.message = printable(self.where), printable(self.message)
@@ -468,6 +469,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     """
     source = Path(source)
     staging = Path(staging)
+    graded_before = dict(graded or {})
     unpacked = staging.parent / (staging.name + "-unpacked")
     shutil.rmtree(unpacked, ignore_errors=True)
     problems: list = []
@@ -658,7 +660,7 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     for key, names in beside.items():  # one note, however many files
         graded[key].warnings.append(f"also uploaded {', '.join(names[:5])}{' and more' if len(names) > 5 else ''}"
                                     ": not a notebook, not graded")
-    problems += _strays(strays, submissions, sorted(only_labs or []))
+    problems += _strays(strays, submissions, sorted(only_labs or []), graded_before)
     for problem in problems:  # a problem told by the name on disk (a zip member, an unreadable folder)
         problem.student = renamed.get(problem.student, problem.student)
         said = facts.get(problem.student or "", {})
@@ -668,10 +670,11 @@ def collect(source: Path, staging: Path, labs: dict, students=None, only_labs=No
     return submissions, problems
 
 
-def _strays(strays: list, submissions: list, asked: list) -> list:
+def _strays(strays: list, submissions: list, asked: list, graded_before: dict) -> list:
     """A notebook of a lab not asked for (``--labs``) in an LMS's download, which is one assignment's: uploaded to
     the wrong assignment, most likely. Never dropped unsaid: a note on the student's graded notebook of the lab
-    asked for, or, where they have none, the reason their entry for it is "not graded" (not "missing")."""
+    asked for, or, where they have none, the reason their entry for it is "not graded" (not "missing"); a note of
+    the run where the course folder graded that lab of theirs before (``graded_before``): that grade stays."""
     problems = []
     by_key = {(s.student, s.lab): s for s in submissions}
     one = asked[0] if len(asked) == 1 else None
@@ -681,6 +684,8 @@ def _strays(strays: list, submissions: list, asked: list) -> list:
         also = f"also uploaded a {lab} notebook ({named}): not graded in this run (--labs {' '.join(asked)})"
         if graded:
             graded[0].warnings.append(also)
+        elif one is not None and (student, one) in graded_before:  # their graded lab stays as it is
+            problems.append(Problem(named, also, student=student, lab=one, graded_before=True))
         elif has_asked:  # their notebook of the lab asked for is not graded either: its reason, and this
             problems.append(Problem(named, also, student=student, lab=one))
         else:

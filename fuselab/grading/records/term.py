@@ -151,6 +151,14 @@ def canvas_ids(out: Path) -> dict:
     return {lms_id: min(set(students), key=lambda s: (-students.count(s), s)) for lms_id, students in held.items()}
 
 
+def _left_out(before: list, now: list) -> list:
+    """The people of the roster kept ``before`` whom the one given ``now`` does not list, by Canvas id (the one id
+    of a person that holds from one download to the next: a name changes, and Moodle numbers each assignment's
+    participants anew, its worksheets keeping each lab's own)."""
+    listed = {p.get("lms_id") for p in now if p.get("lms") == "canvas" and p.get("lms_id")}
+    return [p for p in before if p.get("lms") == "canvas" and p.get("lms_id") and p["lms_id"] not in listed]
+
+
 def unrelated_roster(people: list, students: set, lms_ids: set, out: Path) -> str | None:
     """Why ``people`` (a ``--roster`` just read) is not this course's, or None: it names none of ``students`` (this
     run's, whose LMS ids are ``lms_ids``) nor any student of the course folder ``out``, by LMS id or by id. Another course's export would put its
@@ -186,15 +194,16 @@ def record_course(out: Path, submissions: list, graded: set, problems: list, run
     its participant numbers are kept as that lab's (``roster.with_lab_ids``)."""
     from . import roster
     before = roster.load(out)
+    labs_before = sorted({lab for (_, lab), e in load_entries(out).items() if e.status == GRADED})
     entries = record_run(out, submissions, graded, problems, run_labs)
     kept = people if people is not None else before
     if people and len(set(run_labs)) == 1:
         kept = roster.with_lab_ids(people, before, next(iter(run_labs)))
     if kept:
         kept = roster.match(kept, entries)
-        if people:  # whoever the roster kept before listed and this one does not has left the class (dropped)
-            listed = {person["student"] for person in kept}
-            kept += [{**person, "left": True} for person in before if person["student"] not in listed]
+        if people:  # a Canvas student the roster kept before listed and this one does not has left (dropped)
+            kept += [{**person, "left": True, "enrolled_labs": person.get("enrolled_labs", labs_before)}
+                     for person in _left_out(before, kept)]
         roster.save(out, kept)
     if people and len(set(run_labs)) == 1:  # a grading worksheet is one assignment's: this run's lab
         extended = roster.worksheet_facts(people, entries, next(iter(run_labs)))
@@ -230,8 +239,8 @@ def course_results(out: Path, this_run: list, entries: dict) -> list:
 
 def standings(results: list, entries: dict, people: list, due: dict | None = None) -> list:
     """One ``Standing`` per (student, lab): every result, every entry not graded, and for each student of the class
-    (the roster's, and any the course graded a lab of, but under a Moodle id; not one a later roster left out,
-    ``left``) with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
+    (the roster's, and any the course graded a lab of, but under a Moodle id; for one a later roster left out,
+    ``left``, only the labs graded before) with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
     or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``), or the student's own
     (``"lab:student"``: ``nbgrader_run.due_dates``)."""
     by_key: dict = {}
@@ -257,12 +266,14 @@ def standings(results: list, entries: dict, people: list, due: dict | None = Non
              if s.status in (GRADED, NOT_GRADED) and s.lms != "moodle" and not s.student.startswith(NOBODY)}
     known.update({student: (p.get("lms_id"), p.get("lms")) for student, p in people_by_id.items()})
     for student, (lms_id, lms) in known.items():
-        if people_by_id.get(student, {}).get("left"):
-            continue  # dropped: their graded labs stay, no later lab counts them missing
+        person = people_by_id.get(student, {})
+        enrolled = person.get("enrolled_labs") if isinstance(person.get("enrolled_labs"), list) else []
         lab_ids = _lab_ids(people_by_id.get(student, {}))
         for lab in graded_labs:
             if lab_ids is not None and lab not in lab_ids:
                 continue
+            if person.get("left") and lab not in enrolled:
+                continue  # dropped: a lab graded after they left the roster does not count them missing
             by_key.setdefault((student, lab), Standing(student, lab, MISSING, why="missing: nothing submitted",
                                                        lms_id=lab_ids[lab] if lab_ids is not None else lms_id,
                                                        lms=lms))
