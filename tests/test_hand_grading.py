@@ -569,3 +569,24 @@ def test_a_student_cannot_move_a_grade_onto_a_cell_of_their_own_in_formgrader(tm
         if claimed in truth and truth[claimed]["metadata"]["nbgrader"].get("locked"):
             holders = [c for c in copy["cells"] if (c["metadata"].get("nbgrader") or {}).get("grade_id") == claimed]
             assert all(ipynb.source(c) == ipynb.source(truth[claimed]) for c in holders)
+
+
+def test_a_copied_answer_cell_is_graded_in_its_last_copy_as_nbgrader_keeps_it():
+    """A written answer's cell copied in JupyterLab keeps its grade id; nbgrader's DeduplicateIds keeps the last
+    copy, and so does formgrader's copy: the TA's box sits on the answer the student wrote last, not on the
+    template left above it."""
+    release = nbgrader_run.graded_cells(course.LABS / LAB / f"{LAB}.ipynb")
+    nb = json.loads((REPO / "grader" / "examples" / "correct" / LAB / f"{LAB}.ipynb").read_text())
+    index = next(i for i, c in enumerate(nb["cells"])
+                 if (c["metadata"].get("nbgrader") or {}).get("grade_id") == "answer_sweep")
+    template = json.loads(json.dumps(nb["cells"][index]))
+    template["source"] = "YOUR ANSWER HERE"
+    nb["cells"][index]["source"] = "My last answer: the L2 holds both inputs."
+    nb["cells"].insert(index, template)
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "lab0.ipynb"
+        path.write_text(json.dumps(nb))
+        copy = nbgrader_run.formgrader_copy(path, release)
+    holders = [c for c in copy["cells"] if (c["metadata"].get("nbgrader") or {}).get("grade_id") == "answer_sweep"]
+    assert len(holders) == 1 and "My last answer" in ipynb.source(holders[0])

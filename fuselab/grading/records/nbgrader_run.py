@@ -45,7 +45,7 @@ def prepare_course(root: Path, labs) -> None:
         target = root / "source" / lab
         fresh = not (target / notebook_name(lab)).exists() or \
             (target / notebook_name(lab)).read_bytes() != (SOLUTIONS / lab / notebook_name(lab)).read_bytes()
-        if fresh or not (root / "release" / lab).exists():
+        if fresh or not (root / "release" / lab / notebook_name(lab)).is_file():
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(SOLUTIONS / lab, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
             stale.append(lab)
@@ -173,6 +173,10 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
             if entry.notebook_copy and Path(entry.notebook_copy).is_file():  # an earlier run's copy may be gone
                 if entry.lab not in releases:
                     releases[entry.lab] = graded_cells(course_root / "release" / entry.lab / notebook_name(entry.lab))
+                    if not releases[entry.lab]:  # every hand grade would look stale and be set aside: stop
+                        raise RuntimeError(f"{course_root / 'release' / entry.lab / notebook_name(entry.lab)} cannot "
+                                           "be read or has no graded cells: nothing was recorded; remove that "
+                                           "folder and run again (it is made again from solutions/)")
                 copy = formgrader_copy(Path(entry.notebook_copy), releases[entry.lab])
                 set_aside += _set_aside(gradebook, entry, _cell_texts(target), _cell_texts(copy))
                 _write_copy(copy, target)
@@ -205,6 +209,7 @@ class SetAside:
     points: float | None
     comment: str
     why: str
+    extra_credit: float = 0.0  # formgrader's extra credit on the cell, set aside with its score
 
 
 def set_aside_waiting(course_root: Path) -> list:
@@ -286,8 +291,10 @@ def _set_aside(gradebook, entry, before: dict | None, now: dict) -> list:
             why = "the answer changed in the new upload"
         else:
             continue
-        found.append(SetAside(entry.student, entry.lab, grade.name, grade.manual_score, text, why))
+        found.append(SetAside(entry.student, entry.lab, grade.name, grade.manual_score, text, why,
+                              grade.extra_credit or 0.0))
         grade.manual_score = None
+        grade.extra_credit = None  # given on the answer or fix now gone, as the score was
         if comment is not None:
             comment.manual_comment = None
     for name, comment in comments.items():  # a comment on an answer cell of no grade (a solution cell's)
@@ -362,11 +369,12 @@ def _graded_as_released(cells: list, release: dict) -> None:
     cell's text, made the release's: formgrader builds its score boxes, their maximum and their ids from the
     copy's metadata, and a person's score on a test replaces the grader's, so a student who moved a test's grade
     id onto their written answer (or wrote a cell of their own with it) would have the TA score that test there.
-    A cell keeps a grade only where the release has that grade id, once (the first), and takes the release's
-    cell type with it; any other cell's nbgrader metadata is dropped. A locked cell (a visible test, an
+    A cell keeps a grade only where the release has that grade id, once (the last copy, as nbgrader's own
+    ``DeduplicateIds`` keeps it and as the clean recheck runs it), and takes the release's cell type with it; any
+    other cell's nbgrader metadata is dropped. A locked cell (a visible test, an
     instruction) shows the release's text, as nbgrader's own autograde restores it (``OverwriteCells``)."""
     taken = set()
-    for cell in cells:
+    for cell in reversed(cells):  # the last copy of an id is the one graded
         if not isinstance(cell, dict):
             continue
         metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
