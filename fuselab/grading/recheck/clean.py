@@ -13,7 +13,8 @@ checker and the kernel worker, the launches' transfer memory, ``transfer``):
   Python, only the notebook's cells that are not tests, and the launches and speed tests the checker asks for
   (``kernels``). The instructor's reference run keeps its kernels in the checker (``kernels_in_worker``).
 
-Cells the student added are dropped. ``sanitize`` only *flags* solution cells that look like tampering, for a
+Cells the student added are dropped, but for one that stands in for a solution cell whose nbgrader id their
+notebook lost (``_unmarked_solution``). ``sanitize`` only *flags* solution cells that look like tampering, for a
 teaching assistant: it decides nothing about what runs.
 
 The checker runs with limits. A graded cell that crashes it (or one of its workers), hangs past the per-test timeout or poisons the
@@ -187,8 +188,9 @@ def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
                              "or re-created as a new cell); " +
                              (f"graded with the student's cell that defines {names}, as nbgrader's own run would"
                               if mine is not None else
-                              f"no cell defines {names} either, so the tests that use them fail: the student can "
-                              "copy the cell from the released notebook and move their code into it"))
+                              (f"no cell defines {names} either, so the tests that use them fail: " if exports
+                               else "") + "the student can copy the cell from the released notebook and move their "
+                              "code into it"))
             if mine is None:
                 source = ""
             else:
@@ -223,7 +225,14 @@ def _unmarked_solution(unmarked: list, exports: list):
     from .cellrunner import _without_magics
     if not exports:
         return None
-    found = [cell for cell in unmarked if set(exports) <= set(_defined_names(_without_magics(ipynb.source(cell))))]
+    found = []
+    for cell in unmarked:
+        try:  # a cell with no text, or text that is no string: no names
+            names = set(_defined_names(_without_magics(ipynb.source(cell))))
+        except (KeyError, AttributeError, TypeError, ValueError, RecursionError):
+            continue
+        if set(exports) <= names:
+            found.append(cell)
     return found[-1] if found else None
 
 
