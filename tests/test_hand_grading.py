@@ -428,12 +428,15 @@ def test_the_pages_processes_start_before_the_gradebook_is_recorded_and_draw_the
     assert events == [("started", 0), ("recorded",)]
 
 
-def _hand_grade(out: Path, student: str, cell: str, points=None, comment=None) -> None:
-    """What formgrader saves for a cell: a score, a comment (nbgrader's gradebook, as its web API writes it)."""
+def _hand_grade(out: Path, student: str, cell: str, points=None, comment=None, extra=None) -> None:
+    """What formgrader saves for a cell: a score, extra credit, a comment (nbgrader's gradebook, as its web API
+    writes it)."""
     from nbgrader.api import Gradebook
     with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:
         if points is not None:
             gradebook.find_grade(cell, LAB, LAB, student).manual_score = points
+        if extra is not None:
+            gradebook.find_grade(cell, LAB, LAB, student).extra_credit = extra
         if comment is not None:
             gradebook.find_comment(cell, LAB, LAB, student).manual_comment = comment
         gradebook.db.commit()
@@ -456,7 +459,7 @@ def test_a_new_upload_sets_aside_the_hand_grades_it_made_stale(graded_run, monke
     score), kept in the course folder and said in the report; bob's, and a run that records the same notebooks
     again, keep theirs."""
     source, out, settings = graded_run
-    _hand_grade(out, "ann", "answer_sweep", 0.5, "Half: the sweep misses the small sizes.")
+    _hand_grade(out, "ann", "answer_sweep", 0.5, "Half: the sweep misses the small sizes.", extra=0.25)
     _hand_grade(out, "ann", "test_fused", points=1.0)
     _hand_grade(out, "bob", "answer_sweep", 1.0, "Good.")
     pipeline.grade(source, settings)  # the same notebooks recorded again: every hand grade stays
@@ -481,10 +484,13 @@ def test_a_new_upload_sets_aside_the_hand_grades_it_made_stale(graded_run, monke
     pipeline.grade(source, pipeline.Settings(out=out, labs=[LAB], students=["ann"], force=True, progress=False))
     assert _entered(out, "ann", "answer_sweep") == (None, None)
     assert _entered(out, "ann", "test_fused")[0] is None
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{out / 'course' / 'gradebook.db'}") as gradebook:  # the extra credit went with it
+        assert not gradebook.find_grade("answer_sweep", LAB, LAB, "ann").extra_credit
     assert _entered(out, "bob", "answer_sweep") == (1.0, "Good.")
     kept = [json.loads(line) for line in (out / "course" / nbgrader_run.SET_ASIDE).read_text().splitlines()]
-    assert sorted((k["cell"], k["points"], k["comment"]) for k in kept) == [
-        ("answer_sweep", 0.5, "Half: the sweep misses the small sizes."), ("test_fused", 1.0, "")]
+    assert sorted((k["cell"], k["points"], k["comment"], k["extra_credit"]) for k in kept) == [
+        ("answer_sweep", 0.5, "Half: the sweep misses the small sizes.", 0.25), ("test_fused", 1.0, "", 0.0)]
     report = (out / "report.md").read_text()
     assert "hand grade set aside" in report and "answer_sweep" in report and "the answer changed" in report
     assert "re-scored by hand where the grader gave 2; the new upload scores 0" in report
