@@ -1178,6 +1178,9 @@ def test_a_roster_of_another_course_is_refused_before_grading(tmp_path, monkeypa
     assert not (out / "grades.csv").exists() and not roster.load(out)
     # one student of the course on it (a late enrolment's fresh download) is this course's
     assert term.unrelated_roster([{"student": "x", "lms_id": "1004"}], {"doeann_1004"}, {"1004"}, out) is None
+    # a folder of names (no LMS ids) matches no roster by design, and is graded as before, the roster's people
+    # missing
+    assert term.unrelated_roster([{"student": "absentann_4242", "lms_id": "4242"}], {"edge_bug"}, set(), out) is None
 
 
 def test_a_student_who_left_the_roster_is_not_missing_in_later_labs(tmp_path, monkeypatch):

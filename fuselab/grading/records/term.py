@@ -161,15 +161,16 @@ def _left_out(before: list, now: list) -> list:
 
 def unrelated_roster(people: list, students: set, lms_ids: set, out: Path) -> str | None:
     """Why ``people`` (a ``--roster`` just read) is not this course's, or None: it names none of ``students`` (this
-    run's, whose LMS ids are ``lms_ids``) nor any student of the course folder ``out``, by LMS id or by id. Another course's export would put its
+    run's, whose LMS ids are ``lms_ids``) nor any student of the course folder ``out``, by LMS id or by id. Told
+    only of an LMS's downloads (the students' LMS ids known): a folder of names matches no roster by design. Another course's export would put its
     people in every lab as "missing" (0 in the export, under its assignments' columns) and take this course's
     names and missing students out of grades.csv."""
     import re
     known = {e.student for e in load_entries(out).values() if not e.student.startswith(NOBODY)} | set(students)
     known.discard(None)
-    if not people or not known:
-        return None
     ids = {e.lms_id for e in load_entries(out).values() if e.lms_id} | set(lms_ids)
+    if not people or not known or not ids:
+        return None  # a folder of names carries no LMS id to tell another course's roster by
     for person in people:
         student = str(person.get("student") or "")
         if student in known or (person.get("lms_id") and person["lms_id"] in ids) or \
