@@ -292,14 +292,11 @@ def written_answers(gradebook_db: Path) -> dict:
     """``{(student, lab): {grade_id: {"score", "max", "comment"}}}`` from the course gradebook (``handgrading.read``):
     what a person entered in formgrader (written answers' scores, comments on any cell), else nbgrader's own score.
     Empty if it cannot be read."""
-    from ..records.handgrading import read
+    from ..records.handgrading import read, score
     try:
         entered = read(gradebook_db)
     except Exception:  # noqa: BLE001 - a gradebook that cannot be read leaves the written answers "to be graded"
         return {}
-    def score(cell):  # nbgrader's Grade.score: the person's, else its own, plus extra credit
-        given = cell["manual"] if cell["manual"] is not None else cell["auto"]
-        return None if given is None else given + (cell.get("extra") or 0.0)
     return {key: {grade_id: {"max": cell["max"], "score": score(cell),
                              **({"comment": cell["comment"]} if (cell["comment"] or "").strip() else {})}
                   for grade_id, cell in cells.items()}

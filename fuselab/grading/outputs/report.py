@@ -410,9 +410,8 @@ def _not_on_the_roster(standings) -> list:
                         and not s.student.startswith(term.NOBODY)})
     if not strangers:
         return []
-    named = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
     return [[_b("not on the roster"), _t(f": {len(strangers)} student(s) graded whom the kept roster does not list "
-                                         f"({named}): download the LMS's grade export again and give it as "
+                                         f"({_first_five(strangers)}): download the LMS's grade export again and give it as "
                                          "--roster on the next run (docs/ta-guide.md)")]]
 
 
@@ -422,10 +421,14 @@ def _left_the_roster(standings) -> list:
     left = sorted({s.student for s in standings if s.person.get("left")})
     if not left:
         return []
-    named = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
     return [[_b("left the roster"), _t(f": {len(left)} student(s) an earlier --roster listed and the last one does "
-                                       f"not ({named}): their graded labs stay; no later lab counts them missing. "
+                                       f"not ({_first_five(left)}): their graded labs stay; no later lab counts them missing. "
                                        "Back on a later roster, they are counted again")]]
+
+
+def _first_five(names: list) -> str:
+    """``names`` (sorted) as a line of To look at names them: the first five, then how many more."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _number(value) -> float:
@@ -440,10 +443,9 @@ def to_grade_by_hand(standings) -> list:
             waiting.setdefault(r.lab, []).append(r.student)
     lines = []
     for lab, students in sorted(waiting.items()):
-        named = ", ".join(sorted(students)[:5]) + (f" and {len(students) - 5} more" if len(students) > 5 else "")
         lines.append([_t(f"{lab}: "), _b("to grade by hand"),
                       _t(f": written answers of {len(students)} submission(s) still to be graded in formgrader "
-                         f"(docs/ta-guide.md): {named}")])
+                         f"(docs/ta-guide.md): {_first_five(sorted(students))}")])
     return lines
 
 

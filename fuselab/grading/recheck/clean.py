@@ -183,14 +183,15 @@ def _clean_plan(instructor_nb: dict, student_nb: dict, skip_demos: bool):
             mine = student.get(grade_id)
             if mine is None:
                 mine = _unmarked_solution(unmarked, exports)
-                names = ", ".join(exports) or "nothing"
+                names = ", ".join(exports)
+                if mine is not None:
+                    instead = f"graded with the student's cell that defines {names}, as nbgrader's own run would"
+                else:
+                    instead = ((f"no cell defines {names} either, so the tests that use them fail: " if exports
+                                else "") +
+                               "the student can copy the cell from the released notebook and move their code into it")
                 flags.append(f"{grade_id}: no cell of the submission has this solution cell's nbgrader id (deleted, "
-                             "or re-created as a new cell); " +
-                             (f"graded with the student's cell that defines {names}, as nbgrader's own run would"
-                              if mine is not None else
-                              (f"no cell defines {names} either, so the tests that use them fail: " if exports
-                               else "") + "the student can copy the cell from the released notebook and move their "
-                              "code into it"))
+                             f"or re-created as a new cell); {instead}")
             if mine is None:
                 source = ""
             else:

@@ -41,6 +41,13 @@ def read(gradebook_db: Path) -> dict:
     return found
 
 
+def score(cell: dict) -> float | None:
+    """nbgrader's ``Grade.score`` of a cell as ``read`` gives it: the person's score, else nbgrader's own, plus any
+    extra credit; None where neither is given (a written answer not graded yet)."""
+    given = cell.get("manual") if cell.get("manual") is not None else cell.get("auto")
+    return None if given is None else given + (cell.get("extra") or 0.0)
+
+
 def late_penalties(gradebook_db: Path) -> dict:
     """``{(student, lab): points}``: nbgrader's late penalty of each submission that has one (its notebooks'
     ``late_submission_penalty``, summed as nbgrader's own export does)."""
@@ -83,9 +90,8 @@ def apply(results: list, gradebook_db: Path) -> list:
         hand = {}
         for grade_id in result.manual_cells:
             entry = mine.get(grade_id) or {}
-            given = entry.get("manual") if entry.get("manual") is not None else entry.get("auto")
-            hand[grade_id] = {"points": None if given is None else given + (entry.get("extra") or 0.0),
-                              "max_points": entry.get("max"), "comment": entry.get("comment") or ""}
+            hand[grade_id] = {"points": score(entry), "max_points": entry.get("max"),
+                              "comment": entry.get("comment") or ""}
         result.hand_graded = hand
         result.late_penalty = penalties.get((result.student, result.lab), 0.0)
         # ``total`` stays the autograded tests' (a person's re-score included), ``max_total`` theirs: what the

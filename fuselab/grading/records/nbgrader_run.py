@@ -172,11 +172,11 @@ def record(course_root: Path, entries, late_penalties=None, progress=None) -> li
             target.parent.mkdir(parents=True, exist_ok=True)
             if entry.notebook_copy and Path(entry.notebook_copy).is_file():  # an earlier run's copy may be gone
                 if entry.lab not in releases:
-                    releases[entry.lab] = graded_cells(course_root / "release" / entry.lab / notebook_name(entry.lab))
+                    release = course_root / "release" / entry.lab / notebook_name(entry.lab)
+                    releases[entry.lab] = graded_cells(release)
                     if not releases[entry.lab]:  # every hand grade would look stale and be set aside: stop
-                        raise RuntimeError(f"{course_root / 'release' / entry.lab / notebook_name(entry.lab)} cannot "
-                                           "be read or has no graded cells: nothing was recorded; remove that "
-                                           "folder and run again (it is made again from solutions/)")
+                        raise RuntimeError(f"{release} cannot be read or has no graded cells: nothing was recorded; "
+                                           "remove that folder and run again (it is made again from solutions/)")
                 copy = formgrader_copy(Path(entry.notebook_copy), releases[entry.lab])
                 set_aside += _set_aside(gradebook, entry, _cell_texts(target), _cell_texts(copy))
                 _write_copy(copy, target)

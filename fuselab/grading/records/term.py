@@ -162,13 +162,14 @@ def _left_out(before: list, now: list) -> list:
 def unrelated_roster(people: list, students: set, lms_ids: set, out: Path) -> str | None:
     """Why ``people`` (a ``--roster`` just read) is not this course's, or None: it names none of ``students`` (this
     run's, whose LMS ids are ``lms_ids``) nor any student of the course folder ``out``, by LMS id or by id. Told
-    only of an LMS's downloads (the students' LMS ids known): a folder of names matches no roster by design. Another course's export would put its
-    people in every lab as "missing" (0 in the export, under its assignments' columns) and take this course's
-    names and missing students out of grades.csv."""
+    only of an LMS's downloads (the students' LMS ids known): a folder of names matches no roster by design.
+    Another course's export would put its people in every lab as "missing" (0 in the export, under its
+    assignments' columns) and take this course's names and missing students out of grades.csv."""
     import re
-    known = {e.student for e in load_entries(out).values() if not e.student.startswith(NOBODY)} | set(students)
+    entries = load_entries(out).values()
+    known = {e.student for e in entries if not e.student.startswith(NOBODY)} | set(students)
     known.discard(None)
-    ids = {e.lms_id for e in load_entries(out).values() if e.lms_id} | set(lms_ids)
+    ids = {e.lms_id for e in entries if e.lms_id} | set(lms_ids)
     if not people or not known or not ids:
         return None  # a folder of names carries no LMS id to tell another course's roster by
     for person in people:
@@ -241,8 +242,8 @@ def course_results(out: Path, this_run: list, entries: dict) -> list:
 def standings(results: list, entries: dict, people: list, due: dict | None = None) -> list:
     """One ``Standing`` per (student, lab): every result, every entry not graded, and for each student of the class
     (the roster's, and any the course graded a lab of, but under a Moodle id; for one a later roster left out,
-    ``left``, only the labs graded before) with nothing for a lab the course has graded, MISSING. Sorted by student, then lab. Late: the LMS said so,
-    or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``), or the student's own
+    ``left``, only the labs graded before) with nothing for a lab the course has graded, MISSING. Sorted by
+    student, then lab. Late: the LMS said so, or it was handed in after the lab's due date (``due``: ``{lab: datetime in UTC}``), or the student's own
     (``"lab:student"``: ``nbgrader_run.due_dates``)."""
     by_key: dict = {}
     for result in map(SubmissionResult.of, results):
