@@ -283,9 +283,7 @@ def test_uploads_of_no_student_and_duplicate_members_are_rows_of_every_run(tmp_p
         with pytest.warns(UserWarning, match="Duplicate name"):  # Python's zipfile says so too
             zf.write(course.SOLUTIONS / "lab0" / "lab0.ipynb", "bob/lab0/lab0.ipynb")  # the same name again
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade(sub, out))
     pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], progress=False))
 
     def check(*graded):
@@ -329,6 +327,13 @@ def _fake_grade_lab(sub, out):
     return result
 
 
+def _grading_faked(monkeypatch, grade) -> None:
+    """The pipeline around ``grade`` (its ``grade_submission``) as it is, without reference runs or a sandbox
+    check: the intake, ids, entries and outputs are the real ones."""
+    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
+    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
+    monkeypatch.setattr(pipeline, "grade_submission", grade)
+
 def _moodle_lab(base, lab, people, sheet=True):
     """Moodle's download of ``lab`` (``people``: (name, email, participant number, submitted?)) and its grading
     worksheet."""
@@ -348,9 +353,7 @@ def test_a_moodle_term_in_one_course_folder(tmp_path, monkeypatch, capsys):
     address's), who handed in nothing is missing, and the export writes each lab's worksheet with that lab's
     numbers. A lab's download without its worksheet is refused, saying what to give; nothing is written."""
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True),
                                                   ("Ann Lee", "al@uni.edu", "1235", True),
                                                   ("Bo Park", "bp@uni.edu", "1236", False)])
@@ -396,9 +399,7 @@ def test_a_course_folder_of_participant_numbers_keeps_its_one_lab(tmp_path, monk
     as every Moodle lab was before ids by email) grades that lab again as before, worksheet or not; another lab there
     is refused, saying to give it its own folder, nothing written."""
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     lab0, sheet0 = _moodle_lab(tmp_path, "lab0", [("John Smith", "js@uni.edu", "1234", True)])
     lab1, sheet1 = _moodle_lab(tmp_path, "lab1", [("John Smith", "js@uni.edu", "2201", True)])
     pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], progress=False))
@@ -459,10 +460,7 @@ def _cluster_faked(monkeypatch):
     """``slurm``, with sbatch and squeue replaced and the grading faked (``_fake_grade_lab``, into each run's own
     folder: one host's, or a shard's), so a test runs ``run_shard`` and ``merge_outputs`` itself."""
     from fuselab.grading.run import slurm
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, device, settings, *a, **k:
-                        _fake_grade_lab(sub, settings.out))
+    _grading_faked(monkeypatch, lambda sub, device, settings, *a, **k: _fake_grade_lab(sub, settings.out))
     monkeypatch.setattr(slurm, "queued", lambda out: {"shards": {}, "merge": {}})
     monkeypatch.setattr(slurm, "submit_shards", lambda *a, **k: {"array": "1", "merge": "2"})
     return slurm
@@ -834,9 +832,7 @@ def test_an_older_download_graded_again_never_replaces_a_resubmission(tmp_path, 
     def grade(sub, *args, **kwargs):
         graded.append((sub.student, pipeline._sha(Path(sub.notebook))))
         return _fake_grade_lab(sub, out)
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", grade)
+    _grading_faked(monkeypatch, grade)
     pipeline.grade(second, pipeline.Settings(out=out, labs=["lab0"], progress=False))
     shas = dict(graded)  # of the notebooks as staged
     newer_sha, honest_sha = shas["parkkim_1005"], shas["leeann_1004"]
@@ -884,9 +880,7 @@ def test_a_download_of_another_lab_says_so(tmp_path, monkeypatch, capsys):
     source = tmp_path / "lab1-download"
     _write(source / "ann" / "lab1" / "lab1.ipynb", (course.LABS / "lab1" / "lab1.ipynb").read_text())
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("nothing of lab0 to grade"))
+    _grading_faked(monkeypatch, lambda *a, **k: pytest.fail("nothing of lab0 to grade"))
     pipeline.grade(source, pipeline.Settings(out=out, labs=["lab0"], progress=False))
     said = capsys.readouterr().out + (out / "report.md").read_text()
     assert "no notebook of lab0 in these submissions (it holds notebooks of lab1): nothing of lab0 was graded" in said
@@ -906,9 +900,7 @@ def test_the_same_force_command_after_a_stop_finishes_the_regrade(tmp_path, monk
             raise pipeline.GradingRefused("stopped")  # the run ends here, as Ctrl-C ends it
         graded.append(sub.student)
         return _fake_grade_lab(sub, out)
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", grade)
+    _grading_faked(monkeypatch, grade)
 
     def run(**options):
         graded.clear()
@@ -966,9 +958,7 @@ def test_a_student_renamed_in_canvas_between_two_labs_stays_one_student(tmp_path
     def grade(sub, *args, **kwargs):
         graded.append((sub.student, sub.lab))
         return _fake_grade_lab(sub, out)
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", grade)
+    _grading_faked(monkeypatch, grade)
     pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], progress=False))
     pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], progress=False))
     assert sorted(graded) == [("leeann_1004", "lab0"), ("leeann_1004", "lab1"), ("smithjohn_1002", "lab0"),
@@ -997,9 +987,7 @@ def test_the_canvas_import_is_refused_where_two_students_share_one_canvas_id(tmp
     their two rows would be one Canvas student's, the later replacing the earlier's grades. No canvas-grades.csv;
     the error names both ids."""
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     for lab, name in (("lab0", "leeann_1004_5004_lab0.ipynb"), ("lab1", "parkann_1004_6004_lab1.ipynb")):
         with zipfile.ZipFile(tmp_path / f"{lab}.zip", "w") as zf:
             zf.write(course.LABS / lab / f"{lab}.ipynb", name)
@@ -1064,9 +1052,7 @@ def test_one_students_own_due_date_is_given_with_due_lab_colon_student(tmp_path,
         _write(root / student / "lab0" / "lab0.ipynb", (course.LABS / "lab0" / "lab0.ipynb").read_text())
         _write(root / student / "lab0" / "timestamp.txt", when)
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     pipeline.grade(root, pipeline.Settings(out=out, labs=["lab0"], progress=False,
                                            due={"lab0": "2026-09-14T23:59", "lab0:ann": "2026-09-18T23:59"}))
     rows = _rows(out / "grades.csv")
@@ -1125,9 +1111,7 @@ def test_a_notebook_of_another_lab_in_an_lms_download_is_said_never_dropped(tmp_
     assert stray.note and stray.graded_before and "also uploaded a lab1 notebook" in stray.message
 
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     with pytest.raises(pipeline.GradingRefused, match=r"holds notebooks of 2 labs .*give --labs"):
         pipeline.grade(bulk, pipeline.Settings(out=out, progress=False))
     assert not (out / "grades.csv").exists() and not term.load_entries(out)
@@ -1153,9 +1137,7 @@ def test_an_upload_not_graded_keeps_its_canvas_id_and_its_student(tmp_path, monk
     roster_file.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777)\n    Points Possible,,,,,12\n"
                            "\"Smith, John\",1002,S2,js,A,\n\"Doe, Ann\",1004,S4,ad,A,\n")
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], roster=roster_file, progress=False))
     rows = _rows(out / "grades.csv")
     assert sorted(rows) == ["doeanne_1004", "smithjohn_1002"]
@@ -1170,9 +1152,7 @@ def test_a_roster_of_another_course_is_refused_before_grading(tmp_path, monkeypa
     wrong.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (9001)\n    Points Possible,,,,,12\n"
                      "\"Other, One\",8001,S1,o1,B,\n\"Other, Two\",8002,S2,o2,B,\n")
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda *a, **k: pytest.fail("nothing is graded"))
+    _grading_faked(monkeypatch, lambda *a, **k: pytest.fail("nothing is graded"))
     with pytest.raises(pipeline.GradingRefused, match=r"names none of the 3 students .*another course"):
         pipeline.grade(bulk, pipeline.Settings(out=out, labs=["lab0"], roster=wrong, progress=False))
     assert not (out / "grades.csv").exists() and not roster.load(out)
@@ -1198,9 +1178,7 @@ def test_a_student_who_left_the_roster_is_not_missing_in_later_labs(tmp_path, mo
     both.write_text(header + "\"Ames, Ann\",1001,S1,aa,A,,\n\"Bell, Bo\",1002,S2,bb,A,,\n")
     ann_only.write_text(header + "\"Ames, Ann\",1001,S1,aa,A,,\n")
     out = tmp_path / "course"
-    monkeypatch.setattr(pipeline, "reference_run", lambda lab, *a, **k: {"cells": {}, "broken": []})
-    monkeypatch.setattr(pipeline, "check_sandbox", lambda settings: None)
-    monkeypatch.setattr(pipeline, "grade_submission", lambda sub, *a, **k: _fake_grade_lab(sub, out))
+    _grading_faked(monkeypatch, lambda sub, *a, **k: _fake_grade_lab(sub, out))
     pipeline.grade(lab0, pipeline.Settings(out=out, labs=["lab0"], roster=both, progress=False))
     pipeline.grade(lab1, pipeline.Settings(out=out, labs=["lab1"], roster=ann_only, progress=False))
     rows = _rows(out / "grades.csv")
