@@ -327,6 +327,15 @@ def _fake_grade_lab(sub, out):
     return result
 
 
+def _canvas_zip(path: Path, **uploads) -> Path:
+    """A Canvas download at ``path``: each upload (``<name>_<Canvas id>_<upload number>``) the released notebook of
+    its lab, named as Canvas names it."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for upload, lab in uploads.items():
+            zf.write(course.LABS / lab / f"{lab}.ipynb", f"{upload}_{lab}.ipynb")
+    return path
+
+
 def _grading_faked(monkeypatch, grade) -> None:
     """The pipeline around ``grade`` (its ``grade_submission``) as it is, without reference runs or a sandbox
     check: the intake, ids, entries and outputs are the real ones."""
@@ -945,13 +954,8 @@ def test_a_student_renamed_in_canvas_between_two_labs_stays_one_student(tmp_path
     """Canvas names a download's files after the student's name that week and their Canvas id: a student renamed
     between lab 0 and lab 1 (Lee Ann, then Park Ann, id 1004) is one student of the course, one row of grades.csv
     and one row of Canvas's import, and lab 0's download graded again keeps its grade where it was."""
-    lab0, lab1 = tmp_path / "canvas-lab0.zip", tmp_path / "canvas-lab1.zip"
-    with zipfile.ZipFile(lab0, "w") as zf:
-        zf.write(course.LABS / "lab0" / "lab0.ipynb", "leeann_1004_5004_lab0.ipynb")
-        zf.write(course.LABS / "lab0" / "lab0.ipynb", "smithjohn_1002_5002_lab0.ipynb")
-    with zipfile.ZipFile(lab1, "w") as zf:
-        zf.write(course.LABS / "lab1" / "lab1.ipynb", "parkann_1004_6004_lab1.ipynb")
-        zf.write(course.LABS / "lab1" / "lab1.ipynb", "smithjohn_1002_6002_lab1.ipynb")
+    lab0 = _canvas_zip(tmp_path / "canvas-lab0.zip", leeann_1004_5004="lab0", smithjohn_1002_5002="lab0")
+    lab1 = _canvas_zip(tmp_path / "canvas-lab1.zip", parkann_1004_6004="lab1", smithjohn_1002_6002="lab1")
     out = tmp_path / "course"
     graded = []
 
@@ -1082,13 +1086,8 @@ def test_one_students_own_due_date_is_given_with_due_lab_colon_student(tmp_path,
 def _canvas_lab0_with_a_stray(tmp_path):
     """Lab 0's Canvas download: John's lab 0, Kim's lab 1 uploaded to lab 0's assignment, and Ann's lab 0 with a
     lab 1 notebook beside it."""
-    bulk = tmp_path / "canvas-lab0.zip"
-    with zipfile.ZipFile(bulk, "w") as zf:
-        zf.write(course.LABS / "lab0" / "lab0.ipynb", "smithjohn_1002_5002_lab0.ipynb")
-        zf.write(course.LABS / "lab1" / "lab1.ipynb", "leekim_1005_5005_lab1.ipynb")
-        zf.write(course.LABS / "lab0" / "lab0.ipynb", "doeann_1004_5004_lab0.ipynb")
-        zf.write(course.LABS / "lab1" / "lab1.ipynb", "doeann_1004_5014_lab1.ipynb")
-    return bulk
+    return _canvas_zip(tmp_path / "canvas-lab0.zip", smithjohn_1002_5002="lab0", leekim_1005_5005="lab1",
+                       doeann_1004_5004="lab0", doeann_1004_5014="lab1")
 
 
 def test_a_notebook_of_another_lab_in_an_lms_download_is_said_never_dropped(tmp_path, monkeypatch):
@@ -1167,12 +1166,8 @@ def test_a_student_who_left_the_roster_is_not_missing_in_later_labs(tmp_path, mo
     """Bo is on lab 0's roster and graded in lab 0, then dropped the course: lab 1's fresh roster does not list
     him. His lab 0 grade stays; lab 1 does not count him "missing" (0 in grades.csv and in Canvas's import); the
     report says he left the roster. Back on a later roster, he is counted again."""
-    lab0, lab1 = tmp_path / "canvas-lab0.zip", tmp_path / "canvas-lab1.zip"
-    with zipfile.ZipFile(lab0, "w") as zf:
-        zf.write(course.LABS / "lab0" / "lab0.ipynb", "amesann_1001_5001_lab0.ipynb")
-        zf.write(course.LABS / "lab0" / "lab0.ipynb", "bellbo_1002_5002_lab0.ipynb")
-    with zipfile.ZipFile(lab1, "w") as zf:
-        zf.write(course.LABS / "lab1" / "lab1.ipynb", "amesann_1001_6001_lab1.ipynb")
+    lab0 = _canvas_zip(tmp_path / "canvas-lab0.zip", amesann_1001_5001="lab0", bellbo_1002_5002="lab0")
+    lab1 = _canvas_zip(tmp_path / "canvas-lab1.zip", amesann_1001_6001="lab1")
     header = "Student,ID,SIS User ID,SIS Login ID,Section,Lab 0 (777),Lab 1 (778)\n    Points Possible,,,,,12,17\n"
     both, ann_only = tmp_path / "roster-week1.csv", tmp_path / "roster-week2.csv"
     both.write_text(header + "\"Ames, Ann\",1001,S1,aa,A,,\n\"Bell, Bo\",1002,S2,bb,A,,\n")
